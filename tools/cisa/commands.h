@@ -1,0 +1,15 @@
+// commands.h — the table of `cisa` subcommands. Each subcommand lives in its own cmd_*.cpp file,
+// parses its arguments with cli::ArgParser and calls the library; nothing else happens here.
+#pragma once
+
+namespace cisa::cli {
+
+// argv[0] is the subcommand's name (e.g. "traffic"); the return value is the process exit code.
+int cmd_traffic(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+#ifdef CISA_WITH_MODEL
+int cmd_info(int argc, char** argv);
+int cmd_pull(int argc, char** argv);
+#endif
+
+}  // namespace cisa::cli

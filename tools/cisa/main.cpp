@@ -1,0 +1,42 @@
+// cisa — Chunk-Indexed Sparse Attention engine: one CLI with subcommands.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+  const char* summary;
+};
+
+const Command kCommands[] = {
+    {"traffic", cisa::cli::cmd_traffic, "attention-traffic model: elements read, dense vs CISA"},
+    {"bench", cisa::cli::cmd_bench, "benchmarks: `cisa bench attention ...`"},
+#ifdef CISA_WITH_MODEL
+    {"info", cisa::cli::cmd_info, "print a GGUF model's architecture, metadata and tensor types"},
+    {"pull", cisa::cli::cmd_pull, "download a supported model into the models directory"},
+#endif
+};
+
+void usage() {
+  std::printf("usage: cisa <command> [options]   (cisa <command> --help for details)\n\ncommands:\n");
+  for (const auto& c : kCommands) std::printf("  %-10s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : kCommands)
+    if (!std::strcmp(argv[1], c.name)) return c.run(argc - 1, argv + 1);
+  std::fprintf(stderr, "cisa: unknown command '%s'\n\n", argv[1]);
+  usage();
+  return 2;
+}
