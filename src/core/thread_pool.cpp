@@ -1,0 +1,66 @@
+#include "cisa/thread_pool.h"
+
+namespace cisa {
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (num_threads <= 0) num_threads = 1;
+  for (int t = 1; t < num_threads; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::run_tasks(int thread) {
+  for (;;) {
+    int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
+    if (task >= n_) break;
+    (*fn_)(task, thread);
+  }
+}
+
+void ThreadPool::worker_loop(int thread) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    run_tasks(thread);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t, 0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    active_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  wake_.notify_all();
+  run_tasks(0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return active_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace cisa
