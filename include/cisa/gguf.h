@@ -188,7 +188,7 @@ class GgufFile {
   const GgufTensor* find_tensor(std::string_view name) const;
 
  private:
-  GgufFile() = default;
+  GgufFile();
   static Status parse_into(GgufFile& f);
 
   struct Mapping;  // an owned mmap (open() only)

@@ -1,0 +1,289 @@
+// gguf_file.cpp — GgufFile's memory mapping, typed metadata getters and display helpers.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+
+#include "cisa/gguf.h"
+
+namespace cisa {
+
+// An owned read-only mapping of a whole file; the address never changes, so views into it stay
+// valid when the GgufFile that owns it is moved.
+struct GgufFile::Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr) munmap(addr, size);
+  }
+};
+
+GgufFile::GgufFile() = default;
+GgufFile::GgufFile(GgufFile&&) noexcept = default;
+GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
+GgufFile::~GgufFile() = default;
+
+Result<GgufFile> GgufFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    const std::string why = std::strerror(e);
+    if (e == ENOENT) return not_found("cannot open '" + path + "': " + why);
+    return invalid_argument("cannot open '" + path + "': " + why);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return invalid_argument("cannot stat '" + path + "': " + why);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return invalid_argument("'" + path + "' is not a regular file");
+  }
+  if (st.st_size == 0) {
+    ::close(fd);
+    return data_loss("'" + path + "' is empty: not a GGUF file (truncated)");
+  }
+  auto map = std::make_unique<Mapping>();
+  map->size = static_cast<size_t>(st.st_size);
+  void* addr = mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int e = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (addr == MAP_FAILED) return resource_exhausted("cannot map '" + path + "': " + std::strerror(e));
+  map->addr = addr;
+
+  GgufFile f;
+  f.mapping_ = std::move(map);
+  f.path_ = path;
+  f.bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(f.mapping_->addr), f.mapping_->size);
+  Status s = parse_into(f);
+  if (!s.ok()) return Status(s.code(), "'" + path + "': " + s.message());
+  return f;
+}
+
+// ---- typed getters ----------------------------------------------------------------------------
+
+namespace {
+
+Status wrong_type(std::string_view key, const GgufKv& kv, const char* want) {
+  return invalid_argument("metadata '" + std::string(key) + "' is " + gguf_value_type_name(kv.type) +
+                          ", expected " + want);
+}
+
+bool is_unsigned(GgufValueType t) {
+  return t == GgufValueType::U8 || t == GgufValueType::U16 || t == GgufValueType::U32 || t == GgufValueType::U64;
+}
+bool is_signed(GgufValueType t) {
+  return t == GgufValueType::I8 || t == GgufValueType::I16 || t == GgufValueType::I32 || t == GgufValueType::I64;
+}
+
+// Any integer metadata value as a 128-bit-safe pair: fits [lo, hi]?
+template <class T>
+Result<T> integer_as(std::string_view key, const GgufKv& kv) {
+  constexpr auto lo = std::numeric_limits<T>::min();
+  constexpr auto hi = std::numeric_limits<T>::max();
+  if (is_unsigned(kv.type)) {
+    if (kv.u > static_cast<uint64_t>(hi))
+      return out_of_range("metadata '" + std::string(key) + "' = " + std::to_string(kv.u) + " does not fit");
+    return static_cast<T>(kv.u);
+  }
+  if (is_signed(kv.type)) {
+    if (kv.i < 0 ? (std::is_unsigned_v<T> || kv.i < static_cast<int64_t>(lo))
+                 : static_cast<uint64_t>(kv.i) > static_cast<uint64_t>(hi))
+      return out_of_range("metadata '" + std::string(key) + "' = " + std::to_string(kv.i) + " does not fit");
+    return static_cast<T>(kv.i);
+  }
+  return wrong_type(key, kv, "an integer");
+}
+
+// Reads element k of a numeric array payload as int64/double.
+template <class T>
+T load_at(std::span<const uint8_t> raw, uint64_t k) {
+  T v;
+  std::memcpy(&v, raw.data() + k * sizeof(T), sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+#define CISA_FIND_KV_(key)                                                        \
+  const GgufKv* kv = find(key);                                                   \
+  if (!kv) return not_found("metadata key '" + std::string(key) + "' not found")
+
+Result<std::string_view> GgufFile::get_string(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  if (kv->type != GgufValueType::STRING) return wrong_type(key, *kv, "string");
+  return kv->s;
+}
+
+Result<uint32_t> GgufFile::get_u32(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  return integer_as<uint32_t>(key, *kv);
+}
+Result<int32_t> GgufFile::get_i32(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  return integer_as<int32_t>(key, *kv);
+}
+Result<uint64_t> GgufFile::get_u64(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  return integer_as<uint64_t>(key, *kv);
+}
+Result<int64_t> GgufFile::get_i64(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  return integer_as<int64_t>(key, *kv);
+}
+
+Result<float> GgufFile::get_f32(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  if (kv->type != GgufValueType::F32 && kv->type != GgufValueType::F64) return wrong_type(key, *kv, "f32");
+  return static_cast<float>(kv->f);
+}
+
+Result<bool> GgufFile::get_bool(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  if (kv->type != GgufValueType::BOOL) return wrong_type(key, *kv, "bool");
+  return kv->u != 0;
+}
+
+Result<std::span<const std::string_view>> GgufFile::get_string_array(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  if (kv->type != GgufValueType::ARRAY || kv->elem_type != GgufValueType::STRING)
+    return wrong_type(key, *kv, "array of strings");
+  return std::span<const std::string_view>(kv->strings);
+}
+
+Result<std::vector<float>> GgufFile::get_f32_array(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  if (kv->type != GgufValueType::ARRAY ||
+      (kv->elem_type != GgufValueType::F32 && kv->elem_type != GgufValueType::F64))
+    return wrong_type(key, *kv, "array of f32");
+  std::vector<float> out(kv->count);
+  for (uint64_t k = 0; k < kv->count; ++k)
+    out[k] = kv->elem_type == GgufValueType::F32 ? load_at<float>(kv->raw, k)
+                                                 : static_cast<float>(load_at<double>(kv->raw, k));
+  return out;
+}
+
+Result<std::vector<int32_t>> GgufFile::get_i32_array(std::string_view key) const {
+  CISA_FIND_KV_(key);
+  if (kv->type != GgufValueType::ARRAY || !(is_signed(kv->elem_type) || is_unsigned(kv->elem_type)))
+    return wrong_type(key, *kv, "array of integers");
+  std::vector<int32_t> out(kv->count);
+  GgufKv elem;
+  elem.type = kv->elem_type;
+  for (uint64_t k = 0; k < kv->count; ++k) {
+    elem.u = 0;
+    elem.i = 0;
+    switch (kv->elem_type) {
+      case GgufValueType::U8: elem.u = load_at<uint8_t>(kv->raw, k); break;
+      case GgufValueType::U16: elem.u = load_at<uint16_t>(kv->raw, k); break;
+      case GgufValueType::U32: elem.u = load_at<uint32_t>(kv->raw, k); break;
+      case GgufValueType::U64: elem.u = load_at<uint64_t>(kv->raw, k); break;
+      case GgufValueType::I8: elem.i = load_at<int8_t>(kv->raw, k); break;
+      case GgufValueType::I16: elem.i = load_at<int16_t>(kv->raw, k); break;
+      case GgufValueType::I32: elem.i = load_at<int32_t>(kv->raw, k); break;
+      default: elem.i = load_at<int64_t>(kv->raw, k); break;
+    }
+    auto v = integer_as<int32_t>(key, elem);
+    if (!v.ok()) return out_of_range("metadata array '" + std::string(key) + "' element " +
+                                     std::to_string(k) + " does not fit in i32");
+    out[k] = *v;
+  }
+  return out;
+}
+
+Result<uint32_t> GgufFile::get_u32_or(std::string_view key, uint32_t dflt) const {
+  if (!has(key)) return dflt;
+  return get_u32(key);
+}
+
+Result<float> GgufFile::get_f32_or(std::string_view key, float dflt) const {
+  if (!has(key)) return dflt;
+  return get_f32(key);
+}
+
+#undef CISA_FIND_KV_
+
+// ---- display ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string quote_short(std::string_view s, size_t max_len = 60) {
+  std::string out = "\"";
+  for (size_t k = 0; k < s.size() && k < max_len; ++k) {
+    const unsigned char ch = static_cast<unsigned char>(s[k]);
+    if (ch == '\n') out += "\\n";
+    else if (ch == '"') out += "\\\"";
+    else if (ch < 0x20) out += "\\x" + std::string(1, "0123456789abcdef"[ch >> 4]) + "0123456789abcdef"[ch & 15];
+    else out += static_cast<char>(ch);
+  }
+  if (s.size() > max_len) out += "...";
+  return out + "\"";
+}
+
+std::string format_double(double v) {
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
+}
+
+std::string scalar_string(GgufValueType t, const GgufKv& kv) {
+  if (is_unsigned(t)) return std::to_string(kv.u);
+  if (is_signed(t)) return std::to_string(kv.i);
+  if (t == GgufValueType::BOOL) return kv.u ? "true" : "false";
+  if (t == GgufValueType::F32 || t == GgufValueType::F64) return format_double(kv.f);
+  if (t == GgufValueType::STRING) return quote_short(kv.s);
+  return "?";
+}
+
+}  // namespace
+
+std::string GgufKv::to_display_string(size_t max_items) const {
+  if (type != GgufValueType::ARRAY) return scalar_string(type, *this);
+  std::string out = "[";
+  const uint64_t shown = std::min<uint64_t>(count, max_items);
+  const uint64_t es = elem_type == GgufValueType::STRING ? 0 : raw.size() / (count ? count : 1);
+  for (uint64_t k = 0; k < shown; ++k) {
+    if (k) out += ", ";
+    if (elem_type == GgufValueType::STRING) {
+      out += quote_short(strings[k], 24);
+      continue;
+    }
+    GgufKv e;
+    const uint8_t* p = raw.data() + k * es;
+    switch (elem_type) {
+      case GgufValueType::U8: e.u = p[0]; break;
+      case GgufValueType::BOOL: e.u = p[0]; break;
+      case GgufValueType::I8: e.i = static_cast<int8_t>(p[0]); break;
+      case GgufValueType::U16: { uint16_t v; std::memcpy(&v, p, 2); e.u = v; break; }
+      case GgufValueType::I16: { int16_t v; std::memcpy(&v, p, 2); e.i = v; break; }
+      case GgufValueType::U32: { uint32_t v; std::memcpy(&v, p, 4); e.u = v; break; }
+      case GgufValueType::I32: { int32_t v; std::memcpy(&v, p, 4); e.i = v; break; }
+      case GgufValueType::U64: std::memcpy(&e.u, p, 8); break;
+      case GgufValueType::I64: std::memcpy(&e.i, p, 8); break;
+      case GgufValueType::F32: { float v; std::memcpy(&v, p, 4); e.f = v; break; }
+      case GgufValueType::F64: std::memcpy(&e.f, p, 8); break;
+      default: break;
+    }
+    out += scalar_string(elem_type, e);
+  }
+  if (count > shown) out += ", ... (" + std::to_string(count) + " " + gguf_value_type_name(elem_type) + ")";
+  return out + "]";
+}
+
+std::string GgufTensor::shape_string() const {
+  std::string out = "[";
+  for (int d = 0; d < n_dims; ++d) out += (d ? ", " : "") + std::to_string(ne[d]);
+  return out + "]";
+}
+
+}  // namespace cisa
