@@ -13,7 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -30,16 +30,25 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs fn(task, thread) for task in [0, n); thread is in [0, num_threads()).
-  void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn);
+  // Takes any callable by reference: no std::function, so no allocation per call.
+  template <class F>
+  void parallel_for(int64_t n, F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    run(n, const_cast<void*>(static_cast<const void*>(&fn)),
+        [](void* f, int64_t task, int thread) { (*static_cast<Fn*>(f))(task, thread); });
+  }
 
  private:
+  using Thunk = void (*)(void*, int64_t, int);
+  void run(int64_t n, void* fn, Thunk thunk);
   void worker_loop(int thread);
   void run_tasks(int thread);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_, done_;
-  const std::function<void(int64_t, int)>* fn_ = nullptr;
+  void* fn_ = nullptr;
+  Thunk thunk_ = nullptr;
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};
   int active_ = 0;

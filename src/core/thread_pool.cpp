@@ -21,7 +21,7 @@ void ThreadPool::run_tasks(int thread) {
   for (;;) {
     int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
     if (task >= n_) break;
-    (*fn_)(task, thread);
+    thunk_(fn_, task, thread);
   }
 }
 
@@ -42,15 +42,16 @@ void ThreadPool::worker_loop(int thread) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+void ThreadPool::run(int64_t n, void* fn, Thunk thunk) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
-    for (int64_t t = 0; t < n; ++t) fn(t, 0);
+    for (int64_t t = 0; t < n; ++t) thunk(fn, t, 0);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
+    fn_ = fn;
+    thunk_ = thunk;
     n_ = n;
     next_.store(0, std::memory_order_relaxed);
     active_ = static_cast<int>(workers_.size());

@@ -1,0 +1,70 @@
+// cisa/selection.h — CISA page selection (SPEC §3, §4): eligible chunks, scores against the
+// representative cache, deterministic top-k, recent window, current-page tail, sink pages,
+// QShare groups, and the dense fallback.
+//
+//   cisa::SelectionParams p{.budget = 256, .window = 32, .qshare = 16};
+//   cisa::PageLists lists;
+//   CISA_RETURN_IF_ERROR(cisa::select_pages(*cache, layer, batch, index_q, p, &pool, &lists));
+//   // index_q: [rows][num_kv_heads][head_dim] f32, the index query of every query position
+//   //          (after the model's q-norm and RoPE), packed like the batch's queries.
+//
+// For a group P = {a … b}: eligible E_a = {j : j < c(a) − W} minus the sink pages. If |E_a| ≤ k
+// the group attends to every page up to c(b) (dense path, no scoring). Otherwise it attends to
+// sinks ∪ top-k(E_a) ∪ {c(a) − W … c(b)}. A block whose early positions are dense and later ones
+// sparse is split: its dense prefix is one group, the sparse suffix is cut into groups of G from
+// its first position.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cisa/batch.h"
+#include "cisa/kv_cache.h"
+#include "cisa/status.h"
+#include "cisa/thread_pool.h"
+
+namespace cisa {
+
+enum class QShareQuery { kMean, kLast };
+const char* qshare_query_name(QShareQuery q);
+Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last"
+
+struct SelectionParams {
+  int64_t budget = 0;      // k: chunks chosen by top-k
+  int64_t window = 128;    // W: recent pages always attended
+  int64_t qshare = 1;      // G: positions sharing one selection (decode: 1)
+  QShareQuery qshare_query = QShareQuery::kMean;
+  int64_t sink_pages = 0;  // first n chunks always attended, not counted in k
+};
+
+Status validate_selection_params(const SelectionParams& p);
+
+// Number of eligible chunks for a selection made at position a: |{j : j < c(a) − W}| minus sinks.
+int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p);
+
+// Cuts every entry's positions into query groups (dense prefix, then QShare groups of G).
+// Fills out->groups only.
+Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
+                         const SelectionParams& p, PageLists* out);
+
+// Scores of chunks [first_chunk, first_chunk + n) of one sequence for one KV group:
+// s_j = q·r_j/√d (mean representative) or Σ_i max(q_i·min_i, q_i·max_i)/√d (quest).
+// Chunks must be full pages of a representative layer. q: [head_dim] f32.
+void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
+                  int kv_head, const float* q, int64_t first_chunk, int64_t n, float* scores);
+
+// Indices (offsets into `scores`) of the k largest scores, larger score first, ties to the smaller
+// index; NaN ranks below every number. Returned in ascending index order. k ≥ n returns all.
+// `scratch` is reused across calls to avoid allocation.
+void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>* out,
+                 std::vector<int32_t>* scratch);
+
+// The full selection step: query groups, index queries (mean or last over the group), scores,
+// top-k, and page lists with window, tail and sinks. Uses `pool` for (group, KV group) tasks.
+Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                    const float* index_q, const SelectionParams& p, ThreadPool* pool,
+                    PageLists* out);
+
+}  // namespace cisa

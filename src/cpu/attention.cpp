@@ -1,0 +1,297 @@
+// Exact attention over page lists on the CPU (SPEC §5).
+//
+// Work is cut into tasks (list, row tile, page split). A list is one (query group, KV group);
+// its rows are the group's positions × the KV group's query heads (row = position·h_g + head),
+// so one page read serves every query that shares the selection. A row tile walks its pages in
+// order with an online softmax: per page, S = scale·Q·Kᵀ (masked by absolute position), then
+// the running max, denominator and O += P·V are updated. When there are too few (list, tile)
+// pairs to occupy every thread (decode), the page list is split and the partial results are
+// merged by log-sum-exp, as flash-decoding does.
+#include "cisa/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "cisa/bf16.h"
+
+namespace cisa {
+
+namespace {
+
+constexpr int kRowTile = 64;          // rows of one task: fits Q and O tiles in L1/L2 at d = 128
+constexpr int64_t kMinSplitPages = 16; // a split reads at least this many pages
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float dot8(const float* a, const float* b, int d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < d; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+inline void axpy(float* y, float a, const float* x, int d) {
+  for (int i = 0; i < d; ++i) y[i] += a * x[i];
+}
+
+inline void widen(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+using Task = detail::AttentionTask;
+
+}  // namespace
+
+int64_t AttentionWorkspace::bytes() const {
+  int64_t b = 0;
+  for (const auto& s : thread_scratch_) b += static_cast<int64_t>(s.capacity() * sizeof(float));
+  b += static_cast<int64_t>((partial_out_.capacity() + partial_lse_.capacity()) * sizeof(float));
+  return b + static_cast<int64_t>(tasks_.capacity() * sizeof(detail::AttentionTask));
+}
+
+struct AttentionRunner {
+  const PagedKvCache& cache;
+  int layer;
+  std::span<const BatchEntry> batch;
+  const PageLists& lists;
+  const float* q;
+  int hq, hkv, hg, d, B;
+  float scale;
+  int64_t window;
+  float* out;
+  float* lse;
+  AttentionWorkspace* ws;
+
+  Status validate() const;
+  void run(ThreadPool& pool);
+  void run_task(const Task& t, float* scratch) const;
+};
+
+Status AttentionRunner::validate() const {
+  CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
+  if (hq <= 0 || hq % hkv != 0)
+    return invalid_argument("query head count " + std::to_string(hq) +
+                            " is not a positive multiple of the cache's " + std::to_string(hkv) +
+                            " KV heads");
+  if (lists.num_kv_heads != hkv)
+    return invalid_argument("page lists were built for " + std::to_string(lists.num_kv_heads) +
+                            " KV heads, the cache has " + std::to_string(hkv));
+  if (lists.offsets.size() != static_cast<size_t>(lists.num_lists() + 1) ||
+      lists.offsets.back() != lists.total_pages())
+    return invalid_argument("page lists are malformed (offsets do not match the page array)");
+  if (!q || !out) return invalid_argument("attend: null query or output pointer");
+  const auto rows = batch_row_offsets(batch);
+  std::vector<int64_t> covered(batch.size(), 0);
+  for (size_t i = 0; i < lists.groups.size(); ++i) {
+    const auto& g = lists.groups[i];
+    if (g.entry < 0 || static_cast<size_t>(g.entry) >= batch.size())
+      return invalid_argument("query group " + std::to_string(i) + " names batch entry " +
+                              std::to_string(g.entry) + " of " + std::to_string(batch.size()));
+    const auto& e = batch[static_cast<size_t>(g.entry)];
+    if (g.first < e.first || g.last < g.first || g.last >= e.first + e.count ||
+        g.row != rows[static_cast<size_t>(g.entry)] + (g.first - e.first))
+      return invalid_argument("query group " + std::to_string(i) + " does not lie inside its batch entry");
+    covered[static_cast<size_t>(g.entry)] += g.last - g.first + 1;
+    for (int kv = 0; kv < hkv; ++kv)
+      for (int32_t page : lists.list_pages(static_cast<int64_t>(i), kv))
+        if (cache.page_owner(page) != e.seq)
+          return invalid_argument("page list of group " + std::to_string(i) + " names page " +
+                                  std::to_string(page) + ", which sequence " + std::to_string(e.seq) +
+                                  (cache.page_owner(page) < 0 ? " does not own (it is free)"
+                                                              : " does not own"));
+  }
+  for (size_t e = 0; e < batch.size(); ++e)
+    if (covered[e] != batch[e].count)
+      return invalid_argument("query groups cover " + std::to_string(covered[e]) + " of the " +
+                              std::to_string(batch[e].count) + " queries of batch entry " +
+                              std::to_string(e));
+  return Status::Ok();
+}
+
+// One row tile over one page range: online softmax, then either the final output or a partial.
+void AttentionRunner::run_task(const Task& t, float* scratch) const {
+  const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
+  const int g = static_cast<int>(t.list % hkv);
+  const auto pages = lists.list_pages(t.list / hkv, g);
+  const auto chunks = lists.list_chunks(t.list / hkv, g);
+  const int R = t.rows;
+  // scratch layout: acc[R][d] | m[R] | l[R] | s[R][B] | kf[B][d] | vf[B][d] | pos[R]
+  float* acc = scratch;
+  float* m = acc + static_cast<int64_t>(kRowTile) * d;
+  float* l = m + kRowTile;
+  float* s = l + kRowTile;
+  float* kf = s + static_cast<int64_t>(kRowTile) * B;
+  float* vf = kf + static_cast<int64_t>(B) * d;
+  std::fill(acc, acc + static_cast<int64_t>(R) * d, 0.0f);
+  std::fill(m, m + R, kNegInf);
+  std::fill(l, l + R, 0.0f);
+
+  const float* qrow[kRowTile] = {};
+  int64_t tpos[kRowTile] = {};
+  for (int r = 0; r < R; ++r) {
+    const int rr = t.row0 + r;
+    const int64_t pi = rr / hg, hi = rr % hg;
+    tpos[r] = grp.first + pi;
+    qrow[r] = q + ((grp.row + pi) * hq + static_cast<int64_t>(g) * hg + hi) * d;
+  }
+  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
+  const bool bf16 = cache.config().dtype == KvDtype::kBF16;
+
+  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
+    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
+    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
+    if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
+    const int32_t page = pages[static_cast<size_t>(pi)];
+    const float* kp;
+    const float* vp;
+    if (bf16) {
+      widen(static_cast<const uint16_t*>(cache.k_page(layer, page, g)), kf, static_cast<int64_t>(B) * d);
+      widen(static_cast<const uint16_t*>(cache.v_page(layer, page, g)), vf, static_cast<int64_t>(B) * d);
+      kp = kf;
+      vp = vf;
+    } else {
+      kp = static_cast<const float*>(cache.k_page(layer, page, g));
+      vp = static_cast<const float*>(cache.v_page(layer, page, g));
+    }
+    const bool full = s0 + B - 1 <= tmin && (window == 0 || s0 > tmax - window);
+    for (int r = 0; r < R; ++r) {
+      float* sr = s + static_cast<int64_t>(r) * B;
+      float mx = kNegInf;
+      for (int j = 0; j < B; ++j) {
+        const int64_t pos = s0 + j;
+        const bool visible = full || (pos <= tpos[r] && (window == 0 || pos > tpos[r] - window));
+        sr[j] = visible ? dot8(qrow[r], kp + static_cast<int64_t>(j) * d, d) * scale : kNegInf;
+        mx = std::max(mx, sr[j]);
+      }
+      if (mx == kNegInf) continue;
+      float* ar = acc + static_cast<int64_t>(r) * d;
+      if (mx > m[r]) {
+        const float c = std::exp(m[r] - mx);  // 0 on the first visible page
+        l[r] *= c;
+        for (int i = 0; i < d; ++i) ar[i] *= c;
+        m[r] = mx;
+      }
+      for (int j = 0; j < B; ++j) {
+        if (sr[j] == kNegInf) continue;
+        const float pj = std::exp(sr[j] - m[r]);
+        l[r] += pj;
+        axpy(ar, pj, vp + static_cast<int64_t>(j) * d, d);
+      }
+    }
+  }
+
+  for (int r = 0; r < R; ++r) {
+    const int rr = t.row0 + r;
+    const int64_t pi = rr / hg, hi = rr % hg;
+    const float* ar = acc + static_cast<int64_t>(r) * d;
+    const float lse_r = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    float* o;
+    if (t.partial < 0) {
+      const int64_t head_row = (grp.row + pi) * hq + static_cast<int64_t>(g) * hg + hi;
+      o = out + head_row * d;
+      if (lse) lse[head_row] = lse_r;
+    } else {
+      o = ws->partial_out_.data() + (t.partial + r) * d;
+      ws->partial_lse_[static_cast<size_t>(t.partial + r)] = lse_r;
+    }
+    for (int i = 0; i < d; ++i) o[i] = ar[i] * inv;
+  }
+}
+
+void AttentionRunner::run(ThreadPool& pool) {
+  const int threads = pool.num_threads();
+  // Pass 1: (list, row tile) pairs; decide how many page splits each list gets.
+  auto& tasks = ws->tasks_;  // rebuilt per call in reused storage
+  tasks.clear();
+  int64_t pairs = 0;
+  for (int64_t L = 0; L < lists.num_lists(); ++L) {
+    const auto& grp = lists.groups[static_cast<size_t>(L / hkv)];
+    pairs += ((grp.last - grp.first + 1) * hg + kRowTile - 1) / kRowTile;
+  }
+  const int64_t target = 4 * static_cast<int64_t>(threads);
+  int64_t partial_rows = 0;
+  for (int64_t L = 0; L < lists.num_lists(); ++L) {
+    const auto& grp = lists.groups[static_cast<size_t>(L / hkv)];
+    const int64_t rows = (grp.last - grp.first + 1) * hg;
+    const int64_t n_pages = lists.offsets[static_cast<size_t>(L + 1)] - lists.offsets[static_cast<size_t>(L)];
+    int64_t splits = pairs >= target ? 1 : (target + pairs - 1) / pairs;
+    splits = std::max<int64_t>(1, std::min(splits, n_pages / kMinSplitPages));
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowTile) {
+      const auto R = static_cast<int32_t>(std::min<int64_t>(kRowTile, rows - r0));
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        Task t{L, static_cast<int32_t>(r0), R, n_pages * sp / splits, n_pages * (sp + 1) / splits, -1};
+        if (splits > 1) {
+          t.partial = partial_rows;
+          partial_rows += R;
+        }
+        tasks.push_back(t);
+      }
+    }
+  }
+  ws->partial_out_.resize(static_cast<size_t>(partial_rows * d));
+  ws->partial_lse_.resize(static_cast<size_t>(partial_rows));
+  const int64_t scratch_floats = static_cast<int64_t>(kRowTile) * d + 2 * kRowTile +
+                                 static_cast<int64_t>(kRowTile) * B + 2 * static_cast<int64_t>(B) * d;
+  ws->thread_scratch_.resize(static_cast<size_t>(threads));
+  for (auto& s : ws->thread_scratch_) s.resize(static_cast<size_t>(scratch_floats));
+
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t i, int thread) {
+    run_task(tasks[static_cast<size_t>(i)], ws->thread_scratch_[static_cast<size_t>(thread)].data());
+  });
+  if (partial_rows == 0) return;
+
+  // Pass 2: merge the splits of each (list, row tile) by log-sum-exp.
+  auto& heads = ws->merge_heads_;  // first task of each split run
+  heads.clear();
+  for (size_t i = 0; i < tasks.size(); ++i)
+    if (tasks[i].partial >= 0 && tasks[i].page0 == 0) heads.push_back(i);
+  pool.parallel_for(static_cast<int64_t>(heads.size()), [&](int64_t h, int) {
+    const size_t first = heads[static_cast<size_t>(h)];
+    size_t last = first + 1;
+    while (last < tasks.size() && tasks[last].list == tasks[first].list &&
+           tasks[last].row0 == tasks[first].row0 && tasks[last].page0 != 0)
+      ++last;
+    const Task& t0 = tasks[first];
+    const auto& grp = lists.groups[static_cast<size_t>(t0.list / hkv)];
+    const int g = static_cast<int>(t0.list % hkv);
+    for (int r = 0; r < t0.rows; ++r) {
+      float mx = kNegInf;
+      for (size_t k = first; k < last; ++k)
+        mx = std::max(mx, ws->partial_lse_[static_cast<size_t>(tasks[k].partial + r)]);
+      const int rr = t0.row0 + r;
+      const int64_t head_row = (grp.row + rr / hg) * hq + static_cast<int64_t>(g) * hg + rr % hg;
+      float* o = out + head_row * d;
+      std::fill(o, o + d, 0.0f);
+      float sum = 0.0f;
+      if (mx != kNegInf) {
+        for (size_t k = first; k < last; ++k) {
+          const float w = std::exp(ws->partial_lse_[static_cast<size_t>(tasks[k].partial + r)] - mx);
+          if (w == 0.0f) continue;
+          sum += w;
+          axpy(o, w, ws->partial_out_.data() + (tasks[k].partial + r) * d, d);
+        }
+        for (int i = 0; i < d; ++i) o[i] /= sum;
+      }
+      if (lse) lse[head_row] = mx == kNegInf ? kNegInf : mx + std::log(sum);
+    }
+  });
+}
+
+Status attend(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+              const PageLists& lists, const float* q, int num_q_heads, const AttentionParams& p,
+              float* out, float* lse, ThreadPool& pool, AttentionWorkspace* ws) {
+  if (!ws) return invalid_argument("attend: null workspace");
+  if (p.sliding_window < 0) return invalid_argument("sliding_window must be >= 0");
+  const int hkv = cache.num_kv_heads();
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim()));
+  AttentionRunner runner{cache, layer, batch, lists, q, num_q_heads, hkv,
+                         num_q_heads > 0 && hkv > 0 ? num_q_heads / hkv : 0, cache.head_dim(),
+                         cache.page_size(), scale, p.sliding_window, out, lse, ws};
+  CISA_RETURN_IF_ERROR(runner.validate());
+  runner.run(pool);
+  return Status::Ok();
+}
+
+}  // namespace cisa

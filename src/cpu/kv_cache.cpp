@@ -1,0 +1,274 @@
+// The paged KV cache: page pool, block tables, K/V storage and the representative cache.
+#include "cisa/kv_cache.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <new>
+
+#include "cisa/bf16.h"
+
+namespace cisa {
+
+const char* kv_dtype_name(KvDtype d) { return d == KvDtype::kF32 ? "f32" : "bf16"; }
+const char* rep_kind_name(RepKind r) { return r == RepKind::kMean ? "mean" : "quest"; }
+
+Result<KvDtype> parse_kv_dtype(const std::string& s) {
+  if (s == "f32") return KvDtype::kF32;
+  if (s == "bf16") return KvDtype::kBF16;
+  return invalid_argument("unknown KV dtype '" + s + "' (expected f32 or bf16)");
+}
+
+Result<RepKind> parse_rep_kind(const std::string& s) {
+  if (s == "mean") return RepKind::kMean;
+  if (s == "quest") return RepKind::kQuest;
+  return invalid_argument("unknown representative '" + s + "' (expected mean or quest)");
+}
+
+void PagedKvCache::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+namespace {
+
+int64_t elem_size(KvDtype d) { return d == KvDtype::kF32 ? 4 : 2; }
+
+Status validate_config(const KvCacheConfig& c) {
+  if (c.num_layers <= 0) return invalid_argument("num_layers must be positive (got " + std::to_string(c.num_layers) + ")");
+  if (c.num_kv_heads <= 0) return invalid_argument("num_kv_heads must be positive (got " + std::to_string(c.num_kv_heads) + ")");
+  if (c.head_dim <= 0 || c.head_dim % 8 != 0)
+    return invalid_argument("head_dim must be a positive multiple of 8 (got " + std::to_string(c.head_dim) + ")");
+  if (c.page_size <= 0) return invalid_argument("page_size must be positive (got " + std::to_string(c.page_size) + ")");
+  if (c.num_pages <= 0) return invalid_argument("num_pages must be positive (got " + std::to_string(c.num_pages) + ")");
+  if (c.num_pages > std::numeric_limits<int32_t>::max())
+    return invalid_argument("num_pages must fit in 32 bits (got " + std::to_string(c.num_pages) + ")");
+  if (!c.rep_layers.empty() && static_cast<int>(c.rep_layers.size()) != c.num_layers)
+    return invalid_argument("rep_layers has " + std::to_string(c.rep_layers.size()) +
+                            " entries but the cache has " + std::to_string(c.num_layers) + " layers");
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t kv_cache_bytes(const KvCacheConfig& c) {
+  const int64_t es = elem_size(c.dtype);
+  const int64_t kv = 2 * c.num_pages * c.num_kv_heads * c.page_size * c.head_dim * es;
+  const int64_t rep_w = c.rep == RepKind::kQuest ? 2 * c.head_dim : c.head_dim;
+  int64_t rep_layers = c.num_layers;
+  if (!c.rep_layers.empty()) rep_layers = std::count(c.rep_layers.begin(), c.rep_layers.end(), true);
+  return kv * c.num_layers + rep_layers * c.num_pages * c.num_kv_heads * rep_w * es;
+}
+
+PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const KvCacheConfig& config) {
+  CISA_RETURN_IF_ERROR(validate_config(config));
+  std::unique_ptr<PagedKvCache> cache(new (std::nothrow) PagedKvCache(config));
+  if (!cache) return resource_exhausted("cannot allocate the KV cache object");
+  const int64_t es = elem_size(config.dtype);
+  const int64_t kv_bytes = config.num_pages * cache->page_stride() * es;
+  const int64_t rep_bytes = config.num_pages * config.num_kv_heads * cache->rep_width() * es;
+  auto alloc = [](int64_t bytes) -> Buffer {
+    // 64-byte alignment for vector loads; round the size up as aligned_alloc requires.
+    size_t size = static_cast<size_t>((bytes + 63) / 64 * 64);
+    return Buffer(static_cast<uint8_t*>(std::aligned_alloc(64, size)));
+  };
+  for (int l = 0; l < config.num_layers; ++l) {
+    Buffer k = alloc(kv_bytes), v = alloc(kv_bytes);
+    Buffer r = cache->has_reps(l) ? alloc(rep_bytes) : Buffer();
+    if (!k || !v || (cache->has_reps(l) && !r))
+      return resource_exhausted("cannot allocate the KV cache: " +
+                                std::to_string(kv_cache_bytes(config) >> 20) + " MiB requested");
+    cache->k_.push_back(std::move(k));
+    cache->v_.push_back(std::move(v));
+    cache->reps_.push_back(std::move(r));
+  }
+  cache->owner_.assign(static_cast<size_t>(config.num_pages), -1);
+  cache->free_list_.reserve(static_cast<size_t>(config.num_pages));
+  // Hand out low page IDs first.
+  for (int64_t p = config.num_pages - 1; p >= 0; --p) cache->free_list_.push_back(static_cast<int32_t>(p));
+  return cache;
+}
+
+bool PagedKvCache::has_reps(int layer) const {
+  return config_.rep_layers.empty() || config_.rep_layers[static_cast<size_t>(layer)];
+}
+
+int64_t PagedKvCache::page_stride() const {
+  return static_cast<int64_t>(config_.num_kv_heads) * config_.page_size * config_.head_dim;
+}
+
+Status PagedKvCache::check_seq(SeqId seq) const {
+  if (!has_sequence(seq)) return not_found("unknown sequence " + std::to_string(seq));
+  return Status::Ok();
+}
+
+bool PagedKvCache::has_sequence(SeqId seq) const {
+  return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(seq)].active;
+}
+
+Result<SeqId> PagedKvCache::add_sequence() {
+  for (size_t i = 0; i < seqs_.size(); ++i)
+    if (!seqs_[i].active) {
+      seqs_[i] = Sequence{true, {}, 0, std::vector<int64_t>(static_cast<size_t>(config_.num_layers), 0)};
+      return static_cast<SeqId>(i);
+    }
+  if (seqs_.size() >= static_cast<size_t>(std::numeric_limits<SeqId>::max()))
+    return resource_exhausted("too many sequences");
+  seqs_.push_back(Sequence{true, {}, 0, std::vector<int64_t>(static_cast<size_t>(config_.num_layers), 0)});
+  return static_cast<SeqId>(seqs_.size() - 1);
+}
+
+Status PagedKvCache::release_sequence(SeqId seq) {
+  CISA_RETURN_IF_ERROR(check_seq(seq));
+  auto& s = seqs_[static_cast<size_t>(seq)];
+  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) {
+    owner_[static_cast<size_t>(*it)] = -1;
+    free_list_.push_back(*it);
+  }
+  s = Sequence{};
+  return Status::Ok();
+}
+
+Status PagedKvCache::reserve(SeqId seq, int64_t n) {
+  CISA_RETURN_IF_ERROR(check_seq(seq));
+  if (n < 0) return invalid_argument("reserve: token count must be >= 0 (got " + std::to_string(n) + ")");
+  auto& s = seqs_[static_cast<size_t>(seq)];
+  const int64_t B = config_.page_size;
+  const int64_t need_pages = (s.reserved + n + B - 1) / B;
+  const int64_t extra = need_pages - static_cast<int64_t>(s.pages.size());
+  if (extra > static_cast<int64_t>(free_list_.size()))
+    return resource_exhausted("page pool exhausted: sequence " + std::to_string(seq) + " needs " +
+                              std::to_string(extra) + " more pages but " +
+                              std::to_string(free_list_.size()) + " of " +
+                              std::to_string(config_.num_pages) + " are free");
+  for (int64_t i = 0; i < extra; ++i) {
+    int32_t p = free_list_.back();
+    free_list_.pop_back();
+    owner_[static_cast<size_t>(p)] = seq;
+    s.pages.push_back(p);
+  }
+  s.reserved += n;
+  return Status::Ok();
+}
+
+void PagedKvCache::store_row(void* dst, const float* src) const {
+  const int d = config_.head_dim;
+  if (config_.dtype == KvDtype::kF32) {
+    std::copy(src, src + d, static_cast<float*>(dst));
+  } else {
+    auto* h = static_cast<uint16_t*>(dst);
+    for (int i = 0; i < d; ++i) h[i] = f32_to_bf16(src[i]);
+  }
+}
+
+Status PagedKvCache::append(int layer, SeqId seq, int64_t n, const float* k, const float* v) {
+  CISA_RETURN_IF_ERROR(check_seq(seq));
+  if (layer < 0 || layer >= config_.num_layers)
+    return out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
+                        std::to_string(config_.num_layers) + ")");
+  if (n < 0) return invalid_argument("append: token count must be >= 0 (got " + std::to_string(n) + ")");
+  if (n > 0 && (!k || !v)) return invalid_argument("append: null K or V pointer");
+  auto& s = seqs_[static_cast<size_t>(seq)];
+  int64_t& w = s.written[static_cast<size_t>(layer)];
+  if (w + n > s.reserved)
+    return failed_precondition("append: sequence " + std::to_string(seq) + " layer " +
+                               std::to_string(layer) + " would hold " + std::to_string(w + n) +
+                               " tokens but only " + std::to_string(s.reserved) +
+                               " are reserved (call reserve first)");
+  const int64_t B = config_.page_size, d = config_.head_dim, H = config_.num_kv_heads;
+  const int64_t es = elem_size(config_.dtype);
+  uint8_t* kb = k_[static_cast<size_t>(layer)].get();
+  uint8_t* vb = v_[static_cast<size_t>(layer)].get();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = w + i;
+    const int64_t page = s.pages[static_cast<size_t>(pos / B)];
+    const int64_t slot = pos % B;
+    for (int64_t g = 0; g < H; ++g) {
+      const int64_t off = ((page * H + g) * B + slot) * d * es;
+      store_row(kb + off, k + (i * H + g) * d);
+      store_row(vb + off, v + (i * H + g) * d);
+    }
+    if (slot == B - 1 && has_reps(layer)) update_rep(layer, static_cast<int32_t>(page));
+  }
+  w += n;
+  return Status::Ok();
+}
+
+// Representative of one full page: per KV head, the mean (or per-channel min and max) of the
+// page's stored keys, accumulated in double and rounded to the storage dtype.
+void PagedKvCache::update_rep(int layer, int32_t page) {
+  const int B = config_.page_size, d = config_.head_dim, H = config_.num_kv_heads;
+  const int rw = rep_width();
+  std::vector<double> acc(static_cast<size_t>(rw));
+  std::vector<float> row(static_cast<size_t>(rw));
+  uint8_t* rb = reps_[static_cast<size_t>(layer)].get();
+  for (int g = 0; g < H; ++g) {
+    const void* kp = k_page(layer, page, g);
+    auto key = [&](int s, int i) -> float {
+      return config_.dtype == KvDtype::kF32 ? static_cast<const float*>(kp)[s * d + i]
+                                            : bf16_to_f32(static_cast<const uint16_t*>(kp)[s * d + i]);
+    };
+    if (config_.rep == RepKind::kMean) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int s = 0; s < B; ++s)
+        for (int i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += key(s, i);
+      for (int i = 0; i < d; ++i) row[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / B);
+    } else {
+      for (int i = 0; i < d; ++i) {
+        float lo = key(0, i), hi = lo;
+        for (int s = 1; s < B; ++s) {
+          lo = std::min(lo, key(s, i));
+          hi = std::max(hi, key(s, i));
+        }
+        row[static_cast<size_t>(i)] = lo;
+        row[static_cast<size_t>(d + i)] = hi;
+      }
+    }
+    void* dst = rb + (static_cast<int64_t>(page) * H + g) * rw * elem_size(config_.dtype);
+    if (config_.dtype == KvDtype::kF32) {
+      std::copy(row.begin(), row.end(), static_cast<float*>(dst));
+    } else {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int i = 0; i < rw; ++i) h[i] = f32_to_bf16(row[static_cast<size_t>(i)]);
+    }
+  }
+}
+
+Result<int64_t> PagedKvCache::tokens(int layer, SeqId seq) const {
+  CISA_RETURN_IF_ERROR(check_seq(seq));
+  if (layer < 0 || layer >= config_.num_layers) return out_of_range("layer " + std::to_string(layer) + " out of range");
+  return seqs_[static_cast<size_t>(seq)].written[static_cast<size_t>(layer)];
+}
+
+Result<int64_t> PagedKvCache::length(SeqId seq) const {
+  CISA_RETURN_IF_ERROR(check_seq(seq));
+  const auto& w = seqs_[static_cast<size_t>(seq)].written;
+  return *std::min_element(w.begin(), w.end());
+}
+
+Result<std::span<const int32_t>> PagedKvCache::block_table(SeqId seq) const {
+  CISA_RETURN_IF_ERROR(check_seq(seq));
+  const auto& p = seqs_[static_cast<size_t>(seq)].pages;
+  return std::span<const int32_t>(p.data(), p.size());
+}
+
+SeqId PagedKvCache::page_owner(int32_t page) const {
+  if (page < 0 || page >= config_.num_pages) return -1;
+  return owner_[static_cast<size_t>(page)];
+}
+
+const void* PagedKvCache::k_page(int layer, int32_t page, int kv_head) const {
+  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * config_.page_size * config_.head_dim;
+  return k_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
+}
+
+const void* PagedKvCache::v_page(int layer, int32_t page, int kv_head) const {
+  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * config_.page_size * config_.head_dim;
+  return v_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
+}
+
+const void* PagedKvCache::rep(int layer, int32_t page, int kv_head) const {
+  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * rep_width();
+  return reps_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
+}
+
+}  // namespace cisa

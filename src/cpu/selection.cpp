@@ -1,0 +1,209 @@
+// CISA selection: query groups, scoring against representatives, top-k, page-list assembly.
+#include "cisa/selection.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "cisa/bf16.h"
+
+namespace cisa {
+
+const char* qshare_query_name(QShareQuery q) { return q == QShareQuery::kMean ? "mean" : "last"; }
+
+Result<QShareQuery> parse_qshare_query(const std::string& s) {
+  if (s == "mean") return QShareQuery::kMean;
+  if (s == "last") return QShareQuery::kLast;
+  return invalid_argument("unknown QShare query '" + s + "' (expected mean or last)");
+}
+
+Status validate_selection_params(const SelectionParams& p) {
+  if (p.budget < 0) return invalid_argument("budget k must be >= 0 (got " + std::to_string(p.budget) + ")");
+  if (p.window < 0) return invalid_argument("window W must be >= 0 (got " + std::to_string(p.window) + ")");
+  if (p.qshare <= 0) return invalid_argument("QShare group size G must be >= 1 (got " + std::to_string(p.qshare) + ")");
+  if (p.sink_pages < 0) return invalid_argument("sink pages must be >= 0 (got " + std::to_string(p.sink_pages) + ")");
+  return Status::Ok();
+}
+
+int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p) {
+  return std::max<int64_t>(0, a / page_size - p.window - p.sink_pages);
+}
+
+Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
+                         const SelectionParams& p, PageLists* out) {
+  CISA_RETURN_IF_ERROR(validate_selection_params(p));
+  const int64_t B = cache.page_size();
+  // First position whose eligible count exceeds k: c(t) − W − sinks > k.
+  const int64_t t_sparse = (p.budget + p.window + p.sink_pages + 1) * B;
+  out->groups.clear();
+  int64_t row = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const int64_t first = batch[e].first, end = first + batch[e].count;
+    const auto entry = static_cast<int32_t>(e);
+    const int64_t split = std::clamp(t_sparse, first, end);
+    if (split > first) out->groups.push_back({entry, first, split - 1, row, true});
+    for (int64_t a = split; a < end; a += p.qshare) {
+      const int64_t b = std::min(end, a + p.qshare) - 1;
+      out->groups.push_back({entry, a, b, row + (a - first), false});
+    }
+    row += batch[e].count;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+template <class T>
+float load(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, float>) return p[i];
+  else return bf16_to_f32(p[i]);
+}
+
+// Dot product with 8 independent lanes so the compiler vectorises it without -ffast-math.
+template <class T>
+float dot(const float* q, const T* r, int d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < d; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += q[i + l] * load(r, i + l);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <class T>
+float quest_bound(const float* q, const T* r, int d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < d; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float lo = q[i + l] * load(r, i + l), hi = q[i + l] * load(r, d + i + l);
+      acc[l] += lo > hi ? lo : hi;
+    }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <class T>
+void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> table, int g,
+                 const float* q, int64_t first, int64_t n, float* scores) {
+  const int d = cache.head_dim();
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  const bool quest = cache.config().rep == RepKind::kQuest;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* r = static_cast<const T*>(cache.rep(layer, table[static_cast<size_t>(first + j)], g));
+    scores[j] = (quest ? quest_bound(q, r, d) : dot(q, r, d)) * inv_sqrt_d;
+  }
+}
+
+// Strict total order: larger score first, NaN after every number, then smaller index.
+struct Better {
+  const float* s;
+  bool operator()(int32_t a, int32_t b) const {
+    const bool na = std::isnan(s[a]), nb = std::isnan(s[b]);
+    if (na != nb) return nb;
+    if (!na && s[a] != s[b]) return s[a] > s[b];
+    return a < b;
+  }
+};
+
+}  // namespace
+
+void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
+                  int kv_head, const float* q, int64_t first_chunk, int64_t n, float* scores) {
+  if (cache.config().dtype == KvDtype::kF32)
+    score_typed<float>(cache, layer, block_table, kv_head, q, first_chunk, n, scores);
+  else
+    score_typed<uint16_t>(cache, layer, block_table, kv_head, q, first_chunk, n, scores);
+}
+
+void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>* out,
+                 std::vector<int32_t>* scratch) {
+  const auto n = static_cast<int64_t>(scores.size());
+  out->clear();
+  if (k <= 0) return;
+  if (k >= n) {
+    for (int32_t i = 0; i < n; ++i) out->push_back(i);
+    return;
+  }
+  scratch->resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) (*scratch)[static_cast<size_t>(i)] = i;
+  std::nth_element(scratch->begin(), scratch->begin() + (k - 1), scratch->end(), Better{scores.data()});
+  out->assign(scratch->begin(), scratch->begin() + k);
+  std::sort(out->begin(), out->end());
+}
+
+Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                    const float* index_q, const SelectionParams& p, ThreadPool* pool,
+                    PageLists* out) {
+  CISA_RETURN_IF_ERROR(validate_selection_params(p));
+  CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
+  if (!cache.has_reps(layer))
+    return failed_precondition("layer " + std::to_string(layer) + " keeps no representatives");
+  if (!index_q) return invalid_argument("select_pages: null index query pointer");
+  CISA_RETURN_IF_ERROR(plan_query_groups(cache, batch, p, out));
+
+  const int64_t B = cache.page_size();
+  const int H = cache.num_kv_heads(), d = cache.head_dim();
+  const auto num_groups = static_cast<int64_t>(out->groups.size());
+  out->num_kv_heads = H;
+
+  // Sizes first (they do not depend on scores), so lists can be filled in parallel.
+  out->offsets.assign(static_cast<size_t>(num_groups * H + 1), 0);
+  for (int64_t i = 0; i < num_groups; ++i) {
+    const auto& grp = out->groups[static_cast<size_t>(i)];
+    const int64_t ca = grp.first / B, cb = grp.last / B;
+    const int64_t n = grp.dense ? cb + 1 : p.sink_pages + p.budget + (cb - (ca - p.window) + 1);
+    for (int g = 0; g < H; ++g) out->offsets[static_cast<size_t>(i * H + g + 1)] = n;
+  }
+  for (size_t i = 1; i < out->offsets.size(); ++i) out->offsets[i] += out->offsets[i - 1];
+  out->pages.resize(static_cast<size_t>(out->offsets.back()));
+  out->chunks.resize(out->pages.size());
+  out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
+
+  struct Scratch {
+    std::vector<float> qbar, scores;
+    std::vector<int32_t> top, tmp;
+  };
+  const int threads = pool ? pool->num_threads() : 1;
+  std::vector<Scratch> scratch(static_cast<size_t>(threads));
+
+  auto task = [&](int64_t t, int thread) {
+    const int64_t i = t / H;
+    const int g = static_cast<int>(t % H);
+    const auto& grp = out->groups[static_cast<size_t>(i)];
+    auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
+    int32_t* pages = out->pages.data() + out->offsets[static_cast<size_t>(t)];
+    int32_t* chunks = out->chunks.data() + out->offsets[static_cast<size_t>(t)];
+    int64_t n = 0;
+    auto put = [&](int64_t j) {
+      pages[n] = table[static_cast<size_t>(j)];
+      chunks[n++] = static_cast<int32_t>(j);
+    };
+    const int64_t ca = grp.first / B, cb = grp.last / B;
+    if (grp.dense) {
+      for (int64_t j = 0; j <= cb; ++j) put(j);
+      return;
+    }
+    auto& s = scratch[static_cast<size_t>(thread)];
+    // Index query of the group: mean over its positions, or its last position.
+    s.qbar.assign(static_cast<size_t>(d), 0.0f);
+    const int64_t r0 = p.qshare_query == QShareQuery::kMean ? grp.row : grp.row + (grp.last - grp.first);
+    const int64_t r1 = grp.row + (grp.last - grp.first);
+    for (int64_t r = r0; r <= r1; ++r) {
+      const float* q = index_q + (r * H + g) * d;
+      for (int k = 0; k < d; ++k) s.qbar[static_cast<size_t>(k)] += q[k];
+    }
+    const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
+    for (auto& x : s.qbar) x *= inv;
+    const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
+    s.scores.resize(static_cast<size_t>(end_eligible - first_eligible));
+    score_chunks(cache, layer, table, g, s.qbar.data(), first_eligible, end_eligible - first_eligible,
+                 s.scores.data());
+    select_topk(s.scores, p.budget, &s.top, &s.tmp);
+    for (int64_t j = 0; j < p.sink_pages; ++j) put(j);
+    for (int32_t j : s.top) put(first_eligible + j);
+    for (int64_t j = end_eligible; j <= cb; ++j) put(j);
+    out->num_selected[static_cast<size_t>(t)] = static_cast<int32_t>(s.top.size());
+  };
+  if (pool) pool->parallel_for(num_groups * H, task);
+  else for (int64_t t = 0; t < num_groups * H; ++t) task(t, 0);
+  return Status::Ok();
+}
+
+}  // namespace cisa
