@@ -7,6 +7,11 @@ namespace cisa::cli {
 // argv[0] is the subcommand's name (e.g. "traffic"); the return value is the process exit code.
 int cmd_traffic(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+// `cisa bench <what>` dispatches to these (argv[0] is <what>).
+int bench_attention(int argc, char** argv);
+#ifdef CISA_WITH_CUDA
+int bench_layer(int argc, char** argv);
+#endif
 #ifdef CISA_WITH_MODEL
 int cmd_info(int argc, char** argv);
 int cmd_pull(int argc, char** argv);

@@ -1,0 +1,31 @@
+// cisa bench — dispatches to the benchmark programs.
+#include <cstdio>
+#include <cstring>
+
+#include "commands.h"
+
+namespace cisa::cli {
+
+int cmd_bench(int argc, char** argv) {
+  const char* usage =
+      "usage: cisa bench <what> [options]   (cisa bench <what> --help)\n\n"
+      "  attention   dense vs CISA attention on the CPU (or CUDA) backend, one layer\n"
+      "  layer       one-layer GPU benchmark against cuDNN / FlashAttention anchors (CUDA builds)\n";
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::printf("%s", usage);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "attention")) return bench_attention(argc - 1, argv + 1);
+  if (!std::strcmp(argv[1], "layer")) {
+#ifdef CISA_WITH_CUDA
+    return bench_layer(argc - 1, argv + 1);
+#else
+    std::fprintf(stderr, "cisa bench layer: this build has no CUDA backend (configure with the cuda preset)\n");
+    return 1;
+#endif
+  }
+  std::fprintf(stderr, "cisa bench: unknown benchmark '%s'\n\n%s", argv[1], usage);
+  return 2;
+}
+
+}  // namespace cisa::cli
