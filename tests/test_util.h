@@ -1,0 +1,80 @@
+// Shared helpers of the core tests: random caches and an fp64 brute-force attention reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cisa/attention.h"
+#include "cisa/bf16.h"
+#include "cisa/kv_cache.h"
+
+namespace cisa::test {
+
+inline std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Reads one stored key or value element back as f32 (what attention actually sees).
+inline float stored(const PagedKvCache& c, bool key, int layer, SeqId seq, int64_t pos, int g, int i) {
+  auto table = *c.block_table(seq);
+  const int32_t page = table[static_cast<size_t>(pos / c.page_size())];
+  const void* p = key ? c.k_page(layer, page, g) : c.v_page(layer, page, g);
+  const int64_t off = (pos % c.page_size()) * c.head_dim() + i;
+  return c.config().dtype == KvDtype::kF32 ? static_cast<const float*>(p)[off]
+                                           : bf16_to_f32(static_cast<const uint16_t*>(p)[off]);
+}
+
+// Appends `n` random tokens to `seq` in every layer; returns nothing, asserts success.
+inline void append_random(PagedKvCache& c, SeqId seq, int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  ASSERT_TRUE(c.reserve(seq, n).ok());
+  const size_t row = static_cast<size_t>(c.num_kv_heads() * c.head_dim());
+  for (int l = 0; l < c.num_layers(); ++l) {
+    auto k = random_vec(rng, static_cast<size_t>(n) * row, scale);
+    auto v = random_vec(rng, static_cast<size_t>(n) * row);
+    ASSERT_TRUE(c.append(l, seq, n, k.data(), v.data()).ok());
+  }
+}
+
+// fp64 attention of one query head over an explicit set of key positions.
+// Returns the output (head_dim values) and writes the log-sum-exp.
+inline std::vector<double> reference_attention(const PagedKvCache& c, int layer, SeqId seq, int g,
+                                               const float* q, const std::vector<int64_t>& positions,
+                                               double scale, double* lse) {
+  const int d = c.head_dim();
+  std::vector<double> s(positions.size());
+  double mx = -INFINITY;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    double acc = 0;
+    for (int k = 0; k < d; ++k) acc += static_cast<double>(q[k]) * stored(c, true, layer, seq, positions[i], g, k);
+    s[i] = acc * scale;
+    mx = std::max(mx, s[i]);
+  }
+  double sum = 0;
+  for (auto& x : s) sum += (x = std::exp(x - mx));
+  std::vector<double> out(static_cast<size_t>(d), 0.0);
+  for (size_t i = 0; i < positions.size(); ++i)
+    for (int k = 0; k < d; ++k) out[static_cast<size_t>(k)] += s[i] / sum * stored(c, false, layer, seq, positions[i], g, k);
+  if (lse) *lse = mx + std::log(sum);
+  return out;
+}
+
+// Key positions a query at t sees through a list of logical chunks (causal, optional window).
+inline std::vector<int64_t> visible_positions(std::span<const int32_t> chunks, int page_size, int64_t t,
+                                              int64_t window = 0) {
+  std::vector<int64_t> pos;
+  for (int32_t j : chunks)
+    for (int64_t s = static_cast<int64_t>(j) * page_size; s < (j + 1) * static_cast<int64_t>(page_size); ++s)
+      if (s <= t && (window == 0 || s > t - window)) pos.push_back(s);
+  return pos;
+}
+
+}  // namespace cisa::test
