@@ -73,6 +73,7 @@ class [[nodiscard]] Result {
   T&& value() && { assert(ok()); return std::move(*value_); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
