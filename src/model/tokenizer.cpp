@@ -1,0 +1,330 @@
+// Tokenizer construction, special-token partitioning, encode/decode dispatch and streaming.
+#include "cisa/tokenizer.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "model/tokenizer_impl.h"
+#include "model/unicode.h"
+
+namespace cisa {
+namespace {
+
+constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+// Token texts llama.cpp treats as end-of-turn when the file names no EOT id, in its order.
+constexpr std::string_view kEotTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>",      "_<EOT>",     "[EOT]",   "<end_of_utterance>",
+};
+// Token texts that end generation whatever the metadata says.
+constexpr std::string_view kEogTexts[] = {
+    "<|eot_id|>",  "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",        "<|flush|>",
+    "<|calls|>",   "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+    "_<EOT>",      "[EOT]",      "[EOS]",   "<|end_of_text|>", "<end_of_utterance>",
+};
+
+uint16_t attr_of(TokenType t) {
+  switch (t) {
+    case TokenType::kNormal: return kAttrNormal;
+    case TokenType::kUnknown: return kAttrUnknown;
+    case TokenType::kControl: return kAttrControl;
+    case TokenType::kUserDefined: return kAttrUserDefined;
+    case TokenType::kUnused: return kAttrUnused;
+    case TokenType::kByte: return kAttrByte;
+    default: return kAttrUndefined;
+  }
+}
+
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
+    out.append(s.substr(pos, hit - pos));
+    out.append(to);
+  }
+  out.append(s.substr(pos));
+  return out;
+}
+
+// A stretch of the input: plain text (a byte range) or an already recognised special token.
+struct Fragment {
+  int32_t token;  // -1 for text
+  size_t start, len;
+};
+
+}  // namespace
+
+Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
+  auto impl = std::make_shared<Impl>();
+  const size_t n = spec.tokens.size();
+  if (n == 0) return invalid_argument("tokenizer: empty vocabulary");
+  if (n > static_cast<size_t>(INT32_MAX)) return invalid_argument("tokenizer: vocabulary too large");
+  if (!spec.scores.empty() && spec.scores.size() < n) {
+    return invalid_argument("tokenizer: " + std::to_string(spec.scores.size()) + " scores for " +
+                            std::to_string(n) + " tokens");
+  }
+  if (!spec.types.empty() && spec.types.size() < n) {
+    return invalid_argument("tokenizer: " + std::to_string(spec.types.size()) + " token types for " +
+                            std::to_string(n) + " tokens");
+  }
+  impl->kind = spec.kind;
+  if (spec.kind == TokenizerKind::kByteBpe) {
+    if (spec.pre == "smollm") {
+      impl->split_digits = true;
+    } else if (spec.pre != "gpt2" && spec.pre != "gpt-2") {
+      return unimplemented("tokenizer: BPE pre-tokenizer '" + spec.pre +
+                           "' is not supported (supported: smollm, gpt2)");
+    }
+  }
+
+  impl->text = std::move(spec.tokens);
+  impl->score.assign(n, 0.0f);
+  impl->type.assign(n, TokenType::kNormal);
+  impl->attr.assign(n, kAttrNormal);
+  for (size_t i = 0; i < n; ++i) {
+    if (!spec.scores.empty()) impl->score[i] = spec.scores[i];
+    if (!spec.types.empty()) {
+      impl->type[i] = spec.types[i];
+      impl->attr[i] = attr_of(spec.types[i]);
+    }
+    if (impl->text[i].empty()) impl->text[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
+  }
+  impl->by_text.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, inserted] = impl->by_text.emplace(impl->text[i], static_cast<int32_t>(i));
+    if (!inserted) {
+      return invalid_argument("tokenizer: token " + std::to_string(i) + " repeats the text of token " +
+                              std::to_string(it->second));
+    }
+  }
+
+  auto check_id = [&](int32_t id, const char* what) -> Status {
+    if (id < -1 || (id >= 0 && static_cast<size_t>(id) >= n)) {
+      return invalid_argument(std::string("tokenizer: ") + what + " id " + std::to_string(id) +
+                              " is outside the vocabulary of " + std::to_string(n));
+    }
+    return Status::Ok();
+  };
+  CISA_RETURN_IF_ERROR(check_id(spec.bos_id, "BOS"));
+  CISA_RETURN_IF_ERROR(check_id(spec.eos_id, "EOS"));
+  CISA_RETURN_IF_ERROR(check_id(spec.eot_id, "EOT"));
+  CISA_RETURN_IF_ERROR(check_id(spec.eom_id, "EOM"));
+  CISA_RETURN_IF_ERROR(check_id(spec.unk_id, "unknown-token"));
+  CISA_RETURN_IF_ERROR(check_id(spec.pad_id, "padding"));
+  if (spec.add_bos && spec.bos_id < 0) return invalid_argument("tokenizer: add_bos is set but there is no BOS id");
+  if (spec.add_eos && spec.eos_id < 0) return invalid_argument("tokenizer: add_eos is set but there is no EOS id");
+  impl->bos = spec.bos_id;
+  impl->eos = spec.eos_id;
+  impl->eom = spec.eom_id;
+  impl->unk = spec.unk_id;
+  impl->pad = spec.pad_id;
+  impl->add_bos = spec.add_bos;
+  impl->add_eos = spec.add_eos;
+  impl->add_space_prefix = spec.add_space_prefix;
+
+  // End of turn: the stored id, else the first known end-of-turn text; it is treated as control.
+  impl->eot = spec.eot_id;
+  if (impl->eot < 0) {
+    for (std::string_view t : kEotTexts) {
+      if (int32_t id = impl->lookup(t); id >= 0) {
+        impl->eot = id;
+        impl->attr[id] |= kAttrControl;
+        break;
+      }
+    }
+  }
+  // Control tokens named "unused..." are unused (they still count as special for matching).
+  for (size_t i = 0; i < n; ++i) {
+    if ((impl->attr[i] & kAttrControl) && impl->text[i].find("unused") != std::string::npos) {
+      impl->attr[i] |= kAttrUnused;
+    }
+  }
+  impl->eog.assign(n, 0);
+  for (std::string_view t : kEogTexts) {
+    if (int32_t id = impl->lookup(t); id >= 0) {
+      impl->eog[id] = 1;
+      impl->attr[id] |= kAttrControl;
+    }
+  }
+  for (int32_t id : {impl->eos, impl->eot, impl->eom}) {
+    if (id >= 0) impl->eog[id] = 1;
+  }
+
+  for (size_t i = 0; i < n; ++i) {
+    if (impl->attr[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) {
+      impl->special_by_length.push_back(static_cast<int32_t>(i));
+    }
+  }
+  std::stable_sort(impl->special_by_length.begin(), impl->special_by_length.end(),
+                   [&](int32_t a, int32_t b) { return impl->text[a].size() > impl->text[b].size(); });
+
+  if (spec.kind == TokenizerKind::kSentencePiece) {
+    for (int b = 0; b < 256; ++b) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+      int32_t id = impl->lookup(hex);
+      if (id < 0 && b != 0) id = impl->lookup(std::string(1, static_cast<char>(b)));
+      impl->byte_token[b] = id;
+    }
+  } else {
+    impl->byte_token.fill(-1);
+    build_byte_units(*impl);
+    if (spec.merges.empty()) return invalid_argument("tokenizer: a BPE vocabulary needs merges");
+    impl->merge_rank.reserve(spec.merges.size());
+    for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+      const std::string& m = spec.merges[rank];
+      // Split at the first space after the first character, so that a merge may start with ' '.
+      const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+      std::string key;
+      if (sp != std::string::npos) key = m.substr(0, sp) + '\xFF' + m.substr(sp + 1);
+      else key = std::string(1, '\xFF');  // malformed: an unreachable ("", "") pair, as llama.cpp
+      impl->merge_rank.try_emplace(std::move(key), static_cast<int32_t>(rank));
+    }
+  }
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+  const Impl& t = *impl_;
+  // Cut the text at every occurrence of a special token, longest tokens first; control and
+  // unknown tokens only when parse_special, user-defined ones always.
+  std::vector<Fragment> frags, next;
+  if (!text.empty()) frags.push_back({-1, 0, text.size()});
+  for (int32_t id : t.special_by_length) {
+    const uint16_t a = t.attr[id];
+    if (!parse_special && (a & (kAttrControl | kAttrUnknown))) continue;
+    const std::string_view needle = t.text[id];
+    next.clear();
+    bool changed = false;
+    for (const Fragment& f : frags) {
+      if (f.token >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      const std::string_view hay = text.substr(f.start, f.len);
+      size_t pos = 0;
+      for (size_t hit; (hit = hay.find(needle, pos)) != std::string_view::npos; pos = hit + needle.size()) {
+        if (hit > pos) next.push_back({-1, f.start + pos, hit - pos});
+        next.push_back({id, 0, 0});
+        changed = true;
+      }
+      if (pos < hay.size()) next.push_back({-1, f.start + pos, hay.size() - pos});
+    }
+    if (changed) frags.swap(next);
+  }
+
+  std::vector<int32_t> out;
+  const bool with_bos = add_bos && t.add_bos && t.bos >= 0;
+  if (with_bos) out.push_back(t.bos);
+  bool prev_special = true;  // SentencePiece: text at the start or after a special token
+  for (const Fragment& f : frags) {
+    if (f.token >= 0) {
+      out.push_back(f.token);
+      prev_special = true;
+      continue;
+    }
+    const std::string_view raw = text.substr(f.start, f.len);
+    if (t.kind == TokenizerKind::kSentencePiece) {
+      std::string s;
+      if (t.add_space_prefix && prev_special) s = " ";
+      s.append(raw);
+      t.encode_spm(replace_all(s, " ", kSpaceMarker), out);
+    } else {
+      t.encode_bpe(raw, out);
+    }
+    prev_special = false;
+  }
+  if (add_bos && t.add_eos && t.eos >= 0) out.push_back(t.eos);
+  return out;
+}
+
+std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
+  const Impl& t = *impl_;
+  if (!t.valid(id)) return {};
+  const uint16_t a = t.attr[id];
+  if (!render_special && (a & (kAttrUnknown | kAttrControl))) return {};
+  const std::string& text = t.text[id];
+  if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) return text;
+  if (a & kAttrNormal) {
+    if (t.kind == TokenizerKind::kSentencePiece) return replace_all(text, kSpaceMarker, " ");
+    // Byte-level BPE: every code point of the token stands for one byte.
+    std::string out;
+    for (uint32_t cp : unicode::decode_utf8(text)) {
+      auto it = t.unit_to_byte.find(cp);
+      if (it != t.unit_to_byte.end()) {
+        out.push_back(static_cast<char>(it->second));
+        continue;
+      }
+      // Not a byte unit: llama.cpp's marker for a broken vocabulary entry.
+      std::string utf8;
+      unicode::append_utf8(utf8, cp);
+      out += "[UNK_BYTE_0x";
+      for (char c : utf8) {
+        char hex[4];
+        std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned>(static_cast<uint8_t>(c)));
+        out += hex;
+      }
+      out += text + "]";
+    }
+    return out;
+  }
+  if (a & kAttrByte) {
+    // "<0xNN>"
+    if (text.size() == 6 && text.compare(0, 3, "<0x") == 0) {
+      unsigned v = 0;
+      if (std::sscanf(text.c_str() + 3, "%2x", &v) == 1) return std::string(1, static_cast<char>(v));
+    }
+    return {};
+  }
+  return {};  // unused or undefined tokens render as nothing
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special) const {
+  std::string out;
+  bool strip_space = impl_->add_space_prefix;  // the space encode() added before the text
+  for (int32_t id : ids) {
+    std::string piece = token_to_piece(id, render_special);
+    if (strip_space && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    strip_space = false;
+    out += piece;
+  }
+  return out;
+}
+
+TokenizerKind Tokenizer::kind() const { return impl_->kind; }
+int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->text.size()); }
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+int32_t Tokenizer::eot_id() const { return impl_->eot; }
+int32_t Tokenizer::unk_id() const { return impl_->unk; }
+int32_t Tokenizer::pad_id() const { return impl_->pad; }
+bool Tokenizer::adds_bos() const { return impl_->add_bos; }
+bool Tokenizer::is_eog(int32_t id) const { return impl_->valid(id) && impl_->eog[id] != 0; }
+bool Tokenizer::is_control(int32_t id) const {
+  return impl_->valid(id) && (impl_->attr[id] & kAttrControl) != 0;
+}
+std::string_view Tokenizer::token_text(int32_t id) const {
+  return impl_->valid(id) ? std::string_view(impl_->text[id]) : std::string_view();
+}
+TokenType Tokenizer::token_type(int32_t id) const {
+  return impl_->valid(id) ? impl_->type[id] : TokenType::kUndefined;
+}
+int32_t Tokenizer::find_token(std::string_view text) const { return impl_->lookup(text); }
+
+std::string Utf8StreamBuffer::push(std::string_view piece) {
+  pending_.append(piece);
+  const size_t hold = unicode::incomplete_utf8_suffix(pending_);
+  std::string ready = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return ready;
+}
+
+std::string Utf8StreamBuffer::flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace cisa
