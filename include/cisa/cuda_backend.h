@@ -1,0 +1,129 @@
+// cisa/cuda_backend.h — the Hopper (sm_90a) CUDA backend of the CISA attention path.
+//
+// The same method and data layout as the CPU engine (kv_cache.h, selection.h, attention.h), on
+// device memory, for bf16 K/V with f32 accumulation, head_dim 64/128/256, page_size 16. This
+// header has no CUDA includes: device memory is passed as raw pointers (shapes beside each one)
+// and a stream as `void*` (a cudaStream_t; nullptr is the legacy default stream).
+//
+// Plan/run split: plan_dense / plan_sparse validate the batch on the host, cut it into query
+// groups, size every page list and upload the launch metadata (they may allocate and
+// synchronise). run_select and run_attention only enqueue kernels on the stream: no allocation,
+// no host synchronisation, so a run step can be captured in a CUDA graph and replayed as long
+// as the plan and the pointers stay the same.
+//
+//   cisa::cuda::DeviceLayer layer{.k = d_k, .v = d_v, .reps = d_reps, .num_pages = P,
+//                                 .num_kv_heads = 1, .head_dim = 128};
+//   cisa::cuda::DeviceBlockTables tables{.pages = d_tables, .offsets = host_offsets};
+//   cisa::cuda::Plan plan;
+//   CISA_RETURN_IF_ERROR(cisa::cuda::plan_sparse(layer, tables, batch, /*num_q_heads=*/4,
+//                                                 {.budget = 4096, .window = 128, .qshare = 32},
+//                                                 &plan));
+//   CISA_RETURN_IF_ERROR(cisa::cuda::run_select(plan, layer, d_index_q, stream));
+//   CISA_RETURN_IF_ERROR(cisa::cuda::run_attention(plan, layer, d_q, 0.0f, d_out, d_lse, stream));
+//
+// BatchEntry::seq names a row of the block tables (not a PagedKvCache id). Every query position
+// must have its K/V written; the partial last page has no representative.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cisa/batch.h"
+#include "cisa/kv_cache.h"
+#include "cisa/selection.h"
+#include "cisa/status.h"
+
+namespace cisa::cuda {
+
+// True when a CUDA device of compute capability 9.0 or later is usable; `why` gets the reason
+// when it is not (no driver, no device, older device).
+bool device_available(std::string* why = nullptr);
+
+// One layer of a paged KV cache in device memory (the layout of kv_cache.h, bf16 only).
+struct DeviceLayer {
+  const uint16_t* k = nullptr;  // device bf16 [num_pages][num_kv_heads][page_size][head_dim]
+  const uint16_t* v = nullptr;  // device bf16 [num_pages][num_kv_heads][page_size][head_dim]
+  uint16_t* reps = nullptr;     // device bf16 [num_pages][num_kv_heads][rep_width]
+  int64_t num_pages = 0;
+  int num_kv_heads = 1;
+  int head_dim = 128;  // 64, 128 or 256
+  int page_size = 16;  // must be 16 (the kernels' page tile)
+  RepKind rep = RepKind::kMean;
+  int rep_width() const { return rep == RepKind::kQuest ? 2 * head_dim : head_dim; }
+};
+
+// Block tables of all sequences, concatenated: sequence s owns the physical pages
+// pages[offsets[s] … offsets[s+1]) (device), in logical order.
+struct DeviceBlockTables {
+  const int32_t* pages = nullptr;    // device int32 [offsets.back()]
+  std::span<const int64_t> offsets;  // host copy of the CSR offsets, size num_seqs + 1
+};
+
+// Page lists and launch metadata in device memory, reused across steps (grow-only buffers).
+class Plan {
+ public:
+  Plan();
+  ~Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+  // The query groups of the plan (host copy), as PageLists::groups would hold them.
+  const std::vector<QueryGroup>& groups() const;
+  int64_t total_pages() const;      // entries of all page lists
+  int64_t selected_lists() const;   // lists that run scoring and top-k
+  int64_t num_rows() const;         // packed query rows of the batch
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Dense plan: one group per entry over every page up to its last query's page, or, with
+// sliding_window > 0, the pages within the window (as cisa::plan_dense).
+Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables,
+                  std::span<const BatchEntry> batch, int num_q_heads, int64_t sliding_window,
+                  Plan* plan);
+
+// CISA plan: dense prefix, QShare groups of G, selection from the eligible chunks, window, tail
+// and sinks (as cisa::select_pages). The selected part is filled by run_select.
+Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
+                   std::span<const BatchEntry> batch, int num_q_heads, const SelectionParams& p,
+                   Plan* plan);
+
+// The selection stages, separately launchable for timing; run_select runs all three in order.
+enum class SelectStage {
+  kSetup,    // write the fixed parts of every page list (dense ranges, sinks, window, tail)
+  kScore,    // index query per list (mean or last) and scores of every eligible chunk
+  kTopK,     // top-k per list, written as physical pages in ascending logical order
+};
+
+// index_q: device f32 [rows][num_kv_heads][head_dim] (ignored, may be null, for a dense plan).
+Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index_q, void* stream);
+Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float* index_q,
+                        SelectStage stage, void* stream);
+
+// q:   device bf16 [rows][num_q_heads][head_dim]
+// out: device f32  [rows][num_q_heads][head_dim]
+// lse: device f32  [rows][num_q_heads] (natural log of the softmax denominator) or nullptr.
+// scale 0 means 1/√head_dim. Query head h belongs to KV group h / (num_q_heads / num_kv_heads).
+Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale,
+                     float* out, float* lse, void* stream);
+
+// Recomputes the representatives of the listed full pages (all KV heads of this layer):
+// mean of the page's keys, or per-channel min then max (quest). pages: device int32 [n].
+Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream);
+
+// ---- copies for tests and diagnostics (synchronous) ----
+// The plan's page lists after run_select, in the form of cisa::PageLists.
+Status download_page_lists(const Plan& plan, PageLists* out);
+// Scores of every selected list: list i's scores (eligible chunks from its first eligible one)
+// are scores[offsets[i] … offsets[i+1]); lists without selection are empty.
+Status download_scores(const Plan& plan, std::vector<float>* scores, std::vector<int64_t>* offsets);
+
+}  // namespace cisa::cuda

@@ -1,0 +1,271 @@
+// Paged attention kernel (FlashAttention-2 style on mma.sync) and the split-KV merge.
+//
+// Per block: rows [row0, row0 + rows) of one list; warp w owns rows 16w … 16w+15, each thread
+// rows g = lane/4 and g + 8 of them (the mma fragment layout). The list's pages are consumed
+// kStageTokens tokens at a time through a two-stage cp.async pipeline into padded shared tiles;
+// a page past the block's range is zero-filled and masked, so garbage never meets P·V.
+// Scores are kept in log2 units (scale·log2 e folded in) so the softmax uses exp2.
+#include <cfloat>
+#include <climits>
+
+#include "attention.cuh"
+#include "common.cuh"
+#include "tile_sizes.cuh"
+
+namespace cisa::cuda::detail {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D>
+constexpr size_t attention_smem_bytes() {
+  return sizeof(uint16_t) * 2 /*K,V*/ * 2 /*stages*/ * tiles::kStageTokens<D> * (D + tiles::kSmemPad);
+}
+
+template <int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionArgs a) {
+  constexpr int B = tiles::kPageSize;
+  constexpr int NT = tiles::kStageTokens<D>;
+  constexpr int NP = NT / B;
+  constexpr int LD = D + tiles::kSmemPad;
+  constexpr int THREADS = WARPS * 32;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* ks = smem;                // [2][NT][LD]
+  uint16_t* vs = smem + 2 * NT * LD;  // [2][NT][LD]
+
+  const AttnTask t = a.tasks[blockIdx.x];
+  const ListDesc L = a.lists[t.list];
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, tq = lane & 3;
+
+  // The two rows of this thread (rows past the tile repeat its last row and are not written).
+  int32_t pos[2];
+  const uint16_t* qp[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = min(warp * 16 + gr + 8 * h, t.rows - 1);
+    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    pos[h] = L.first_pos + p;
+    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(D);
+  }
+  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
+  const bool warp_active = warp * 16 < t.rows;
+
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
+  }
+
+  const int64_t n_pages = t.page1 - t.page0;
+  const int n_tiles = static_cast<int>((n_pages + NP - 1) / NP);
+  auto load_tile = [&](int stage, int tile) {
+    constexpr int CPR = D / 8;  // 16-byte pieces per token row
+#pragma unroll
+    for (int e = threadIdx.x; e < NT * CPR; e += THREADS) {
+      const int tok = e / CPR, c8 = (e % CPR) * 8;
+      const int64_t pi = static_cast<int64_t>(tile) * NP + tok / B;
+      const bool ok = pi < n_pages;
+      const int64_t phys = ok ? a.pages[t.page0 + pi] : 0;
+      const int64_t off = ((phys * a.num_kv_heads + L.kv) * B + tok % B) * D + c8;
+      dev::cp_async16(ks + (stage * NT + tok) * LD + c8, a.k + off, ok ? 16 : 0);
+      dev::cp_async16(vs + (stage * NT + tok) * LD + c8, a.v + off, ok ? 16 : 0);
+    }
+  };
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sl2 = a.scale * kLog2e;
+
+  if (n_tiles > 0) {
+    load_tile(0, 0);
+    dev::cp_async_commit();
+  }
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    if (it + 1 < n_tiles) {
+      load_tile(stage ^ 1, it + 1);
+      dev::cp_async_commit();
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncthreads();
+    // Pages ascend: once a tile starts after the tile's last query, the rest is in the future.
+    if (a.chunks[t.page0 + static_cast<int64_t>(it) * NP] * B > tmax) break;
+    if (warp_active) {
+      int32_t cstart[NP];
+#pragma unroll
+      for (int j = 0; j < NP; ++j) {
+        const int64_t pi = static_cast<int64_t>(it) * NP + j;
+        cstart[j] = pi < n_pages ? a.chunks[t.page0 + pi] * B : INT_MAX / 2;
+      }
+      const uint16_t* kst = ks + stage * NT * LD;
+      const uint16_t* vst = vs + stage * NT * LD;
+      float s[NT / 8][4];
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < NT / 16; ++np) {
+          uint32_t b[4];
+          dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+          dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[1]);
+          dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+      }
+      // Mask by absolute position (causal, optional window), scale, online softmax.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          const int32_t sp = cstart[j / 2] + (j % 2) * 8 + tq * 2 + (e & 1);
+          const bool vis = sp <= pos[h] && (a.window == 0 || sp > pos[h] - a.window);
+          s[j][e] = vis ? s[j][e] * sl2 : -INFINITY;
+          mx[h] = fmaxf(mx[h], s[j][e]);
+        }
+      float base[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m[h], mx[h]);
+        base[h] = m_new == -INFINITY ? 0.0f : m_new;
+        const float corr = exp2f(m[h] - base[h]);
+        l[h] *= corr;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[j][2 * h] *= corr;
+          o[j][2 * h + 1] *= corr;
+        }
+        m[h] = m_new;
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = exp2f(s[j][e] - base[e >> 1]);
+          l[e >> 1] += s[j][e];
+        }
+#pragma unroll
+      for (int kt = 0; kt < NT / 16; ++kt) {
+        const uint32_t pa[4] = {dev::pack_bf16x2(s[2 * kt][0], s[2 * kt][1]),
+                                dev::pack_bf16x2(s[2 * kt][2], s[2 * kt][3]),
+                                dev::pack_bf16x2(s[2 * kt + 1][0], s[2 * kt + 1][1]),
+                                dev::pack_bf16x2(s[2 * kt + 1][2], s[2 * kt + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          dev::ldmatrix_x4_trans(b, vst + (kt * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
+          dev::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
+          dev::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is overwritten by the load issued next iteration
+  }
+  dev::cp_async_wait<0>();
+  if (!warp_active) return;
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + gr + 8 * h;
+    if (r >= t.rows) continue;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    const float lse = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
+    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    float* dst;
+    if (t.partial < 0) {
+      const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
+      dst = a.out + hr * D;
+      if (a.lse && tq == 0) a.lse[hr] = lse;
+    } else {
+      dst = a.partial_out + (t.partial + r) * D;
+      if (tq == 0) a.partial_lse[t.partial + r] = lse;
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+  }
+}
+
+// One block per (list, row tile); warp per row, lanes over channels.
+__global__ void merge_kernel(const AttentionArgs a) {
+  const MergeTask M = a.merges[blockIdx.x];
+  const ListDesc L = a.lists[M.list];
+  const int hg = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  for (int r = warp; r < M.rows; r += nw) {
+    float mx = -INFINITY;
+    for (int s = 0; s < M.splits; ++s) mx = fmaxf(mx, a.partial_lse[M.partial + s * M.rows + r]);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float sum = 0.0f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < M.splits; ++s) {
+        const int64_t pr = M.partial + s * M.rows + r;
+        const float w = expf(a.partial_lse[pr] - mx);
+        if (w == 0.0f) continue;
+        sum += w;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (lane + 32 * i < D) acc[i] += w * a.partial_out[pr * D + lane + 32 * i];
+      }
+    }
+    const int lr = M.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (lane + 32 * i < D) a.out[hr * D + lane + 32 * i] = acc[i] * inv;
+    if (a.lse && lane == 0) a.lse[hr] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+  }
+}
+
+template <int D, int WARPS>
+cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+  constexpr size_t smem = attention_smem_bytes<D>();
+  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  attention_kernel<D, WARPS><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
+  return warps == 8 ? launch_typed<D, 8>(a, num_tasks, stream) : launch_typed<D, 4>(a, num_tasks, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
+  if (num_tasks <= 0) return cudaSuccess;
+  switch (a.head_dim) {
+    case 64: return launch_dim<64>(a, num_tasks, warps, stream);
+    case 128: return launch_dim<128>(a, num_tasks, warps, stream);
+    case 256: return launch_dim<256>(a, num_tasks, warps, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, cudaStream_t stream) {
+  if (num_merges <= 0) return cudaSuccess;
+  merge_kernel<<<static_cast<unsigned>(num_merges), tiles::kMergeThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace cisa::cuda::detail

@@ -1,0 +1,39 @@
+// Paged attention over page lists (SPEC §5), dense and sparse alike: each thread block takes a
+// tile of 16·WARPS query rows of one list (rows = the group's positions × the KV group's h_g
+// heads, so one read of a page serves all of them) over a range of the list's pages, read in
+// place from the paged pool with cp.async (no gather), Q·Kᵀ and P·V on the tensor cores
+// (mma.m16n8k16 bf16, f32 accumulation), online softmax in f32. Lists split across blocks
+// (decode) write partials that the merge kernel combines by log-sum-exp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "plan_types.h"
+
+namespace cisa::cuda::detail {
+
+struct AttentionArgs {
+  const uint16_t* k;          // [num_pages][num_kv_heads][16][head_dim] bf16
+  const uint16_t* v;          // same
+  const uint16_t* q;          // [rows][num_q_heads][head_dim] bf16
+  const ListDesc* lists;      // [num_lists]
+  const AttnTask* tasks;      // [num_tasks]
+  const MergeTask* merges;    // [num_merges]
+  const int32_t* pages;       // page lists: physical IDs
+  const int32_t* chunks;      // page lists: logical chunk indices
+  float* out;                 // [rows][num_q_heads][head_dim] f32
+  float* lse;                 // [rows][num_q_heads] f32 or nullptr
+  float* partial_out;         // [partial rows][head_dim] f32
+  float* partial_lse;         // [partial rows] f32
+  int num_kv_heads, num_q_heads, head_dim;
+  int32_t window;             // sliding window in tokens, 0: none
+  float scale;                // multiplies q·k
+};
+
+// warps: 4 or 8 (row tile 64 or 128).
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream);
+cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, cudaStream_t stream);
+
+}  // namespace cisa::cuda::detail

@@ -1,0 +1,432 @@
+// Host side of the CUDA backend: validation, query groups, page-list sizes, attention work
+// decomposition (plan), and the launch sequences of the run step.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attention.cuh"
+#include "cisa/cuda_backend.h"
+#include "page_lists.cuh"
+#include "plan_impl.h"
+#include "reps.cuh"
+#include "score.cuh"
+#include "tile_sizes.cuh"
+#include "topk.cuh"
+
+namespace cisa::cuda {
+
+using detail::AttnTask;
+using detail::ListDesc;
+using detail::MergeTask;
+using detail::ScoreStream;
+
+Status cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  const std::string m = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  if (err == cudaErrorMemoryAllocation) return resource_exhausted(m);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return unavailable(m);
+  return internal_error(m);
+}
+
+Status DeviceBuffer::reserve(size_t bytes, const char* what) {
+  if (bytes <= bytes_) return Status::Ok();
+  if (ptr_) cudaFree(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  CISA_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ptr_, rounded), what));
+  bytes_ = rounded;
+  return Status::Ok();
+}
+
+bool device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) {
+    if (why) *why = err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device";
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
+    if (why) *why = "the CUDA device is older than compute capability 9.0 (the kernels are built for sm_90a)";
+    return false;
+  }
+  return true;
+}
+
+Plan::Plan() : impl_(std::make_unique<Impl>()) {}
+Plan::~Plan() = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+const std::vector<QueryGroup>& Plan::groups() const { return impl_->groups; }
+int64_t Plan::total_pages() const { return impl_->total_pages; }
+int64_t Plan::selected_lists() const { return static_cast<int64_t>(impl_->sel.size()); }
+int64_t Plan::num_rows() const { return impl_->num_rows; }
+
+namespace {
+
+constexpr int kB = tiles::kPageSize;
+
+Status validate_layer(const DeviceLayer& layer) {
+  if (!layer.k || !layer.v) return invalid_argument("cuda: the layer's K or V pointer is null");
+  if (layer.page_size != kB)
+    return unimplemented("cuda: page_size " + std::to_string(layer.page_size) + " is not supported (the kernels need 16)");
+  if (layer.head_dim != 64 && layer.head_dim != 128 && layer.head_dim != 256)
+    return unimplemented("cuda: head_dim " + std::to_string(layer.head_dim) + " is not supported (64, 128 or 256)");
+  if (layer.num_kv_heads <= 0) return invalid_argument("cuda: num_kv_heads must be positive");
+  if (layer.num_pages <= 0 || layer.num_pages > std::numeric_limits<int32_t>::max())
+    return invalid_argument("cuda: num_pages must be in [1, 2^31)");
+  return Status::Ok();
+}
+
+Status validate_batch_tables(const DeviceBlockTables& tables, std::span<const BatchEntry> batch, int hq, int hkv) {
+  if (!tables.pages) return invalid_argument("cuda: the block tables' device pointer is null");
+  if (tables.offsets.empty()) return invalid_argument("cuda: block table offsets are empty");
+  if (hq <= 0 || hq % hkv != 0)
+    return invalid_argument("cuda: query head count " + std::to_string(hq) + " is not a positive multiple of the " +
+                            std::to_string(hkv) + " KV heads");
+  const auto num_seqs = static_cast<int64_t>(tables.offsets.size()) - 1;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const auto& b = batch[e];
+    const std::string where = "cuda: batch entry " + std::to_string(e) + ": ";
+    if (b.seq < 0 || b.seq >= num_seqs)
+      return not_found(where + "block table " + std::to_string(b.seq) + " does not exist (" +
+                       std::to_string(num_seqs) + " tables)");
+    if (b.first < 0) return invalid_argument(where + "negative first position");
+    if (b.count <= 0) return invalid_argument(where + "query count must be positive");
+    const int64_t pages = tables.offsets[static_cast<size_t>(b.seq) + 1] - tables.offsets[static_cast<size_t>(b.seq)];
+    if (pages < 0) return invalid_argument(where + "block table offsets are not ascending");
+    if (b.first + b.count > pages * kB)
+      return out_of_range(where + "queries up to position " + std::to_string(b.first + b.count - 1) +
+                          " but its block table holds " + std::to_string(pages) + " pages");
+    if (b.first + b.count >= (int64_t{1} << 30)) return out_of_range(where + "positions must stay below 2^30");
+  }
+  return Status::Ok();
+}
+
+// Work decomposition of attention: row tiles of 16·warps rows, page splits to fill the GPU.
+Status plan_attention(Plan::Impl& P) {
+  int sms = 132;
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int hg = P.num_q_heads / P.num_kv_heads;
+  const int H = P.num_kv_heads;
+  int64_t max_rows = 0;
+  for (const auto& g : P.groups) max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
+  P.warps = max_rows > 64 ? 8 : 4;
+  const int64_t tile = 16 * P.warps;
+  int64_t pairs = 0;
+  for (size_t L = 0; L < P.lists.size(); ++L) {
+    const auto& g = P.groups[L / static_cast<size_t>(H)];
+    pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
+  }
+  const int64_t target = static_cast<int64_t>(sms) * tiles::kBlocksPerSmTarget;
+  P.tasks.clear();
+  P.merges.clear();
+  P.partial_rows = 0;
+  for (size_t L = 0; L < P.lists.size(); ++L) {
+    const auto& g = P.groups[L / static_cast<size_t>(H)];
+    const auto& d = P.lists[L];
+    const int64_t rows = (g.last - g.first + 1) * hg;
+    const int64_t n = (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+    int64_t splits = pairs >= target ? 1 : (target + pairs - 1) / pairs;
+    splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
+      const int64_t base = P.partial_rows;
+      for (int64_t sp = 0; sp < splits; ++sp)
+        P.tasks.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R, 0, d.out_begin + n * sp / splits,
+                           d.out_begin + n * (sp + 1) / splits, splits > 1 ? base + sp * R : -1});
+      if (splits > 1) {
+        P.merges.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R, static_cast<int32_t>(splits), base});
+        P.partial_rows += splits * R;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+template <class T>
+Status upload(DeviceBuffer& buf, const std::vector<T>& host, const char* what) {
+  CISA_RETURN_IF_ERROR(buf.reserve(std::max<size_t>(1, host.size()) * sizeof(T), what));
+  if (host.empty()) return Status::Ok();
+  return cuda_status(cudaMemcpy(buf.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), what);
+}
+
+// Sizes the lists (already described in P.lists), score streams, attention work; uploads.
+Status finish_plan(Plan::Impl& P) {
+  int64_t out = 0, score = 0;
+  P.sel.clear();
+  for (size_t i = 0; i < P.lists.size(); ++i) {
+    auto& d = P.lists[i];
+    d.out_begin = out;
+    out += (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+    d.score_begin = score;
+    if (d.k > 0) {
+      score += d.elig_end - d.elig_begin;
+      P.sel.push_back(static_cast<int32_t>(i));
+    }
+  }
+  P.total_pages = out;
+  P.score_total = score;
+  // Score streams: the selecting lists of one (entry, KV group) are consecutive groups.
+  P.streams.clear();
+  P.max_score_tiles = 0;
+  const int H = P.num_kv_heads;
+  for (size_t gi = 0; gi < P.groups.size();) {
+    size_t gj = gi;
+    while (gj < P.groups.size() && P.groups[gj].entry == P.groups[gi].entry) ++gj;
+    size_t s0 = gi;
+    while (s0 < gj && P.lists[s0 * static_cast<size_t>(H)].k == 0) ++s0;
+    if (s0 < gj) {
+      for (int g = 0; g < H; ++g) {
+        const auto& first = P.lists[s0 * static_cast<size_t>(H) + static_cast<size_t>(g)];
+        const auto& last = P.lists[(gj - 1) * static_cast<size_t>(H) + static_cast<size_t>(g)];
+        ScoreStream s{first.table_begin, static_cast<int32_t>(s0 * static_cast<size_t>(H) + static_cast<size_t>(g)),
+                      static_cast<int32_t>(gj - s0), H, g, first.elig_begin, last.elig_end};
+        P.streams.push_back(s);
+        P.max_score_tiles = std::max<int32_t>(
+            P.max_score_tiles, (s.elig_end_max - s.elig_begin + tiles::kScoreChunks - 1) / tiles::kScoreChunks);
+      }
+    }
+    gi = gj;
+  }
+  CISA_RETURN_IF_ERROR(plan_attention(P));
+  CISA_RETURN_IF_ERROR(upload(P.d_lists, P.lists, "cuda plan: page-list descriptors"));
+  CISA_RETURN_IF_ERROR(upload(P.d_sel, P.sel, "cuda plan: selecting lists"));
+  CISA_RETURN_IF_ERROR(upload(P.d_streams, P.streams, "cuda plan: score streams"));
+  CISA_RETURN_IF_ERROR(upload(P.d_tasks, P.tasks, "cuda plan: attention tasks"));
+  CISA_RETURN_IF_ERROR(upload(P.d_merges, P.merges, "cuda plan: merge tasks"));
+  CISA_RETURN_IF_ERROR(P.d_pages.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: page lists"));
+  CISA_RETURN_IF_ERROR(P.d_chunks.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: chunk lists"));
+  CISA_RETURN_IF_ERROR(P.d_scores.reserve(std::max<int64_t>(1, score) * sizeof(float), "cuda plan: scores"));
+  CISA_RETURN_IF_ERROR(P.d_qbar.reserve(std::max<size_t>(1, P.lists.size()) * P.head_dim * sizeof(float),
+                                        "cuda plan: index queries"));
+  CISA_RETURN_IF_ERROR(P.d_partial_out.reserve(std::max<int64_t>(1, P.partial_rows) * P.head_dim * sizeof(float),
+                                               "cuda plan: split-KV partials"));
+  CISA_RETURN_IF_ERROR(P.d_partial_lse.reserve(std::max<int64_t>(1, P.partial_rows) * sizeof(float),
+                                               "cuda plan: split-KV partial lse"));
+  return Status::Ok();
+}
+
+Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
+                  int hq, Plan* plan) {
+  if (!plan) return invalid_argument("cuda: null plan");
+  CISA_RETURN_IF_ERROR(validate_layer(layer));
+  CISA_RETURN_IF_ERROR(validate_batch_tables(tables, batch, hq, layer.num_kv_heads));
+  auto& P = *plan->impl();
+  P.num_q_heads = hq;
+  P.num_kv_heads = layer.num_kv_heads;
+  P.head_dim = layer.head_dim;
+  P.quest = layer.rep == RepKind::kQuest;
+  P.block_pages = tables.pages;
+  P.groups.clear();
+  P.lists.clear();
+  P.num_rows = 0;
+  for (const auto& b : batch) P.num_rows += b.count;
+  return Status::Ok();
+}
+
+ListDesc make_list(const DeviceBlockTables& tables, std::span<const BatchEntry> batch, const QueryGroup& g, int kv) {
+  ListDesc d{};
+  d.table_begin = tables.offsets[static_cast<size_t>(batch[static_cast<size_t>(g.entry)].seq)];
+  d.q_row = g.row;
+  d.first_pos = static_cast<int32_t>(g.first);
+  d.last_pos = static_cast<int32_t>(g.last);
+  d.kv = kv;
+  return d;
+}
+
+}  // namespace
+
+Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
+                  int num_q_heads, int64_t sliding_window, Plan* plan) {
+  CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
+  if (sliding_window < 0) return invalid_argument("cuda: sliding_window must be >= 0");
+  auto& P = *plan->impl();
+  int64_t row = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const auto& b = batch[e];
+    const int64_t last = b.first + b.count - 1;
+    const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, b.first - sliding_window + 1) : 0;
+    P.groups.push_back({static_cast<int32_t>(e), b.first, last, row, true});
+    row += b.count;
+    for (int g = 0; g < layer.num_kv_heads; ++g) {
+      ListDesc d = make_list(tables, batch, P.groups.back(), g);
+      d.pre_begin = static_cast<int32_t>(lo / kB);
+      d.pre_end = static_cast<int32_t>(last / kB + 1);
+      d.window = static_cast<int32_t>(sliding_window);
+      P.lists.push_back(d);
+    }
+  }
+  return finish_plan(P);
+}
+
+Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
+                   int num_q_heads, const SelectionParams& p, Plan* plan) {
+  CISA_RETURN_IF_ERROR(validate_selection_params(p));
+  CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
+  if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
+  if (p.budget > std::numeric_limits<int32_t>::max() / 2 || p.window > std::numeric_limits<int32_t>::max() / 2 ||
+      p.sink_pages > std::numeric_limits<int32_t>::max() / 2)
+    return invalid_argument("cuda: budget, window and sink pages must be below 2^30");
+  auto& P = *plan->impl();
+  // Query groups exactly as cisa::plan_query_groups cuts them.
+  const int64_t t_sparse = (p.budget + p.window + p.sink_pages + 1) * kB;
+  int64_t row = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const int64_t first = batch[e].first, end = first + batch[e].count;
+    const auto entry = static_cast<int32_t>(e);
+    const int64_t split = std::clamp(t_sparse, first, end);
+    if (split > first) P.groups.push_back({entry, first, split - 1, row, true});
+    for (int64_t a = split; a < end; a += p.qshare)
+      P.groups.push_back({entry, a, std::min(end, a + p.qshare) - 1, row + (a - first), false});
+    row += batch[e].count;
+  }
+  for (const auto& grp : P.groups) {
+    const int64_t ca = grp.first / kB, cb = grp.last / kB;
+    for (int g = 0; g < layer.num_kv_heads; ++g) {
+      ListDesc d = make_list(tables, batch, grp, g);
+      if (grp.dense) {
+        d.pre_begin = 0;
+        d.pre_end = static_cast<int32_t>(cb + 1);
+      } else {
+        d.pre_begin = 0;
+        d.pre_end = static_cast<int32_t>(p.sink_pages);
+        d.elig_begin = static_cast<int32_t>(p.sink_pages);
+        d.elig_end = static_cast<int32_t>(ca - p.window);
+        d.k = static_cast<int32_t>(p.budget);
+        d.post_begin = static_cast<int32_t>(ca - p.window);
+        d.post_end = static_cast<int32_t>(cb + 1);
+        const int64_t last_row = grp.row + (grp.last - grp.first);
+        d.qbar_row0 = static_cast<int32_t>(p.qshare_query == QShareQuery::kMean ? grp.row : last_row);
+        d.qbar_row1 = static_cast<int32_t>(last_row);
+      }
+      P.lists.push_back(d);
+    }
+  }
+  return finish_plan(P);
+}
+
+Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float* index_q, SelectStage stage,
+                        void* stream) {
+  const auto& P = *plan.impl();
+  auto s = static_cast<cudaStream_t>(stream);
+  if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim)
+    return invalid_argument("cuda: the layer does not have the shape the plan was built for");
+  switch (stage) {
+    case SelectStage::kSetup:
+      return cuda_status(detail::launch_assemble_lists(P.d_lists.as<ListDesc>(), static_cast<int64_t>(P.lists.size()),
+                                                       P.block_pages, P.d_pages.as<int32_t>(),
+                                                       P.d_chunks.as<int32_t>(), s),
+                         "cuda: page-list assembly");
+    case SelectStage::kScore:
+      if (P.sel.empty()) return Status::Ok();
+      if (!index_q) return invalid_argument("cuda: null index query pointer for a plan that selects");
+      if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
+      CISA_RETURN_IF_ERROR(cuda_status(
+          detail::launch_index_queries(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
+                                       static_cast<int64_t>(P.sel.size()), index_q, P.num_kv_heads, P.head_dim,
+                                       P.d_qbar.as<float>(), s),
+          "cuda: index queries"));
+      return cuda_status(detail::launch_score(P.d_streams.as<ScoreStream>(), static_cast<int64_t>(P.streams.size()),
+                                              P.max_score_tiles, P.d_lists.as<ListDesc>(), P.block_pages, layer.reps,
+                                              P.d_qbar.as<float>(), P.num_kv_heads, P.head_dim, P.quest,
+                                              P.d_scores.as<float>(), s),
+                         "cuda: scoring");
+    case SelectStage::kTopK:
+      if (P.sel.empty()) return Status::Ok();
+      return cuda_status(detail::launch_topk(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
+                                             static_cast<int64_t>(P.sel.size()), P.d_scores.as<float>(),
+                                             P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+                         "cuda: top-k");
+  }
+  return invalid_argument("cuda: unknown selection stage");
+}
+
+Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index_q, void* stream) {
+  CISA_RETURN_IF_ERROR(run_select_stage(plan, layer, index_q, SelectStage::kSetup, stream));
+  CISA_RETURN_IF_ERROR(run_select_stage(plan, layer, index_q, SelectStage::kScore, stream));
+  return run_select_stage(plan, layer, index_q, SelectStage::kTopK, stream);
+}
+
+Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale, float* out,
+                     float* lse, void* stream) {
+  const auto& P = *plan.impl();
+  if (!q || !out) return invalid_argument("cuda: null query or output pointer");
+  if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim || !layer.k || !layer.v)
+    return invalid_argument("cuda: the layer does not have the shape the plan was built for");
+  detail::AttentionArgs a{};
+  a.k = layer.k;
+  a.v = layer.v;
+  a.q = q;
+  a.lists = P.d_lists.as<ListDesc>();
+  a.tasks = P.d_tasks.as<AttnTask>();
+  a.merges = P.d_merges.as<MergeTask>();
+  a.pages = P.d_pages.as<int32_t>();
+  a.chunks = P.d_chunks.as<int32_t>();
+  a.out = out;
+  a.lse = lse;
+  a.partial_out = P.d_partial_out.as<float>();
+  a.partial_lse = P.d_partial_lse.as<float>();
+  a.num_kv_heads = P.num_kv_heads;
+  a.num_q_heads = P.num_q_heads;
+  a.head_dim = P.head_dim;
+  a.window = P.lists.empty() ? 0 : P.lists[0].window;
+  a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
+  auto s = static_cast<cudaStream_t>(stream);
+  CISA_RETURN_IF_ERROR(cuda_status(detail::launch_attention(a, static_cast<int64_t>(P.tasks.size()), P.warps, s),
+                                   "cuda: attention"));
+  return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), s), "cuda: split-KV merge");
+}
+
+Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream) {
+  CISA_RETURN_IF_ERROR(validate_layer(layer));
+  if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
+  if (n < 0 || n > std::numeric_limits<int32_t>::max()) return invalid_argument("cuda: page count out of range");
+  if (n > 0 && !pages) return invalid_argument("cuda: null page pointer");
+  return cuda_status(detail::launch_update_reps(layer.k, layer.reps, pages, n, layer.num_kv_heads, layer.head_dim,
+                                                layer.rep == RepKind::kQuest, static_cast<cudaStream_t>(stream)),
+                     "cuda: representative update");
+}
+
+Status download_page_lists(const Plan& plan, PageLists* out) {
+  const auto& P = *plan.impl();
+  if (!out) return invalid_argument("cuda: null output");
+  out->clear();
+  out->num_kv_heads = P.num_kv_heads;
+  out->groups = P.groups;
+  out->pages.resize(static_cast<size_t>(P.total_pages));
+  out->chunks.resize(static_cast<size_t>(P.total_pages));
+  if (P.total_pages > 0) {
+    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(out->pages.data(), P.d_pages.as<void>(),
+                                                out->pages.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                                     "cuda: page-list download"));
+    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(out->chunks.data(), P.d_chunks.as<void>(),
+                                                out->chunks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                                     "cuda: chunk-list download"));
+  }
+  out->offsets.push_back(0);
+  for (const auto& d : P.lists) {
+    out->offsets.push_back(out->offsets.back() + (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin));
+    out->num_selected.push_back(d.k);
+  }
+  return Status::Ok();
+}
+
+Status download_scores(const Plan& plan, std::vector<float>* scores, std::vector<int64_t>* offsets) {
+  const auto& P = *plan.impl();
+  if (!scores || !offsets) return invalid_argument("cuda: null output");
+  scores->resize(static_cast<size_t>(P.score_total));
+  if (P.score_total > 0)
+    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(scores->data(), P.d_scores.as<void>(),
+                                                scores->size() * sizeof(float), cudaMemcpyDeviceToHost),
+                                     "cuda: score download"));
+  offsets->assign(1, 0);
+  for (const auto& d : P.lists) offsets->push_back(offsets->back() + (d.k > 0 ? d.elig_end - d.elig_begin : 0));
+  return Status::Ok();
+}
+
+}  // namespace cisa::cuda

@@ -1,0 +1,56 @@
+// The host side of a cuda::Plan: launch metadata on the host and grow-only device buffers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cisa/batch.h"
+#include "cisa/cuda_backend.h"
+#include "cisa/status.h"
+#include "plan_types.h"
+
+namespace cisa::cuda {
+
+// Device memory that only grows (so a plan rebuilt every step stops allocating after warm-up).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  Status reserve(size_t bytes, const char* what);
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+Status cuda_status(cudaError_t err, const char* what);
+
+struct Plan::Impl {
+  // Shape the plan was built for.
+  int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  bool quest = false;
+  const int32_t* block_pages = nullptr;  // device
+  int64_t num_rows = 0;
+
+  std::vector<QueryGroup> groups;
+  std::vector<detail::ListDesc> lists;
+  std::vector<int32_t> sel;  // lists that select
+  std::vector<detail::ScoreStream> streams;
+  int32_t max_score_tiles = 0;
+  std::vector<detail::AttnTask> tasks;
+  std::vector<detail::MergeTask> merges;
+  int warps = 4;
+  int64_t total_pages = 0, score_total = 0, partial_rows = 0;
+
+  DeviceBuffer d_lists, d_sel, d_streams, d_tasks, d_merges;
+  DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_partial_out, d_partial_lse;
+};
+
+}  // namespace cisa::cuda

@@ -1,0 +1,55 @@
+// Launch metadata shared by the host plan (backend.cpp) and the kernels (*.cu): plain structs
+// with no CUDA types, copied to the device as arrays.
+#pragma once
+
+#include <cstdint>
+
+namespace cisa::cuda::detail {
+
+// One page list = one (query group, KV group). Its pages are written in this order:
+//   chunks [pre_begin, pre_end)          dense range (dense list) or sink pages (sparse list)
+//   k chunks selected from [elig_begin, elig_end), ascending (sparse list only)
+//   chunks [post_begin, post_end)        window as seen from the group's first position + tail
+struct ListDesc {
+  int64_t table_begin;  // offset of the sequence's block table in DeviceBlockTables::pages
+  int64_t out_begin;    // offset of the list in the page/chunk arrays
+  int64_t score_begin;  // offset of its scores (sparse lists)
+  int64_t q_row;        // packed query row of the group's first position
+  int32_t first_pos, last_pos;  // absolute positions of the group's first and last query
+  int32_t kv;                   // KV group
+  int32_t pre_begin, pre_end;
+  int32_t elig_begin, elig_end;
+  int32_t post_begin, post_end;
+  int32_t k;      // chunks chosen by top-k (0: dense list)
+  int32_t qbar_row0, qbar_row1;  // packed rows averaged into the index query (inclusive)
+  int32_t window;                // sliding window in tokens (dense plans), 0: none
+};
+
+// All selecting lists of one (batch entry, KV group): their eligible ranges share a start and
+// grow with the group, so one pass over the representatives scores all of them.
+struct ScoreStream {
+  int64_t table_begin;
+  int32_t first_list;   // index of the first list of the stream
+  int32_t num_lists;    // lists first_list, first_list + list_stride, …
+  int32_t list_stride;  // num_kv_heads (lists are group-major, KV group inner)
+  int32_t kv;
+  int32_t elig_begin, elig_end_max;
+};
+
+// One thread block of attention: a row tile of one list over a range of its pages.
+struct AttnTask {
+  int32_t list;
+  int32_t row0, rows;  // rows [row0, row0 + rows) of the list (row = position·h_g + head)
+  int32_t pad;
+  int64_t page0, page1;  // absolute offsets into the page array
+  int64_t partial;       // −1: writes the output; else first row of its partial slot
+};
+
+// Merges the split-KV partials of one (list, row tile): split s, row r is partial row
+// partial + s·rows + r.
+struct MergeTask {
+  int32_t list, row0, rows, splits;
+  int64_t partial;
+};
+
+}  // namespace cisa::cuda::detail

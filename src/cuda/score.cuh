@@ -1,0 +1,26 @@
+// Scoring (SPEC §3): the index query of each selecting list (mean of its group's index queries,
+// or the last one) and s_j = q̄·r_j/√d (quest: Σ_i max(q̄_i·min_i, q̄_i·max_i)/√d) for every
+// eligible chunk. Streams each (entry, KV group)'s representatives once for all of its lists.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "plan_types.h"
+
+namespace cisa::cuda::detail {
+
+// index_q: [rows][num_kv_heads][head_dim] f32; qbar: [num_lists][head_dim] f32 (written for the
+// lists in sel_lists [num_sel]).
+cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                                 const float* index_q, int num_kv_heads, int head_dim, float* qbar,
+                                 cudaStream_t stream);
+
+// reps: [num_pages][num_kv_heads][rep_width] bf16; scores: written at each list's score_begin.
+cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_tiles,
+                         const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
+                         const float* qbar, int num_kv_heads, int head_dim, bool quest, float* scores,
+                         cudaStream_t stream);
+
+}  // namespace cisa::cuda::detail

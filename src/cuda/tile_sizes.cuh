@@ -1,0 +1,44 @@
+// Every tuning constant of the CUDA backend, with the reason for each.
+#pragma once
+
+namespace cisa::cuda::tiles {
+
+// Page size the kernels are built for: one page = one 16-token step of the mma k dimension
+// (m16n8k16), so a page never straddles two k-steps. SPEC's default B.
+constexpr int kPageSize = 16;
+
+// ---- attention (attention.cu) ----
+// Rows of one warp: the M of mma.m16n8k16. A block has 4 or 8 warps → 64 or 128 query rows,
+// so G·h_g = 128 rows (4:1 with G = 32, 32:1 with G = 4) share one read of every page.
+constexpr int kRowsPerWarp = 16;
+// Tokens per pipeline stage: 4 pages (64 tokens) at d ≤ 128 keeps S = 16×64 f32 per warp in 32
+// registers and one stage of K+V at 64·(128+8)·2·2 B = 34.8 KB, two stages 70 KB (3 blocks/SM);
+// at d = 256 two pages, so the O accumulator (128 registers) leaves room for S and Q.
+template <int D> constexpr int kStageTokens = D >= 256 ? 32 : 64;
+// Row padding of the shared K/V tiles, in bf16 elements: 16 bytes shifts consecutive token rows
+// by 4 banks, so ldmatrix's 8 row reads hit 8 distinct 16-byte bank groups.
+constexpr int kSmemPad = 8;
+// Split-KV: aim for this many thread blocks per SM in total, and never give a split fewer than
+// kMinSplitPages pages (below that the merge costs more than the parallelism gains).
+constexpr int kBlocksPerSmTarget = 4;
+constexpr int kMinSplitPages = 64;
+
+// ---- scoring (score.cu) ----
+// Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and
+// scored against up to 64 index queries at a time (4 chunks × 4 queries per thread: 8 shared
+// loads per 16 FMAs).
+constexpr int kScoreChunks = 64;
+constexpr int kScoreQueries = 64;
+constexpr int kScoreThreads = 256;
+
+// ---- top-k (topk.cu) ----
+// One block per list; 1024 threads read the list's scores (≤ 256 KB, L2-resident) once per
+// 8-bit radix pass (4 passes) and once more for the ordered compaction.
+constexpr int kTopkThreads = 1024;
+
+// ---- representatives, page lists, merge ----
+constexpr int kRepThreads = 128;
+constexpr int kAssembleThreads = 256;
+constexpr int kMergeThreads = 128;
+
+}  // namespace cisa::cuda::tiles

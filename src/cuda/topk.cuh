@@ -1,0 +1,18 @@
+// Top-k per selecting list (SPEC §3) with the spec's total order — larger score first, NaN below
+// every number, then the smaller chunk index — fused with writing the selected part of the page
+// list (physical page IDs in ascending logical order).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "plan_types.h"
+
+namespace cisa::cuda::detail {
+
+cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                        const float* scores, const int32_t* block_pages, int32_t* pages,
+                        int32_t* chunks, cudaStream_t stream);
+
+}  // namespace cisa::cuda::detail
