@@ -1,0 +1,225 @@
+// GPU paged attention against the CPU engine (cisa::attend) on the same page lists: dense plans
+// (with and without a sliding window, split-KV decode) and CISA plans (lists from the GPU's
+// selection), head dims 64/128/256, several GQA ratios. Outputs are poisoned with NaN first.
+#include <gtest/gtest.h>
+
+#ifdef CISA_WITH_CUDA
+#include <cmath>
+
+#include "cisa/attention.h"
+#include "cisa/selection.h"
+#include "gpu/gpu_test_util.h"
+#include "test_util.h"
+
+namespace cisa::test {
+namespace {
+
+struct World {
+  std::unique_ptr<PagedKvCache> cache;
+  std::vector<BatchEntry> batch;
+  std::vector<float> q;       // [rows][hq][d], values exactly representable in bf16
+  std::vector<uint16_t> qh;   // the same in bf16
+  int hq = 0;
+  int64_t rows = 0;
+};
+
+World make_world(int hkv, int hq, int d, const std::vector<int64_t>& lengths, const std::vector<BatchEntry>& batch,
+                 std::mt19937& rng) {
+  World w;
+  int64_t total = 0;
+  for (auto n : lengths) total += n / 16 + 2;
+  w.cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = 16,
+                                   .num_pages = total + 4, .dtype = KvDtype::kBF16});
+  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(*w.cache->add_sequence(), static_cast<SeqId>(i));
+  std::vector<int64_t> done(lengths.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const int64_t n = std::min<int64_t>(lengths[i] - done[i], 16 * (1 + rng() % 9));
+      if (n <= 0) continue;
+      append_random(*w.cache, static_cast<SeqId>(i), n, rng);
+      done[i] += n;
+      more = true;
+    }
+  }
+  w.batch = batch;
+  w.hq = hq;
+  for (auto& b : batch) w.rows += b.count;
+  // Scale 2 makes the softmax peaked enough that masking and page errors show.
+  w.q = random_vec(rng, static_cast<size_t>(w.rows * hq * d), 2.0f);
+  for (auto& x : w.q) {
+    w.qh.push_back(f32_to_bf16(x));
+    x = bf16_to_f32(w.qh.back());
+  }
+  return w;
+}
+
+// P is rounded to bf16 before P·V (relative error ≤ 2^-9 per weight) and V is exact, so each
+// output element is off by at most ~2^-8·max|v| in the worst case; the L2 error, a sum of
+// independent roundings, sits far below. lse comes from f32 scores of exact bf16 products.
+void expect_close(const World& w, const std::vector<float>& want_out, const std::vector<float>& want_lse,
+                  const std::vector<float>& out, const std::vector<float>& lse) {
+  ASSERT_EQ(want_out.size(), out.size());
+  double err2 = 0, ref2 = 0, max_err = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_FALSE(std::isnan(out[i])) << "output element " << i << " is NaN (unwritten?)";
+    const double e = std::fabs(static_cast<double>(out[i]) - want_out[i]);
+    max_err = std::max(max_err, e);
+    err2 += e * e;
+    ref2 += static_cast<double>(want_out[i]) * want_out[i];
+  }
+  // max|v| of N(0,1) values over the test sizes stays below 6.
+  EXPECT_LT(max_err, 6.0 * std::ldexp(1.0, -8));
+  EXPECT_LT(std::sqrt(err2 / ref2), 4e-3) << "relative L2 error";
+  for (size_t i = 0; i < lse.size(); ++i) {
+    ASSERT_FALSE(std::isnan(lse[i])) << "lse " << i;
+    ASSERT_NEAR(lse[i], want_lse[i], 1e-3 * (1 + std::fabs(want_lse[i]))) << "lse " << i;
+  }
+}
+
+// Runs the GPU plan's attention and the CPU's on the GPU's lists; compares.
+void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan, int64_t window) {
+  const int d = w.cache->head_dim();
+  DevVec<uint16_t> dq;
+  dq.upload(w.qh);
+  DevVec<float> out(static_cast<size_t>(w.rows * w.hq * d)), lse(static_cast<size_t>(w.rows * w.hq));
+  out.poison();
+  lse.poison();
+  ASSERT_TRUE(cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  PageLists lists;
+  ASSERT_TRUE(cuda::download_page_lists(plan, &lists).ok());
+  std::vector<float> want_out(out.size()), want_lse(lse.size());
+  ThreadPool pool(2);
+  AttentionWorkspace ws;
+  auto st = attend(*w.cache, 0, w.batch, lists, w.q.data(), w.hq, {.sliding_window = window}, want_out.data(),
+                   want_lse.data(), pool, &ws);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  expect_close(w, want_out, want_lse, out.download(), lse.download());
+}
+
+struct Shape {
+  int hkv, hq, d;
+};
+
+TEST(CudaAttention, DenseMatchesCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{2, 4, 256}}) {
+    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d));
+    // Prefill blocks (one crossing a page boundary mid-block), decode entries (split-KV).
+    auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 1200, 3333, 40},
+                        {{0, 4999, 1}, {1, 1000, 200}, {2, 3300 - 37, 33}, {3, 0, 40}}, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 4);
+    for (int64_t window : {int64_t{0}, int64_t{100}}) {
+      SCOPED_TRACE("window " + std::to_string(window));
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, window, &plan).ok());
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+      run_and_compare(w, m, plan, window);
+    }
+  }
+}
+
+TEST(CudaAttention, SparseMatchesCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{1, 4, 256}}) {
+    for (int64_t G : {4, 32}) {
+      SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d) +
+                   " G=" + std::to_string(G));
+      SelectionParams p{.budget = 40, .window = 8, .qshare = G, .sink_pages = 1};
+      const int64_t split = (p.budget + p.window + p.sink_pages + 1) * 16;
+      auto w = make_world(sh.hkv, sh.hq, sh.d, {split + 3000, split + 500, split + 64},
+                          {{0, split + 2900, 100}, {1, split - 50, 130}, {2, split + 63, 1}}, rng);
+      DeviceMirror m;
+      m.build(*w.cache, 0, 3);
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
+      auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
+      DevVec<float> diq;
+      diq.upload(iq);
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+      run_and_compare(w, m, plan, 0);
+    }
+  }
+}
+
+// The run step replayed from a CUDA graph gives bit-identical results to a direct run.
+TEST(CudaAttention, GraphReplayMatchesDirectRun) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  SelectionParams p{.budget = 30, .window = 4, .qshare = 8};
+  auto w = make_world(1, 4, 128, {4000, 4000}, {{0, 3900, 64}, {1, 3999, 1}}, rng);
+  DeviceMirror m;
+  m.build(*w.cache, 0, 2);
+  cuda::Plan plan;
+  ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
+  auto iq = random_vec(rng, static_cast<size_t>(w.rows * 128));
+  DevVec<float> diq;
+  diq.upload(iq);
+  DevVec<uint16_t> dq;
+  dq.upload(w.qh);
+  const size_t n = static_cast<size_t>(w.rows * w.hq * 128);
+  DevVec<float> out1(n), out2(n), lse1(n / 128), lse2(n / 128);
+  out1.poison();
+  out2.poison();
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+  ASSERT_TRUE(cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out1.data(), lse1.data(), nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), stream).ok());
+  ASSERT_TRUE(cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out2.data(), lse2.data(), stream).ok());
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(out1.download(), out2.download());
+  EXPECT_EQ(lse1.download(), lse2.download());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace cisa::test
+#endif
+
+// Argument checks run without a device: they fail before any CUDA call.
+#ifdef CISA_WITH_CUDA
+#include "cisa/cuda_backend.h"
+TEST(CudaBackendErrors, BadInputsGiveClearStatuses) {
+  const int32_t* fake = reinterpret_cast<const int32_t*>(16);
+  const uint16_t* fk = reinterpret_cast<const uint16_t*>(16);
+  std::vector<int64_t> off = {0, 10};
+  cisa::cuda::DeviceBlockTables tables{fake, off};
+  cisa::cuda::DeviceLayer layer{fk, fk, nullptr, 100, 1, 96, 16, cisa::RepKind::kMean};
+  std::vector<cisa::BatchEntry> batch = {{0, 0, 16}};
+  cisa::cuda::Plan plan;
+  auto st = cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan);
+  EXPECT_EQ(st.code(), cisa::StatusCode::kUnimplemented) << st.to_string();
+  layer.head_dim = 128;
+  layer.page_size = 32;
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kUnimplemented);
+  layer.page_size = 16;
+  batch[0].seq = 3;
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kNotFound);
+  batch[0] = {0, 150, 20};  // past the 10 pages of the table
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kOutOfRange);
+  batch[0] = {0, 0, 16};
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 0, 0, &plan).code(), cisa::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cisa::cuda::plan_sparse(layer, tables, batch, 4, {.budget = 8}, &plan).code(),
+            cisa::StatusCode::kInvalidArgument);  // no representative pointer
+  EXPECT_EQ(cisa::cuda::plan_sparse(layer, tables, batch, 4, {.budget = -1}, &plan).code(),
+            cisa::StatusCode::kInvalidArgument);
+  layer.k = nullptr;
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kInvalidArgument);
+}
+#else
+TEST(CudaAttention, Skipped) { GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA backend)"; }
+#endif

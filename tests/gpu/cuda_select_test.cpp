@@ -1,0 +1,261 @@
+// GPU selection path against the CPU engine: representatives (bit-exact), index queries and
+// scores (f32 tolerance), top-k with the tie rule and the assembled page lists (exact sets).
+#include <gtest/gtest.h>
+
+#ifdef CISA_WITH_CUDA
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cisa/selection.h"
+#include "cuda/plan_impl.h"
+#include "gpu/gpu_test_util.h"
+#include "test_util.h"
+
+namespace cisa::test {
+namespace {
+
+struct Inputs {
+  std::unique_ptr<PagedKvCache> cache;
+  std::vector<BatchEntry> batch;
+  std::vector<float> index_q;  // [rows][H][d]
+};
+
+// Sequences grown in interleaved rounds, so one sequence's physical pages are scattered.
+Inputs make_setup(int hkv, int d, RepKind rep, const std::vector<int64_t>& lengths,
+                 const std::vector<BatchEntry>& batch, std::mt19937& rng) {
+  Inputs s;
+  int64_t total = 0;
+  for (auto n : lengths) total += n / 16 + 2;
+  s.cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = 16,
+                                   .num_pages = total + 8, .dtype = KvDtype::kBF16, .rep = rep});
+  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(*s.cache->add_sequence(), static_cast<SeqId>(i));
+  std::vector<int64_t> done(lengths.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const int64_t n = std::min<int64_t>(lengths[i] - done[i], 16 * (1 + rng() % 7));
+      if (n <= 0) continue;
+      append_random(*s.cache, static_cast<SeqId>(i), n, rng);
+      done[i] += n;
+      more = true;
+    }
+  }
+  s.batch = batch;
+  int64_t rows = 0;
+  for (auto& b : batch) rows += b.count;
+  s.index_q = random_vec(rng, static_cast<size_t>(rows * hkv * d));
+  return s;
+}
+
+TEST(CudaReps, MatchCpuBitExact) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (RepKind rep : {RepKind::kMean, RepKind::kQuest})
+    for (int d : {64, 128, 256}) {
+      SCOPED_TRACE(std::string(rep_kind_name(rep)) + " d=" + std::to_string(d));
+      auto s = make_setup(2, d, rep, {700, 333}, {{0, 0, 1}}, rng);
+      DeviceMirror m;
+      m.build(*s.cache, 0, 2, /*copy_reps=*/false);
+      std::vector<int32_t> full;
+      for (SeqId q = 0; q < 2; ++q) {
+        auto t = *s.cache->block_table(q);
+        const int64_t n_full = *s.cache->length(q) / 16;
+        full.insert(full.end(), t.begin(), t.begin() + n_full);
+      }
+      DevVec<int32_t> pages;
+      pages.upload(full);
+      ASSERT_TRUE(cuda::run_update_reps(m.layer, pages.data(), static_cast<int64_t>(full.size()), nullptr).ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      auto got = m.reps.download();
+      const int rw = s.cache->rep_width();
+      for (int32_t p : full)
+        for (int g = 0; g < 2; ++g) {
+          auto* want = static_cast<const uint16_t*>(s.cache->rep(0, p, g));
+          const uint16_t* have = got.data() + (static_cast<size_t>(p) * 2 + g) * rw;
+          ASSERT_EQ(0, std::memcmp(want, have, rw * 2)) << "page " << p << " head " << g;
+        }
+    }
+}
+
+// Selected chunks implied by the GPU's own scores under the CPU's select_topk.
+void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const PageLists& gpu,
+                             const std::vector<float>& scores, const std::vector<int64_t>& score_off) {
+  PageLists cpu;
+  ThreadPool pool(2);
+  ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
+  ASSERT_EQ(cpu.groups.size(), gpu.groups.size());
+  for (size_t i = 0; i < cpu.groups.size(); ++i) {
+    EXPECT_EQ(cpu.groups[i].first, gpu.groups[i].first);
+    EXPECT_EQ(cpu.groups[i].last, gpu.groups[i].last);
+    EXPECT_EQ(cpu.groups[i].row, gpu.groups[i].row);
+    EXPECT_EQ(cpu.groups[i].dense, gpu.groups[i].dense);
+  }
+  ASSERT_EQ(cpu.offsets, gpu.offsets);
+  EXPECT_EQ(cpu.num_selected, gpu.num_selected);
+  const int H = s.cache->num_kv_heads(), d = s.cache->head_dim();
+  std::vector<int32_t> top, tmp;
+  int64_t boundary_swaps = 0;
+  for (int64_t L = 0; L < cpu.num_lists(); ++L) {
+    const auto& grp = cpu.groups[static_cast<size_t>(L / H)];
+    const int g = static_cast<int>(L % H);
+    auto gp = gpu.list_pages(L / H, g);
+    auto gc = gpu.list_chunks(L / H, g);
+    auto cp = cpu.list_pages(L / H, g);
+    auto cc = cpu.list_chunks(L / H, g);
+    if (grp.dense || cpu.num_selected[static_cast<size_t>(L)] == 0) {
+      EXPECT_TRUE(std::equal(cp.begin(), cp.end(), gp.begin())) << "dense list " << L;
+      EXPECT_TRUE(std::equal(cc.begin(), cc.end(), gc.begin())) << "dense list " << L;
+      continue;
+    }
+    // Scores: GPU vs CPU score_chunks on the CPU's index query (bit-identical q̄ by construction).
+    std::vector<float> qbar(static_cast<size_t>(d), 0.0f);
+    const int64_t r1 = grp.row + (grp.last - grp.first);
+    const int64_t r0 = p.qshare_query == QShareQuery::kMean ? grp.row : r1;
+    for (int64_t r = r0; r <= r1; ++r)
+      for (int i = 0; i < d; ++i) qbar[static_cast<size_t>(i)] += s.index_q[static_cast<size_t>((r * H + g) * d + i)];
+    const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
+    for (auto& x : qbar) x *= inv;
+    const int64_t e0 = p.sink_pages, e1 = grp.first / 16 - p.window;
+    std::vector<float> want(static_cast<size_t>(e1 - e0));
+    auto table = *s.cache->block_table(s.batch[static_cast<size_t>(grp.entry)].seq);
+    score_chunks(*s.cache, 0, table, g, qbar.data(), e0, e1 - e0, want.data());
+    std::span<const float> have(scores.data() + score_off[static_cast<size_t>(L)],
+                                static_cast<size_t>(score_off[static_cast<size_t>(L) + 1] - score_off[static_cast<size_t>(L)]));
+    ASSERT_EQ(have.size(), want.size());
+    const bool quest = s.cache->config().rep == RepKind::kQuest;
+    for (size_t j = 0; j < want.size(); ++j) {
+      // |error| of an f32 sum of d products is below d·2^-24·Σ|q_i r_i|; bound Σ|q_i r_i| by Σ|q_i|·max|r|.
+      double mag = 0;
+      const auto* r = static_cast<const uint16_t*>(s.cache->rep(0, table[static_cast<size_t>(e0) + j], g));
+      for (int i = 0; i < d; ++i) {
+        double rmax = std::fabs(bf16_to_f32(r[i]));
+        if (quest) rmax = std::max(rmax, static_cast<double>(std::fabs(bf16_to_f32(r[d + i]))));
+        mag += std::fabs(qbar[static_cast<size_t>(i)]) * rmax;
+      }
+      const double tol = 2.0 * d * std::ldexp(1.0, -24) * mag / std::sqrt(static_cast<double>(d)) + 1e-30;
+      ASSERT_FALSE(std::isnan(have[j])) << "list " << L << " chunk " << j;
+      ASSERT_NEAR(have[j], want[j], tol) << "list " << L << " chunk " << j;
+    }
+    // Exact: the GPU's selection is the spec's top-k of the GPU's scores.
+    select_topk(have, p.budget, &top, &tmp);
+    std::vector<int32_t> expect_chunks;
+    for (int64_t j = 0; j < p.sink_pages; ++j) expect_chunks.push_back(static_cast<int32_t>(j));
+    for (int32_t j : top) expect_chunks.push_back(static_cast<int32_t>(e0 + j));
+    for (int64_t j = e1; j <= grp.last / 16; ++j) expect_chunks.push_back(static_cast<int32_t>(j));
+    ASSERT_EQ(expect_chunks.size(), gc.size());
+    for (size_t i = 0; i < gc.size(); ++i) {
+      ASSERT_EQ(expect_chunks[i], gc[i]) << "list " << L << " entry " << i;
+      ASSERT_EQ(table[static_cast<size_t>(gc[i])], gp[i]) << "list " << L << " entry " << i;
+    }
+    // Against the CPU's own selection: a difference is allowed only between chunks whose CPU
+    // scores lie within the score tolerance of each other (a near-tie at the k-th place).
+    std::vector<int32_t> a(cc.begin(), cc.end()), b(gc.begin(), gc.end()), only_cpu, only_gpu;
+    std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(only_cpu));
+    std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(only_gpu));
+    ASSERT_EQ(only_cpu.size(), only_gpu.size());
+    for (size_t i = 0; i < only_cpu.size(); ++i) {
+      const float x = want[static_cast<size_t>(only_cpu[i] - e0)], y = want[static_cast<size_t>(only_gpu[i] - e0)];
+      EXPECT_NEAR(x, y, 1e-4f * (1 + std::fabs(x))) << "list " << L;
+    }
+    boundary_swaps += static_cast<int64_t>(only_cpu.size());
+  }
+  ::testing::Test::RecordProperty("boundary_swaps", static_cast<int>(boundary_swaps));
+}
+
+struct Case {
+  int hkv, d;
+  RepKind rep;
+  SelectionParams p;
+};
+
+TEST(CudaSelect, MatchesCpuOnRandomInputs) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  const std::vector<Case> cases = {
+      {1, 128, RepKind::kMean, {.budget = 32, .window = 8, .qshare = 16}},
+      {2, 64, RepKind::kMean, {.budget = 20, .window = 4, .qshare = 4, .sink_pages = 2}},
+      {2, 128, RepKind::kQuest, {.budget = 40, .window = 8, .qshare = 32, .qshare_query = QShareQuery::kLast}},
+      {1, 256, RepKind::kMean, {.budget = 64, .window = 16, .qshare = 1}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " G=" + std::to_string(c.p.qshare));
+    // Entry 0: prefill deep in the sparse region; entry 1 straddles the dense/sparse split;
+    // entry 2: one decode query; entry 3: dense only.
+    const int64_t split = (c.p.budget + c.p.window + c.p.sink_pages + 1) * 16;
+    auto s = make_setup(c.hkv, c.d, c.rep, {3000 + split, split + 400, split + 2000, 200},
+                        {{0, 2900 + split - 77, 77}, {1, split - 90, 300}, {2, split + 1999, 1}, {3, 120, 50}}, rng);
+    DeviceMirror m;
+    m.build(*s.cache, 0, 4);
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan).ok());
+    DevVec<float> iq;
+    iq.upload(s.index_q);
+    // Poison everything the run writes.
+    auto* P = plan.impl();
+    cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
+    cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
+    cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    PageLists gpu;
+    ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+    std::vector<float> scores;
+    std::vector<int64_t> off;
+    ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
+    EXPECT_GT(plan.selected_lists(), 0);
+    expect_lists_consistent(s, c.p, gpu, scores, off);
+  }
+}
+
+// Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both
+// engines; a few pages hold NaN keys (NaN scores). The lists must equal the CPU's, entry by entry.
+TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int d = 64;
+  auto cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = 1, .head_dim = d, .page_size = 16,
+                                      .num_pages = 400, .dtype = KvDtype::kBF16});
+  const SeqId seq = *cache->add_sequence();
+  const int64_t n = 300 * 16;
+  ASSERT_TRUE(cache->reserve(seq, n).ok());
+  auto patterns = random_vec(rng, 3 * d);
+  std::vector<float> k(static_cast<size_t>(n * d)), v = random_vec(rng, static_cast<size_t>(n * d));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t page = t / 16;
+    const int pat = static_cast<int>((page * 7) % 3);
+    for (int i = 0; i < d; ++i)
+      k[static_cast<size_t>(t * d + i)] =
+          page % 37 == 5 ? std::numeric_limits<float>::quiet_NaN() : patterns[static_cast<size_t>(pat * d + i)];
+  }
+  ASSERT_TRUE(cache->append(0, seq, n, k.data(), v.data()).ok());
+  Inputs s;
+  s.cache = std::move(cache);
+  s.batch = {{seq, n - 64, 64}};
+  s.index_q = random_vec(rng, static_cast<size_t>(64 * d));
+  DeviceMirror m;
+  m.build(*s.cache, 0, 1);
+  for (int64_t budget : {10, 97, 150}) {
+    SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan).ok());
+    DevVec<float> iq;
+    iq.upload(s.index_q);
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    PageLists gpu, cpu;
+    ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+    ThreadPool pool(1);
+    ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
+    EXPECT_EQ(cpu.offsets, gpu.offsets);
+    EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
+    EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
+  }
+}
+
+}  // namespace
+}  // namespace cisa::test
+
+#else
+TEST(CudaSelect, Skipped) { GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA backend)"; }
+#endif
