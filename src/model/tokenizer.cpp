@@ -10,19 +10,40 @@
 namespace cisa {
 namespace {
 
-constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+constexpr std::string_view kSpaceMarker = "▁";  // U+2581, SentencePiece's visible space
 
 // Token texts llama.cpp treats as end-of-turn when the file names no EOT id, in its order.
 constexpr std::string_view kEotTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>",      "_<EOT>",     "[EOT]",   "<end_of_utterance>",
+    "<EOT>",      "_<EOT>",     "[EOT]",   "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 };
-// Token texts that end generation whatever the metadata says.
+// Token texts that end generation whatever the metadata says (llama.cpp's list).
 constexpr std::string_view kEogTexts[] = {
-    "<|eot_id|>",  "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",        "<|flush|>",
-    "<|calls|>",   "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-    "_<EOT>",      "[EOT]",      "[EOS]",   "<|end_of_text|>", "<end_of_utterance>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
 };
+// Fill-in-the-middle markers llama.cpp recognises by text. All become control tokens; the
+// first pad, repository and file-separator markers found also end generation.
+constexpr std::string_view kFimPrefixTexts[] = {
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>",
+    "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>",
+};
+constexpr std::string_view kFimSuffixTexts[] = {
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>",
+    "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>",
+};
+constexpr std::string_view kFimMiddleTexts[] = {
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>",
+    "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>",
+};
+constexpr std::string_view kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+constexpr std::string_view kFimRepoTexts[] = {
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+};
+constexpr std::string_view kFimSepTexts[] = {"<|file_sep|>"};
 
 uint16_t attr_of(TokenType t) {
   switch (t) {
@@ -142,6 +163,23 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
     }
   }
   impl->eog.assign(n, 0);
+  // The first token (in list order) of each fill-in-the-middle kind; -1 when none.
+  auto find_first = [&](std::span<const std::string_view> texts) -> int32_t {
+    for (std::string_view t : texts) {
+      if (int32_t id = impl->lookup(t); id >= 0) return id;
+    }
+    return -1;
+  };
+  for (std::span<const std::string_view> texts :
+       {std::span<const std::string_view>(kFimPrefixTexts), std::span<const std::string_view>(kFimSuffixTexts),
+        std::span<const std::string_view>(kFimMiddleTexts), std::span<const std::string_view>(kFimPadTexts),
+        std::span<const std::string_view>(kFimRepoTexts), std::span<const std::string_view>(kFimSepTexts)}) {
+    const int32_t id = find_first(texts);
+    if (id < 0) continue;
+    impl->attr[id] |= kAttrControl;
+    const bool ends = texts.data() == kFimPadTexts || texts.data() == kFimRepoTexts || texts.data() == kFimSepTexts;
+    if (ends) impl->eog[id] = 1;
+  }
   for (std::string_view t : kEogTexts) {
     if (int32_t id = impl->lookup(t); id >= 0) {
       impl->eog[id] = 1;
