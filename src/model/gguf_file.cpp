@@ -5,10 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <sstream>
 #include <type_traits>
 
 #include "cisa/gguf.h"
@@ -229,18 +229,19 @@ std::string quote_short(std::string_view s, size_t max_len = 60) {
   return out + "\"";
 }
 
-std::string format_double(double v) {
-  std::ostringstream os;
-  os.precision(9);
-  os << v;
-  return os.str();
+// Shortest text that reads back to the same value (f32 values printed as floats: 1e-06, not
+// 9.99999997e-07).
+std::string format_number(double v, bool is_f32) {
+  char buf[64];
+  auto r = is_f32 ? std::to_chars(buf, buf + sizeof buf, static_cast<float>(v)) : std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 std::string scalar_string(GgufValueType t, const GgufKv& kv) {
   if (is_unsigned(t)) return std::to_string(kv.u);
   if (is_signed(t)) return std::to_string(kv.i);
   if (t == GgufValueType::BOOL) return kv.u ? "true" : "false";
-  if (t == GgufValueType::F32 || t == GgufValueType::F64) return format_double(kv.f);
+  if (t == GgufValueType::F32 || t == GgufValueType::F64) return format_number(kv.f, t == GgufValueType::F32);
   if (t == GgufValueType::STRING) return quote_short(kv.s);
   return "?";
 }
