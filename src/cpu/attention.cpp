@@ -14,6 +14,7 @@
 #include <limits>
 #include <string>
 
+#include "attention_page_kernel.h"
 #include "cisa/bf16.h"
 
 namespace cisa {
@@ -22,21 +23,10 @@ namespace {
 
 constexpr int kRowTile = 64;          // rows of one task: fits Q and O tiles in L1/L2 at d = 128
 constexpr int64_t kMinSplitPages = 16; // a split reads at least this many pages
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline float dot8(const float* a, const float* b, int d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < d; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+using cpu::kNegInf;
 
 inline void axpy(float* y, float a, const float* x, int d) {
   for (int i = 0; i < d; ++i) y[i] += a * x[i];
-}
-
-inline void widen(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
 using Task = detail::AttentionTask;
@@ -66,6 +56,9 @@ struct AttentionRunner {
   Status validate() const;
   void run(ThreadPool& pool);
   void run_task(const Task& t, float* scratch) const;
+  template <class T>
+  void walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp, float* m,
+                  float* l, float* s) const;
 };
 
 Status AttentionRunner::validate() const {
@@ -109,20 +102,43 @@ Status AttentionRunner::validate() const {
   return Status::Ok();
 }
 
-// One row tile over one page range: online softmax, then either the final output or a partial.
-void AttentionRunner::run_task(const Task& t, float* scratch) const {
-  const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
+// The pages of one task, in order, for each block of up to 4 rows of its tile.
+template <class T>
+void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
+                                 float* m, float* l, float* s) const {
   const int g = static_cast<int>(t.list % hkv);
   const auto pages = lists.list_pages(t.list / hkv, g);
   const auto chunks = lists.list_chunks(t.list / hkv, g);
   const int R = t.rows;
-  // scratch layout: acc[R][d] | m[R] | l[R] | s[R][B] | kf[B][d] | vf[B][d] | pos[R]
+  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
+  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
+    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
+    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
+    if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
+    const int32_t page = pages[static_cast<size_t>(pi)];
+    const T* kp = static_cast<const T*>(cache.k_page(layer, page, g));
+    const T* vp = static_cast<const T*>(cache.v_page(layer, page, g));
+    for (int r0 = 0; r0 < R; r0 += 4) {
+      const int nr = std::min(4, R - r0);
+      const int64_t lo = tpos[r0], hi = tpos[r0 + nr - 1];
+      if (s0 > hi || (window > 0 && s0 + B - 1 <= lo - window)) continue;
+      const bool full = s0 + B - 1 <= lo && (window == 0 || s0 > hi - window);
+      const cpu::PageMask mask{s0, tpos + r0, window, full};
+      cpu::page_step(nr, qrow + r0, kp, vp, mask, B, d, scale, s, m + r0, l + r0, accp + r0);
+    }
+  }
+}
+
+// One row tile over one page range: online softmax, then either the final output or a partial.
+void AttentionRunner::run_task(const Task& t, float* scratch) const {
+  const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
+  const int g = static_cast<int>(t.list % hkv);
+  const int R = t.rows;
+  // scratch layout: acc[R][d] | m[R] | l[R] | s[4][B]
   float* acc = scratch;
   float* m = acc + static_cast<int64_t>(kRowTile) * d;
   float* l = m + kRowTile;
   float* s = l + kRowTile;
-  float* kf = s + static_cast<int64_t>(kRowTile) * B;
-  float* vf = kf + static_cast<int64_t>(B) * d;
   std::fill(acc, acc + static_cast<int64_t>(R) * d, 0.0f);
   std::fill(m, m + R, kNegInf);
   std::fill(l, l + R, 0.0f);
@@ -135,51 +151,12 @@ void AttentionRunner::run_task(const Task& t, float* scratch) const {
     tpos[r] = grp.first + pi;
     qrow[r] = q + ((grp.row + pi) * hq + static_cast<int64_t>(g) * hg + hi) * d;
   }
-  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
-  const bool bf16 = cache.config().dtype == KvDtype::kBF16;
-
-  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
-    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
-    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
-    if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
-    const int32_t page = pages[static_cast<size_t>(pi)];
-    const float* kp;
-    const float* vp;
-    if (bf16) {
-      widen(static_cast<const uint16_t*>(cache.k_page(layer, page, g)), kf, static_cast<int64_t>(B) * d);
-      widen(static_cast<const uint16_t*>(cache.v_page(layer, page, g)), vf, static_cast<int64_t>(B) * d);
-      kp = kf;
-      vp = vf;
-    } else {
-      kp = static_cast<const float*>(cache.k_page(layer, page, g));
-      vp = static_cast<const float*>(cache.v_page(layer, page, g));
-    }
-    const bool full = s0 + B - 1 <= tmin && (window == 0 || s0 > tmax - window);
-    for (int r = 0; r < R; ++r) {
-      float* sr = s + static_cast<int64_t>(r) * B;
-      float mx = kNegInf;
-      for (int j = 0; j < B; ++j) {
-        const int64_t pos = s0 + j;
-        const bool visible = full || (pos <= tpos[r] && (window == 0 || pos > tpos[r] - window));
-        sr[j] = visible ? dot8(qrow[r], kp + static_cast<int64_t>(j) * d, d) * scale : kNegInf;
-        mx = std::max(mx, sr[j]);
-      }
-      if (mx == kNegInf) continue;
-      float* ar = acc + static_cast<int64_t>(r) * d;
-      if (mx > m[r]) {
-        const float c = std::exp(m[r] - mx);  // 0 on the first visible page
-        l[r] *= c;
-        for (int i = 0; i < d; ++i) ar[i] *= c;
-        m[r] = mx;
-      }
-      for (int j = 0; j < B; ++j) {
-        if (sr[j] == kNegInf) continue;
-        const float pj = std::exp(sr[j] - m[r]);
-        l[r] += pj;
-        axpy(ar, pj, vp + static_cast<int64_t>(j) * d, d);
-      }
-    }
-  }
+  float* accp[kRowTile];
+  for (int r = 0; r < R; ++r) accp[r] = acc + static_cast<int64_t>(r) * d;
+  if (cache.config().dtype == KvDtype::kBF16)
+    walk_pages<uint16_t>(t, qrow, tpos, accp, m, l, s);
+  else
+    walk_pages<float>(t, qrow, tpos, accp, m, l, s);
 
   for (int r = 0; r < R; ++r) {
     const int rr = t.row0 + r;
@@ -232,8 +209,7 @@ void AttentionRunner::run(ThreadPool& pool) {
   }
   ws->partial_out_.resize(static_cast<size_t>(partial_rows * d));
   ws->partial_lse_.resize(static_cast<size_t>(partial_rows));
-  const int64_t scratch_floats = static_cast<int64_t>(kRowTile) * d + 2 * kRowTile +
-                                 static_cast<int64_t>(kRowTile) * B + 2 * static_cast<int64_t>(B) * d;
+  const int64_t scratch_floats = static_cast<int64_t>(kRowTile) * d + 2 * kRowTile + 4 * static_cast<int64_t>(B);
   ws->thread_scratch_.resize(static_cast<size_t>(threads));
   for (auto& s : ws->thread_scratch_) s.resize(static_cast<size_t>(scratch_floats));
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 
@@ -68,8 +69,11 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const KvCacheConfig& 
   const int64_t rep_bytes = config.num_pages * config.num_kv_heads * cache->rep_width() * es;
   auto alloc = [](int64_t bytes) -> Buffer {
     // 64-byte alignment for vector loads; round the size up as aligned_alloc requires.
+    // Zero-filled so that never-written slots hold finite values.
     size_t size = static_cast<size_t>((bytes + 63) / 64 * 64);
-    return Buffer(static_cast<uint8_t*>(std::aligned_alloc(64, size)));
+    Buffer b(static_cast<uint8_t*>(std::aligned_alloc(64, size)));
+    if (b) std::memset(b.get(), 0, size);
+    return b;
   };
   for (int l = 0; l < config.num_layers; ++l) {
     Buffer k = alloc(kv_bytes), v = alloc(kv_bytes);

@@ -1,0 +1,197 @@
+// attention_page_kernel.h — the inner step of CPU attention: a block of up to 4 query rows against
+// one page of B keys and values, with the online-softmax update. Internal to src/cpu.
+//
+// For rows r and keys j of the page:  s_rj = scale · q_r·k_j  (−∞ where masked)
+//   m_r' = max(m_r, max_j s_rj);  l_r = l_r·e^(m_r − m_r') + Σ_j e^(s_rj − m_r');
+//   acc_r = acc_r·e^(m_r − m_r') + Σ_j e^(s_rj − m_r') v_j
+// K and V are read in place (f32) or widened 8 lanes at a time (bf16). An AVX2+FMA version is
+// used where the compiler targets it; the portable loops below are its specification.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cisa/bf16.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CISA_ATTENTION_AVX2 1
+#endif
+
+namespace cisa::cpu {
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Mask callback result for one (row, key): visible or not. `full` pages skip the callback.
+struct PageMask {
+  int64_t s0;            // absolute position of the page's first key
+  const int64_t* tpos;   // absolute position of each row
+  int64_t window;        // 0: none
+  bool full;             // every key visible to every row
+  bool visible(int r, int j) const {
+    const int64_t pos = s0 + j;
+    return full || (pos <= tpos[r] && (window == 0 || pos > tpos[r] - window));
+  }
+};
+
+inline float widen1(float x) { return x; }
+inline float widen1(uint16_t x) { return bf16_to_f32(x); }
+
+#ifdef CISA_ATTENTION_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float hsum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+// e^x for x ≤ 0 (softmax arguments): x = n·ln2 + r, |r| ≤ ln2/2, e^r by its degree-6 Taylor
+// polynomial (relative error < 2e-7), 2^n built in the exponent bits; x < −87 (and −∞) give 0.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 split in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#endif
+
+// Scores of NR rows against B keys: s[r·B + j].
+template <int NR, class T>
+inline void page_scores(const float* const* q, const T* k, int B, int d, float scale, float* s) {
+#ifdef CISA_ATTENTION_AVX2
+  for (int j = 0; j < B; ++j) {
+    const T* kj = k + static_cast<int64_t>(j) * d;
+    __m256 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+      const __m256 kv = load8(kj + i);
+      for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + i), kv, acc[r]);
+    }
+    for (int r = 0; r < NR; ++r) s[r * B + j] = hsum8(acc[r]) * scale;
+  }
+#else
+  for (int j = 0; j < B; ++j)
+    for (int r = 0; r < NR; ++r) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i = 0; i < d; i += 8)
+        for (int l = 0; l < 8; ++l) acc[l] += q[r][i + l] * widen1(k[static_cast<int64_t>(j) * d + i + l]);
+      s[r * B + j] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) * scale;
+    }
+#endif
+}
+
+// Online-softmax update of NR rows with one page. s is overwritten with the probabilities.
+template <int NR, class T>
+inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d, float* m, float* l,
+                        float* const* acc) {
+  bool any = false;
+  for (int r = 0; r < NR; ++r) {
+    float* sr = s + r * B;
+    if (!mask.full)
+      for (int j = 0; j < B; ++j)
+        if (!mask.visible(r, j)) sr[j] = kNegInf;
+    float mx = kNegInf;
+    for (int j = 0; j < B; ++j) mx = std::max(mx, sr[j]);
+    if (mx == kNegInf) {  // nothing visible to this row on this page
+      for (int j = 0; j < B; ++j) sr[j] = 0.0f;
+      continue;
+    }
+    any = true;
+    if (mx > m[r]) {
+      const float c = std::exp(m[r] - mx);  // 0 on the row's first visible page
+      l[r] *= c;
+      for (int i = 0; i < d; ++i) acc[r][i] *= c;
+      m[r] = mx;
+    }
+    float sum = 0.0f;
+#ifdef CISA_ATTENTION_AVX2
+    int j = 0;
+    const __m256 mv = _mm256_set1_ps(m[r]);
+    for (; j + 8 <= B; j += 8) {
+      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+      _mm256_storeu_ps(sr + j, p);
+      sum += hsum8(p);
+    }
+    for (; j < B; ++j) sum += (sr[j] = sr[j] == kNegInf ? 0.0f : std::exp(sr[j] - m[r]));
+#else
+    for (int j = 0; j < B; ++j) sum += (sr[j] = sr[j] == kNegInf ? 0.0f : std::exp(sr[j] - m[r]));
+#endif
+    l[r] += sum;
+  }
+  if (!any) return;
+  // Keys past the last row's position are in the future for every row: their slots may not even
+  // be written yet, so they are not read at all (0·garbage could be NaN).
+  const int jend = mask.full ? B : static_cast<int>(std::min<int64_t>(B, mask.tpos[NR - 1] - mask.s0 + 1));
+  // acc_r += Σ_j p_rj v_j, 16 output channels at a time so the NR×2 accumulators stay in registers.
+#ifdef CISA_ATTENTION_AVX2
+  int i = 0;
+  for (; i + 16 <= d; i += 16) {
+    __m256 a[NR][2];
+    for (int r = 0; r < NR; ++r) {
+      a[r][0] = _mm256_loadu_ps(acc[r] + i);
+      a[r][1] = _mm256_loadu_ps(acc[r] + i + 8);
+    }
+    for (int j = 0; j < jend; ++j) {
+      const T* vj = v + static_cast<int64_t>(j) * d + i;
+      const __m256 v0 = load8(vj), v1 = load8(vj + 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 p = _mm256_broadcast_ss(s + r * B + j);
+        a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      _mm256_storeu_ps(acc[r] + i, a[r][0]);
+      _mm256_storeu_ps(acc[r] + i + 8, a[r][1]);
+    }
+  }
+  if (i < d) {  // head_dim is a multiple of 8: at most one 8-wide remainder
+    __m256 a[NR];
+    for (int r = 0; r < NR; ++r) a[r] = _mm256_loadu_ps(acc[r] + i);
+    for (int j = 0; j < jend; ++j) {
+      const __m256 v0 = load8(v + static_cast<int64_t>(j) * d + i);
+      for (int r = 0; r < NR; ++r) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(s + r * B + j), v0, a[r]);
+    }
+    for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc[r] + i, a[r]);
+  }
+#else
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < jend; ++j) {
+      const float p = s[r * B + j];
+      if (p == 0.0f) continue;
+      for (int i = 0; i < d; ++i) acc[r][i] += p * widen1(v[static_cast<int64_t>(j) * d + i]);
+    }
+#endif
+}
+
+// One page for `nr` (1…4) rows starting at row r0 of a tile.
+template <class T>
+inline void page_step(int nr, const float* const* q, const T* k, const T* v, const PageMask& mask, int B, int d,
+                      float scale, float* s, float* m, float* l, float* const* acc) {
+  switch (nr) {
+    case 4: page_scores<4>(q, k, B, d, scale, s); page_update<4>(mask, s, v, B, d, m, l, acc); break;
+    case 3: page_scores<3>(q, k, B, d, scale, s); page_update<3>(mask, s, v, B, d, m, l, acc); break;
+    case 2: page_scores<2>(q, k, B, d, scale, s); page_update<2>(mask, s, v, B, d, m, l, acc); break;
+    default: page_scores<1>(q, k, B, d, scale, s); page_update<1>(mask, s, v, B, d, m, l, acc); break;
+  }
+}
+
+}  // namespace cisa::cpu
