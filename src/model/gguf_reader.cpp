@@ -203,6 +203,8 @@ Status GgufFile::parse_into(GgufFile& f) {
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t ne = 0;
       CISA_RETURN_IF_ERROR(c.read(&ne, "tensor dimension"));
+      // An empty dimension would make a tensor with rows of data but no bytes; no model has one.
+      if (ne == 0) return data_loss("tensor '" + name + "' has an empty dimension " + std::to_string(d));
       if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (ne != 0 && count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / ne))
         return data_loss("tensor '" + name + "': element count overflows");

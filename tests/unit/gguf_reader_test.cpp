@@ -288,6 +288,9 @@ TEST(GgufReaderCorrupt, BadTensorTable) {
   GgufBuilder::poke<uint64_t>(bad, g.tensor_pos[0].dims, 1ull << 40);
   GgufBuilder::poke<uint64_t>(bad, g.tensor_pos[0].dims + 8, 1ull << 40);
   expect_error(bad, StatusCode::kDataLoss, "overflows");
+  bad = b;
+  GgufBuilder::poke<uint64_t>(bad, g.tensor_pos[0].dims + 8, 0);
+  expect_error(bad, StatusCode::kDataLoss, "empty dimension 1");
   bad = b;  // a dimension above INT64_MAX
   GgufBuilder::poke<uint64_t>(bad, g.tensor_pos[0].dims, ~0ull);
   expect_error(bad, StatusCode::kDataLoss, "overflows");
