@@ -119,6 +119,10 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
 // mean of the page's keys, or per-channel min then max (quest). pages: device int32 [n].
 Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream);
 
+// Fills n device bf16 values with deterministic pseudo-random values (roughly normal, standard
+// deviation `scale`), for benchmarks that need gigabytes of non-zero K/V. data: device [n].
+Status fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, void* stream);
+
 // ---- copies for tests and diagnostics (synchronous) ----
 // The plan's page lists after run_select, in the form of cisa::PageLists.
 Status download_page_lists(const Plan& plan, PageLists* out);

@@ -9,6 +9,7 @@
 #include "cisa/cuda_backend.h"
 #include "page_lists.cuh"
 #include "plan_impl.h"
+#include "random_fill.cuh"
 #include "reps.cuh"
 #include "score.cuh"
 #include "tile_sizes.cuh"
@@ -390,6 +391,12 @@ Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n
   return cuda_status(detail::launch_update_reps(layer.k, layer.reps, pages, n, layer.num_kv_heads, layer.head_dim,
                                                 layer.rep == RepKind::kQuest, static_cast<cudaStream_t>(stream)),
                      "cuda: representative update");
+}
+
+Status fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, void* stream) {
+  if (n > 0 && !data) return invalid_argument("cuda: null fill pointer");
+  return cuda_status(detail::launch_fill_random_bf16(data, n, seed, scale, static_cast<cudaStream_t>(stream)),
+                     "cuda: random fill");
 }
 
 Status download_page_lists(const Plan& plan, PageLists* out) {

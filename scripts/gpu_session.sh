@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One GPU session on the device machine: build the CUDA backend, run the GPU tests, then the
+# one-layer benchmark and its PyTorch anchors. Everything it writes lands under $OUT.
+#
+#   scripts/gpu_session.sh [tests|bench|all]      (default: all)
+#
+# Build: an explicit CMake configure of only the targets this needs (cisa_cuda, the GPU tests,
+# the cisa CLI), sm_90a, Release, in build/gpu-session.
+set -uo pipefail
+mode=${1:-all}
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+log() { echo "[gpu_session $(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
+
+log "mode=$mode commit=${CISA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$OUT/session.log"
+
+log "configure + build"
+cmake -S . -B build/gpu-session -G Ninja -DCMAKE_BUILD_TYPE=Release -DCISA_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DCISA_BUILD_BENCH=OFF -DCISA_NATIVE=OFF >"$OUT/build.log" 2>&1 &&
+  ninja -C build/gpu-session -j16 cisa_cuda cuda_select_test cuda_attention_test >>"$OUT/build.log" 2>&1
+rc=$?
+tail -3 "$OUT/build.log"
+if [ $rc -ne 0 ]; then log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; fi
+if [ "$mode" != tests ]; then
+  ninja -C build/gpu-session -j16 cisa >>"$OUT/build.log" 2>&1 || { log "cisa CLI build failed"; grep error "$OUT/build.log" | head; }
+fi
+
+if [ "$mode" != bench ]; then
+  log "GPU tests"
+  for t in cuda_select_test cuda_attention_test; do
+    ./build/gpu-session/tests/$t --gtest_output=json:"$OUT/$t.json" >"$OUT/$t.log" 2>&1
+    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')" | tee -a "$OUT/session.log"
+    grep -B3 -A12 "Failure" "$OUT/$t.log" | head -60
+  done
+fi
+
+if [ "$mode" != tests ]; then
+  log "benchmark (cisa bench layer) + anchors"
+  scratch=/tmp/cisa-bench
+  mkdir -p $scratch
+  ./build/gpu-session/cisa bench layer --backend cuda --json --dump-lists "$scratch" \
+    >"$OUT/layer_cisa.json" 2>"$OUT/layer_cisa.log"
+  log "cisa bench rc=$?"
+  tail -40 "$OUT/layer_cisa.log"
+  PYTHONUNBUFFERED=1 python3 bench/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists "$scratch" --cisa "$OUT/layer_cisa.json" \
+    --out "$OUT/layer_results.json" 2>&1 | tee "$OUT/anchors.log" | tail -60
+  log "anchors rc=${PIPESTATUS[0]}"
+fi
+log "done"

@@ -1,0 +1,359 @@
+// cisa bench layer — one attention layer on the GPU in the form of the paper's Table 11:
+// attention, scoring, top-k, setup and other, and their GPU-busy sum, for dense and CISA, in the
+// three geometries of the paper (4:1 × 16 sequences, 32:1 × 32, 32:2 × 16; d = 128) at a
+// 1,048,576-token history, terminal prefill (512 queries per sequence) and steady decode.
+// Each stage is timed alone with CUDA events: median of --iters runs after warm-up. Every run
+// reads far more than the 60 MB L2 (K/V of ≥ 0.55 GB per step), so no run is served from the
+// previous one's cache. The PyTorch anchors (cuDNN, FlashAttention, gather+FA, FlexAttention)
+// are measured by bench/anchors_layer.py from the page lists this writes with --dump-lists.
+#ifdef CISA_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cisa/cuda_backend.h"
+#include "cisa/json.h"
+#include "cli_args.h"
+#include "commands.h"
+
+namespace cisa::cli {
+namespace {
+
+struct Geometry {
+  std::string name;
+  int hq, hkv, seqs;
+  std::vector<int64_t> prefill_g;  // QShare sizes of the paper for this geometry
+};
+
+struct Options {
+  int64_t context = 1048576, budget = 4096, window = 128, prefill = 512, iters = 10, warmup = 3;
+  std::string dump_dir, geometry = "all";
+};
+
+constexpr int kD = 128;
+constexpr int kB = 16;
+
+bool cuda_ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "cisa bench layer: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+// Median over `iters` runs of `launch` (after warm-up), timed with events around each run.
+template <class F>
+double median_ms(F&& launch, const Options& o) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int64_t i = 0; i < o.warmup; ++i) launch();
+  cudaDeviceSynchronize();
+  std::vector<double> t;
+  for (int64_t i = 0; i < o.iters; ++i) {
+    cudaEventRecord(a);
+    launch();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+void must(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "cisa bench layer: %s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+// Writes one plan's page lists (logical chunks) for the anchors script:
+// int64 num_groups, num_kv, then per group (entry, first, last), offsets[num_lists+1], int32 chunks.
+void dump_lists(const std::string& path, const PageLists& l) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) {
+    std::fprintf(stderr, "cisa bench layer: cannot write %s\n", path.c_str());
+    return;
+  }
+  const int64_t hdr[2] = {static_cast<int64_t>(l.groups.size()), l.num_kv_heads};
+  std::fwrite(hdr, sizeof hdr, 1, f);
+  for (const auto& g : l.groups) {
+    const int64_t v[3] = {g.entry, g.first, g.last};
+    std::fwrite(v, sizeof v, 1, f);
+  }
+  std::fwrite(l.offsets.data(), sizeof(int64_t), l.offsets.size(), f);
+  std::fwrite(l.chunks.data(), sizeof(int32_t), l.chunks.size(), f);
+  std::fclose(f);
+}
+
+// Mean fraction of selected chunks that adjacent groups of one (entry, KV group) share.
+double adjacent_overlap(const PageLists& l, int64_t budget) {
+  double sum = 0;
+  int64_t n = 0;
+  const int H = l.num_kv_heads;
+  for (size_t i = 0; i + 1 < l.groups.size(); ++i) {
+    if (l.groups[i].entry != l.groups[i + 1].entry || l.groups[i].dense) continue;
+    for (int g = 0; g < H; ++g) {
+      auto a = l.list_chunks(static_cast<int64_t>(i), g).subspan(0, static_cast<size_t>(budget));
+      auto b = l.list_chunks(static_cast<int64_t>(i + 1), g).subspan(0, static_cast<size_t>(budget));
+      std::vector<int32_t> both;
+      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+      sum += static_cast<double>(both.size()) / static_cast<double>(budget);
+      ++n;
+    }
+  }
+  return n ? sum / static_cast<double>(n) : 0.0;
+}
+
+struct Buffers {
+  uint16_t *k = nullptr, *v = nullptr, *reps = nullptr, *q = nullptr;
+  int32_t *tables = nullptr, *rep_pages = nullptr;
+  float *out = nullptr, *lse = nullptr, *index_q = nullptr;
+};
+
+std::string fmt(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", x);
+  return b;
+}
+
+}  // namespace
+
+int bench_layer(int argc, char** argv) {
+  ArgParser a("cisa bench layer",
+              "One-layer CUDA benchmark (paper Table 11 form): dense and CISA attention for 4:1 x 16,\n"
+              "32:1 x 32 and 32:2 x 16 sequences, d = 128, terminal prefill and steady decode; stage\n"
+              "times (setup, scoring, top-k, attention, other) as medians of CUDA-event timings.");
+  Options o;
+  std::string backend = "cuda";
+  bool json = false;
+  a.add_choice("--backend", &backend, {"cuda"}, "engine (only cuda)");
+  a.add_int("--context", &o.context, "history length N in tokens (default 1048576)");
+  a.add_int("--budget", &o.budget, "chunk budget k (default 4096)");
+  a.add_int("--window", &o.window, "recent window W in pages (default 128)");
+  a.add_int("--prefill-queries", &o.prefill, "queries per sequence in the terminal prefill (default 512)");
+  a.add_int("--iters", &o.iters, "timed runs per measurement (default 10)");
+  a.add_int("--warmup", &o.warmup, "untimed runs first (default 3)");
+  a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:1", "32:2"}, "geometry to run (default all)");
+  a.add_string("--dump-lists", &o.dump_dir, "write each plan's page lists here for bench/anchors_layer.py");
+  a.add_flag("--json", &json, "print one JSON document on stdout (the table goes to stderr)");
+  if (int rc = a.parse(argc, argv); rc >= 0) return rc;
+  if (o.context % kB || o.context < 2 * o.prefill || o.iters < 1 || o.warmup < 0 || o.prefill < 1) {
+    std::fprintf(stderr, "cisa bench layer: need --context a multiple of 16 and >= 2 x --prefill-queries, --iters >= 1\n");
+    return 2;
+  }
+  std::string why;
+  if (!cuda::device_available(&why)) {
+    std::fprintf(stderr, "cisa bench layer: no usable CUDA device (%s)\n", why.c_str());
+    return 1;
+  }
+  FILE* table_out = json ? stderr : stdout;
+  std::vector<Geometry> geos = {{"4:1", 4, 1, 16, {4, 16, 32}}, {"32:1", 32, 1, 32, {4}}, {"32:2", 32, 2, 16, {4}}};
+  if (o.geometry != "all")
+    geos.erase(std::remove_if(geos.begin(), geos.end(), [&](const Geometry& g) { return g.name != o.geometry; }),
+               geos.end());
+
+  // One set of buffers sized for the largest geometry, filled once with random values.
+  const int64_t pages_per_seq = o.context / kB;
+  int64_t max_kv_pages = 0, max_pages = 0, max_q = 0, max_rows_kv = 0;
+  for (const auto& g : geos) {
+    max_pages = std::max(max_pages, g.seqs * pages_per_seq);
+    max_kv_pages = std::max(max_kv_pages, g.seqs * pages_per_seq * g.hkv);
+    max_q = std::max(max_q, g.seqs * o.prefill * g.hq);
+    max_rows_kv = std::max(max_rows_kv, g.seqs * o.prefill * g.hkv);
+  }
+  Buffers buf;
+  const size_t kv_elems = static_cast<size_t>(max_kv_pages) * kB * kD;
+  if (!cuda_ok(cudaMalloc(&buf.k, kv_elems * 2), "K pool") || !cuda_ok(cudaMalloc(&buf.v, kv_elems * 2), "V pool") ||
+      !cuda_ok(cudaMalloc(&buf.reps, static_cast<size_t>(max_kv_pages) * kD * 2), "representatives") ||
+      !cuda_ok(cudaMalloc(&buf.q, static_cast<size_t>(max_q) * kD * 2), "queries") ||
+      !cuda_ok(cudaMalloc(&buf.out, static_cast<size_t>(max_q) * kD * 4), "output") ||
+      !cuda_ok(cudaMalloc(&buf.lse, static_cast<size_t>(max_q) * 4), "lse") ||
+      !cuda_ok(cudaMalloc(&buf.index_q, static_cast<size_t>(max_rows_kv) * kD * 4), "index queries") ||
+      !cuda_ok(cudaMalloc(&buf.tables, static_cast<size_t>(max_pages) * 4), "block tables") ||
+      !cuda_ok(cudaMalloc(&buf.rep_pages, static_cast<size_t>(max_pages) * 4), "rep page list"))
+    return 1;
+  must(cuda::fill_random_bf16(buf.k, static_cast<int64_t>(kv_elems), 1, 1.0f, nullptr), "fill K");
+  must(cuda::fill_random_bf16(buf.v, static_cast<int64_t>(kv_elems), 2, 1.0f, nullptr), "fill V");
+  must(cuda::fill_random_bf16(buf.q, max_q * kD, 3, 1.0f, nullptr), "fill Q");
+
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  Json doc = Json::object();
+  doc["gpu"] = prop.name;
+  doc["cuda_driver_api"] = driver;
+  doc["sms"] = prop.multiProcessorCount;
+  doc["l2_bytes"] = prop.l2CacheSize;
+  doc["context"] = o.context;
+  doc["budget"] = o.budget;
+  doc["window"] = o.window;
+  doc["prefill_queries"] = o.prefill;
+  doc["iters"] = o.iters;
+  doc["index_query_model"] = "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
+  Json results = Json::array();
+  std::mt19937 rng(42);
+
+  for (const auto& geo : geos) {
+    const int64_t P = geo.seqs * pages_per_seq;
+    // Block tables: a random permutation of the pool, so a sequence's pages are scattered.
+    std::vector<int32_t> perm(static_cast<size_t>(P));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    cudaMemcpy(buf.tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice);
+    std::vector<int64_t> offsets(static_cast<size_t>(geo.seqs) + 1);
+    for (int s = 0; s <= geo.seqs; ++s) offsets[static_cast<size_t>(s)] = s * pages_per_seq;
+    cuda::DeviceLayer layer{buf.k, buf.v, buf.reps, P, geo.hkv, kD, kB, RepKind::kMean};
+    cuda::DeviceBlockTables tables{buf.tables, offsets};
+    std::vector<int32_t> all(static_cast<size_t>(P));
+    std::iota(all.begin(), all.end(), 0);
+    cudaMemcpy(buf.rep_pages, all.data(), all.size() * 4, cudaMemcpyHostToDevice);
+    must(cuda::run_update_reps(layer, buf.rep_pages, P, nullptr), "representatives");
+    cudaDeviceSynchronize();
+
+    for (const bool prefill : {true, false}) {
+      const int64_t count = prefill ? o.prefill : 1;
+      std::vector<BatchEntry> batch;
+      for (int s = 0; s < geo.seqs; ++s) batch.push_back({s, o.context - count, static_cast<int32_t>(count)});
+      const int64_t rows = geo.seqs * count;
+      // Index queries: adjacent positions of a sequence point the same way (as real ones do).
+      std::vector<float> iq(static_cast<size_t>(rows * geo.hkv * kD));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (int s = 0; s < geo.seqs; ++s)
+        for (int g = 0; g < geo.hkv; ++g) {
+          std::vector<float> base(kD);
+          for (auto& x : base) x = nd(rng);
+          for (int64_t r = 0; r < count; ++r)
+            for (int i = 0; i < kD; ++i)
+              iq[static_cast<size_t>(((s * count + r) * geo.hkv + g) * kD + i)] = base[static_cast<size_t>(i)] + 0.3f * nd(rng);
+        }
+      cudaMemcpy(buf.index_q, iq.data(), iq.size() * 4, cudaMemcpyHostToDevice);
+      const std::string phase = prefill ? "prefill" : "decode";
+      const double dense_flop = 4.0 * rows * geo.hq * static_cast<double>(o.context) * kD;
+      const double page_bytes = 2.0 * kB * kD * 2;  // K + V of one page of one KV head
+
+      // Dense through the same kernels.
+      cuda::Plan dense;
+      auto t0 = std::chrono::steady_clock::now();
+      must(cuda::plan_dense(layer, tables, batch, geo.hq, 0, &dense), "dense plan");
+      const double dense_plan_host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double d_setup = median_ms([&] { (void)cuda::run_select(dense, layer, nullptr, nullptr); }, o);
+      const double d_attn = median_ms(
+          [&] { (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+      if (!cuda_ok(cudaGetLastError(), "dense run")) return 1;
+      const double dense_bytes = static_cast<double>(dense.total_pages()) * page_bytes;
+      Json dj = Json::object();
+      dj["geometry"] = geo.name;
+      dj["seqs"] = geo.seqs;
+      dj["phase"] = phase;
+      dj["method"] = "dense";
+      dj["setup_ms"] = d_setup;
+      dj["attention_ms"] = d_attn;
+      dj["busy_ms"] = d_setup + d_attn;
+      dj["host_plan_ms"] = dense_plan_host_ms;
+      dj["kv_bytes"] = dense_bytes;
+      dj["attention_tb_s"] = dense_bytes / (d_attn * 1e-3) / 1e12;
+      dj["attention_tflop_s"] = dense_flop / (d_attn * 1e-3) / 1e12;
+      results.push_back(dj);
+      std::fprintf(table_out, "%-5s %-7s dense       attention %9s ms  setup %7s  busy %9s  %6.2f TB/s %6.1f TFLOP/s\n",
+                   geo.name.c_str(), phase.c_str(), fmt(d_attn).c_str(), fmt(d_setup).c_str(),
+                   fmt(d_setup + d_attn).c_str(), dense_bytes / (d_attn * 1e-3) / 1e12,
+                   dense_flop / (d_attn * 1e-3) / 1e12);
+
+      // Pages this step fills: prefill 512/16 per sequence; decode one every 16 steps.
+      const int64_t fill_pages = prefill ? geo.seqs * (count / kB) : geo.seqs;
+      const double other = median_ms([&] { (void)cuda::run_update_reps(layer, buf.rep_pages, fill_pages, nullptr); }, o) *
+                           (prefill ? 1.0 : 1.0 / kB);
+      for (int64_t G : prefill ? geo.prefill_g : std::vector<int64_t>{1}) {
+        SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = G};
+        cuda::Plan plan;
+        t0 = std::chrono::steady_clock::now();
+        must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan), "sparse plan");
+        const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        auto stage = [&](cuda::SelectStage st) { (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr); };
+        const double setup = median_ms([&] { stage(cuda::SelectStage::kSetup); }, o);
+        const double score = median_ms([&] { stage(cuda::SelectStage::kScore); }, o);
+        const double topk = median_ms([&] { stage(cuda::SelectStage::kTopK); }, o);
+        const double attn =
+            median_ms([&] { (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+        if (!cuda_ok(cudaGetLastError(), "sparse run")) return 1;
+        PageLists lists;
+        must(cuda::download_page_lists(plan, &lists), "download lists");
+        const double busy = setup + score + topk + attn + other;
+        const double bytes = static_cast<double>(plan.total_pages()) * page_bytes;
+        const double rep_bytes = static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) * kD * 2;
+        double tokens = 0;  // attended tokens summed over query rows
+        for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
+          const auto& g = lists.groups[gi];
+          tokens += static_cast<double>(lists.list_pages(static_cast<int64_t>(gi), 0).size()) * kB *
+                    static_cast<double>(g.last - g.first + 1) * geo.hq;
+        }
+        const double flop = 4.0 * tokens * kD;
+        const std::string tag = geo.name.substr(0, geo.name.find(':')) + "x" + geo.name.substr(geo.name.find(':') + 1) +
+                                "_" + phase + "_G" + std::to_string(G);
+        if (!o.dump_dir.empty()) dump_lists(o.dump_dir + "/" + tag + ".bin", lists);
+        Json j = Json::object();
+        j["geometry"] = geo.name;
+        j["seqs"] = geo.seqs;
+        j["phase"] = phase;
+        j["method"] = "cisa";
+        j["G"] = G;
+        j["tag"] = tag;
+        j["setup_ms"] = setup;
+        j["scoring_ms"] = score;
+        j["topk_ms"] = topk;
+        j["attention_ms"] = attn;
+        j["other_ms"] = other;
+        j["busy_ms"] = busy;
+        j["host_plan_ms"] = host_ms;
+        j["lists"] = lists.num_lists();
+        j["list_pages"] = plan.total_pages();
+        j["kv_bytes"] = bytes;
+        j["rep_bytes"] = rep_bytes;
+        j["attention_tb_s"] = bytes / (attn * 1e-3) / 1e12;
+        j["attention_tflop_s"] = flop / (attn * 1e-3) / 1e12;
+        j["scoring_tb_s"] = rep_bytes / (score * 1e-3) / 1e12;
+        j["speedup_vs_own_dense"] = (d_setup + d_attn) / busy;
+        j["adjacent_group_overlap"] = adjacent_overlap(lists, o.budget);
+        results.push_back(j);
+        std::fprintf(table_out,
+                     "%-5s %-7s cisa G=%-3lld attention %9s ms  setup %7s  score %7s  topk %7s  other %7s  busy %8s"
+                     "  %6.2f TB/s %6.1f TFLOP/s  %5.2fx own dense  overlap %.2f\n",
+                     geo.name.c_str(), phase.c_str(), static_cast<long long>(G), fmt(attn).c_str(), fmt(setup).c_str(),
+                     fmt(score).c_str(), fmt(topk).c_str(), fmt(other).c_str(), fmt(busy).c_str(),
+                     bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12, (d_setup + d_attn) / busy,
+                     adjacent_overlap(lists, o.budget));
+      }
+    }
+  }
+  doc["results"] = results;
+  cudaFree(buf.k);
+  cudaFree(buf.v);
+  cudaFree(buf.reps);
+  cudaFree(buf.q);
+  cudaFree(buf.out);
+  cudaFree(buf.lse);
+  cudaFree(buf.index_q);
+  cudaFree(buf.tables);
+  cudaFree(buf.rep_pages);
+  if (json) std::printf("%s\n", doc.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace cisa::cli
+
+#endif  // CISA_WITH_CUDA
