@@ -1,7 +1,8 @@
 // Scoring kernels. The score kernel gives each block kScoreChunks consecutive eligible chunks of
 // one (entry, KV group) stream: their representatives are read from global memory once (16-byte
 // loads, widened to f32 in shared memory) and scored against every list of the stream,
-// kScoreQueries index queries at a time, with a 4 chunks × 4 queries register tile per thread.
+// 16·QA index queries at a time, with a 4 chunks × QA queries register tile per thread; streams
+// of few lists (decode) take a warp-per-chunk kernel instead.
 #include <cmath>
 
 #include "common.cuh"
@@ -26,13 +27,13 @@ __global__ void index_query_kernel(const ListDesc* __restrict__ lists, const int
   }
 }
 
-template <bool kQuest>
+template <bool kQuest, int QA>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
 score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
              const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
              const float* __restrict__ qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
              float* __restrict__ scores) {
-  constexpr int NC = tiles::kScoreChunks, NQ = tiles::kScoreQueries;
+  constexpr int NC = tiles::kScoreChunks, NQ = 16 * QA;
   const ScoreStream S = streams[blockIdx.y];
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NC;
   if (c0 >= S.elig_end_max) return;
@@ -87,11 +88,11 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
       }
     }
     __syncthreads();
-    float acc[4][4] = {};
+    float acc[QA][4] = {};
     for (int i = 0; i < head_dim; ++i) {
-      float q[4], r[4];
+      float q[QA], r[4];
 #pragma unroll
-      for (int a = 0; a < 4; ++a) q[a] = q_s[(gq + 16 * a) * qstride + i];
+      for (int a = 0; a < QA; ++a) q[a] = q_s[(gq + 16 * a) * qstride + i];
 #pragma unroll
       for (int b = 0; b < 4; ++b) r[b] = rep_s[(cq + 16 * b) * rstride + i];
       if constexpr (kQuest) {
@@ -99,7 +100,7 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
 #pragma unroll
         for (int b = 0; b < 4; ++b) h[b] = rep_s[(cq + 16 * b) * rstride + head_dim + i];
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int a = 0; a < QA; ++a)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
             const float lo = q[a] * r[b], hi = q[a] * h[b];
@@ -107,13 +108,13 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
           }
       } else {
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int a = 0; a < QA; ++a)
 #pragma unroll
           for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(q[a], r[b], acc[a][b]);
       }
     }
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
+    for (int a = 0; a < QA; ++a) {
       const int qi = gq + 16 * a;
       if (qi >= nq) continue;
 #pragma unroll
@@ -123,6 +124,93 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
       }
     }
   }
+}
+
+// Streams with at most kScoreFewLists lists (decode): a warp per chunk, lanes over channels,
+// reading each representative once straight from global memory (D·2 contiguous bytes per warp,
+// kChunksPerWarp chunks in flight per warp), q̄ in registers, warp-shuffle sums.
+template <int D, bool kQuest>
+__global__ void __launch_bounds__(tiles::kScoreThreads)
+score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                 const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                 const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+  constexpr int PER = D / 32;  // channels per lane
+  constexpr int NL = tiles::kScoreFewLists;
+  constexpr int CPW = tiles::kScoreChunks / (tiles::kScoreThreads / 32);  // chunks per warp
+  const ScoreStream S = streams[blockIdx.y];
+  const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * tiles::kScoreChunks;
+  if (c0 >= S.elig_end_max) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rw = kQuest ? 2 * D : D;
+  const int nl = min(NL, S.num_lists);
+  float q[NL][PER];
+  int32_t end[NL];
+  int64_t out[NL];
+#pragma unroll
+  for (int l = 0; l < NL; ++l) {
+    const int64_t li = S.first_list + static_cast<int64_t>(min(l, nl - 1)) * S.list_stride;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) q[l][i] = qbar[li * D + lane * PER + i];
+    end[l] = l < nl ? lists[li].elig_end : 0;
+    out[l] = lists[li].score_begin - lists[li].elig_begin;
+  }
+  const int32_t* table = block_pages + S.table_begin;
+  float lo[CPW][PER], hi[CPW][kQuest ? PER : 1];
+#pragma unroll
+  for (int c = 0; c < CPW; ++c) {
+    const int32_t chunk = c0 + warp * CPW + c;
+    const bool ok = chunk < S.elig_end_max;
+    const uint16_t* r = reps + (static_cast<int64_t>(ok ? table[chunk] : 0) * num_kv_heads + S.kv) * rw + lane * PER;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      lo[c][i] = ok ? dev::bf16_to_f32(r[i]) : 0.0f;
+      if constexpr (kQuest) hi[c][i] = ok ? dev::bf16_to_f32(r[D + i]) : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < CPW; ++c) {
+    const int32_t chunk = c0 + warp * CPW + c;
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+      if (l >= nl) break;
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        if constexpr (kQuest) {
+          const float a = q[l][i] * lo[c][i], b = q[l][i] * hi[c][i];
+          acc += a > b ? a : b;
+        } else {
+          acc = fmaf(q[l][i], lo[c][i], acc);
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if (lane == 0 && chunk < end[l]) scores[out[l] + chunk] = acc * inv_sqrt_d;
+    }
+  }
+}
+
+template <int D, bool kQuest>
+void launch_few(dim3 grid, const ScoreStream* streams, const ListDesc* lists, const int32_t* block_pages,
+                const uint16_t* reps, const float* qbar, int num_kv_heads, float inv_sqrt_d, float* scores,
+                cudaStream_t stream) {
+  score_few_kernel<D, kQuest><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
+                                                                        num_kv_heads, inv_sqrt_d, scores);
+}
+
+template <bool kQuest, int QA>
+cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* lists, const int32_t* block_pages,
+                         const uint16_t* reps, const float* qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
+                         float* scores, cudaStream_t stream) {
+  const int rw = kQuest ? 2 * head_dim : head_dim;
+  const size_t smem = sizeof(float) * (static_cast<size_t>(tiles::kScoreChunks) * (rw + 1) +
+                                       static_cast<size_t>(16 * QA) * (head_dim + 1));
+  cudaError_t err = cudaFuncSetAttribute(score_kernel<kQuest, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  score_kernel<kQuest, QA><<<grid, tiles::kScoreThreads, smem, stream>>>(streams, lists, block_pages, reps, qbar,
+                                                                         num_kv_heads, head_dim, inv_sqrt_d, scores);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -136,28 +224,35 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
   return cudaGetLastError();
 }
 
-cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_tiles,
+cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_tiles, int32_t max_lists,
                          const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
                          const float* qbar, int num_kv_heads, int head_dim, bool quest, float* scores,
                          cudaStream_t stream) {
   if (num_streams <= 0 || max_tiles <= 0) return cudaSuccess;
-  const int rw = quest ? 2 * head_dim : head_dim;
-  const size_t smem = sizeof(float) * (static_cast<size_t>(tiles::kScoreChunks) * (rw + 1) +
-                                       static_cast<size_t>(tiles::kScoreQueries) * (head_dim + 1));
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(num_streams));
-  cudaError_t err;
-  if (quest) {
-    err = cudaFuncSetAttribute(score_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    score_kernel<true><<<grid, tiles::kScoreThreads, smem, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                     num_kv_heads, head_dim, inv_sqrt_d, scores);
-  } else {
-    err = cudaFuncSetAttribute(score_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    score_kernel<false><<<grid, tiles::kScoreThreads, smem, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                      num_kv_heads, head_dim, inv_sqrt_d, scores);
+  cudaError_t err = cudaSuccess;
+  if (max_lists <= tiles::kScoreFewLists) {
+#define CISA_FEW(DD)                                                                                          \
+  if (head_dim == DD) {                                                                                       \
+    if (quest) launch_few<DD, true>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream); \
+    else launch_few<DD, false>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream);      \
   }
+    CISA_FEW(64) CISA_FEW(128) CISA_FEW(256)
+#undef CISA_FEW
+    return cudaGetLastError();
+  }
+  const int qa = max_lists <= 16 ? 1 : max_lists <= 32 ? 2 : 4;
+  if (quest) {
+    err = qa == 1 ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+        : qa == 2 ? launch_tiled<true, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+                  : launch_tiled<true, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
+  } else {
+    err = qa == 1 ? launch_tiled<false, 1>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+        : qa == 2 ? launch_tiled<false, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+                  : launch_tiled<false, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
+  }
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 

@@ -27,9 +27,14 @@ constexpr int kMinSplitPages = 64;
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and
 // scored against up to 64 index queries at a time (4 chunks × 4 queries per thread: 8 shared
 // loads per 16 FMAs).
+// Up to 64 queries per pass: 4 query slots × 16 (QA = 1, 2 or 4 chosen by the largest stream, so
+// a stream of 16 groups does not pay for 64).
 constexpr int kScoreChunks = 64;
-constexpr int kScoreQueries = 64;
 constexpr int kScoreThreads = 256;
+// Streams with at most this many lists (decode: 1) use the warp-per-chunk kernel instead: there
+// the tile kernel computed 63 empty query slots and ran 0.94 ms where reading the 0.27 GB of
+// representatives takes ~0.07 ms. 8 chunks per warp are loaded before any arithmetic.
+constexpr int kScoreFewLists = 8;
 
 // ---- top-k (topk.cu) ----
 // One block per list; 1024 threads read the list's scores (≤ 256 KB, L2-resident) once per
