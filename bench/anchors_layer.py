@@ -112,6 +112,8 @@ def flex_block_sparse(k, v, q, pages_per_list, iters):
     g = torch.Generator(device="cuda").manual_seed(0)
     scores = torch.rand(seqs, hq, q_blocks, kv_blocks, device="cuda", generator=g)
     idx = scores.topk(sel, dim=-1).indices.sort(dim=-1).values.to(torch.int32)
+    # kv_indices must span every KV block (only the first kv_num_blocks entries are read).
+    idx = torch.cat([idx, torch.zeros(*idx.shape[:-1], kv_blocks - sel, dtype=torch.int32, device="cuda")], -1)
     num = torch.full((seqs, hq, q_blocks), sel, dtype=torch.int32, device="cuda")
     bm = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(128, 128), seq_lengths=(lq, n))
     fn = torch.compile(flex_attention)
