@@ -73,7 +73,8 @@ class Tokenizer {
   // llama.cpp's add_special. parse_special: text such as "<start_of_turn>" or "<|im_end|>"
   // becomes that control token; otherwise only user-defined tokens are matched as a whole and
   // control-token text is tokenized as plain text. Invalid UTF-8 is accepted (see docs).
-  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
+  std::vector<int32_t> encode(std::string_view text, bool add_bos,
+                              bool parse_special = false) const;
 
   // The bytes of one token: control and unknown tokens render as "" unless render_special;
   // ids outside [0, vocab_size) render as "". May be a partial UTF-8 character (byte tokens,

@@ -14,32 +14,51 @@ constexpr std::string_view kSpaceMarker = "▁";  // U+2581, SentencePiece's vis
 
 // Token texts llama.cpp treats as end-of-turn when the file names no EOT id, in its order.
 constexpr std::string_view kEotTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>",      "_<EOT>",     "[EOT]",   "<｜end▁of▁sentence｜>",
+    "<|eot_id|>",         "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>",    "<EOT>",      "_<EOT>",  "[EOT]",         "<｜end▁of▁sentence｜>",
     "<end_of_utterance>",
 };
 // Token texts that end generation whatever the metadata says (llama.cpp's list).
 constexpr std::string_view kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 };
 // Fill-in-the-middle markers llama.cpp recognises by text. All become control tokens; the
 // first pad, repository and file-separator markers found also end generation.
 constexpr std::string_view kFimPrefixTexts[] = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>",
-    "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>",
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",    "<｜fim▁begin｜>",
+    "<PRE>",          "▁<PRE>",       "<|code_prefix|>", "<|prefix|>",
 };
 constexpr std::string_view kFimSuffixTexts[] = {
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>",
-    "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>",
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",    "<｜fim▁hole｜>",
+    "<SUF>",          "▁<SUF>",       "<|code_suffix|>", "<|suffix|>",
 };
 constexpr std::string_view kFimMiddleTexts[] = {
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>",
-    "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>",
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>",    "<｜fim▁end｜>",
+    "<MID>",          "▁<MID>",       "<|code_middle|>", "<|middle|>",
 };
-constexpr std::string_view kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+constexpr std::string_view kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+                                             "[PAD]"};
 constexpr std::string_view kFimRepoTexts[] = {
     "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
 };
@@ -47,13 +66,20 @@ constexpr std::string_view kFimSepTexts[] = {"<|file_sep|>"};
 
 uint16_t attr_of(TokenType t) {
   switch (t) {
-    case TokenType::kNormal: return kAttrNormal;
-    case TokenType::kUnknown: return kAttrUnknown;
-    case TokenType::kControl: return kAttrControl;
-    case TokenType::kUserDefined: return kAttrUserDefined;
-    case TokenType::kUnused: return kAttrUnused;
-    case TokenType::kByte: return kAttrByte;
-    default: return kAttrUndefined;
+    case TokenType::kNormal:
+      return kAttrNormal;
+    case TokenType::kUnknown:
+      return kAttrUnknown;
+    case TokenType::kControl:
+      return kAttrControl;
+    case TokenType::kUserDefined:
+      return kAttrUserDefined;
+    case TokenType::kUnused:
+      return kAttrUnused;
+    case TokenType::kByte:
+      return kAttrByte;
+    default:
+      return kAttrUndefined;
   }
 }
 
@@ -81,14 +107,15 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
   auto impl = std::make_shared<Impl>();
   const size_t n = spec.tokens.size();
   if (n == 0) return invalid_argument("tokenizer: empty vocabulary");
-  if (n > static_cast<size_t>(INT32_MAX)) return invalid_argument("tokenizer: vocabulary too large");
+  if (n > static_cast<size_t>(INT32_MAX))
+    return invalid_argument("tokenizer: vocabulary too large");
   if (!spec.scores.empty() && spec.scores.size() < n) {
     return invalid_argument("tokenizer: " + std::to_string(spec.scores.size()) + " scores for " +
                             std::to_string(n) + " tokens");
   }
   if (!spec.types.empty() && spec.types.size() < n) {
-    return invalid_argument("tokenizer: " + std::to_string(spec.types.size()) + " token types for " +
-                            std::to_string(n) + " tokens");
+    return invalid_argument("tokenizer: " + std::to_string(spec.types.size()) +
+                            " token types for " + std::to_string(n) + " tokens");
   }
   impl->kind = spec.kind;
   if (spec.kind == TokenizerKind::kByteBpe) {
@@ -116,8 +143,8 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
   for (size_t i = 0; i < n; ++i) {
     auto [it, inserted] = impl->by_text.emplace(impl->text[i], static_cast<int32_t>(i));
     if (!inserted) {
-      return invalid_argument("tokenizer: token " + std::to_string(i) + " repeats the text of token " +
-                              std::to_string(it->second));
+      return invalid_argument("tokenizer: token " + std::to_string(i) +
+                              " repeats the text of token " + std::to_string(it->second));
     }
   }
 
@@ -134,8 +161,10 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
   CISA_RETURN_IF_ERROR(check_id(spec.eom_id, "EOM"));
   CISA_RETURN_IF_ERROR(check_id(spec.unk_id, "unknown-token"));
   CISA_RETURN_IF_ERROR(check_id(spec.pad_id, "padding"));
-  if (spec.add_bos && spec.bos_id < 0) return invalid_argument("tokenizer: add_bos is set but there is no BOS id");
-  if (spec.add_eos && spec.eos_id < 0) return invalid_argument("tokenizer: add_eos is set but there is no EOS id");
+  if (spec.add_bos && spec.bos_id < 0)
+    return invalid_argument("tokenizer: add_bos is set but there is no BOS id");
+  if (spec.add_eos && spec.eos_id < 0)
+    return invalid_argument("tokenizer: add_eos is set but there is no EOS id");
   impl->bos = spec.bos_id;
   impl->eos = spec.eos_id;
   impl->eom = spec.eom_id;
@@ -171,13 +200,17 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
     return -1;
   };
   for (std::span<const std::string_view> texts :
-       {std::span<const std::string_view>(kFimPrefixTexts), std::span<const std::string_view>(kFimSuffixTexts),
-        std::span<const std::string_view>(kFimMiddleTexts), std::span<const std::string_view>(kFimPadTexts),
-        std::span<const std::string_view>(kFimRepoTexts), std::span<const std::string_view>(kFimSepTexts)}) {
+       {std::span<const std::string_view>(kFimPrefixTexts),
+        std::span<const std::string_view>(kFimSuffixTexts),
+        std::span<const std::string_view>(kFimMiddleTexts),
+        std::span<const std::string_view>(kFimPadTexts),
+        std::span<const std::string_view>(kFimRepoTexts),
+        std::span<const std::string_view>(kFimSepTexts)}) {
     const int32_t id = find_first(texts);
     if (id < 0) continue;
     impl->attr[id] |= kAttrControl;
-    const bool ends = texts.data() == kFimPadTexts || texts.data() == kFimRepoTexts || texts.data() == kFimSepTexts;
+    const bool ends = texts.data() == kFimPadTexts || texts.data() == kFimRepoTexts ||
+                      texts.data() == kFimSepTexts;
     if (ends) impl->eog[id] = 1;
   }
   for (std::string_view t : kEogTexts) {
@@ -195,8 +228,9 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
       impl->special_by_length.push_back(static_cast<int32_t>(i));
     }
   }
-  std::stable_sort(impl->special_by_length.begin(), impl->special_by_length.end(),
-                   [&](int32_t a, int32_t b) { return impl->text[a].size() > impl->text[b].size(); });
+  std::stable_sort(
+      impl->special_by_length.begin(), impl->special_by_length.end(),
+      [&](int32_t a, int32_t b) { return impl->text[a].size() > impl->text[b].size(); });
 
   if (spec.kind == TokenizerKind::kSentencePiece) {
     for (int b = 0; b < 256; ++b) {
@@ -216,15 +250,18 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
       // Split at the first space after the first character, so that a merge may start with ' '.
       const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
       std::string key;
-      if (sp != std::string::npos) key = m.substr(0, sp) + '\xFF' + m.substr(sp + 1);
-      else key = std::string(1, '\xFF');  // malformed: an unreachable ("", "") pair, as llama.cpp
+      if (sp != std::string::npos)
+        key = m.substr(0, sp) + '\xFF' + m.substr(sp + 1);
+      else
+        key = std::string(1, '\xFF');  // malformed: an unreachable ("", "") pair, as llama.cpp
       impl->merge_rank.try_emplace(std::move(key), static_cast<int32_t>(rank));
     }
   }
   return Tokenizer(std::move(impl));
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
+                                       bool parse_special) const {
   const Impl& t = *impl_;
   // Cut the text at every occurrence of a special token, longest tokens first; control and
   // unknown tokens only when parse_special, user-defined ones always.
@@ -243,7 +280,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
       }
       const std::string_view hay = text.substr(f.start, f.len);
       size_t pos = 0;
-      for (size_t hit; (hit = hay.find(needle, pos)) != std::string_view::npos; pos = hit + needle.size()) {
+      for (size_t hit; (hit = hay.find(needle, pos)) != std::string_view::npos;
+           pos = hit + needle.size()) {
         if (hit > pos) next.push_back({-1, f.start + pos, hit - pos});
         next.push_back({id, 0, 0});
         changed = true;
@@ -312,7 +350,8 @@ std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
     // "<0xNN>"
     if (text.size() == 6 && text.compare(0, 3, "<0x") == 0) {
       unsigned v = 0;
-      if (std::sscanf(text.c_str() + 3, "%2x", &v) == 1) return std::string(1, static_cast<char>(v));
+      if (std::sscanf(text.c_str() + 3, "%2x", &v) == 1)
+        return std::string(1, static_cast<char>(v));
     }
     return {};
   }
@@ -331,15 +370,33 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special)
   return out;
 }
 
-TokenizerKind Tokenizer::kind() const { return impl_->kind; }
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->text.size()); }
-int32_t Tokenizer::bos_id() const { return impl_->bos; }
-int32_t Tokenizer::eos_id() const { return impl_->eos; }
-int32_t Tokenizer::eot_id() const { return impl_->eot; }
-int32_t Tokenizer::unk_id() const { return impl_->unk; }
-int32_t Tokenizer::pad_id() const { return impl_->pad; }
-bool Tokenizer::adds_bos() const { return impl_->add_bos; }
-bool Tokenizer::is_eog(int32_t id) const { return impl_->valid(id) && impl_->eog[id] != 0; }
+TokenizerKind Tokenizer::kind() const {
+  return impl_->kind;
+}
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->text.size());
+}
+int32_t Tokenizer::bos_id() const {
+  return impl_->bos;
+}
+int32_t Tokenizer::eos_id() const {
+  return impl_->eos;
+}
+int32_t Tokenizer::eot_id() const {
+  return impl_->eot;
+}
+int32_t Tokenizer::unk_id() const {
+  return impl_->unk;
+}
+int32_t Tokenizer::pad_id() const {
+  return impl_->pad;
+}
+bool Tokenizer::adds_bos() const {
+  return impl_->add_bos;
+}
+bool Tokenizer::is_eog(int32_t id) const {
+  return impl_->valid(id) && impl_->eog[id] != 0;
+}
 bool Tokenizer::is_control(int32_t id) const {
   return impl_->valid(id) && (impl_->attr[id] & kAttrControl) != 0;
 }
@@ -349,7 +406,9 @@ std::string_view Tokenizer::token_text(int32_t id) const {
 TokenType Tokenizer::token_type(int32_t id) const {
   return impl_->valid(id) ? impl_->type[id] : TokenType::kUndefined;
 }
-int32_t Tokenizer::find_token(std::string_view text) const { return impl_->lookup(text); }
+int32_t Tokenizer::find_token(std::string_view text) const {
+  return impl_->lookup(text);
+}
 
 std::string Utf8StreamBuffer::push(std::string_view piece) {
   pending_.append(piece);

@@ -29,7 +29,8 @@ CharClass classify(uint32_t cp) {
 }
 
 // Splits cps[begin, end) by the GPT-2 pattern, appending pre-token lengths.
-void split_gpt2(const std::vector<uint32_t>& cps, size_t begin, size_t end, std::vector<size_t>& out) {
+void split_gpt2(const std::vector<uint32_t>& cps, size_t begin, size_t end,
+                std::vector<size_t>& out) {
   // Outside the piece everything is kNone: neither letter, number, space nor other.
   auto cls = [&](size_t p) { return p < end ? classify(cps[p]) : CharClass::kNone; };
   size_t pos = begin;
@@ -122,7 +123,9 @@ std::vector<size_t> pretokenize_gpt2(const std::vector<uint32_t>& cps, bool spli
 void build_byte_units(Tokenizer::Impl& impl) {
   // Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, 0x7F..0xA0,
   // soft hyphen) take the code points from U+0100 upwards in byte order.
-  auto printable = [](int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
+  auto printable = [](int b) {
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+  };
   uint32_t next = 0x100;
   for (int b = 0; b < 256; ++b) {
     const uint32_t cp = printable(b) ? static_cast<uint32_t>(b) : next++;

@@ -33,15 +33,17 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   auto model = f.get_string("tokenizer.ggml.model");
   if (!model.ok()) {
     return Status(model.status().code(),
-                  "this GGUF file has no usable tokenizer (tokenizer.ggml.model): " + model.status().message());
+                  "this GGUF file has no usable tokenizer (tokenizer.ggml.model): " +
+                      model.status().message());
   }
   if (*model == "llama") {
     spec.kind = TokenizerKind::kSentencePiece;
   } else if (*model == "gpt2") {
     spec.kind = TokenizerKind::kByteBpe;
   } else {
-    return unimplemented("tokenizer model '" + std::string(*model) +
-                         "' is not supported (supported: llama = SentencePiece, gpt2 = byte-level BPE)");
+    return unimplemented(
+        "tokenizer model '" + std::string(*model) +
+        "' is not supported (supported: llama = SentencePiece, gpt2 = byte-level BPE)");
   }
 
   auto tokens = f.get_string_array("tokenizer.ggml.tokens");
@@ -89,7 +91,8 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   const bool spm = spec.kind == TokenizerKind::kSentencePiece;
   CISA_ASSIGN_OR_RETURN(spec.add_bos, optional_bool(f, "tokenizer.ggml.add_bos_token", spm));
   CISA_ASSIGN_OR_RETURN(spec.add_eos, optional_bool(f, "tokenizer.ggml.add_eos_token", false));
-  CISA_ASSIGN_OR_RETURN(spec.add_space_prefix, optional_bool(f, "tokenizer.ggml.add_space_prefix", spm));
+  CISA_ASSIGN_OR_RETURN(spec.add_space_prefix,
+                        optional_bool(f, "tokenizer.ggml.add_space_prefix", spm));
   if (spec.add_bos && spec.bos_id < 0) spec.add_bos = false;
   if (spec.add_eos && spec.eos_id < 0) spec.add_eos = false;
 

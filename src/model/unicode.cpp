@@ -6,13 +6,15 @@
 namespace cisa::unicode {
 namespace {
 
-bool is_continuation(uint8_t b) { return (b & 0xC0) == 0x80; }
+bool is_continuation(uint8_t b) {
+  return (b & 0xC0) == 0x80;
+}
 
 bool in_ranges(const CodepointRange* ranges, size_t count, uint32_t cp) {
   // First range whose last >= cp; cp is inside iff that range starts at or before cp.
   const CodepointRange* end = ranges + count;
-  const CodepointRange* it =
-      std::lower_bound(ranges, end, cp, [](const CodepointRange& r, uint32_t v) { return r.last < v; });
+  const CodepointRange* it = std::lower_bound(
+      ranges, end, cp, [](const CodepointRange& r, uint32_t v) { return r.last < v; });
   return it != end && it->first <= cp;
 }
 
@@ -89,9 +91,15 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-bool is_letter(uint32_t cp) { return in_ranges(kLetterRanges, kLetterRangesCount, cp); }
-bool is_number(uint32_t cp) { return in_ranges(kNumberRanges, kNumberRangesCount, cp); }
-bool is_whitespace(uint32_t cp) { return in_ranges(kWhitespaceRanges, kWhitespaceRangesCount, cp); }
+bool is_letter(uint32_t cp) {
+  return in_ranges(kLetterRanges, kLetterRangesCount, cp);
+}
+bool is_number(uint32_t cp) {
+  return in_ranges(kNumberRanges, kNumberRangesCount, cp);
+}
+bool is_whitespace(uint32_t cp) {
+  return in_ranges(kWhitespaceRanges, kWhitespaceRangesCount, cp);
+}
 
 size_t incomplete_utf8_suffix(std::string_view bytes) {
   // Walk back over at most three continuation bytes to the lead byte of the last sequence.
@@ -100,9 +108,12 @@ size_t incomplete_utf8_suffix(std::string_view bytes) {
     const uint8_t b = static_cast<uint8_t>(bytes[n - back]);
     if (is_continuation(b)) continue;
     size_t need = 0;
-    if (b >= 0xC0 && b < 0xE0) need = 2;
-    else if (b >= 0xE0 && b < 0xF0) need = 3;
-    else if (b >= 0xF0 && b < 0xF8) need = 4;
+    if (b >= 0xC0 && b < 0xE0)
+      need = 2;
+    else if (b >= 0xE0 && b < 0xF0)
+      need = 3;
+    else if (b >= 0xF0 && b < 0xF8)
+      need = 4;
     // ASCII or an invalid lead: nothing can complete it, so do not hold it back.
     if (need == 0) return 0;
     return back < need ? back : 0;

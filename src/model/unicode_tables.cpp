@@ -4,6 +4,7 @@
 
 namespace cisa::unicode {
 
+// clang-format off
 // \p{L}: general categories Lu, Ll, Lt, Lm, Lo.
 const CodepointRange kLetterRanges[] = {
     {0x41, 0x5A}, {0x61, 0x7A}, {0xAA, 0xAA}, {0xB5, 0xB5}, {0xBA, 0xBA}, {0xC0, 0xD6},
@@ -153,5 +154,6 @@ const CodepointRange kWhitespaceRanges[] = {
     {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
 };
 const size_t kWhitespaceRangesCount = sizeof(kWhitespaceRanges) / sizeof(kWhitespaceRanges[0]);
+// clang-format on
 
 }  // namespace cisa::unicode

@@ -95,11 +95,21 @@ class JParser {
       if (p_ >= s_.size()) return false;
       c = s_[p_++];
       switch (c) {
-        case 'n': o += '\n'; break;
-        case 't': o += '\t'; break;
-        case 'r': o += '\r'; break;
-        case 'b': o += '\b'; break;
-        case 'f': o += '\f'; break;
+        case 'n':
+          o += '\n';
+          break;
+        case 't':
+          o += '\t';
+          break;
+        case 'r':
+          o += '\r';
+          break;
+        case 'b':
+          o += '\b';
+          break;
+        case 'f':
+          o += '\f';
+          break;
         case 'u': {
           uint32_t cp = 0;
           if (!hex4(cp)) return false;
@@ -111,7 +121,8 @@ class JParser {
           put_utf8(o, cp);
           break;
         }
-        default: o += c;  // \" \\ \/
+        default:
+          o += c;  // \" \\ \/
       }
     }
     if (p_ >= s_.size()) return false;
@@ -135,7 +146,10 @@ class JParser {
         if (s_[p_++] != ':') return false;
         if (!value(v.obj[key])) return false;
         ws();
-        if (s_[p_] == ',') { ++p_; continue; }
+        if (s_[p_] == ',') {
+          ++p_;
+          continue;
+        }
         if (s_[p_] == '}') return ++p_, true;
         return false;
       }
@@ -149,7 +163,10 @@ class JParser {
         v.arr.emplace_back();
         if (!value(v.arr.back())) return false;
         ws();
-        if (s_[p_] == ',') { ++p_; continue; }
+        if (s_[p_] == ',') {
+          ++p_;
+          continue;
+        }
         if (s_[p_] == ']') return ++p_, true;
         return false;
       }
@@ -158,9 +175,20 @@ class JParser {
       v.kind = JValue::kString;
       return string(v.str);
     }
-    if (lit("true")) { v.kind = JValue::kBool; v.b = true; return true; }
-    if (lit("false")) { v.kind = JValue::kBool; v.b = false; return true; }
-    if (lit("null")) { v.kind = JValue::kNull; return true; }
+    if (lit("true")) {
+      v.kind = JValue::kBool;
+      v.b = true;
+      return true;
+    }
+    if (lit("false")) {
+      v.kind = JValue::kBool;
+      v.b = false;
+      return true;
+    }
+    if (lit("null")) {
+      v.kind = JValue::kNull;
+      return true;
+    }
     size_t used = 0;
     v.num = std::stod(s_.substr(p_, 40), &used);
     v.kind = JValue::kNumber;
@@ -212,7 +240,9 @@ struct ModelCase {
   const char* file;  // GGUF file name in the models directory
 };
 
-void PrintTo(const ModelCase& m, std::ostream* os) { *os << m.name; }
+void PrintTo(const ModelCase& m, std::ostream* os) {
+  *os << m.name;
+}
 
 const ModelCase kModels[] = {
     {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
@@ -223,9 +253,11 @@ class TokenizerGolden : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
     const ModelCase& mc = GetParam();
-    const std::string fixture = std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/tokens_" + mc.name + ".json";
+    const std::string fixture =
+        std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/tokens_" + mc.name + ".json";
     const std::string text = read_file(fixture);
-    ASSERT_FALSE(text.empty()) << "missing fixture " << fixture << " (scripts/make_llamacpp_fixtures.py)";
+    ASSERT_FALSE(text.empty()) << "missing fixture " << fixture
+                               << " (scripts/make_llamacpp_fixtures.py)";
     ASSERT_TRUE(JParser(text).parse(fx_)) << "cannot parse " << fixture;
 
     const std::string path = models_dir() + "/" + mc.file;
@@ -273,15 +305,18 @@ TEST_P(TokenizerGolden, TokenIdsMatchLlamaCpp) {
     for (const JValue& v : c["ids"].arr) want.push_back(static_cast<int32_t>(v.i()));
     const std::vector<int32_t> got = tok_->encode(text, add_special, parse_special);
     EXPECT_EQ(got, want) << "case " << c["name"].str << " add_special=" << add_special
-                         << " parse_special=" << parse_special << " text=\"" << printable(text) << "\"";
+                         << " parse_special=" << parse_special << " text=\"" << printable(text)
+                         << "\"";
 
     const std::string detok = from_hex(c["detok_hex"].str);
     EXPECT_EQ(printable(tok_->decode(want)), printable(detok)) << "decode, case " << c["name"].str;
-    EXPECT_EQ(printable(tok_->decode(want, /*render_special=*/true)), printable(from_hex(c["detok_special_hex"].str)))
+    EXPECT_EQ(printable(tok_->decode(want, /*render_special=*/true)),
+              printable(from_hex(c["detok_special_hex"].str)))
         << "decode with specials, case " << c["name"].str;
     if (detok == text) {
       ++round_trips;
-      EXPECT_EQ(printable(tok_->decode(tok_->encode(text, add_special, parse_special))), printable(text))
+      EXPECT_EQ(printable(tok_->decode(tok_->encode(text, add_special, parse_special))),
+                printable(text))
           << "round trip, case " << c["name"].str;
     }
   }
@@ -305,7 +340,8 @@ TEST_P(TokenizerGolden, EveryTokenPieceMatchesLlamaCpp) {
     int mismatches = 0;
     for (size_t b = 0; b < digests.arr.size(); ++b) {
       uint64_t h = 0xCBF29CE484222325ull;
-      const int32_t end = static_cast<int32_t>(std::min<int64_t>((b + 1) * block, tok_->vocab_size()));
+      const int32_t end =
+          static_cast<int32_t>(std::min<int64_t>((b + 1) * block, tok_->vocab_size()));
       for (int32_t id = static_cast<int32_t>(b * block); id < end; ++id) {
         const std::string p = tok_->token_to_piece(id, special);
         const uint32_t n = static_cast<uint32_t>(p.size());
@@ -316,7 +352,8 @@ TEST_P(TokenizerGolden, EveryTokenPieceMatchesLlamaCpp) {
       char hex[20];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
       if (digests.arr[b].str != hex && ++mismatches <= 5) {
-        ADD_FAILURE() << "token pieces (special=" << special << ") differ in ids [" << b * block << ", " << end << ")";
+        ADD_FAILURE() << "token pieces (special=" << special << ") differ in ids [" << b * block
+                      << ", " << end << ")";
       }
     }
     EXPECT_EQ(mismatches, 0);
@@ -325,7 +362,8 @@ TEST_P(TokenizerGolden, EveryTokenPieceMatchesLlamaCpp) {
 
 // The long prompts of the logits fixtures: thousands of tokens of 19th-century prose.
 TEST_P(TokenizerGolden, LongPromptsMatchLlamaCpp) {
-  const std::string path = std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/logits_" + GetParam().name + ".bin";
+  const std::string path =
+      std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/logits_" + GetParam().name + ".bin";
   const std::string bin = read_file(path);
   if (bin.empty()) GTEST_SKIP() << "no logits fixture " << path;
   size_t p = 0;

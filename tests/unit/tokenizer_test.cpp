@@ -71,10 +71,15 @@ TEST(BpeTokenizer, MergesChainAndTieGoesLeft) {
 
 TEST(BpeTokenizer, SpacesBecomeByteUnitsAndDecodeBack) {
   // ' ' is byte 0x20, whose printable unit is U+0120 'Ġ'.
-  TokenizerSpec s = bpe_spec({"a", "b", "\xC4\xA0", "\xC4\xA0" "b"}, {"\xC4\xA0 b"});
+  TokenizerSpec s = bpe_spec({"a", "b", "\xC4\xA0",
+                              "\xC4\xA0"
+                              "b"},
+                             {"\xC4\xA0 b"});
   Tokenizer t = build(s);
   const auto ids = t.encode("a b", false);
-  EXPECT_EQ(ids, ids_of(s, {"a", "\xC4\xA0" "b"}));
+  EXPECT_EQ(ids, ids_of(s, {"a",
+                            "\xC4\xA0"
+                            "b"}));
   EXPECT_EQ(t.decode(ids), "a b");
   EXPECT_EQ(t.token_to_piece(id_of(s, "\xC4\xA0")), " ");
 }
@@ -96,7 +101,8 @@ TEST(BpeTokenizer, ByteUnitTableIsGpt2s) {
 }
 
 // Naive BPE: merge the lowest-ranked adjacent pair (leftmost on ties) until none is left.
-std::vector<std::string> naive_bpe(const std::string& word, const std::vector<std::string>& merges) {
+std::vector<std::string> naive_bpe(const std::string& word,
+                                   const std::vector<std::string>& merges) {
   std::vector<std::string> sym;
   for (char c : word) sym.emplace_back(1, c);
   while (true) {
@@ -203,8 +209,8 @@ TEST(SpmTokenizer, SpacesAreEscapedAndPrefixFollowsMetadata) {
   TokenizerSpec s = spm_spec({"<bos>", "a", "b", sp, sp + "a", sp + "b"}, {0, 0, 0, 0, -1, -1});
   s.bos_id = 0;
   s.add_bos = true;
-  s.types = {TokenType::kControl, TokenType::kNormal, TokenType::kNormal, TokenType::kNormal,
-             TokenType::kNormal, TokenType::kNormal};
+  s.types = {TokenType::kControl, TokenType::kNormal, TokenType::kNormal,
+             TokenType::kNormal,  TokenType::kNormal, TokenType::kNormal};
   {
     Tokenizer t = build(s);  // no space prefix (Gemma 3)
     const auto ids = t.encode("a b", true);
@@ -244,7 +250,11 @@ TEST(SpmTokenizer, ByteFallbackForMissingCharacters) {
   EXPECT_EQ(t.decode(ids), "a\xC3\xA9");
   EXPECT_EQ(t.token_to_piece(id_of(s, "<0xC3>")), "\xC3");
   // Invalid UTF-8 survives byte for byte.
-  EXPECT_EQ(t.decode(t.encode("\xFF" "a\x80", false)), "\xFF" "a\x80");
+  EXPECT_EQ(t.decode(t.encode("\xFF"
+                              "a\x80",
+                              false)),
+            "\xFF"
+            "a\x80");
 }
 
 TEST(SpmTokenizer, UnknownWhenNoByteTokens) {
@@ -283,10 +293,12 @@ TEST(SpmTokenizer, MatchesNaiveMergeLoopOnRandomVocabularies) {
     for (int m = n_extra(rng); m > 0; --m) {
       std::uniform_int_distribution<size_t> pick(0, tokens.size() - 1);
       const std::string xy = tokens[pick(rng)] + tokens[pick(rng)];
-      if (xy.size() <= 6 && std::find(tokens.begin(), tokens.end(), xy) == tokens.end()) tokens.push_back(xy);
+      if (xy.size() <= 6 && std::find(tokens.begin(), tokens.end(), xy) == tokens.end())
+        tokens.push_back(xy);
     }
     std::vector<float> scores;
-    for (size_t i = 0; i < tokens.size(); ++i) scores.push_back(static_cast<float>(score(rng)));  // many ties
+    for (size_t i = 0; i < tokens.size(); ++i)
+      scores.push_back(static_cast<float>(score(rng)));  // many ties
     TokenizerSpec s = spm_spec(tokens, scores);
     Tokenizer t = build(s);
     for (int k = 0; k < 20; ++k) {
@@ -301,12 +313,14 @@ TEST(SpmTokenizer, MatchesNaiveMergeLoopOnRandomVocabularies) {
 // ---- special tokens ---------------------------------------------------------------------------
 
 TEST(SpecialTokens, ControlOnlyWhenParsedUserDefinedAlways) {
-  TokenizerSpec s = spm_spec({"<unk>", "<ctl>", "<ud>", "<", ">", "c", "t", "l", "u", "d", "x"}, {});
+  TokenizerSpec s =
+      spm_spec({"<unk>", "<ctl>", "<ud>", "<", ">", "c", "t", "l", "u", "d", "x"}, {});
   s.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kUserDefined};
   for (int i = 3; i < 11; ++i) s.types.push_back(TokenType::kNormal);
   s.unk_id = 0;
   Tokenizer t = build(s);
-  EXPECT_EQ(t.encode("x<ctl>x<ud>", false, /*parse_special=*/true), ids_of(s, {"x", "<ctl>", "x", "<ud>"}));
+  EXPECT_EQ(t.encode("x<ctl>x<ud>", false, /*parse_special=*/true),
+            ids_of(s, {"x", "<ctl>", "x", "<ud>"}));
   EXPECT_EQ(t.encode("x<ctl>x<ud>", false, /*parse_special=*/false),
             ids_of(s, {"x", "<", "c", "t", "l", ">", "x", "<ud>"}));
   // Control tokens render only on request; user-defined ones always.
@@ -333,8 +347,10 @@ TEST(SpecialTokens, EndOfGenerationAndIds) {
 
 TEST(TokenizerSpecErrors, BadVocabulariesAreRejected) {
   EXPECT_EQ(Tokenizer::from_spec(spm_spec({}, {})).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Tokenizer::from_spec(spm_spec({"a", "a"}, {})).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Tokenizer::from_spec(spm_spec({"a", "b"}, {0.0f})).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Tokenizer::from_spec(spm_spec({"a", "a"}, {})).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Tokenizer::from_spec(spm_spec({"a", "b"}, {0.0f})).status().code(),
+            StatusCode::kInvalidArgument);
   TokenizerSpec bad_id = spm_spec({"a"}, {});
   bad_id.bos_id = 7;
   EXPECT_EQ(Tokenizer::from_spec(bad_id).status().code(), StatusCode::kInvalidArgument);
@@ -346,14 +362,16 @@ TEST(TokenizerSpecErrors, BadVocabulariesAreRejected) {
   auto r = Tokenizer::from_spec(pre);
   EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(r.status().message().find("qwen2"), std::string::npos);
-  EXPECT_EQ(Tokenizer::from_spec(bpe_spec({"a"}, {})).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Tokenizer::from_spec(bpe_spec({"a"}, {})).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // ---- UTF-8 ------------------------------------------------------------------------------------
 
 TEST(Utf8, LenientDecodingAsLlamaCpp) {
   using V = std::vector<uint32_t>;
-  EXPECT_EQ(unicode::decode_utf8("a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x91\x8D"), (V{'a', 0xE9, 0x4E2D, 0x1F44D}));
+  EXPECT_EQ(unicode::decode_utf8("a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x91\x8D"),
+            (V{'a', 0xE9, 0x4E2D, 0x1F44D}));
   // Stray continuation, bad continuation, truncation, 0xFF: U+FFFD, one byte consumed each time.
   EXPECT_EQ(unicode::decode_utf8("\x80"), (V{0xFFFD}));
   EXPECT_EQ(unicode::decode_utf8("\xC3(a"), (V{0xFFFD, '(', 'a'}));
@@ -395,7 +413,10 @@ TEST(Utf8StreamBufferTest, HoldsPartialCharactersUntilComplete) {
   EXPECT_EQ(b2.push("ab\xF0\x9F"), "ab");
   EXPECT_EQ(b2.pending_bytes(), 2u);
   EXPECT_EQ(b2.push("\x91"), "");
-  EXPECT_EQ(b2.push("\x8D" "c"), "\xF0\x9F\x91\x8D" "c");
+  EXPECT_EQ(b2.push("\x8D"
+                    "c"),
+            "\xF0\x9F\x91\x8D"
+            "c");
   EXPECT_EQ(b2.push("\xE4\xB8"), "");
   EXPECT_EQ(b2.flush(), "\xE4\xB8");  // an unfinished character at the end comes out as is
   // Bytes that can never complete are not held back.
