@@ -50,19 +50,34 @@ inline std::vector<double> reference_attention(const PagedKvCache& c, int layer,
                                                const float* q, const std::vector<int64_t>& positions,
                                                double scale, double* lse) {
   const int d = c.head_dim();
+  auto table = *c.block_table(seq);
+  // One stored row (head_dim values) of K or V, widened to double.
+  auto row = [&](bool key, int64_t pos, std::vector<double>& out_row) {
+    const int32_t page = table[static_cast<size_t>(pos / c.page_size())];
+    const void* p = key ? c.k_page(layer, page, g) : c.v_page(layer, page, g);
+    const int64_t off = (pos % c.page_size()) * d;
+    for (int i = 0; i < d; ++i)
+      out_row[static_cast<size_t>(i)] = c.config().dtype == KvDtype::kF32
+                                            ? static_cast<const float*>(p)[off + i]
+                                            : bf16_to_f32(static_cast<const uint16_t*>(p)[off + i]);
+  };
+  std::vector<double> r(static_cast<size_t>(d));
   std::vector<double> s(positions.size());
   double mx = -INFINITY;
   for (size_t i = 0; i < positions.size(); ++i) {
+    row(true, positions[i], r);
     double acc = 0;
-    for (int k = 0; k < d; ++k) acc += static_cast<double>(q[k]) * stored(c, true, layer, seq, positions[i], g, k);
+    for (int k = 0; k < d; ++k) acc += static_cast<double>(q[k]) * r[static_cast<size_t>(k)];
     s[i] = acc * scale;
     mx = std::max(mx, s[i]);
   }
   double sum = 0;
   for (auto& x : s) sum += (x = std::exp(x - mx));
   std::vector<double> out(static_cast<size_t>(d), 0.0);
-  for (size_t i = 0; i < positions.size(); ++i)
-    for (int k = 0; k < d; ++k) out[static_cast<size_t>(k)] += s[i] / sum * stored(c, false, layer, seq, positions[i], g, k);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    row(false, positions[i], r);
+    for (int k = 0; k < d; ++k) out[static_cast<size_t>(k)] += s[i] / sum * r[static_cast<size_t>(k)];
+  }
   if (lse) *lse = mx + std::log(sum);
   return out;
 }
