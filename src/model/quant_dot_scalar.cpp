@@ -28,6 +28,7 @@ void quantize_x(const float* x, BlockX* out, int64_t k) {
     out[b].d = d;
     out[b].s0 = d * static_cast<float>(sum0);
     out[b].s1 = d * static_cast<float>(sum1);
+    out[b].s = out[b].s0 + out[b].s1;
   }
 }
 

@@ -10,11 +10,11 @@
 namespace cisa::quant {
 
 // Activations quantised to blocks of 32: x[i] ~= d * q[i]. s0 and s1 are d * sum(q) over the
-// first and second 16 elements; they carry the weights' additive terms (the min of Q4_1/Q4_K,
-// the code offset of Q4_0/Q5_0/Q6_K) without touching the codes again.
+// first and second 16 elements and s = s0 + s1; they carry the weights' additive terms (the min
+// of Q4_1/Q4_K, the code offset of Q4_0/Q5_0/Q6_K) without touching the codes again.
 struct BlockX {
   float d;
-  float s0, s1;
+  float s0, s1, s;
   int8_t q[32];
 };
 constexpr int64_t kBlockX = 32;
