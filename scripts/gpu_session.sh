@@ -31,7 +31,7 @@ fi
 if [ "$mode" != bench ]; then
   log "GPU tests"
   for t in cuda_select_test cuda_attention_test; do
-    ./build/gpu-session/tests/$t --gtest_output=json:"$OUT/$t.json" >"$OUT/$t.log" 2>&1
+    ./build/gpu-session/tests/$t >"$OUT/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')" | tee -a "$OUT/session.log"
     grep -B3 -A12 "Failure" "$OUT/$t.log" | head -60
   done
