@@ -73,11 +73,46 @@ inline __m256 exp8(__m256 x) {
 }
 #endif
 
+#ifdef CISA_ATTENTION_AVX2
+// Sums of eight vectors, as one vector: lane i = Σ of v[i]'s lanes (a transpose-and-add).
+inline __m256 hsum8x8(const __m256* v) {
+  const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+  // a = [s0 s1 s2 s3 | s0' s1' s2' s3'] (halves of sums 0–3), b likewise for 4–7.
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif
+
 // Scores of NR rows against B keys: s[r·B + j].
 template <int NR, class T>
 inline void page_scores(const float* const* q, const T* k, int B, int d, float scale, float* s) {
 #ifdef CISA_ATTENTION_AVX2
-  for (int j = 0; j < B; ++j) {
+  int j0 = 0;
+  if constexpr (NR == 4) {
+    // Four rows × two keys: eight accumulators, one K load feeds four FMAs, one reduction.
+    alignas(32) float sums[8];
+    for (; j0 + 2 <= B; j0 += 2) {
+      const T* ka = k + static_cast<int64_t>(j0) * d;
+      const T* kb = ka + d;
+      __m256 acc[8];
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (int i = 0; i < d; i += 8) {
+        const __m256 x = load8(ka + i), y = load8(kb + i);
+        for (int r = 0; r < 4; ++r) {
+          const __m256 qv = _mm256_loadu_ps(q[r] + i);
+          acc[2 * r] = _mm256_fmadd_ps(qv, x, acc[2 * r]);
+          acc[2 * r + 1] = _mm256_fmadd_ps(qv, y, acc[2 * r + 1]);
+        }
+      }
+      _mm256_store_ps(sums, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+      for (int r = 0; r < 4; ++r) {
+        s[r * B + j0] = sums[2 * r];
+        s[r * B + j0 + 1] = sums[2 * r + 1];
+      }
+    }
+  }
+  for (int j = j0; j < B; ++j) {
     const T* kj = k + static_cast<int64_t>(j) * d;
     __m256 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
