@@ -45,6 +45,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--flash-attn", choices=["off", "on", "auto"], default="off")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="keep llama.cpp's log on stderr")
     args = ap.parse_args()
 
     try:
@@ -62,7 +63,8 @@ def main() -> int:
 
     L.llama_backend_init()
     quiet = L.llama_log_callback(lambda level, text, user: None)
-    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    if not args.verbose:
+        L.llama_log_set(quiet, ctypes.c_void_p(0))
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
     model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -104,7 +106,8 @@ def main() -> int:
                 batch.logits[i] = 1 if i == len(chunk) - 1 else 0
             rc = L.llama_decode(ctx, batch)
             if rc != 0:
-                fail(f"llama_decode returned {rc}")
+                fail(f"llama_decode returned {rc} (tokens at positions {start}..{start + len(chunk) - 1}; "
+                     "--verbose shows llama.cpp's reason)")
 
         # Warm-up: a short prompt and a few single-token steps, then an empty cache.
         run(tokens[:min(32, n_prompt)], 0)
@@ -116,7 +119,7 @@ def main() -> int:
         for r in range(args.repeat):
             t0 = time.perf_counter()
             for b0 in range(0, n_prompt, args.batch):
-                run(tokens[b0:b0 + args.batch], b0)
+                run(tokens[b0:min(b0 + args.batch, n_prompt)], b0)
             t1 = time.perf_counter()
             for i in range(args.decode):
                 run([tokens[n_prompt + i]], n_prompt + i)
