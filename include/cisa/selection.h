@@ -48,6 +48,9 @@ int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p);
 // Fills out->groups only.
 Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
                          const SelectionParams& p, PageLists* out);
+// The same cut from the page size alone (for backends that keep their own cache).
+Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const SelectionParams& p,
+                         PageLists* out);
 
 // Scores of chunks [first_chunk, first_chunk + n) of one sequence for one KV group:
 // s_j = q·r_j/√d (mean representative) or Σ_i max(q_i·min_i, q_i·max_i)/√d (quest).

@@ -31,8 +31,14 @@ int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p) {
 
 Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
                          const SelectionParams& p, PageLists* out) {
+  return plan_query_groups(cache.page_size(), batch, p, out);
+}
+
+Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const SelectionParams& p,
+                         PageLists* out) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
-  const int64_t B = cache.page_size();
+  if (page_size <= 0) return invalid_argument("page size must be positive");
+  const int64_t B = page_size;
   // First position whose eligible count exceeds k: c(t) − W − sinks > k.
   const int64_t t_sparse = (p.budget + p.window + p.sink_pages + 1) * B;
   out->groups.clear();
