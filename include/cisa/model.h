@@ -1,0 +1,177 @@
+// cisa/model.h — pretrained GGUF language models (Gemma 3, Llama family) on the paged KV cache.
+//
+// Model::load maps a GGUF file, reads the architecture's hyper-parameters from its metadata,
+// checks every tensor's shape and type, and builds a tokenizer and a paged KV cache. forward()
+// runs any number of sequences, each with a run of new tokens, through the network in blocks of
+// at most `prefill_block` rows (the rows of all sequences together): a 2,000-token prompt and
+// three one-token decode steps can share one call. Weights stay quantised (quant.h); attention
+// runs on the core's page lists (attention.h), dense or CISA per layer.
+//
+//   CISA_ASSIGN_OR_RETURN(std::string path, cisa::resolve_model("gemma3-270m"));
+//   CISA_ASSIGN_OR_RETURN(auto model, cisa::Model::load(path, {.threads = 2, .context = 8192}));
+//   std::vector<int32_t> ids = model->tokenizer().encode("The capital of France is", true);
+//   CISA_ASSIGN_OR_RETURN(cisa::SeqId s, model->add_sequence());
+//   cisa::SequenceInput in{.seq = s, .tokens = ids};            // logits of the last row only
+//   std::vector<float> logits;                                   // [outputs][n_vocab]
+//   CISA_RETURN_IF_ERROR(model->forward({&in, 1}, &logits));
+//   int32_t next = cisa::argmax(logits);                          // sampling.h
+//
+// Architectures (docs/models-runtime.md lists what was checked against what):
+//  - gemma3: sliding-window layers (RoPE base 10,000) and global layers (RoPE base from the
+//    metadata) in the pattern of five local to one global, q/k RMSNorm, post-attention and
+//    post-feed-forward RMSNorm, GELU(tanh) gated MLP, embeddings scaled by sqrt(n_embd), output
+//    tied to the embeddings, attention scale 1/sqrt(key_length).
+//  - llama: RMSNorm, RoPE on adjacent pairs, SiLU gated MLP, output tied when no output.weight.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cisa/kv_cache.h"
+#include "cisa/selection.h"
+#include "cisa/status.h"
+
+namespace cisa {
+
+class GgufFile;
+class Tokenizer;
+
+enum class ModelArch { kGemma3, kLlama };
+const char* model_arch_name(ModelArch arch);  // "gemma3", "llama"
+
+// Which dimensions RoPE rotates together: NEOX pairs dimension i with i + d/2 (Gemma), NORM
+// pairs 2i with 2i + 1 (Llama as stored in GGUF).
+enum class RopeStyle { kNeox, kNorm };
+enum class Activation { kGeluTanh, kSilu };
+
+struct ModelHparams {
+  ModelArch arch = ModelArch::kLlama;
+  std::string name;  // general.name
+  int n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  float rms_eps = 1e-6f;
+  RopeStyle rope_style = RopeStyle::kNorm;
+  float rope_base = 10000.0f;      // global (full-context) layers
+  float rope_base_swa = 10000.0f;  // sliding-window layers
+  int64_t sliding_window = 0;      // tokens; 0 when no layer slides
+  std::vector<bool> layer_swa;     // per layer: true for a sliding-window layer
+  float attn_scale = 0.0f;         // multiplies q·k
+  float embed_scale = 1.0f;        // token embeddings are multiplied by this
+  bool qk_norm = false;            // RMSNorm of each query and key head before RoPE
+  bool post_norms = false;         // RMSNorm of the attention and MLP outputs before the residual
+  Activation activation = Activation::kSilu;
+  bool tied_output = true;  // logits use token_embd.weight
+
+  bool is_global(int layer) const { return !layer_swa[static_cast<size_t>(layer)]; }
+  int heads_per_group() const { return n_head / n_head_kv; }
+};
+
+// The hyper-parameters Model::load would use, from a file's metadata alone (no weights bound).
+Result<ModelHparams> read_model_hparams(const GgufFile& file);
+
+enum class AttentionMode { kDense, kCisa };
+const char* attention_mode_name(AttentionMode m);  // "dense", "cisa"
+
+// The index projection W̃ of one (layer, KV group) (SPEC §2): [head_dim][n_embd] f32, row-major.
+// Its output goes through the model's own query post-processing (q-norm, RoPE).
+struct IndexProjection {
+  int layer = 0;
+  int kv_group = 0;
+  std::vector<float> weight;
+};
+
+// Per-layer attention choice. CISA applies to global layers only (SPEC §7); sliding-window
+// layers and the first `dense_layers` layers stay dense.
+struct AttentionOptions {
+  AttentionMode mode = AttentionMode::kDense;
+  // budget k, window W, sinks, and the prefill QShare group G (decode rows are groups of one).
+  SelectionParams selection;
+  int dense_layers = 0;
+  // Supplied index projections (an indexer file, issue 4). A (layer, KV group) without one uses
+  // the element-wise mean of the group's query-head projections (a SPEC §6 candidate), computed
+  // as the mean of the heads' projected queries (identical by linearity).
+  std::vector<IndexProjection> index;
+};
+
+struct ModelOptions {
+  int threads = 0;          // 0: one per hardware thread
+  int64_t context = 0;      // tokens per sequence; 0: the model's training context
+  int max_sequences = 1;    // sequences the KV cache holds at full context
+  int prefill_block = 512;  // rows per forward step
+  KvDtype kv_dtype = KvDtype::kF32;
+  RepKind rep = RepKind::kMean;
+  AttentionOptions attention;
+};
+
+// Which rows of an input produce logits.
+enum class OutputMode { kNone, kLast, kAll, kPositions };
+
+struct SequenceInput {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;  // appended after the sequence's current tokens
+  OutputMode outputs = OutputMode::kLast;
+  std::span<const int64_t> positions;  // kPositions: indices into `tokens`, strictly ascending
+};
+
+// Counters over every forward() since load or reset_stats().
+struct ForwardStats {
+  int64_t tokens = 0;  // rows processed
+  int64_t steps = 0;   // forward steps (blocks)
+  // K/V page reads of global-layer attention, summed over layers and page lists, and what the
+  // dense plan would have read for the same rows (equal in dense mode).
+  int64_t global_pages_read = 0;
+  int64_t global_pages_dense = 0;
+  double seconds_attention = 0;  // inside planning, selection and attend()
+  double seconds_global_attention = 0;
+  double seconds_total = 0;
+};
+
+// Called after each forward step with the rows done so far and the total of the call.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+class Model {
+ public:
+  // Errors: the file's own errors (gguf.h); kUnimplemented for an architecture other than gemma3
+  // and llama, a tensor type matmul cannot multiply, or RoPE scaling; kDataLoss / kInvalidArgument
+  // for missing tensors, shapes that disagree with the metadata, or bad options;
+  // kResourceExhausted when the KV cache cannot be allocated.
+  static Result<std::unique_ptr<Model>> load(const std::string& path,
+                                             const ModelOptions& options = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelHparams& hparams() const;
+  const ModelOptions& options() const;
+  const Tokenizer& tokenizer() const;
+  const GgufFile& file() const;
+  int64_t context() const;  // tokens one sequence may hold
+  int num_threads() const;
+
+  Result<SeqId> add_sequence();
+  Status release_sequence(SeqId seq);
+  Result<int64_t> sequence_length(SeqId seq) const;
+
+  // Appends every input's tokens to its sequence and writes the requested logits to `logits`,
+  // resized to [outputs][n_vocab]: inputs in order, rows ascending within an input. Everything is
+  // checked before any work (token ids, context, free pages, positions); an error leaves every
+  // sequence as it was.
+  Status forward(std::span<const SequenceInput> inputs, std::vector<float>* logits,
+                 const ProgressFn& progress = {});
+
+  const ForwardStats& stats() const;
+  void reset_stats();
+  const PagedKvCache& cache() const;
+
+  struct Impl;
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cisa

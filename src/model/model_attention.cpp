@@ -1,0 +1,143 @@
+// The two sub-blocks every supported architecture shares: self-attention on the paged KV cache
+// (dense or CISA per layer) and the gated MLP. Both read st.xn and write st.o.
+#include <chrono>
+#include <string>
+
+#include "cisa/selection.h"
+#include "model_impl.h"
+#include "model_ops.h"
+
+namespace cisa {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Status Model::Impl::attention(int layer) {
+  const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+  const int64_t rows = st.rows;
+  const int d = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, hg = hp.heads_per_group();
+  const bool swa = hp.layer_swa[static_cast<size_t>(layer)];
+  const bool cisa = layer_cisa[static_cast<size_t>(layer)];
+  const int table = swa ? 1 : 0;
+  const int half = d / 2;
+
+  CISA_RETURN_IF_ERROR(matmul(L.wq, st.xn.data(), st.q.data(), rows, pool, &mm));
+  CISA_RETURN_IF_ERROR(matmul(L.wk, st.xn.data(), st.k.data(), rows, pool, &mm));
+  CISA_RETURN_IF_ERROR(matmul(L.wv, st.xn.data(), st.v.data(), rows, pool, &mm));
+
+  // CISA index queries, before the model's query post-processing: a supplied projection W̃ x,
+  // or the mean of the group's projected query heads (= (mean of their W_q rows) x).
+  if (cisa) {
+    for (int g = 0; g < Hkv; ++g) {
+      const float* wp = index_weights[static_cast<size_t>(layer)][static_cast<size_t>(g)];
+      if (wp) {
+        WeightView iw{.type = GgmlType::F32,
+                      .n_rows = d,
+                      .n_cols = hp.n_embd,
+                      .row_bytes = static_cast<uint64_t>(hp.n_embd) * sizeof(float),
+                      .data = reinterpret_cast<const uint8_t*>(wp)};
+        CISA_RETURN_IF_ERROR(matmul(iw, st.xn.data(), st.proj.data(), rows, pool, &mm));
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy(st.proj.begin() + r * d, st.proj.begin() + (r + 1) * d,
+                    st.index_q.begin() + (r * Hkv + g) * d);
+      } else {
+        const float inv = 1.0f / static_cast<float>(hg);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dst = st.index_q.data() + (r * Hkv + g) * d;
+          const float* src = st.q.data() + (r * Hq + g * hg) * d;
+          for (int i = 0; i < d; ++i) {
+            float s = 0.0f;
+            for (int h = 0; h < hg; ++h) s += src[h * d + i];
+            dst[i] = s * inv;
+          }
+        }
+      }
+    }
+  }
+
+  // q/k RMSNorm per head (Gemma), then RoPE at each row's position.
+  const float* qn = hp.qk_norm ? L.q_norm.data() : nullptr;
+  const float* kn = hp.qk_norm ? L.k_norm.data() : nullptr;
+  for_rows(rows, [&](int64_t r) {
+    const float* cs = st.rope_cos[table].data() + r * half;
+    const float* sn = st.rope_sin[table].data() + r * half;
+    for (int h = 0; h < Hq; ++h) {
+      float* x = st.q.data() + (r * Hq + h) * d;
+      if (qn) ops::rms_norm(x, qn, x, d, hp.rms_eps);
+      ops::rope_apply(x, cs, sn, d, hp.rope_style);
+    }
+    for (int h = 0; h < Hkv; ++h) {
+      float* x = st.k.data() + (r * Hkv + h) * d;
+      if (kn) ops::rms_norm(x, kn, x, d, hp.rms_eps);
+      ops::rope_apply(x, cs, sn, d, hp.rope_style);
+      if (cisa) {
+        float* iq = st.index_q.data() + (r * Hkv + h) * d;
+        if (qn) ops::rms_norm(iq, qn, iq, d, hp.rms_eps);
+        ops::rope_apply(iq, cs, sn, d, hp.rope_style);
+      }
+    }
+  });
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t row = 0;
+  for (const BatchEntry& e : st.batch) {
+    const size_t off = static_cast<size_t>(row * Hkv * d);
+    CISA_RETURN_IF_ERROR(
+        cache->append(layer, e.seq, e.count, st.k.data() + off, st.v.data() + off));
+    row += e.count;
+  }
+
+  const PageLists* lists = nullptr;
+  if (swa) {
+    if (!st.swa_planned) {
+      CISA_RETURN_IF_ERROR(plan_dense(*cache, layer, st.batch, hp.sliding_window, &st.swa_lists));
+      st.swa_planned = true;
+    }
+    lists = &st.swa_lists;
+  } else {
+    // The dense plan of global layers is the same for every global layer of a step.
+    if (!st.global_planned) {
+      CISA_RETURN_IF_ERROR(plan_dense(*cache, layer, st.batch, 0, &st.global_lists));
+      st.global_planned = true;
+    }
+    lists = &st.global_lists;
+    if (cisa) {
+      CISA_RETURN_IF_ERROR(select_pages(*cache, layer, st.batch, st.index_q.data(),
+                                        opt.attention.selection, &pool, &st.cisa_lists));
+      lists = &st.cisa_lists;
+    }
+    stats.global_pages_dense += st.global_lists.total_pages();
+    stats.global_pages_read += lists->total_pages();
+  }
+  const AttentionParams ap{.scale = hp.attn_scale, .sliding_window = swa ? hp.sliding_window : 0};
+  CISA_RETURN_IF_ERROR(attend(*cache, layer, st.batch, *lists, st.q.data(), Hq, ap, st.att.data(),
+                              nullptr, pool, &aws));
+  const double dt = seconds_since(t0);
+  stats.seconds_attention += dt;
+  if (!swa) stats.seconds_global_attention += dt;
+
+  return matmul(L.wo, st.att.data(), st.o.data(), rows, pool, &mm);
+}
+
+Status Model::Impl::mlp(int layer) {
+  const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+  const int64_t rows = st.rows, F = hp.n_ff;
+  CISA_RETURN_IF_ERROR(matmul(L.gate, st.xn.data(), st.gate.data(), rows, pool, &mm));
+  CISA_RETURN_IF_ERROR(matmul(L.up, st.xn.data(), st.up.data(), rows, pool, &mm));
+  for_rows(rows, [&](int64_t r) {
+    ops::gated_activation(hp.activation, st.gate.data() + r * F, st.up.data() + r * F,
+                          st.gate.data() + r * F, F);
+  });
+  return matmul(L.down, st.gate.data(), st.o.data(), rows, pool, &mm);
+}
+
+void Model::Impl::norm_rows(const float* x, const std::vector<float>& wt, float* y, int64_t rows,
+                            int n) {
+  for_rows(rows, [&](int64_t r) { ops::rms_norm(x + r * n, wt.data(), y + r * n, n, hp.rms_eps); });
+}
+
+}  // namespace cisa

@@ -1,0 +1,75 @@
+// The transformer's per-row operations (see model_ops.h for the formulas).
+#include "model_ops.h"
+
+#include <cmath>
+
+namespace cisa::ops {
+
+void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  const float mean = static_cast<float>(ss / n);
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  if (w) {
+    for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+  } else {
+    for (int i = 0; i < n; ++i) y[i] = x[i] * scale;
+  }
+}
+
+void rope_table(const int64_t* pos, int64_t n_pos, int n_rot, double base, float* cos_out,
+                float* sin_out) {
+  const int half = n_rot / 2;
+  // inv_freq_i = base^(−2i/n_rot); the angle p·inv_freq_i is formed in double so that positions
+  // in the tens of thousands keep their low-order bits.
+  double inv_freq[512];
+  for (int i = 0; i < half && i < 512; ++i) inv_freq[i] = std::pow(base, -2.0 * i / n_rot);
+  for (int64_t r = 0; r < n_pos; ++r) {
+    const double p = static_cast<double>(pos[r]);
+    for (int i = 0; i < half; ++i) {
+      const double a = p * inv_freq[i];
+      cos_out[r * half + i] = static_cast<float>(std::cos(a));
+      sin_out[r * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+}
+
+void rope_apply(float* x, const float* cs, const float* sn, int n_rot, RopeStyle style) {
+  const int half = n_rot / 2;
+  if (style == RopeStyle::kNeox) {
+    for (int i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * cs[i] - b * sn[i];
+      x[i + half] = a * sn[i] + b * cs[i];
+    }
+  } else {
+    for (int i = 0; i < half; ++i) {
+      const float a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * cs[i] - b * sn[i];
+      x[2 * i + 1] = a * sn[i] + b * cs[i];
+    }
+  }
+}
+
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+
+void gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t n) {
+  if (act == Activation::kGeluTanh) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+  }
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace cisa::ops

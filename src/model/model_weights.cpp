@@ -1,0 +1,82 @@
+// Binds the GGUF tensors an architecture needs, checking each one's presence, shape and type.
+// Matrices stay views into the mapped file (quantised); norm gains are copied out as floats.
+#include <string>
+
+#include "model_impl.h"
+
+namespace cisa {
+namespace {
+
+std::string dims(int64_t a, int64_t b) {
+  std::string s = "[";
+  s.append(std::to_string(a)).append(", ").append(std::to_string(b)).append("]");
+  return s;
+}
+
+// A matrix with `cols` inputs (ne0) and `rows` outputs (ne1).
+Result<WeightView> matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) return data_loss("model file is missing tensor '" + name + "'");
+  if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
+    return data_loss("tensor '" + name + "' has shape " + t->shape_string() + ", expected " +
+                     dims(cols, rows));
+  if (!ggml_type_is_supported(t->type))
+    return unimplemented("tensor '" + name + "' has type " + ggml_type_name(t->type) +
+                         ", which is not supported");
+  return WeightView::of(*t);
+}
+
+// A vector of n gains, any float or quantised type widened to f32.
+Result<std::vector<float>> vec(const GgufFile& f, const std::string& name, int64_t n) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) return data_loss("model file is missing tensor '" + name + "'");
+  if (t->n_elements != n || t->ne[0] != n)
+    return data_loss("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                     std::to_string(n) + "]");
+  if (!ggml_type_is_supported(t->type))
+    return unimplemented("tensor '" + name + "' has type " + ggml_type_name(t->type) +
+                         ", which is not supported");
+  std::vector<float> out(static_cast<size_t>(n));
+  CISA_RETURN_IF_ERROR(dequantize_row(t->type, t->data, out.data(), n));
+  return out;
+}
+
+}  // namespace
+
+Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp) {
+  ModelWeights w;
+  const int64_t E = hp.n_embd, F = hp.n_ff, Dq = int64_t{hp.n_head} * hp.head_dim,
+                Dkv = int64_t{hp.n_head_kv} * hp.head_dim;
+  CISA_ASSIGN_OR_RETURN(w.tok_embd, matrix(f, "token_embd.weight", E, hp.n_vocab));
+  if (hp.tied_output) {
+    w.output = w.tok_embd;
+  } else {
+    CISA_ASSIGN_OR_RETURN(w.output, matrix(f, "output.weight", E, hp.n_vocab));
+  }
+  CISA_ASSIGN_OR_RETURN(w.output_norm, vec(f, "output_norm.weight", E));
+  w.layers.resize(static_cast<size_t>(hp.n_layer));
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    CISA_ASSIGN_OR_RETURN(L.wq, matrix(f, p + "attn_q.weight", E, Dq));
+    CISA_ASSIGN_OR_RETURN(L.wk, matrix(f, p + "attn_k.weight", E, Dkv));
+    CISA_ASSIGN_OR_RETURN(L.wv, matrix(f, p + "attn_v.weight", E, Dkv));
+    CISA_ASSIGN_OR_RETURN(L.wo, matrix(f, p + "attn_output.weight", Dq, E));
+    CISA_ASSIGN_OR_RETURN(L.gate, matrix(f, p + "ffn_gate.weight", E, F));
+    CISA_ASSIGN_OR_RETURN(L.up, matrix(f, p + "ffn_up.weight", E, F));
+    CISA_ASSIGN_OR_RETURN(L.down, matrix(f, p + "ffn_down.weight", F, E));
+    CISA_ASSIGN_OR_RETURN(L.attn_norm, vec(f, p + "attn_norm.weight", E));
+    CISA_ASSIGN_OR_RETURN(L.ffn_norm, vec(f, p + "ffn_norm.weight", E));
+    if (hp.qk_norm) {
+      CISA_ASSIGN_OR_RETURN(L.q_norm, vec(f, p + "attn_q_norm.weight", hp.head_dim));
+      CISA_ASSIGN_OR_RETURN(L.k_norm, vec(f, p + "attn_k_norm.weight", hp.head_dim));
+    }
+    if (hp.post_norms) {
+      CISA_ASSIGN_OR_RETURN(L.post_attn_norm, vec(f, p + "post_attention_norm.weight", E));
+      CISA_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(f, p + "post_ffw_norm.weight", E));
+    }
+  }
+  return w;
+}
+
+}  // namespace cisa

@@ -1,0 +1,118 @@
+// The model's per-row operations against fp64 computations written out here from the formulas
+// (Zhang & Sennrich's RMSNorm, Su et al.'s RoPE in its two pairings, GELU's tanh form).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/model_ops.h"
+
+namespace cisa {
+namespace {
+
+std::vector<float> randn(std::mt19937& rng, int n, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TEST(ModelOps, RmsNormMatchesFp64) {
+  std::mt19937 rng(1);
+  for (int n : {8, 64, 640, 2048}) {
+    for (float scale : {1e-3f, 1.0f, 300.0f}) {
+      const auto x = randn(rng, n, scale), w = randn(rng, n, 1.0f);
+      std::vector<float> y(static_cast<size_t>(n));
+      const float eps = 1e-6f;
+      ops::rms_norm(x.data(), w.data(), y.data(), n, eps);
+      double ss = 0;
+      for (float v : x) ss += double(v) * v;
+      const double inv = 1.0 / std::sqrt(ss / n + eps);
+      for (int i = 0; i < n; ++i) {
+        const double want = double(x[i]) * inv * w[i];
+        EXPECT_NEAR(y[i], want, 2e-6 * std::abs(want) + 1e-30) << "n=" << n << " i=" << i;
+      }
+      // In place, no gain.
+      std::vector<float> z = x;
+      ops::rms_norm(z.data(), nullptr, z.data(), n, eps);
+      for (int i = 0; i < n; ++i)
+        EXPECT_NEAR(z[i], double(x[i]) * inv, 2e-6 * std::abs(double(x[i]) * inv));
+    }
+  }
+}
+
+// Rotating by the position-p angles must equal the 2x2 rotations written out in fp64, and
+// preserve each pair's norm; NEOX and NORM differ only in which dimensions pair up.
+TEST(ModelOps, RopeMatchesFp64Rotation) {
+  std::mt19937 rng(2);
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kNorm}) {
+    for (int d : {64, 256}) {
+      for (double base : {10000.0, 1000000.0}) {
+        for (int64_t p : {0LL, 1LL, 17LL, 4095LL, 32767LL}) {
+          const auto x = randn(rng, d, 1.0f);
+          std::vector<float> cs(static_cast<size_t>(d / 2)), sn(static_cast<size_t>(d / 2));
+          ops::rope_table(&p, 1, d, base, cs.data(), sn.data());
+          std::vector<float> y = x;
+          ops::rope_apply(y.data(), cs.data(), sn.data(), d, style);
+          for (int i = 0; i < d / 2; ++i) {
+            const double theta = double(p) * std::pow(base, -2.0 * i / d);
+            const int a = style == RopeStyle::kNeox ? i : 2 * i;
+            const int b = style == RopeStyle::kNeox ? i + d / 2 : 2 * i + 1;
+            const double ya = x[a] * std::cos(theta) - x[b] * std::sin(theta);
+            const double yb = x[a] * std::sin(theta) + x[b] * std::cos(theta);
+            EXPECT_NEAR(y[a], ya, 1e-5) << "p=" << p << " i=" << i;
+            EXPECT_NEAR(y[b], yb, 1e-5) << "p=" << p << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// q·k after RoPE depends only on the distance between the two positions.
+TEST(ModelOps, RopeDotProductDependsOnlyOnDistance) {
+  std::mt19937 rng(3);
+  const int d = 128;
+  const auto q = randn(rng, d, 1.0f), k = randn(rng, d, 1.0f);
+  auto rotated_dot = [&](int64_t pq, int64_t pk) {
+    std::vector<float> a = q, b = k, c1(d / 2), s1(d / 2), c2(d / 2), s2(d / 2);
+    ops::rope_table(&pq, 1, d, 10000.0, c1.data(), s1.data());
+    ops::rope_table(&pk, 1, d, 10000.0, c2.data(), s2.data());
+    ops::rope_apply(a.data(), c1.data(), s1.data(), d, RopeStyle::kNeox);
+    ops::rope_apply(b.data(), c2.data(), s2.data(), d, RopeStyle::kNeox);
+    double s = 0;
+    for (int i = 0; i < d; ++i) s += double(a[i]) * b[i];
+    return s;
+  };
+  EXPECT_NEAR(rotated_dot(10, 3), rotated_dot(1010, 1003), 1e-3);
+  EXPECT_NEAR(rotated_dot(7, 7), rotated_dot(20000, 20000), 1e-3);
+}
+
+TEST(ModelOps, GatedActivationsMatchFp64) {
+  std::mt19937 rng(4);
+  const int n = 4096;
+  const auto g = randn(rng, n, 3.0f), u = randn(rng, n, 1.0f);
+  std::vector<float> y(static_cast<size_t>(n));
+  ops::gated_activation(Activation::kGeluTanh, g.data(), u.data(), y.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const double x = g[i];
+    const double gelu =
+        0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(y[i], gelu * u[i], 1e-5 * (1 + std::abs(gelu * u[i])));
+  }
+  ops::gated_activation(Activation::kSilu, g.data(), u.data(), y.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const double x = g[i];
+    const double silu = x / (1.0 + std::exp(-x));
+    EXPECT_NEAR(y[i], silu * u[i], 1e-5 * (1 + std::abs(silu * u[i])));
+  }
+  // Known values: GELU(0) = 0, GELU(x) → x for large x, SiLU(0) = 0.
+  EXPECT_EQ(ops::gelu_tanh(0.0f), 0.0f);
+  EXPECT_NEAR(ops::gelu_tanh(8.0f), 8.0f, 1e-6);
+  EXPECT_NEAR(ops::gelu_tanh(1.0f), 0.8411919906082768, 1e-6);  // 0.5(1 + tanh(√(2/π)·1.044715))
+  EXPECT_EQ(ops::silu(0.0f), 0.0f);
+}
+
+}  // namespace
+}  // namespace cisa

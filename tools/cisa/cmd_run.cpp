@@ -1,0 +1,171 @@
+// cisa run — generate text with a GGUF model: prompt prefill on the paged KV cache, then one token
+// per step, streamed to stdout as it is produced; a summary (and with --json one JSON document).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cisa/json.h"
+#include "cisa/model.h"
+#include "cisa/model_store.h"
+#include "cisa/sampling.h"
+#include "cisa/tokenizer.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "model_cli.h"
+
+namespace cisa::cli {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "cisa run: %s\n", msg.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  ArgParser p("cisa run", "Generate text with a GGUF model (streamed to stdout).");
+  std::string model_arg, prompt, prompt_file;
+  int64_t n_predict = 64;
+  bool greedy = false, json = false, ignore_eos = false;
+  double temperature = 0.8, top_p = 0.95;
+  int64_t top_k = 40, seed = 1234;
+  p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
+  p.alias("-m", "--model");
+  p.add_string("--prompt", &prompt, "prompt text");
+  p.alias("-p", "--prompt");
+  p.add_string("--file", &prompt_file, "read the prompt from this file");
+  p.alias("-f", "--file");
+  p.add_int("--n-predict", &n_predict, "tokens to generate (default 64)");
+  p.alias("-n", "--n-predict");
+  p.add_flag("--greedy", &greedy, "always take the most likely token");
+  p.add_double("--temperature", &temperature, "sampling temperature (default 0.8; 0 = greedy)");
+  p.add_int("--top-k", &top_k, "keep the k most likely tokens (default 40; 0 = all)");
+  p.add_double("--top-p", &top_p, "nucleus sampling mass (default 0.95)");
+  p.add_int("--seed", &seed, "random seed (default 1234)");
+  p.add_flag("--ignore-eos", &ignore_eos, "keep generating after an end-of-generation token");
+  ModelCliOptions mo;
+  add_model_options(p, &mo);
+  p.add_flag("--json", &json, "print one JSON document (text and summary) instead of streaming");
+  if (int rc = p.parse(argc, argv); rc >= 0) return rc;
+
+  if (prompt_file.empty() == !p.given("--prompt"))
+    return fail("give exactly one of -p TEXT or -f FILE");
+  if (!prompt_file.empty()) {
+    std::ifstream in(prompt_file, std::ios::binary);
+    if (!in) return fail("cannot read prompt file '" + prompt_file + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    prompt = ss.str();
+  }
+  if (prompt.empty()) return fail("the prompt is empty");
+  if (n_predict < 1) return fail("-n must be >= 1 (got " + std::to_string(n_predict) + ")");
+  SamplingParams sp{.greedy = greedy,
+                    .temperature = static_cast<float>(temperature),
+                    .top_k = static_cast<int32_t>(top_k),
+                    .top_p = static_cast<float>(top_p),
+                    .seed = static_cast<uint64_t>(seed)};
+  if (top_k > INT32_MAX) return fail("--top-k is too large");
+  auto sampler = Sampler::create(sp);
+  if (!sampler.ok()) return fail(sampler.status().message());
+
+  auto path = resolve_model(model_arg);
+  if (!path.ok()) return fail(path.status().message());
+  // Tokenize with a vocabulary-only look at the file first, so the KV cache is sized to the need.
+  auto loaded = load_model_for(
+      *path, mo, [&](const Tokenizer& tok) { return tok.encode(prompt, true, true); }, n_predict);
+  if (!loaded.ok()) return fail(loaded.status().message());
+  Model& model = *loaded->model;
+  const std::vector<int32_t>& ids = loaded->prompt;
+  const Tokenizer& tok = model.tokenizer();
+
+  auto seq = model.add_sequence();
+  if (!seq.ok()) return fail(seq.status().message());
+  const bool tty = isatty(STDERR_FILENO) && !mo.quiet;
+  const int64_t n_prompt = static_cast<int64_t>(ids.size());
+  std::vector<float> logits;
+  const double t0 = now_s();
+  SequenceInput in{.seq = *seq, .tokens = ids};
+  Status s = model.forward({&in, 1}, &logits, [&](int64_t done, int64_t total) {
+    if (tty) print_progress("prefill", done, total, now_s() - t0);
+  });
+  if (tty) std::fputc('\n', stderr);
+  if (!s.ok()) return fail(s.message());
+  const double t_prefill = now_s() - t0;
+  const ForwardStats prefill_stats = model.stats();
+
+  std::string text;
+  Utf8StreamBuffer utf8;
+  std::vector<int32_t> out_ids;
+  std::string stop = "length";
+  double t_decode = 0;
+  int64_t decode_steps = 0;
+  for (int64_t i = 0; i < n_predict; ++i) {
+    const int32_t next = sampler->sample(logits);
+    out_ids.push_back(next);
+    if (!ignore_eos && tok.is_eog(next)) {
+      stop = "eog";
+      break;
+    }
+    const std::string piece = utf8.push(tok.token_to_piece(next));
+    text += piece;
+    if (!json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (i + 1 == n_predict) break;
+    const double t1 = now_s();
+    SequenceInput step{.seq = *seq, .tokens = {&out_ids.back(), 1}};
+    s = model.forward({&step, 1}, &logits);
+    if (!s.ok()) return fail(s.message());
+    t_decode += now_s() - t1;
+    ++decode_steps;
+  }
+  const std::string tail = utf8.flush();
+  text += tail;
+  if (!json) {
+    std::fwrite(tail.data(), 1, tail.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+  const ForwardStats& st = model.stats();
+  const double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
+  const double decode_tps = t_decode > 0 ? decode_steps / t_decode : 0;
+  Json j = Json::object();
+  j["model"] = *path;
+  j["architecture"] = model_arch_name(model.hparams().arch);
+  j["threads"] = model.num_threads();
+  j["prompt_tokens"] = n_prompt;
+  j["generated_tokens"] = static_cast<int64_t>(out_ids.size());
+  j["stop"] = stop;
+  j["prefill_seconds"] = t_prefill;
+  j["prefill_tokens_per_s"] = prefill_tps;
+  j["decode_steps"] = decode_steps;
+  j["decode_seconds"] = t_decode;
+  j["decode_tokens_per_s"] = decode_tps;
+  j["attention"] = attention_summary(model, prefill_stats, st);
+  if (json) {
+    j["text"] = text;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else if (!mo.quiet) {
+    std::fprintf(stderr,
+                 "\n%lld prompt tokens: prefill %.2f s (%.1f tok/s); %lld tokens generated, decode "
+                 "%.1f tok/s (%s)\n",
+                 static_cast<long long>(n_prompt), t_prefill, prefill_tps,
+                 static_cast<long long>(out_ids.size()), decode_tps, stop.c_str());
+    print_attention_line(model, st);
+  }
+  return 0;
+}
+
+}  // namespace cisa::cli

@@ -1,0 +1,146 @@
+// Shared option handling and reporting for the model subcommands (see model_cli.h).
+#include "model_cli.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cisa/gguf.h"
+#include "cisa/tokenizer.h"
+
+namespace cisa::cli {
+
+void add_model_options(ArgParser& p, ModelCliOptions* o) {
+  p.add_int("--threads", &o->threads, "worker threads (default: one per hardware thread)");
+  p.alias("-t", "--threads");
+  p.add_int("--context", &o->context, "KV cache tokens per sequence (default: what the run needs)");
+  p.alias("-c", "--context");
+  p.add_int("--prefill-block", &o->prefill_block, "prompt tokens per forward step (default 512)");
+  p.add_choice("--kv-dtype", &o->kv_dtype, {"f32", "bf16"}, "KV cache element type (default f32)");
+  p.add_choice("--attention", &o->attention, {"dense", "cisa"},
+               "attention on global layers (default dense)");
+  p.add_int("--budget", &o->budget, "CISA: chunks chosen by top-k (default 64)");
+  p.add_int("--window", &o->window, "CISA: recent pages always attended (default 32)");
+  p.add_int("--qshare", &o->qshare, "CISA: prefill positions sharing one selection (default 16)");
+  p.add_choice("--qshare-query", &o->qshare_query, {"mean", "last"},
+               "CISA: the group's index query");
+  p.add_int("--sink-pages", &o->sink_pages, "CISA: first pages always attended (default 0)");
+  p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
+  p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
+  p.add_flag("--quiet", &o->quiet, "no progress bar or summary on stderr");
+}
+
+Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
+  ModelOptions m;
+  if (o.threads < 0 || o.threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
+  m.threads = static_cast<int>(o.threads);
+  m.context = o.context;
+  if (o.prefill_block < 1 || o.prefill_block > 65536)
+    return invalid_argument("--prefill-block must be in [1, 65536]");
+  m.prefill_block = static_cast<int>(o.prefill_block);
+  CISA_ASSIGN_OR_RETURN(m.kv_dtype, parse_kv_dtype(o.kv_dtype));
+  CISA_ASSIGN_OR_RETURN(m.rep, parse_rep_kind(o.rep));
+  m.attention.mode = o.attention == "cisa" ? AttentionMode::kCisa : AttentionMode::kDense;
+  m.attention.selection.budget = o.budget;
+  m.attention.selection.window = o.window;
+  m.attention.selection.qshare = o.qshare;
+  m.attention.selection.sink_pages = o.sink_pages;
+  CISA_ASSIGN_OR_RETURN(m.attention.selection.qshare_query, parse_qshare_query(o.qshare_query));
+  if (o.dense_layers < 0 || o.dense_layers > 100000)
+    return invalid_argument("--dense-layers must be >= 0");
+  m.attention.dense_layers = static_cast<int>(o.dense_layers);
+  if (m.attention.mode == AttentionMode::kCisa)
+    CISA_RETURN_IF_ERROR(validate_selection_params(m.attention.selection));
+  return m;
+}
+
+Result<LoadedModel> load_model_for(
+    const std::string& path, const ModelCliOptions& o,
+    const std::function<std::vector<int32_t>(const Tokenizer&)>& encode, int64_t n_generate) {
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
+  LoadedModel out;
+  int64_t n_ctx_train = 0;
+  {
+    CISA_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(path));
+    CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(f));
+    CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(f));
+    out.prompt = encode(tok);
+    n_ctx_train = hp.n_ctx_train;
+  }
+  const int64_t n_prompt = static_cast<int64_t>(out.prompt.size());
+  if (n_prompt == 0) return invalid_argument("the prompt encodes to no tokens");
+  const int64_t limit = o.context ? o.context : n_ctx_train;
+  if (o.context > n_ctx_train)
+    return invalid_argument("--context " + std::to_string(o.context) +
+                            " exceeds the model's context of " + std::to_string(n_ctx_train) +
+                            " tokens");
+  if (n_prompt > limit)
+    return out_of_range("the prompt has " + std::to_string(n_prompt) +
+                        " tokens, longer than the context of " + std::to_string(limit) + " tokens");
+  if (n_prompt + n_generate > limit)
+    return out_of_range("the prompt (" + std::to_string(n_prompt) + " tokens) plus " +
+                        std::to_string(n_generate) + " generated tokens exceeds the context of " +
+                        std::to_string(limit) + " tokens");
+  if (!o.context)
+    mopt.context = std::min<int64_t>(n_ctx_train, (n_prompt + n_generate + 255) / 256 * 256);
+  CISA_ASSIGN_OR_RETURN(out.model, Model::load(path, mopt));
+  return out;
+}
+
+void print_progress(const char* label, int64_t done, int64_t total, double seconds) {
+  constexpr int kWidth = 30;
+  const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
+  char bar[kWidth + 1];
+  for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '#' : '.';
+  bar[kWidth] = '\0';
+  std::fprintf(stderr, "\r%s [%s] %lld/%lld tokens  %.1f tok/s", label, bar,
+               static_cast<long long>(done), static_cast<long long>(total),
+               seconds > 0 ? done / seconds : 0.0);
+  std::fflush(stderr);
+}
+
+Json attention_summary(const Model& m, const ForwardStats& prefill, const ForwardStats& total) {
+  Json j = Json::object();
+  j["mode"] = attention_mode_name(m.options().attention.mode);
+  if (m.options().attention.mode == AttentionMode::kCisa) {
+    const auto& s = m.options().attention.selection;
+    j["budget"] = s.budget;
+    j["window"] = s.window;
+    j["qshare"] = s.qshare;
+    j["qshare_query"] = qshare_query_name(s.qshare_query);
+    j["sink_pages"] = s.sink_pages;
+    j["rep"] = rep_kind_name(m.options().rep);
+    j["dense_layers"] = m.options().attention.dense_layers;
+    j["index_projection"] =
+        m.options().attention.index.empty() ? "mean of the group's query heads" : "supplied";
+  }
+  auto part = [](const ForwardStats& s) {
+    Json p = Json::object();
+    p["global_pages_read"] = s.global_pages_read;
+    p["global_pages_dense"] = s.global_pages_dense;
+    p["read_fraction"] = s.global_pages_dense
+                             ? static_cast<double>(s.global_pages_read) / s.global_pages_dense
+                             : 1.0;
+    p["seconds_attention"] = s.seconds_attention;
+    p["seconds_global_attention"] = s.seconds_global_attention;
+    return p;
+  };
+  ForwardStats decode = total;
+  decode.global_pages_read -= prefill.global_pages_read;
+  decode.global_pages_dense -= prefill.global_pages_dense;
+  decode.seconds_attention -= prefill.seconds_attention;
+  decode.seconds_global_attention -= prefill.seconds_global_attention;
+  j["prefill"] = part(prefill);
+  j["decode"] = part(decode);
+  return j;
+}
+
+void print_attention_line(const Model& m, const ForwardStats& s) {
+  const double frac =
+      s.global_pages_dense ? static_cast<double>(s.global_pages_read) / s.global_pages_dense : 1.0;
+  std::fprintf(
+      stderr, "attention %s: global layers read %lld K/V pages, dense would read %lld (%.1f%%)\n",
+      attention_mode_name(m.options().attention.mode), static_cast<long long>(s.global_pages_read),
+      static_cast<long long>(s.global_pages_dense), 100.0 * frac);
+}
+
+}  // namespace cisa::cli

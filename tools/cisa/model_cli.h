@@ -1,0 +1,51 @@
+// model_cli.h — what `cisa run` and `cisa bench model` share: the model and attention options,
+// loading a model with a KV cache sized to the work, the prefill progress bar, and the
+// attention-traffic summary.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cisa/json.h"
+#include "cisa/model.h"
+#include "cisa/status.h"
+#include "cli_args.h"
+
+namespace cisa::cli {
+
+struct ModelCliOptions {
+  int64_t threads = 0;
+  int64_t context = 0;  // 0: prompt + generated tokens (rounded up to 256), at most the model's
+  int64_t prefill_block = 512;
+  std::string kv_dtype = "f32";
+  std::string attention = "dense";
+  int64_t budget = 64, window = 32, qshare = 16, sink_pages = 0, dense_layers = 0;
+  std::string qshare_query = "mean", rep = "mean";
+  bool quiet = false;
+};
+
+void add_model_options(ArgParser& p, ModelCliOptions* o);
+Result<ModelOptions> to_model_options(const ModelCliOptions& o);
+
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> prompt;
+};
+// Reads the file's tokenizer and hyper-parameters, tokenizes the prompt with `encode`, checks
+// prompt + n_generate against the model's context (clear errors for each case), and loads the
+// model with a KV cache of that size.
+Result<LoadedModel> load_model_for(
+    const std::string& path, const ModelCliOptions& o,
+    const std::function<std::vector<int32_t>(const Tokenizer&)>& encode, int64_t n_generate);
+
+// "\rprefill [#####.....] 1024/2048 tokens  512.3 tok/s" on stderr.
+void print_progress(const char* label, int64_t done, int64_t total, double seconds);
+
+// {mode, global_pages_read, global_pages_dense, read_fraction, ...} for the run so far.
+Json attention_summary(const Model& m, const ForwardStats& prefill, const ForwardStats& total);
+void print_attention_line(const Model& m, const ForwardStats& total);
+
+}  // namespace cisa::cli
