@@ -1,6 +1,6 @@
 // matmul.cpp — y = W x over a thread pool, for quantised and float weight matrices.
 //
-// Quantised weights: the activations are quantised once per call (quant::quantize_x), then the
+// Quantised weights: the activations are quantised once per call (quant::quantize_activations), then the
 // (rows x tokens) output is cut into tiles of row_chunk rows by tok_chunk tokens, one task
 // each. Inside a tile the kernel walks each weight row once per group of 4 tokens, so a
 // row chunk (a few KB to tens of KB) stays in L1/L2 while every token of the tile passes over it.
@@ -15,6 +15,7 @@ namespace cisa {
 namespace {
 
 quant::TileKernel pick_kernel(GgmlType type) {
+  if (quant::TileKernel k = quant::tile_kernel_avx2_k(type)) return k;
   if (quant::TileKernel k = quant::tile_kernel_avx2(type)) return k;
   return quant::tile_kernel_scalar(type);
 }
@@ -122,23 +123,26 @@ Status matmul(const WeightView& w, const float* x, float* y, int64_t n_tok, Thre
 
   const quant::TileKernel kernel = pick_kernel(w.type);
   if (!kernel) return unimplemented(std::string("matmul: no kernel for ") + ggml_type_name(w.type));
-  const int64_t nb = w.n_cols / quant::kBlockX;
+  // Activations: blocks of 32 (BlockX) or, for the K-quants, of 256 (BlockXK); see quant_kernels.h.
+  const int64_t nb = quant::activation_blocks(w.type, w.n_cols);
+  const size_t tok_bytes = quant::activation_bytes(w.type, w.n_cols);
   MatmulScratch local;
   MatmulScratch& s = scratch ? *scratch : local;
-  const size_t need = static_cast<size_t>(n_tok * nb) * sizeof(quant::BlockX);
+  const size_t need = static_cast<size_t>(n_tok) * tok_bytes;
   if (s.bytes.size() < need) s.bytes.resize(need);
-  auto* xq = reinterpret_cast<quant::BlockX*>(s.bytes.data());
+  uint8_t* xq = s.bytes.data();
   // Quantise the activations, in parallel when there is enough of them to pay for the wake-up.
+  auto quantize_token = [&](int64_t t) { quant::quantize_activations(w.type, x + t * ldx, xq + t * tok_bytes, w.n_cols); };
   if (n_tok * w.n_cols >= (1 << 16)) {
-    pool.parallel_for(n_tok, [&](int64_t t, int) { quant::quantize_x(x + t * ldx, xq + t * nb, w.n_cols); });
+    pool.parallel_for(n_tok, [&](int64_t t, int) { quantize_token(t); });
   } else {
-    for (int64_t t = 0; t < n_tok; ++t) quant::quantize_x(x + t * ldx, xq + t * nb, w.n_cols);
+    for (int64_t t = 0; t < n_tok; ++t) quantize_token(t);
   }
   pool.parallel_for(n_tasks, [&](int64_t task, int) {
     const int64_t rc = task % p.n_row_chunks, tc = task / p.n_row_chunks;
     const int64_t r0 = rc * p.row_chunk, r1 = std::min(w.n_rows, r0 + p.row_chunk);
     const int64_t t0 = tc * p.tok_chunk, t1 = std::min(n_tok, t0 + p.tok_chunk);
-    kernel(w.row(r0), w.row_bytes, r1 - r0, xq + t0 * nb, nb, t1 - t0, y + t0 * ldy + r0, ldy);
+    kernel(w.row(r0), w.row_bytes, r1 - r0, xq + t0 * tok_bytes, nb, t1 - t0, y + t0 * ldy + r0, ldy);
   });
   return Status::Ok();
 }

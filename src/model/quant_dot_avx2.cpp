@@ -1,10 +1,10 @@
 // quant_dot_avx2.cpp — AVX2 kernels for the quantised dot products (built when the compiler
 // targets AVX2 and FMA; AVX-512 VNNI's dpbusd replaces the maddubs/madd pair where available).
 //
-// Each weight type has a loader that turns one block into sub-blocks of 32 unsigned codes u
-// (one byte each) with a per-lane scale vector ws and additive terms a0, a1 such that element
-// i = ws[i/4 lane] * u[i] + a_{i/16}: offsets such as Q4_0's "- 8" move into a0/a1 (= -8 d),
-// which multiply the activation's half sums s0/s1 instead of the codes. Q8_0 codes are signed and
+// Each 32-element weight type has a loader that turns a block into 32 unsigned codes u (one
+// byte each), a scale ws and an additive term a such that element i = ws * u[i] + a: offsets
+// such as Q4_0's "- 8" move into a (= -8 d), which multiplies the activation block's sum s
+// instead of touching the codes. Q8_0 codes are signed and
 // use the sign trick (|w| times x with w's sign). One activation block then costs a load, an
 // integer dot product of 32 byte pairs into 8 int32 lanes, a conversion and a fused multiply-add.
 // The math is the scalar kernel's (quant_dot_scalar.cpp), only the summation order differs.
@@ -16,28 +16,10 @@
 #include <cstring>
 
 #include "cisa/quant.h"
+#include "quant_avx2_util.h"
 
 namespace cisa::quant {
 namespace {
-
-// 8 int32 lanes, lane k = sum_{i<4} u[4k+i] * s[4k+i] (u unsigned, s signed bytes).
-inline __m256i dot_us(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-  // Pairwise u*s into int16 (cannot saturate: |u| <= 128 here, |s| <= 127), then pairs to int32.
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 16 packed nibbles -> 32 bytes: low nibbles in bytes 0..15, high nibbles in 16..31.
 inline __m256i unpack_nibbles16(const uint8_t* p) {
@@ -57,34 +39,21 @@ inline __m256i bit4_from_bits(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-inline float f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);  // exact, like f16_to_f32, in one instruction
-#else
-  return f16_to_f32(h);
-#endif
-}
-
 struct Sub {
   __m256i u;    // codes (unsigned), or |w| for signed types
   __m256i sgn;  // signed types: the codes themselves (their signs are applied to x)
   __m256 ws;    // per-lane scale
-  float a0, a1; // additive terms per half: a0 * s0 + a1 * s1 when the loader sets kHalves,
-                // else a0 == a1 and the term is a0 * s (the whole block's sum)
+  float a;      // additive term, multiplied by the activation block's sum s
 };
 
-// A loader has prepare(block, &pre), decoding what a block shares (K-quant scales), and
-// sub(block, j, pre), returning sub-block j; the tile calls sub() right before using it, so no
-// decoded block is stored to memory.
+// A loader has prepare(block, &pre), decoding what a block shares, and sub(block, j, pre),
+// returning sub-block j; the tile calls sub() right before using it, so no decoded block is
+// stored to memory. (The K-quants have their own kernels in quant_dot_avx2_k.cpp.)
 struct NoPre {};
-
-inline __m256i shift_right16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
 
 struct LoadQ4_0 {
   static constexpr int kSubs = 1, kBytes = 18;
-  static constexpr bool kSigned = false, kHalves = false;
+  static constexpr bool kSigned = false;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -92,21 +61,21 @@ struct LoadQ4_0 {
     Sub s;
     s.u = unpack_nibbles16(b + 2);
     s.ws = _mm256_set1_ps(d);
-    s.a0 = s.a1 = -8.0f * d;
+    s.a = -8.0f * d;
     return s;
   }
 };
 
 struct LoadQ4_1 {
   static constexpr int kSubs = 1, kBytes = 20;
-  static constexpr bool kSigned = false, kHalves = false;
+  static constexpr bool kSigned = false;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
     Sub s;
     s.u = unpack_nibbles16(b + 4);
     s.ws = _mm256_set1_ps(f16(b));
-    s.a0 = s.a1 = f16(b + 2);
+    s.a = f16(b + 2);
     return s;
   }
 };
@@ -114,7 +83,7 @@ struct LoadQ4_1 {
 template <bool kMin>
 struct LoadQ5 {
   static constexpr int kSubs = 1, kBytes = kMin ? 24 : 22;
-  static constexpr bool kSigned = false, kHalves = false;
+  static constexpr bool kSigned = false;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -125,14 +94,14 @@ struct LoadQ5 {
     Sub s;
     s.u = _mm256_or_si256(unpack_nibbles16(p + 4), bit4_from_bits(qh));
     s.ws = _mm256_set1_ps(d);
-    s.a0 = s.a1 = kMin ? f16(b + 2) : -16.0f * d;
+    s.a = kMin ? f16(b + 2) : -16.0f * d;
     return s;
   }
 };
 
 struct LoadQ8_0 {
   static constexpr int kSubs = 1, kBytes = 34;
-  static constexpr bool kSigned = true, kHalves = false;
+  static constexpr bool kSigned = true;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -140,64 +109,7 @@ struct LoadQ8_0 {
     s.sgn = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
     s.u = _mm256_abs_epi8(s.sgn);
     s.ws = _mm256_set1_ps(f16(b));
-    s.a0 = s.a1 = 0.0f;
-    return s;
-  }
-};
-
-struct LoadQ4_K {
-  static constexpr int kSubs = 8, kBytes = 144;
-  static constexpr bool kSigned = false, kHalves = false;
-  struct Pre {
-    float ws[8], a[8];
-  };
-  static void prepare(const uint8_t* b, Pre* p) {
-    const float d = f16(b), dmin = f16(b + 2);
-    const uint8_t* sc = b + 4;
-    for (int j = 0; j < 8; ++j) {
-      // 6-bit scale and min, packed as in quant_dequant.cpp (q4k_scale_min).
-      const int scale = j < 4 ? (sc[j] & 63) : ((sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4));
-      const int min = j < 4 ? (sc[j + 4] & 63) : ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
-      p->ws[j] = d * static_cast<float>(scale);
-      p->a[j] = -(dmin * static_cast<float>(min));
-    }
-  }
-  static Sub sub(const uint8_t* b, int j, const Pre& p) {
-    // 32 code bytes per pair of sub-blocks: low nibbles for even j, high for odd.
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (j >> 1)));
-    Sub s;
-    s.u = _mm256_and_si256(shift_right16(q, 4 * (j & 1)), _mm256_set1_epi8(0x0F));
-    s.ws = _mm256_set1_ps(p.ws[j]);
-    s.a0 = s.a1 = p.a[j];
-    return s;
-  }
-};
-
-struct LoadQ6_K {
-  static constexpr int kSubs = 8, kBytes = 210;
-  static constexpr bool kSigned = false, kHalves = true;  // a scale (and offset) per 16 elements
-  struct Pre {
-    float scale[16];
-  };
-  static void prepare(const uint8_t* b, Pre* p) {
-    const float d = f16(b + 208);
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    for (int i = 0; i < 16; ++i) p->scale[i] = d * static_cast<float>(sc[i]);
-  }
-  static Sub sub(const uint8_t* b, int j, const Pre& p) {
-    // Half h = j / 4, quarter q = j % 4: the nibbles of ql[64h + 32(q & 1) ..] (low for q < 2)
-    // plus bits 2q..2q+1 of qh[32h ..] as bits 4..5.
-    const int h = j >> 2, q = j & 3;
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (q & 1)));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-    const __m256i lo = _mm256_and_si256(shift_right16(ql, 4 * (q >> 1)), _mm256_set1_epi8(0x0F));
-    const __m256i hi = _mm256_and_si256(shift_right16(qh, 2 * q), _mm256_set1_epi8(0x03));
-    Sub s;
-    s.u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-    const float s0 = p.scale[8 * h + 2 * q], s1 = p.scale[8 * h + 2 * q + 1];
-    s.ws = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));  // lanes 0-3: elements 0..15
-    s.a0 = -32.0f * s0;
-    s.a1 = -32.0f * s1;
+    s.a = 0.0f;
     return s;
   }
 };
@@ -232,8 +144,7 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
           if constexpr (L::kSigned) isum = dot_us(s.u, _mm256_sign_epi8(qx, s.sgn));
           else isum = dot_us(s.u, qx);
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.ws, dx), acc[r][t]);
-          if constexpr (L::kHalves) add[r][t] += s.a0 * bx.s0 + s.a1 * bx.s1;
-          else if constexpr (!L::kSigned) add[r][t] += s.a0 * bx.s;
+          if constexpr (!L::kSigned) add[r][t] += s.a * bx.s;
         }
       }
     }
@@ -253,8 +164,9 @@ void rows_times_tokens(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, con
 }
 
 template <class L>
-void tile_avx2(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const BlockX* xq, int64_t nb,
+void tile_avx2(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
                int64_t n_tok, float* y, int64_t ldy) {
+  const BlockX* xq = static_cast<const BlockX*>(xv);
   int64_t t = 0;
   for (; t + 4 <= n_tok; t += 4) rows_times_tokens<L, 4>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy);
   switch (n_tok - t) {
@@ -274,8 +186,6 @@ TileKernel tile_kernel_avx2(GgmlType type) {
     case GgmlType::Q5_0: return tile_avx2<LoadQ5<false>>;
     case GgmlType::Q5_1: return tile_avx2<LoadQ5<true>>;
     case GgmlType::Q8_0: return tile_avx2<LoadQ8_0>;
-    case GgmlType::Q4_K: return tile_avx2<LoadQ4_K>;
-    case GgmlType::Q6_K: return tile_avx2<LoadQ6_K>;
     default: return nullptr;
   }
 }

@@ -32,11 +32,55 @@ void quantize_x(const float* x, BlockX* out, int64_t k) {
   }
 }
 
+void quantize_xk(const float* x, BlockXK* out, int64_t k) {
+  for (int64_t b = 0; b < k / kBlockXK; ++b) {
+    const float* xb = x + b * kBlockXK;
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int i = 16 * g; i < 16 * g + 16; ++i) {
+        const int q = static_cast<int>(std::nearbyint(xb[i] * id));
+        out[b].q[i] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      out[b].bsum[g] = static_cast<int16_t>(sum);
+    }
+    out[b].d = d;
+  }
+}
+
+bool uses_block256(GgmlType type) { return type == GgmlType::Q4_K || type == GgmlType::Q6_K; }
+
+int64_t activation_blocks(GgmlType type, int64_t k) { return k / (uses_block256(type) ? kBlockXK : kBlockX); }
+
+size_t activation_bytes(GgmlType type, int64_t k) {
+  return static_cast<size_t>(activation_blocks(type, k)) * (uses_block256(type) ? sizeof(BlockXK) : sizeof(BlockX));
+}
+
+void quantize_activations(GgmlType type, const float* x, void* out, int64_t k) {
+  if (uses_block256(type)) quantize_xk(x, static_cast<BlockXK*>(out), k);
+  else quantize_x(x, static_cast<BlockX*>(out), k);
+}
+
+float activation_value(GgmlType type, const void* xq, int64_t i) {
+  if (uses_block256(type)) {
+    const BlockXK& b = static_cast<const BlockXK*>(xq)[i / kBlockXK];
+    return b.d * static_cast<float>(b.q[i % kBlockXK]);
+  }
+  const BlockX& b = static_cast<const BlockX*>(xq)[i / kBlockX];
+  return b.d * static_cast<float>(b.q[i % kBlockX]);
+}
+
 namespace {
 
+// 32-element types against BlockX activations.
 template <GgmlType kType>
-void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const BlockX* xq, int64_t nb,
+void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
                  int64_t n_tok, float* y, int64_t ldy) {
+  const BlockX* xq = static_cast<const BlockX*>(xv);
   constexpr int kMaxTok = 8;
   const int subs = sub_blocks_per_block(kType);
   const int64_t block_bytes = ggml_block_bytes(kType);
@@ -66,6 +110,35 @@ void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const Blo
   }
 }
 
+// K-quants against BlockXK activations: per sub-block of 32, integer sums per 16 elements,
+//   d_x * (scale_0 * sum_{i<16} w q + scale_1 * sum_{i>=16} w q + add * (bsum_lo + bsum_hi)).
+template <GgmlType kType>
+void tile_scalar_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
+                   int64_t n_tok, float* y, int64_t ldy) {
+  const BlockXK* xq = static_cast<const BlockXK*>(xv);
+  const int64_t block_bytes = ggml_block_bytes(kType);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + static_cast<uint64_t>(r) * row_bytes;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      float acc = 0.0f;
+      SubBlock sb;
+      for (int64_t blk = 0; blk < nb; ++blk) {
+        const BlockXK& bx = xq[t * nb + blk];
+        for (int j = 0; j < 8; ++j) {
+          decode_sub_block(kType, row + blk * block_bytes, j, &sb);
+          int lo = 0, hi = 0;
+          for (int i = 0; i < 16; ++i) lo += sb.w[i] * bx.q[32 * j + i];
+          for (int i = 16; i < 32; ++i) hi += sb.w[i] * bx.q[32 * j + i];
+          const int qsum = bx.bsum[2 * j] + bx.bsum[2 * j + 1];
+          acc += bx.d * (sb.scale[0] * static_cast<float>(lo) + sb.scale[1] * static_cast<float>(hi) +
+                         sb.add * static_cast<float>(qsum));
+        }
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
 }  // namespace
 
 TileKernel tile_kernel_scalar(GgmlType type) {
@@ -75,8 +148,8 @@ TileKernel tile_kernel_scalar(GgmlType type) {
     case GgmlType::Q5_0: return tile_scalar<GgmlType::Q5_0>;
     case GgmlType::Q5_1: return tile_scalar<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return tile_scalar<GgmlType::Q8_0>;
-    case GgmlType::Q4_K: return tile_scalar<GgmlType::Q4_K>;
-    case GgmlType::Q6_K: return tile_scalar<GgmlType::Q6_K>;
+    case GgmlType::Q4_K: return tile_scalar_k<GgmlType::Q4_K>;
+    case GgmlType::Q6_K: return tile_scalar_k<GgmlType::Q6_K>;
     default: return nullptr;
   }
 }

@@ -3,6 +3,7 @@
 // compare the kernels with each other and with an fp64 reference.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cisa/gguf.h"
@@ -22,15 +23,37 @@ constexpr int64_t kBlockX = 32;
 // Quantises k floats (k a multiple of 32) into k/32 blocks: d = max|x| / 127, q = round(x / d).
 void quantize_x(const float* x, BlockX* out, int64_t k);
 
+// Activations for the K-quant weights (Q4_K, Q6_K): blocks of 256 with one scale, so that a
+// whole weight super-block is summed in integers (its 6-/8-bit sub-block scales applied with
+// integer multiplies) and converted to float once. bsum[g] = sum of q over elements 16g..16g+15
+// carries the mins and code offsets.
+struct BlockXK {
+  float d;
+  int16_t bsum[16];
+  int8_t q[256];
+};
+constexpr int64_t kBlockXK = 256;
+void quantize_xk(const float* x, BlockXK* out, int64_t k);
+
+// Which activation blocks a weight type is multiplied with, and their size for k inputs.
+bool uses_block256(GgmlType type);
+int64_t activation_blocks(GgmlType type, int64_t k);  // blocks per token
+size_t activation_bytes(GgmlType type, int64_t k);    // bytes per token
+void quantize_activations(GgmlType type, const float* x, void* out, int64_t k);
+// Element i of a token's quantised activations as a float (d * q), for tests.
+float activation_value(GgmlType type, const void* xq, int64_t i);
+
 // Computes y[t * ldy + r] = dot(W row r, x_t) for r < n_rows and t < n_tok, where W row r is at
-// w + r * row_bytes and x_t is the nb blocks at xq + t * nb (nb = n_cols / 32).
-using TileKernel = void (*)(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const BlockX* xq,
+// w + r * row_bytes and x_t is the nb activation blocks (BlockX, or BlockXK for K-quants) at
+// xq + t * nb blocks.
+using TileKernel = void (*)(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xq,
                             int64_t nb, int64_t n_tok, float* y, int64_t ldy);
 
 // The portable kernels (always built) and the AVX2 ones (nullptr when not compiled in or when
 // the type has none). Both return nullptr for a type without a quantised kernel.
 TileKernel tile_kernel_scalar(GgmlType type);
 TileKernel tile_kernel_avx2(GgmlType type);
+TileKernel tile_kernel_avx2_k(GgmlType type);  // Q4_K and Q6_K (quant_dot_avx2_k.cpp)
 
 // Decodes 32-element sub-block j of a quantised block into signed integer codes and scales so
 // that element i equals scale[i / 16] * w[i] + add. Shared by the scalar kernel and the tests.

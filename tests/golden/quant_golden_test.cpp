@@ -197,11 +197,13 @@ TEST_P(QuantGoldenModel, MatmulOnRealWeights) {
       ASSERT_TRUE(dequantize_row(t.type, slice.row(r), row.data(), k).ok());
       for (int64_t tk = 0; tk < n_tok; ++tk) {
         double ref = 0, qerr = 0, mag = 0;
-        for (int64_t b = 0; b < k / 32; ++b) {
+        // Activations are quantised in blocks of 32 (256 for the K-quants), half a step each.
+        const int64_t ab = t.type == GgmlType::Q4_K || t.type == GgmlType::Q6_K ? 256 : 32;
+        for (int64_t b = 0; b < k / ab; ++b) {
           float amax = 0;
-          for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[tk * k + b * 32 + i]));
-          for (int i = 0; i < 32; ++i) {
-            const double wv = row[b * 32 + i], xv = x[tk * k + b * 32 + i];
+          for (int i = 0; i < ab; ++i) amax = std::fmax(amax, std::fabs(x[tk * k + b * ab + i]));
+          for (int i = 0; i < ab; ++i) {
+            const double wv = row[b * ab + i], xv = x[tk * k + b * ab + i];
             ref += wv * xv;
             mag += std::fabs(wv * xv);
             qerr += std::fabs(wv) * 0.5 * amax / 127.0;

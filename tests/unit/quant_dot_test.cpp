@@ -128,6 +128,23 @@ TEST(QuantizeX, ErrorWithinHalfAStep) {
   EXPECT_EQ(q[2].d, 0.0f);
 }
 
+// Every kernel, every type, token counts hitting each tail case: the result must equal the fp64
+// dot of the dequantised weights with the dequantised activations up to float rounding.
+TEST(QuantizeXK, ErrorWithinHalfAStepAndGroupSums) {
+  std::mt19937 rng(2);
+  std::vector<float> x = random_floats(512, rng, 2.0f);
+  for (int i = 256; i < 512; ++i) x[i] = 0.0f;
+  std::vector<quant::BlockXK> q(2);
+  quant::quantize_xk(x.data(), q.data(), 512);
+  for (int i = 0; i < 256; ++i) EXPECT_LE(std::fabs(x[i] - q[0].d * q[0].q[i]), 0.5f * q[0].d * 1.0001f);
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[0].q[16 * g + i];
+    EXPECT_EQ(q[0].bsum[g], sum);
+  }
+  EXPECT_EQ(q[1].d, 0.0f);
+}
+
 struct KernelCase {
   const char* isa;
   quant::TileKernel (*get)(GgmlType);
@@ -136,42 +153,49 @@ struct KernelCase {
 // Every kernel, every type, token counts hitting each tail case: the result must equal the fp64
 // dot of the dequantised weights with the dequantised activations up to float rounding.
 TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
-  const KernelCase cases[] = {{"scalar", quant::tile_kernel_scalar}, {"avx2", quant::tile_kernel_avx2}};
+  const KernelCase cases[] = {{"scalar", quant::tile_kernel_scalar},
+                              {"avx2", quant::tile_kernel_avx2},
+                              {"avx2_k", quant::tile_kernel_avx2_k}};
   std::mt19937 rng(7);
+  int ran = 0;
   for (const KernelCase& kc : cases) {
     for (GgmlType type : kQuantTypes) {
       quant::TileKernel kernel = kc.get(type);
       if (!kernel) {
-        EXPECT_STREQ(kc.isa, "avx2") << "no scalar kernel for " << ggml_type_name(type);
+        EXPECT_STRNE(kc.isa, "scalar") << "no scalar kernel for " << ggml_type_name(type);
         continue;
       }
-      const int64_t rows = 5, cols = 512, nb = cols / 32;
+      ++ran;
+      const int64_t rows = 7, cols = 512;
+      const int64_t nb = quant::activation_blocks(type, cols);
+      const size_t tok_bytes = quant::activation_bytes(type, cols);
       const uint64_t rb = *ggml_row_bytes(type, cols);
       const std::vector<uint8_t> w = random_rows(type, rows, cols, rng);
       for (int64_t n_tok : {1, 2, 3, 4, 7}) {
         const std::vector<float> x = random_floats(n_tok * cols, rng);
-        std::vector<quant::BlockX> xq(static_cast<size_t>(n_tok * nb));
-        for (int64_t t = 0; t < n_tok; ++t) quant::quantize_x(x.data() + t * cols, xq.data() + t * nb, cols);
+        std::vector<uint8_t> xq(n_tok * tok_bytes);
+        for (int64_t t = 0; t < n_tok; ++t)
+          quant::quantize_activations(type, x.data() + t * cols, xq.data() + t * tok_bytes, cols);
         const int64_t ldy = rows + 3;
         std::vector<float> y(static_cast<size_t>(n_tok * ldy), -1.0f);
         kernel(w.data(), rb, rows, xq.data(), nb, n_tok, y.data(), ldy);
         for (int64_t r = 0; r < rows; ++r) {
           const std::vector<float> wr = dequant(type, w.data() + r * rb, cols);
           for (int64_t t = 0; t < n_tok; ++t) {
+            const void* xt = xq.data() + t * tok_bytes;
             double ref = 0, mag = 0, ref_raw = 0, qerr = 0;
             for (int64_t c = 0; c < cols; ++c) {
-              const quant::BlockX& b = xq[t * nb + c / 32];
-              const double xd = static_cast<double>(b.d) * b.q[c % 32];
+              const double xd = quant::activation_value(type, xt, c);
               ref += static_cast<double>(wr[c]) * xd;
               ref_raw += static_cast<double>(wr[c]) * x[t * cols + c];
               mag += std::fabs(static_cast<double>(wr[c]) * xd);
-              qerr += std::fabs(wr[c]) * 0.5 * b.d;
+              qerr += std::fabs(wr[c] * (x[t * cols + c] - xd));
             }
             const double got = y[t * ldy + r];
             ASSERT_FALSE(std::isnan(got));
             EXPECT_NEAR(got, ref, 2e-6 * mag + 1e-6)
                 << kc.isa << " " << ggml_type_name(type) << " row " << r << " tok " << t << " of " << n_tok;
-            // Against the unquantised activations the error is bounded by half a step per element.
+            // Against the unquantised activations, the error is the activation rounding's.
             EXPECT_LE(std::fabs(got - ref_raw), qerr * 1.001 + 2e-6 * mag + 1e-6) << ggml_type_name(type);
           }
         }
@@ -180,6 +204,9 @@ TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
       }
     }
   }
+#if defined(__AVX2__) && defined(__FMA__)
+  EXPECT_EQ(ran, 14);  // 7 scalar, 5 avx2, 2 avx2_k
+#endif
 }
 
 // The public matmul: threads, tiling over rows and tokens, strides, float weight types.
@@ -219,12 +246,14 @@ TEST(Matmul, ThreadedMatchesReferenceForEveryType) {
         const std::vector<float> wr = dequant(type, view.row(r), cols);
         for (int64_t t = 0; t < n_tok; ++t) {
           double ref = 0, qerr = 0, mag = 0;
+          // Activations are quantised in blocks of 32, or 256 for the K-quants: half a step each.
+          const int64_t ab = quant::uses_block256(type) ? 256 : 32;
           float amax[8] = {};
-          for (int64_t c = 0; c < cols; ++c) amax[c / 32] = std::fmax(amax[c / 32], std::fabs(x[t * ldx + c]));
+          for (int64_t c = 0; c < cols; ++c) amax[c / ab] = std::fmax(amax[c / ab], std::fabs(x[t * ldx + c]));
           for (int64_t c = 0; c < cols; ++c) {
             ref += static_cast<double>(wr[c]) * x[t * ldx + c];
             mag += std::fabs(static_cast<double>(wr[c]) * x[t * ldx + c]);
-            qerr += is_float ? 0.0 : std::fabs(wr[c]) * 0.5 * amax[c / 32] / 127.0;
+            qerr += is_float ? 0.0 : std::fabs(wr[c]) * 0.5 * amax[c / ab] / 127.0;
           }
           EXPECT_NEAR(y[t * ldy + r], ref, qerr * 1.001 + 1e-5 * mag + 1e-6)
               << ggml_type_name(type) << " rows " << rows << " tok " << t;

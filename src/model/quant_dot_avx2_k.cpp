@@ -1,0 +1,225 @@
+// quant_dot_avx2_k.cpp — AVX2 kernels for the K-quant weights (Q4_K, Q6_K) against activations
+// quantised in blocks of 256 with one scale (BlockXK).
+//
+// With one activation scale per super-block, the whole super-block is summed in integers:
+// vpmaddubsw multiplies unsigned weight codes by signed activation bytes into int16 pairs and
+// vpmaddwd multiplies those by the sub-block's integer scale into int32 lanes. Only then is the
+// sum converted to float and scaled by d_w * d_x. The weights' additive parts use the
+// activation's 16-element sums bsum:
+//   Q4_K: x . w = d_x (d sum_j sc_j (u_j . q_j) - dmin sum_j m_j (bsum_2j + bsum_2j+1))
+//   Q6_K: x . w = d_x d (sum_g sc_g (u_g . q_g) - 32 sum_g sc_g bsum_g)      (g: groups of 16)
+// No product can overflow: |u q| pairs stay below 2 * 63 * 127 in int16, and int32 sums below
+// 2^23. The math equals the scalar kernel's (quant_dot_scalar.cpp) except summation order.
+#include "quant_kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include "quant_avx2_util.h"
+
+namespace cisa::quant {
+namespace {
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// u . q per sub-block, weighted by the sub-block's integer scale: 8 int32 lanes.
+inline __m256i scaled_dot(__m256i u, __m256i q, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), scale16);
+}
+
+// Q4_K: the 8 scales and 8 mins of a super-block from its 12 packed bytes. Viewed as three
+// 32-bit words a, b, c: scales 0-3 are a & 63 (per byte), mins 0-3 are b & 63; scales 4-7 are
+// the low nibbles of c with the top 2 bits of a above them, mins 4-7 the high nibbles of c with
+// the top 2 bits of b.
+inline void q4k_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t a, b, c;
+  std::memcpy(&a, p, 4);
+  std::memcpy(&b, p + 4, 4);
+  std::memcpy(&c, p + 8, 4);
+  const uint32_t sc_lo = a & 0x3F3F3F3F, mn_lo = b & 0x3F3F3F3F;
+  const uint32_t sc_hi = (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030);
+  const uint32_t mn_hi = ((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(mn, &mn_lo, 4);
+  std::memcpy(mn + 4, &mn_hi, 4);
+}
+
+template <int NR, int NT>
+void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const uint8_t* b[NR];
+    float d[NR], dmin[NR];
+    uint8_t sc[NR][8], mn[NR][8];
+    __m256i mins16[NR];
+    for (int r = 0; r < NR; ++r) {
+      b[r] = w + r * row_bytes + blk * 144;
+      d[r] = f16(b[r]);
+      dmin[r] = f16(b[r] + 2);
+      q4k_scales(b[r] + 4, sc[r], mn[r]);
+      // Each min twice, once per 16-element half of its sub-block, to meet bsum[16].
+      uint64_t m8;
+      std::memcpy(&m8, mn[r], 8);
+      const __m128i m = _mm_cvtsi64_si128(static_cast<int64_t>(m8));
+      mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+    }
+    __m256i sumi[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) sumi[r][t] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+      __m256i ulo[NR], uhi[NR], slo[NR], shi[NR];
+      for (int r = 0; r < NR; ++r) {
+        const __m256i q = load256(b[r] + 16 + 32 * c);
+        ulo[r] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+        uhi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F));
+        slo[r] = _mm256_set1_epi16(sc[r][2 * c]);
+        shi[r] = _mm256_set1_epi16(sc[r][2 * c + 1]);
+      }
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xs = xq[t * nb + blk].q + 64 * c;
+        const __m256i xlo = load256(xs), xhi = load256(xs + 32);
+        for (int r = 0; r < NR; ++r)
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]),
+                                                                      scaled_dot(uhi[r], xhi, shi[r])));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockXK& bx = xq[t * nb + blk];
+      const __m256i bsum = load256(bx.bsum);
+      for (int r = 0; r < NR; ++r) {
+        const __m256i msum = _mm256_madd_epi16(mins16[r], bsum);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin[r] * bx.d), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum(acc[r][t]);
+}
+
+// Q6_K quarter Q of a half: 6-bit codes from the nibbles of ql (low for Q < 2) and 2 bits of qh.
+template <int Q>
+inline __m256i q6k_codes(__m256i ql0, __m256i ql1, __m256i qh) {
+  const __m256i ql = (Q & 1) ? ql1 : ql0;
+  const __m256i lo = _mm256_and_si256(Q >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * Q), _mm256_set1_epi8(0x03));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+template <int Q, int NR, int NT>
+inline void q6k_quarter(const __m256i (&ql0)[NR], const __m256i (&ql1)[NR], const __m256i (&qh)[NR],
+                        const int8_t* const (&sc)[NR], const BlockXK* xq, int64_t nb, int64_t blk, int h,
+                        __m256i (&sumi)[NR][NT]) {
+  __m256i u[NR], s[NR];
+  for (int r = 0; r < NR; ++r) {
+    u[r] = q6k_codes<Q>(ql0[r], ql1[r], qh[r]);
+    // Scales of the quarter's two 16-element groups, one per 128-bit half of the vector.
+    const int g = 8 * h + 2 * Q;
+    s[r] = _mm256_set_m128i(_mm_set1_epi16(sc[r][g + 1]), _mm_set1_epi16(sc[r][g]));
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m256i x = load256(xq[t * nb + blk].q + 128 * h + 32 * Q);
+    for (int r = 0; r < NR; ++r) sumi[r][t] = _mm256_add_epi32(sumi[r][t], scaled_dot(u[r], x, s[r]));
+  }
+}
+
+template <int NR, int NT>
+void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const uint8_t* b[NR];
+    const int8_t* sc[NR];
+    float d[NR];
+    __m256i sc16[NR];
+    for (int r = 0; r < NR; ++r) {
+      b[r] = w + r * row_bytes + blk * 210;
+      sc[r] = reinterpret_cast<const int8_t*>(b[r] + 192);
+      d[r] = f16(b[r] + 208);
+      sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[r])));
+    }
+    __m256i sumi[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) sumi[r][t] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      __m256i ql0[NR], ql1[NR], qh[NR];
+      for (int r = 0; r < NR; ++r) {
+        ql0[r] = load256(b[r] + 64 * h);
+        ql1[r] = load256(b[r] + 64 * h + 32);
+        qh[r] = load256(b[r] + 128 + 32 * h);
+      }
+      q6k_quarter<0, NR, NT>(ql0, ql1, qh, sc, xq, nb, blk, h, sumi);
+      q6k_quarter<1, NR, NT>(ql0, ql1, qh, sc, xq, nb, blk, h, sumi);
+      q6k_quarter<2, NR, NT>(ql0, ql1, qh, sc, xq, nb, blk, h, sumi);
+      q6k_quarter<3, NR, NT>(ql0, ql1, qh, sc, xq, nb, blk, h, sumi);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockXK& bx = xq[t * nb + blk];
+      const __m256i bsum = load256(bx.bsum);
+      for (int r = 0; r < NR; ++r) {
+        // Codes are stored +32: subtract 32 * sum_g sc_g bsum_g.
+        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], bsum), 5);
+        const __m256i total = _mm256_sub_epi32(sumi[r][t], offset);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum(acc[r][t]);
+}
+
+// Rows in tiles of NR (single rows for the remainder), tokens in groups of up to 4.
+template <template <int, int> class Tile>
+void tile_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb, int64_t n_tok,
+            float* y, int64_t ldy) {
+  const BlockXK* xq = static_cast<const BlockXK*>(xv);
+  auto rows = [&]<int NT>(int64_t t) {
+    constexpr int NR = NT == 1 ? 4 : 2;
+    int64_t r = 0;
+    for (; r + NR <= n_rows; r += NR) Tile<NR, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
+    for (; r < n_rows; ++r) Tile<1, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
+  };
+  int64_t t = 0;
+  for (; t + 4 <= n_tok; t += 4) rows.template operator()<4>(t);
+  switch (n_tok - t) {
+    case 3: rows.template operator()<3>(t); break;
+    case 2: rows.template operator()<2>(t); break;
+    case 1: rows.template operator()<1>(t); break;
+    default: break;
+  }
+}
+
+template <int NR, int NT>
+struct TileQ4K {
+  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+    tile_q4k<NR, NT>(w, rb, xq, nb, y, ldy);
+  }
+};
+template <int NR, int NT>
+struct TileQ6K {
+  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+    tile_q6k<NR, NT>(w, rb, xq, nb, y, ldy);
+  }
+};
+
+}  // namespace
+
+TileKernel tile_kernel_avx2_k(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_K: return tile_k<TileQ4K>;
+    case GgmlType::Q6_K: return tile_k<TileQ6K>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace cisa::quant
+
+#else  // no AVX2
+
+namespace cisa::quant {
+TileKernel tile_kernel_avx2_k(GgmlType) { return nullptr; }
+}  // namespace cisa::quant
+
+#endif
