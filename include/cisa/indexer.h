@@ -1,0 +1,143 @@
+// cisa/indexer.h — the CISA indexer of SPEC §2 and §6: which index projection W̃ each
+// (global layer, KV group) uses, how it was chosen (calibration by attention-distribution matching,
+// no gradients), and the small versioned file that carries the choice from `cisa calibrate` to
+// `cisa run`.
+//
+// Candidates for KV group g are the h_g query projections W_q^{(h)}, h ∈ H_g, and their element-wise
+// mean. At sampled positions t of calibration text (with |E_t| ≥ 4k eligible chunks) the dense
+// model's attention mass per eligible chunk, summed over the group's heads and renormalised, is the
+// target p; each candidate's π = softmax_j(post(W x_t)·r_{g,j}/√d). The winner minimises the mean
+// KL(p ‖ π) (criterion `kl`) or maximises the dense mass captured by its top-k (`mass`).
+//
+// The file stores the choice as a reference (query head h, or "mean"), not the d×d_model weights:
+// the weights are rebuilt from the model they were calibrated on, which the file identifies by its
+// architecture, shapes and a hash of the tensor table and the query/key weights (docs/calibration.md).
+//
+//   CISA_ASSIGN_OR_RETURN(cisa::Indexer idx, cisa::load_indexer("indexers/gemma3-270m.cisaidx"));
+//   CISA_ASSIGN_OR_RETURN(cisa::ModelIdentity id, cisa::model_identity(gguf));
+//   CISA_RETURN_IF_ERROR(cisa::check_indexer_matches(idx, id));         // another model: error
+//   CISA_ASSIGN_OR_RETURN(auto proj, cisa::indexer_projections(idx, gguf, hparams, cisa_layers));
+//   options.attention.index = std::move(proj);                           // model.h
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cisa/model.h"
+#include "cisa/status.h"
+
+namespace cisa {
+
+class GgufFile;
+
+inline constexpr uint32_t kIndexerVersion = 1;
+
+enum class CalibCriterion { kKl, kMass };
+const char* calib_criterion_name(CalibCriterion c);             // "kl", "mass"
+Result<CalibCriterion> parse_calib_criterion(const std::string& s);
+
+// What an indexer was calibrated on. weights_hash: FNV-1a 64 of the GGUF tensor table (names,
+// types, shapes) and of the bytes of every attn_q / attn_k / q-norm / k-norm tensor.
+struct ModelIdentity {
+  std::string arch;  // "gemma3", "llama"
+  std::string name;  // general.name (informative; not compared)
+  int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  uint64_t weights_hash = 0;
+};
+Result<ModelIdentity> model_identity(const GgufFile& file);
+
+struct CalibDocument {
+  std::string name;        // file name as given on the command line
+  int64_t tokens = 0;      // tokens the calibration ran over
+  uint64_t content_hash = 0;  // FNV-1a 64 of the file's bytes
+};
+
+struct CalibSettings {
+  int64_t budget = 0;        // k: chunks, the captured-mass criterion's budget
+  int64_t window = 0;        // W: pages; eligible chunks E_t = {j : j < c(t) − W}
+  int64_t page_size = 16;    // B
+  int64_t positions = 0;     // sampled positions requested per document
+  uint64_t seed = 0;         // position sampling
+  CalibCriterion criterion = CalibCriterion::kKl;
+  std::vector<CalibDocument> documents;
+};
+
+// One candidate's scores, means over the sampled positions.
+struct CandidateScore {
+  int head = -1;        // query head (absolute index), or -1 for the element-wise mean of H_g
+  double kl = 0;        // mean KL(p ‖ π), nats
+  double captured = 0;  // mean dense mass captured by the candidate's top-k of E_t
+};
+
+struct GroupCalibration {
+  int layer = 0, kv_group = 0;
+  int64_t positions = 0;  // positions scored
+  double oracle = 0;      // mean mass of the top-k of p itself (the best any selection can do)
+  std::vector<CandidateScore> candidates;  // the h_g heads in order, then the mean
+  int chosen = 0;                          // index into candidates
+};
+
+struct Indexer {
+  ModelIdentity model;
+  CalibSettings settings;
+  std::vector<GroupCalibration> groups;  // every global layer × KV group, ascending
+};
+
+// ---- file ----
+// Little-endian: magic "CISAIDX\0", u32 version, u32 0, u64 payload size, u64 FNV-1a 64 of the
+// payload, payload (docs/calibration.md lists its fields). parse: kInvalidArgument when the magic is
+// wrong, kUnimplemented for another version, kDataLoss for a truncated or corrupted file or
+// inconsistent contents.
+std::vector<uint8_t> serialize_indexer(const Indexer& idx);
+Result<Indexer> parse_indexer(std::span<const uint8_t> bytes);
+Status save_indexer(const Indexer& idx, const std::string& path);
+Result<Indexer> load_indexer(const std::string& path);
+
+// kFailedPrecondition naming the difference when the indexer was made for another model.
+Status check_indexer_matches(const Indexer& idx, const ModelIdentity& model);
+
+// The chosen projections of the layers marked in `cisa_layers` (per layer): for a head, that head's
+// W_q rows dequantised to f32 ([head_dim][n_embd]); the mean is left out, since the model's default
+// index query is already the mean of the group's projected query heads (identical by linearity).
+Result<std::vector<IndexProjection>> indexer_projections(const Indexer& idx, const GgufFile& file,
+                                                         const ModelHparams& hp,
+                                                         const std::vector<bool>& cisa_layers);
+
+// ---- calibration math (model-independent) ----
+// The scores of one sampled position for one (layer, KV group):
+//   mass: [n_eligible] dense attention mass of chunks 0 … n_eligible−1 (summed over the group's
+//         heads; any positive scale, renormalised here),
+//   reps: [n_eligible][d] representatives r_{g,j},
+//   index_q: [n_candidates][d] each candidate's post(W x_t).
+// π_c = softmax_j(index_q_c · r_j / √d); KL(p ‖ π_c) from log π (never +∞ for finite scores);
+// captured_c = p-mass of the k largest scores (ties: smaller chunk); oracle = p-mass of top-k(p).
+struct PositionScores {
+  std::vector<double> kl, captured;  // [n_candidates]
+  double oracle = 0;
+};
+// kInvalidArgument when the sizes disagree, d < 1, k < 1, or the mass is not positive and finite.
+Result<PositionScores> score_position(std::span<const double> mass, std::span<const float> reps,
+                                      std::span<const float> index_q, int d, int64_t k);
+
+// Sums position scores; result() gives the means and the winner by `criterion` (kl: smallest,
+// mass: largest; ties go to the earlier candidate).
+class GroupAccumulator {
+ public:
+  GroupAccumulator(int layer, int kv_group, std::vector<int> candidate_heads);
+  void add(const PositionScores& s);
+  GroupCalibration result(CalibCriterion criterion) const;
+
+ private:
+  GroupCalibration acc_;
+  double oracle_sum_ = 0;
+};
+
+// Sampled positions of a document of n tokens: `count` positions t with c(t) − W ≥ 4k, stratified
+// over that range with a seeded jitter (deterministic; fewer when the range is shorter).
+std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s, uint64_t seed);
+
+uint64_t fnv1a64(std::span<const uint8_t> bytes, uint64_t h = 0xcbf29ce484222325ULL);
+
+}  // namespace cisa
