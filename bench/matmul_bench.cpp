@@ -26,7 +26,8 @@ std::vector<uint8_t> random_weights(cisa::GgmlType type, int64_t m, int64_t k) {
   const int64_t at = type == cisa::GgmlType::Q6_K ? 208 : 0;
   for (int64_t i = 0; i < nblk; ++i) {
     std::memcpy(&w[i * bb + at], &h, 2);
-    if (type == cisa::GgmlType::Q4_1 || type == cisa::GgmlType::Q4_K) std::memcpy(&w[i * bb + 2], &h, 2);
+    if (type == cisa::GgmlType::Q4_1 || type == cisa::GgmlType::Q4_K)
+      std::memcpy(&w[i * bb + 2], &h, 2);
   }
   return w;
 }
@@ -47,21 +48,36 @@ void run(benchmark::State& state, cisa::GgmlType type) {
     benchmark::DoNotOptimize(y.data());
   }
   const double flops = 2.0 * static_cast<double>(m) * k * n_tok;
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["weight_GB/s"] =
-      benchmark::Counter(static_cast<double>(w.size()) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(cisa::ggml_type_name(type)) + " " + cisa::matmul_isa() + " threads=" +
-                 std::to_string(pool.num_threads()));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(w.size()) * 1e-9,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(cisa::ggml_type_name(type)) + " " + cisa::matmul_isa() +
+                 " threads=" + std::to_string(pool.num_threads()));
 }
 
 // Gemma 3 270M Q4_K_M: the type of each matrix in the real file (blk.0; most layers alike).
-void BM_gemma_attn_q_Q5_0(benchmark::State& s) { run(s, cisa::GgmlType::Q5_0); }       // 640 -> 1024
-void BM_gemma_ffn_up_Q5_0(benchmark::State& s) { run(s, cisa::GgmlType::Q5_0); }       // 640 -> 2048
-void BM_gemma_ffn_down_Q6_K(benchmark::State& s) { run(s, cisa::GgmlType::Q6_K); }     // 2048 -> 640
-void BM_gemma_ffn_down_Q4_K(benchmark::State& s) { run(s, cisa::GgmlType::Q4_K); }     // 2048 -> 640
-void BM_gemma_attn_out_Q4_K(benchmark::State& s) { run(s, cisa::GgmlType::Q4_K); }     // 1024 -> 640
-void BM_gemma_output_Q8_0(benchmark::State& s) { run(s, cisa::GgmlType::Q8_0); }       // 640 -> 262144
-void BM_smollm_ffn_up_Q4_1(benchmark::State& s) { run(s, cisa::GgmlType::Q4_1); }      // 576 -> 1536
+void BM_gemma_attn_q_Q5_0(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q5_0);
+}  // 640 -> 1024
+void BM_gemma_ffn_up_Q5_0(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q5_0);
+}  // 640 -> 2048
+void BM_gemma_ffn_down_Q6_K(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q6_K);
+}  // 2048 -> 640
+void BM_gemma_ffn_down_Q4_K(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q4_K);
+}  // 2048 -> 640
+void BM_gemma_attn_out_Q4_K(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q4_K);
+}  // 1024 -> 640
+void BM_gemma_output_Q8_0(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q8_0);
+}  // 640 -> 262144
+void BM_smollm_ffn_up_Q4_1(benchmark::State& s) {
+  run(s, cisa::GgmlType::Q4_1);
+}  // 576 -> 1536
 
 #define SHAPES(m, k) ->Args({m, k, 1})->Args({m, k, 64})->Args({m, k, 512})->UseRealTime()
 BENCHMARK(BM_gemma_attn_q_Q5_0) SHAPES(1024, 640);

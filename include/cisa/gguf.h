@@ -7,7 +7,8 @@
 // a GgufFile made by open() owns its read-only memory mapping (and stays valid when moved); one
 // made by parse() borrows the caller's span, which must outlive it.
 //
-//   CISA_ASSIGN_OR_RETURN(cisa::GgufFile f, cisa::GgufFile::open("models/gemma-3-270m-q4_k_m.gguf"));
+//   CISA_ASSIGN_OR_RETURN(cisa::GgufFile f,
+//   cisa::GgufFile::open("models/gemma-3-270m-q4_k_m.gguf"));
 //   CISA_ASSIGN_OR_RETURN(std::string_view arch, f.get_string("general.architecture"));
 //   CISA_ASSIGN_OR_RETURN(uint32_t n_layer, f.get_u32(std::string(arch) + ".block_count"));
 //   const cisa::GgufTensor* w = f.find_tensor("blk.0.attn_q.weight");
@@ -28,7 +29,8 @@
 
 namespace cisa {
 
-// ---- tensor element types ------------------------------------------------------------------------
+// ---- tensor element types
+// ------------------------------------------------------------------------
 
 // GGML's tensor type numbering, as stored in GGUF tensor descriptions.
 enum class GgmlType : uint32_t {
@@ -77,7 +79,8 @@ bool ggml_type_is_supported(GgmlType type);
 // Bytes of a row of n elements; an error when n is not a multiple of the block size or overflows.
 Result<uint64_t> ggml_row_bytes(GgmlType type, int64_t n);
 
-// ---- metadata values -----------------------------------------------------------------------------
+// ---- metadata values
+// -----------------------------------------------------------------------------
 
 enum class GgufValueType : uint32_t {
   U8 = 0,
@@ -118,7 +121,8 @@ struct GgufKv {
   std::string to_display_string(size_t max_items = 8) const;
 };
 
-// ---- tensors -------------------------------------------------------------------------------------
+// ---- tensors
+// -------------------------------------------------------------------------------------
 
 struct GgufTensor {
   std::string_view name;
@@ -126,8 +130,8 @@ struct GgufTensor {
   int n_dims = 0;
   std::array<int64_t, 4> ne = {1, 1, 1, 1};  // ne[0] varies fastest (a row); unused dims are 1
   int64_t n_elements = 0;
-  uint64_t n_bytes = 0;     // bytes of the whole tensor
-  uint64_t offset = 0;      // from the start of the data section (a multiple of the alignment)
+  uint64_t n_bytes = 0;  // bytes of the whole tensor
+  uint64_t offset = 0;   // from the start of the data section (a multiple of the alignment)
   const uint8_t* data = nullptr;  // offset applied; valid for n_bytes bytes
 
   int64_t row_length() const { return ne[0]; }
@@ -138,7 +142,8 @@ struct GgufTensor {
   std::string shape_string() const;  // "[640, 2048]"
 };
 
-// ---- the file ------------------------------------------------------------------------------------
+// ---- the file
+// ------------------------------------------------------------------------------------
 
 class GgufFile {
  public:

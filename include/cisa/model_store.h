@@ -25,8 +25,8 @@ struct KnownModel {
   const char* filename;  // "gemma-3-270m-q4_k_m.gguf"
   uint64_t size;         // bytes
   const char* sha256;
-  const char* license;   // "Gemma Terms of Use", "Apache-2.0"
-  const char* source;    // the PyPI packages that hold it
+  const char* license;  // "Gemma Terms of Use", "Apache-2.0"
+  const char* source;   // the PyPI packages that hold it
 };
 
 std::span<const KnownModel> known_models();
@@ -41,6 +41,7 @@ Result<std::string> models_dir(const std::string& override_dir = "");
 // A known model name -> its file in the models directory (kNotFound, naming `cisa pull NAME`,
 // when it is not downloaded); an existing file path -> itself; otherwise kNotFound listing the
 // known names.
-Result<std::string> resolve_model(const std::string& name_or_path, const std::string& models_dir_override = "");
+Result<std::string> resolve_model(const std::string& name_or_path,
+                                  const std::string& models_dir_override = "");
 
 }  // namespace cisa

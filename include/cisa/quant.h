@@ -8,12 +8,13 @@
 // Python package on the real model files.
 //
 //   cisa::ThreadPool pool(0);
-//   CISA_ASSIGN_OR_RETURN(cisa::WeightView w, cisa::WeightView::of(*file.find_tensor("blk.0.ffn_up.weight")));
-//   std::vector<float> y(n_tok * w.n_rows);
-//   CISA_RETURN_IF_ERROR(cisa::matmul(w, x.data(), y.data(), n_tok, pool));   // x: [n_tok][w.n_cols]
+//   CISA_ASSIGN_OR_RETURN(cisa::WeightView w,
+//   cisa::WeightView::of(*file.find_tensor("blk.0.ffn_up.weight"))); std::vector<float> y(n_tok *
+//   w.n_rows); CISA_RETURN_IF_ERROR(cisa::matmul(w, x.data(), y.data(), n_tok, pool));   // x:
+//   [n_tok][w.n_cols]
 //
-//   std::vector<float> row(w.n_cols);                                           // one row, as floats
-//   CISA_RETURN_IF_ERROR(cisa::dequantize_row(w.type, w.row(17), row.data(), w.n_cols));
+//   std::vector<float> row(w.n_cols);                                           // one row, as
+//   floats CISA_RETURN_IF_ERROR(cisa::dequantize_row(w.type, w.row(17), row.data(), w.n_cols));
 #pragma once
 
 #include <cstdint>

@@ -57,13 +57,15 @@ Result<GgufFile> GgufFile::open(const std::string& path) {
   void* addr = mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
   ::close(fd);  // the mapping keeps the file alive
-  if (addr == MAP_FAILED) return resource_exhausted("cannot map '" + path + "': " + std::strerror(e));
+  if (addr == MAP_FAILED)
+    return resource_exhausted("cannot map '" + path + "': " + std::strerror(e));
   map->addr = addr;
 
   GgufFile f;
   f.mapping_ = std::move(map);
   f.path_ = path;
-  f.bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(f.mapping_->addr), f.mapping_->size);
+  f.bytes_ =
+      std::span<const uint8_t>(static_cast<const uint8_t*>(f.mapping_->addr), f.mapping_->size);
   Status s = parse_into(f);
   if (!s.ok()) return Status(s.code(), "'" + path + "': " + s.message());
   return f;
@@ -74,15 +76,17 @@ Result<GgufFile> GgufFile::open(const std::string& path) {
 namespace {
 
 Status wrong_type(std::string_view key, const GgufKv& kv, const char* want) {
-  return invalid_argument("metadata '" + std::string(key) + "' is " + gguf_value_type_name(kv.type) +
-                          ", expected " + want);
+  return invalid_argument("metadata '" + std::string(key) + "' is " +
+                          gguf_value_type_name(kv.type) + ", expected " + want);
 }
 
 bool is_unsigned(GgufValueType t) {
-  return t == GgufValueType::U8 || t == GgufValueType::U16 || t == GgufValueType::U32 || t == GgufValueType::U64;
+  return t == GgufValueType::U8 || t == GgufValueType::U16 || t == GgufValueType::U32 ||
+         t == GgufValueType::U64;
 }
 bool is_signed(GgufValueType t) {
-  return t == GgufValueType::I8 || t == GgufValueType::I16 || t == GgufValueType::I32 || t == GgufValueType::I64;
+  return t == GgufValueType::I8 || t == GgufValueType::I16 || t == GgufValueType::I32 ||
+         t == GgufValueType::I64;
 }
 
 // Any integer metadata value as a 128-bit-safe pair: fits [lo, hi]?
@@ -92,13 +96,15 @@ Result<T> integer_as(std::string_view key, const GgufKv& kv) {
   constexpr auto hi = std::numeric_limits<T>::max();
   if (is_unsigned(kv.type)) {
     if (kv.u > static_cast<uint64_t>(hi))
-      return out_of_range("metadata '" + std::string(key) + "' = " + std::to_string(kv.u) + " does not fit");
+      return out_of_range("metadata '" + std::string(key) + "' = " + std::to_string(kv.u) +
+                          " does not fit");
     return static_cast<T>(kv.u);
   }
   if (is_signed(kv.type)) {
     if (kv.i < 0 ? (std::is_unsigned_v<T> || kv.i < static_cast<int64_t>(lo))
                  : static_cast<uint64_t>(kv.i) > static_cast<uint64_t>(hi))
-      return out_of_range("metadata '" + std::string(key) + "' = " + std::to_string(kv.i) + " does not fit");
+      return out_of_range("metadata '" + std::string(key) + "' = " + std::to_string(kv.i) +
+                          " does not fit");
     return static_cast<T>(kv.i);
   }
   return wrong_type(key, kv, "an integer");
@@ -114,8 +120,8 @@ T load_at(std::span<const uint8_t> raw, uint64_t k) {
 
 }  // namespace
 
-#define CISA_FIND_KV_(key)                                                        \
-  const GgufKv* kv = find(key);                                                   \
+#define CISA_FIND_KV_(key)      \
+  const GgufKv* kv = find(key); \
   if (!kv) return not_found("metadata key '" + std::string(key) + "' not found")
 
 Result<std::string_view> GgufFile::get_string(std::string_view key) const {
@@ -143,7 +149,8 @@ Result<int64_t> GgufFile::get_i64(std::string_view key) const {
 
 Result<float> GgufFile::get_f32(std::string_view key) const {
   CISA_FIND_KV_(key);
-  if (kv->type != GgufValueType::F32 && kv->type != GgufValueType::F64) return wrong_type(key, *kv, "f32");
+  if (kv->type != GgufValueType::F32 && kv->type != GgufValueType::F64)
+    return wrong_type(key, *kv, "f32");
   return static_cast<float>(kv->f);
 }
 
@@ -183,18 +190,35 @@ Result<std::vector<int32_t>> GgufFile::get_i32_array(std::string_view key) const
     elem.u = 0;
     elem.i = 0;
     switch (kv->elem_type) {
-      case GgufValueType::U8: elem.u = load_at<uint8_t>(kv->raw, k); break;
-      case GgufValueType::U16: elem.u = load_at<uint16_t>(kv->raw, k); break;
-      case GgufValueType::U32: elem.u = load_at<uint32_t>(kv->raw, k); break;
-      case GgufValueType::U64: elem.u = load_at<uint64_t>(kv->raw, k); break;
-      case GgufValueType::I8: elem.i = load_at<int8_t>(kv->raw, k); break;
-      case GgufValueType::I16: elem.i = load_at<int16_t>(kv->raw, k); break;
-      case GgufValueType::I32: elem.i = load_at<int32_t>(kv->raw, k); break;
-      default: elem.i = load_at<int64_t>(kv->raw, k); break;
+      case GgufValueType::U8:
+        elem.u = load_at<uint8_t>(kv->raw, k);
+        break;
+      case GgufValueType::U16:
+        elem.u = load_at<uint16_t>(kv->raw, k);
+        break;
+      case GgufValueType::U32:
+        elem.u = load_at<uint32_t>(kv->raw, k);
+        break;
+      case GgufValueType::U64:
+        elem.u = load_at<uint64_t>(kv->raw, k);
+        break;
+      case GgufValueType::I8:
+        elem.i = load_at<int8_t>(kv->raw, k);
+        break;
+      case GgufValueType::I16:
+        elem.i = load_at<int16_t>(kv->raw, k);
+        break;
+      case GgufValueType::I32:
+        elem.i = load_at<int32_t>(kv->raw, k);
+        break;
+      default:
+        elem.i = load_at<int64_t>(kv->raw, k);
+        break;
     }
     auto v = integer_as<int32_t>(key, elem);
-    if (!v.ok()) return out_of_range("metadata array '" + std::string(key) + "' element " +
-                                     std::to_string(k) + " does not fit in i32");
+    if (!v.ok())
+      return out_of_range("metadata array '" + std::string(key) + "' element " + std::to_string(k) +
+                          " does not fit in i32");
     out[k] = *v;
   }
   return out;
@@ -220,10 +244,14 @@ std::string quote_short(std::string_view s, size_t max_len = 60) {
   std::string out = "\"";
   for (size_t k = 0; k < s.size() && k < max_len; ++k) {
     const unsigned char ch = static_cast<unsigned char>(s[k]);
-    if (ch == '\n') out += "\\n";
-    else if (ch == '"') out += "\\\"";
-    else if (ch < 0x20) out += "\\x" + std::string(1, "0123456789abcdef"[ch >> 4]) + "0123456789abcdef"[ch & 15];
-    else out += static_cast<char>(ch);
+    if (ch == '\n')
+      out += "\\n";
+    else if (ch == '"')
+      out += "\\\"";
+    else if (ch < 0x20)
+      out += "\\x" + std::string(1, "0123456789abcdef"[ch >> 4]) + "0123456789abcdef"[ch & 15];
+    else
+      out += static_cast<char>(ch);
   }
   if (s.size() > max_len) out += "...";
   return out + "\"";
@@ -233,7 +261,8 @@ std::string quote_short(std::string_view s, size_t max_len = 60) {
 // 9.99999997e-07).
 std::string format_number(double v, bool is_f32) {
   char buf[64];
-  auto r = is_f32 ? std::to_chars(buf, buf + sizeof buf, static_cast<float>(v)) : std::to_chars(buf, buf + sizeof buf, v);
+  auto r = is_f32 ? std::to_chars(buf, buf + sizeof buf, static_cast<float>(v))
+                  : std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
 }
 
@@ -241,7 +270,8 @@ std::string scalar_string(GgufValueType t, const GgufKv& kv) {
   if (is_unsigned(t)) return std::to_string(kv.u);
   if (is_signed(t)) return std::to_string(kv.i);
   if (t == GgufValueType::BOOL) return kv.u ? "true" : "false";
-  if (t == GgufValueType::F32 || t == GgufValueType::F64) return format_number(kv.f, t == GgufValueType::F32);
+  if (t == GgufValueType::F32 || t == GgufValueType::F64)
+    return format_number(kv.f, t == GgufValueType::F32);
   if (t == GgufValueType::STRING) return quote_short(kv.s);
   return "?";
 }
@@ -262,22 +292,61 @@ std::string GgufKv::to_display_string(size_t max_items) const {
     GgufKv e;
     const uint8_t* p = raw.data() + k * es;
     switch (elem_type) {
-      case GgufValueType::U8: e.u = p[0]; break;
-      case GgufValueType::BOOL: e.u = p[0]; break;
-      case GgufValueType::I8: e.i = static_cast<int8_t>(p[0]); break;
-      case GgufValueType::U16: { uint16_t v; std::memcpy(&v, p, 2); e.u = v; break; }
-      case GgufValueType::I16: { int16_t v; std::memcpy(&v, p, 2); e.i = v; break; }
-      case GgufValueType::U32: { uint32_t v; std::memcpy(&v, p, 4); e.u = v; break; }
-      case GgufValueType::I32: { int32_t v; std::memcpy(&v, p, 4); e.i = v; break; }
-      case GgufValueType::U64: std::memcpy(&e.u, p, 8); break;
-      case GgufValueType::I64: std::memcpy(&e.i, p, 8); break;
-      case GgufValueType::F32: { float v; std::memcpy(&v, p, 4); e.f = v; break; }
-      case GgufValueType::F64: std::memcpy(&e.f, p, 8); break;
-      default: break;
+      case GgufValueType::U8:
+        e.u = p[0];
+        break;
+      case GgufValueType::BOOL:
+        e.u = p[0];
+        break;
+      case GgufValueType::I8:
+        e.i = static_cast<int8_t>(p[0]);
+        break;
+      case GgufValueType::U16: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        e.u = v;
+        break;
+      }
+      case GgufValueType::I16: {
+        int16_t v;
+        std::memcpy(&v, p, 2);
+        e.i = v;
+        break;
+      }
+      case GgufValueType::U32: {
+        uint32_t v;
+        std::memcpy(&v, p, 4);
+        e.u = v;
+        break;
+      }
+      case GgufValueType::I32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        e.i = v;
+        break;
+      }
+      case GgufValueType::U64:
+        std::memcpy(&e.u, p, 8);
+        break;
+      case GgufValueType::I64:
+        std::memcpy(&e.i, p, 8);
+        break;
+      case GgufValueType::F32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        e.f = v;
+        break;
+      }
+      case GgufValueType::F64:
+        std::memcpy(&e.f, p, 8);
+        break;
+      default:
+        break;
     }
     out += scalar_string(elem_type, e);
   }
-  if (count > shown) out += ", ... (" + std::to_string(count) + " " + gguf_value_type_name(elem_type) + ")";
+  if (count > shown)
+    out += ", ... (" + std::to_string(count) + " " + gguf_value_type_name(elem_type) + ")";
   return out + "]";
 }
 

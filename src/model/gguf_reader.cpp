@@ -16,7 +16,9 @@ namespace {
 constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;
 
-std::string at(uint64_t pos) { return " at byte " + std::to_string(pos); }
+std::string at(uint64_t pos) {
+  return " at byte " + std::to_string(pos);
+}
 
 class Cursor {
  public:
@@ -60,37 +62,76 @@ class Cursor {
 // Size in bytes of a fixed-size scalar metadata type; 0 for string/array/unknown.
 uint64_t scalar_size(GgufValueType t) {
   switch (t) {
-    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::U16: case GgufValueType::I16: return 2;
-    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
-    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
-    default: return 0;
+    case GgufValueType::U8:
+    case GgufValueType::I8:
+    case GgufValueType::BOOL:
+      return 1;
+    case GgufValueType::U16:
+    case GgufValueType::I16:
+      return 2;
+    case GgufValueType::U32:
+    case GgufValueType::I32:
+    case GgufValueType::F32:
+      return 4;
+    case GgufValueType::U64:
+    case GgufValueType::I64:
+    case GgufValueType::F64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
-bool value_type_known(uint32_t raw) { return raw <= static_cast<uint32_t>(GgufValueType::F64); }
+bool value_type_known(uint32_t raw) {
+  return raw <= static_cast<uint32_t>(GgufValueType::F64);
+}
 
 // Decodes one scalar of type t from p (scalar_size(t) bytes) into kv's u/i/f fields.
 Status decode_scalar(GgufValueType t, const uint8_t* p, GgufKv* kv, uint64_t pos) {
-  auto load = [&](auto v) { std::memcpy(&v, p, sizeof(v)); return v; };
+  auto load = [&](auto v) {
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  };
   switch (t) {
-    case GgufValueType::U8: kv->u = load(uint8_t{}); break;
-    case GgufValueType::U16: kv->u = load(uint16_t{}); break;
-    case GgufValueType::U32: kv->u = load(uint32_t{}); break;
-    case GgufValueType::U64: kv->u = load(uint64_t{}); break;
-    case GgufValueType::I8: kv->i = load(int8_t{}); break;
-    case GgufValueType::I16: kv->i = load(int16_t{}); break;
-    case GgufValueType::I32: kv->i = load(int32_t{}); break;
-    case GgufValueType::I64: kv->i = load(int64_t{}); break;
-    case GgufValueType::F32: kv->f = load(float{}); break;
-    case GgufValueType::F64: kv->f = load(double{}); break;
+    case GgufValueType::U8:
+      kv->u = load(uint8_t{});
+      break;
+    case GgufValueType::U16:
+      kv->u = load(uint16_t{});
+      break;
+    case GgufValueType::U32:
+      kv->u = load(uint32_t{});
+      break;
+    case GgufValueType::U64:
+      kv->u = load(uint64_t{});
+      break;
+    case GgufValueType::I8:
+      kv->i = load(int8_t{});
+      break;
+    case GgufValueType::I16:
+      kv->i = load(int16_t{});
+      break;
+    case GgufValueType::I32:
+      kv->i = load(int32_t{});
+      break;
+    case GgufValueType::I64:
+      kv->i = load(int64_t{});
+      break;
+    case GgufValueType::F32:
+      kv->f = load(float{});
+      break;
+    case GgufValueType::F64:
+      kv->f = load(double{});
+      break;
     case GgufValueType::BOOL: {
       uint8_t b = load(uint8_t{});
-      if (b > 1) return data_loss("bool metadata value " + std::to_string(b) + " is not 0 or 1" + at(pos));
+      if (b > 1)
+        return data_loss("bool metadata value " + std::to_string(b) + " is not 0 or 1" + at(pos));
       kv->u = b;
       break;
     }
-    default: return internal_error("decode_scalar on a non-scalar type");
+    default:
+      return internal_error("decode_scalar on a non-scalar type");
   }
   return Status::Ok();
 }
@@ -111,7 +152,8 @@ Status read_value(Cursor& c, GgufKv* kv) {
   kv->elem_type = static_cast<GgufValueType>(et);
   CISA_RETURN_IF_ERROR(c.read(&kv->count, "array length"));
   if (kv->elem_type == GgufValueType::ARRAY)
-    return unimplemented("nested metadata arrays are not supported (key '" + std::string(kv->key) + "')");
+    return unimplemented("nested metadata arrays are not supported (key '" + std::string(kv->key) +
+                         "')");
   if (kv->elem_type == GgufValueType::STRING) {
     // Each string costs at least its 8-byte length, which bounds a plausible count.
     if (kv->count > c.left() / 8)
@@ -128,7 +170,8 @@ Status read_value(Cursor& c, GgufKv* kv) {
   CISA_RETURN_IF_ERROR(c.take(kv->count * es, &kv->raw, "array payload"));
   if (kv->elem_type == GgufValueType::BOOL)
     for (uint8_t b : kv->raw)
-      if (b > 1) return data_loss("bool array '" + std::string(kv->key) + "' holds a value other than 0/1");
+      if (b > 1)
+        return data_loss("bool array '" + std::string(kv->key) + "' holds a value other than 0/1");
   return Status::Ok();
 }
 
@@ -139,7 +182,8 @@ Status GgufFile::parse_into(GgufFile& f) {
   // ---- header: magic, version, counts
   std::span<const uint8_t> magic;
   if (f.bytes_.size() < 4)
-    return data_loss("not a GGUF file: only " + std::to_string(f.bytes_.size()) + " bytes (truncated)");
+    return data_loss("not a GGUF file: only " + std::to_string(f.bytes_.size()) +
+                     " bytes (truncated)");
   CISA_RETURN_IF_ERROR(c.take(4, &magic, "magic"));
   if (std::memcmp(magic.data(), "GGUF", 4) != 0)
     return invalid_argument("not a GGUF file: the first 4 bytes are not the magic 'GGUF'");
@@ -178,7 +222,8 @@ Status GgufFile::parse_into(GgufFile& f) {
   }
   if (const GgufKv* a = f.find("general.alignment")) {
     if (a->type != GgufValueType::U32)
-      return data_loss(std::string("general.alignment must be u32, not ") + gguf_value_type_name(a->type));
+      return data_loss(std::string("general.alignment must be u32, not ") +
+                       gguf_value_type_name(a->type));
     if (a->u == 0 || (a->u & (a->u - 1)) != 0)
       return data_loss("general.alignment " + std::to_string(a->u) + " is not a power of two");
     f.alignment_ = a->u;
@@ -197,14 +242,16 @@ Status GgufFile::parse_into(GgufFile& f) {
     uint32_t n_dims = 0;
     CISA_RETURN_IF_ERROR(c.read(&n_dims, "tensor rank"));
     if (n_dims == 0 || n_dims > kMaxDims)
-      return data_loss("tensor '" + name + "' has " + std::to_string(n_dims) + " dimensions (1 to 4 allowed)");
+      return data_loss("tensor '" + name + "' has " + std::to_string(n_dims) +
+                       " dimensions (1 to 4 allowed)");
     t.n_dims = static_cast<int>(n_dims);
     uint64_t count = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t ne = 0;
       CISA_RETURN_IF_ERROR(c.read(&ne, "tensor dimension"));
       // An empty dimension would make a tensor with rows of data but no bytes; no model has one.
-      if (ne == 0) return data_loss("tensor '" + name + "' has an empty dimension " + std::to_string(d));
+      if (ne == 0)
+        return data_loss("tensor '" + name + "' has an empty dimension " + std::to_string(d));
       if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (ne != 0 && count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / ne))
         return data_loss("tensor '" + name + "': element count overflows");
@@ -238,12 +285,14 @@ Status GgufFile::parse_into(GgufFile& f) {
     return data_loss("truncated file: the data section would start at byte " +
                      std::to_string(f.data_offset_) + " past the end (" +
                      std::to_string(f.bytes_.size()) + " bytes)");
-  const uint64_t data_size = f.bytes_.size() > f.data_offset_ ? f.bytes_.size() - f.data_offset_ : 0;
+  const uint64_t data_size =
+      f.bytes_.size() > f.data_offset_ ? f.bytes_.size() - f.data_offset_ : 0;
   for (GgufTensor& t : f.tensors_) {
     if (t.offset > data_size || t.n_bytes > data_size - t.offset)
       return data_loss("truncated file: tensor '" + std::string(t.name) + "' (" +
-                       std::to_string(t.n_bytes) + " bytes at data offset " + std::to_string(t.offset) +
-                       ") runs past the end of the data section (" + std::to_string(data_size) + " bytes)");
+                       std::to_string(t.n_bytes) + " bytes at data offset " +
+                       std::to_string(t.offset) + ") runs past the end of the data section (" +
+                       std::to_string(data_size) + " bytes)");
     t.data = f.bytes_.data() + f.data_offset_ + t.offset;
   }
   // Tensors must not overlap: sort by offset and compare neighbours.
@@ -255,8 +304,8 @@ Status GgufFile::parse_into(GgufFile& f) {
   for (size_t k = 1; k < by_offset.size(); ++k) {
     const GgufTensor* p = by_offset[k - 1];
     if (p->n_bytes > 0 && p->offset + p->n_bytes > by_offset[k]->offset)
-      return data_loss("tensors '" + std::string(p->name) + "' and '" + std::string(by_offset[k]->name) +
-                       "' overlap in the data section");
+      return data_loss("tensors '" + std::string(p->name) + "' and '" +
+                       std::string(by_offset[k]->name) + "' overlap in the data section");
   }
   return Status::Ok();
 }

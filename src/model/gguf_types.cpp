@@ -10,9 +10,9 @@ namespace {
 struct TypeRow {
   GgmlType type;
   const char* name;
-  int64_t block;  // elements per block
-  int64_t bytes;  // bytes per block
-  bool supported; // dequantise + matmul implemented in quant_*.cpp
+  int64_t block;   // elements per block
+  int64_t bytes;   // bytes per block
+  bool supported;  // dequantise + matmul implemented in quant_*.cpp
 };
 
 // Block layouts (docs/gguf.md): a "_0" block is a scale plus packed values, "_1" adds a minimum,
@@ -57,7 +57,9 @@ const TypeRow* row_of(uint32_t raw) {
 
 }  // namespace
 
-bool ggml_type_is_known(uint32_t raw) { return row_of(raw) != nullptr; }
+bool ggml_type_is_known(uint32_t raw) {
+  return row_of(raw) != nullptr;
+}
 
 const char* ggml_type_name(GgmlType type) {
   const TypeRow* r = row_of(static_cast<uint32_t>(type));
@@ -81,11 +83,13 @@ bool ggml_type_is_supported(GgmlType type) {
 
 Result<uint64_t> ggml_row_bytes(GgmlType type, int64_t n) {
   const TypeRow* r = row_of(static_cast<uint32_t>(type));
-  if (!r) return invalid_argument("unknown tensor type " + std::to_string(static_cast<uint32_t>(type)));
+  if (!r)
+    return invalid_argument("unknown tensor type " + std::to_string(static_cast<uint32_t>(type)));
   if (n < 0) return invalid_argument("negative row length " + std::to_string(n));
   if (n % r->block != 0)
-    return invalid_argument(std::string("row length ") + std::to_string(n) + " is not a multiple of the " +
-                            r->name + " block size " + std::to_string(r->block));
+    return invalid_argument(std::string("row length ") + std::to_string(n) +
+                            " is not a multiple of the " + r->name + " block size " +
+                            std::to_string(r->block));
   const uint64_t blocks = static_cast<uint64_t>(n / r->block);
   if (blocks > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(r->bytes))
     return invalid_argument("row byte size overflows");
@@ -94,19 +98,32 @@ Result<uint64_t> ggml_row_bytes(GgmlType type, int64_t n) {
 
 const char* gguf_value_type_name(GgufValueType type) {
   switch (type) {
-    case GgufValueType::U8: return "u8";
-    case GgufValueType::I8: return "i8";
-    case GgufValueType::U16: return "u16";
-    case GgufValueType::I16: return "i16";
-    case GgufValueType::U32: return "u32";
-    case GgufValueType::I32: return "i32";
-    case GgufValueType::F32: return "f32";
-    case GgufValueType::BOOL: return "bool";
-    case GgufValueType::STRING: return "string";
-    case GgufValueType::ARRAY: return "array";
-    case GgufValueType::U64: return "u64";
-    case GgufValueType::I64: return "i64";
-    case GgufValueType::F64: return "f64";
+    case GgufValueType::U8:
+      return "u8";
+    case GgufValueType::I8:
+      return "i8";
+    case GgufValueType::U16:
+      return "u16";
+    case GgufValueType::I16:
+      return "i16";
+    case GgufValueType::U32:
+      return "u32";
+    case GgufValueType::I32:
+      return "i32";
+    case GgufValueType::F32:
+      return "f32";
+    case GgufValueType::BOOL:
+      return "bool";
+    case GgufValueType::STRING:
+      return "string";
+    case GgufValueType::ARRAY:
+      return "array";
+    case GgufValueType::U64:
+      return "u64";
+    case GgufValueType::I64:
+      return "i64";
+    case GgufValueType::F64:
+      return "f64";
   }
   return "unknown";
 }

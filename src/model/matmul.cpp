@@ -1,7 +1,7 @@
 // matmul.cpp — y = W x over a thread pool, for quantised and float weight matrices.
 //
-// Quantised weights: the activations are quantised once per call (quant::quantize_activations), then the
-// (rows x tokens) output is cut into tiles of row_chunk rows by tok_chunk tokens, one task
+// Quantised weights: the activations are quantised once per call (quant::quantize_activations),
+// then the (rows x tokens) output is cut into tiles of row_chunk rows by tok_chunk tokens, one task
 // each. Inside a tile the kernel walks each weight row once per group of 4 tokens, so a
 // row chunk (a few KB to tens of KB) stays in L1/L2 while every token of the tile passes over it.
 // Float weights (F32/F16/BF16) are converted a row at a time and multiplied in fp32.
@@ -20,7 +20,9 @@ quant::TileKernel pick_kernel(GgmlType type) {
   return quant::tile_kernel_scalar(type);
 }
 
-bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+bool is_float_type(GgmlType t) {
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
 
 float dot_f32(const float* a, const float* b, int64_t n) {
   // Eight independent partial sums so the compiler can keep a vector accumulator per lane.
@@ -84,14 +86,16 @@ Status matmul(const WeightView& w, const float* x, float* y, int64_t n_tok, Thre
   if (n_tok == 0 || w.n_rows == 0) return Status::Ok();
   if (!w.data || !x || !y) return invalid_argument("matmul: null weight, input or output pointer");
   if (ldx < w.n_cols || ldy < w.n_rows)
-    return invalid_argument("matmul: leading dimensions (" + std::to_string(ldx) + ", " + std::to_string(ldy) +
-                            ") smaller than the matrix (" + std::to_string(w.n_cols) + " cols, " +
-                            std::to_string(w.n_rows) + " rows)");
+    return invalid_argument("matmul: leading dimensions (" + std::to_string(ldx) + ", " +
+                            std::to_string(ldy) + ") smaller than the matrix (" +
+                            std::to_string(w.n_cols) + " cols, " + std::to_string(w.n_rows) +
+                            " rows)");
   auto rb = ggml_row_bytes(w.type, w.n_cols);
   if (!rb.ok()) return rb.status();
   if (*rb != w.row_bytes)
-    return invalid_argument("matmul: row_bytes " + std::to_string(w.row_bytes) + " does not match " +
-                            std::to_string(w.n_cols) + " " + ggml_type_name(w.type) + " elements");
+    return invalid_argument("matmul: row_bytes " + std::to_string(w.row_bytes) +
+                            " does not match " + std::to_string(w.n_cols) + " " +
+                            ggml_type_name(w.type) + " elements");
   const Tiling p = plan(w.n_rows, n_tok, pool.num_threads());
   const int64_t n_tasks = p.n_row_chunks * p.n_tok_chunks;
 
@@ -132,7 +136,9 @@ Status matmul(const WeightView& w, const float* x, float* y, int64_t n_tok, Thre
   if (s.bytes.size() < need) s.bytes.resize(need);
   uint8_t* xq = s.bytes.data();
   // Quantise the activations, in parallel when there is enough of them to pay for the wake-up.
-  auto quantize_token = [&](int64_t t) { quant::quantize_activations(w.type, x + t * ldx, xq + t * tok_bytes, w.n_cols); };
+  auto quantize_token = [&](int64_t t) {
+    quant::quantize_activations(w.type, x + t * ldx, xq + t * tok_bytes, w.n_cols);
+  };
   if (n_tok * w.n_cols >= (1 << 16)) {
     pool.parallel_for(n_tok, [&](int64_t t, int) { quantize_token(t); });
   } else {
@@ -142,7 +148,8 @@ Status matmul(const WeightView& w, const float* x, float* y, int64_t n_tok, Thre
     const int64_t rc = task % p.n_row_chunks, tc = task / p.n_row_chunks;
     const int64_t r0 = rc * p.row_chunk, r1 = std::min(w.n_rows, r0 + p.row_chunk);
     const int64_t t0 = tc * p.tok_chunk, t1 = std::min(n_tok, t0 + p.tok_chunk);
-    kernel(w.row(r0), w.row_bytes, r1 - r0, xq + t0 * tok_bytes, nb, t1 - t0, y + t0 * ldy + r0, ldy);
+    kernel(w.row(r0), w.row_bytes, r1 - r0, xq + t0 * tok_bytes, nb, t1 - t0, y + t0 * ldy + r0,
+           ldy);
   });
   return Status::Ok();
 }

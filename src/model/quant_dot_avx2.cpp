@@ -31,9 +31,10 @@ inline __m256i unpack_nibbles16(const uint8_t* p) {
 // 32 bits -> 32 bytes, byte i = 0x10 when bit i is set (the fifth bit of a Q5 code).
 inline __m256i bit4_from_bits(uint32_t bits) {
   // Byte i takes the byte of `bits` holding bit i, then tests its own bit position i % 8.
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                             0x0202020202020202, 0x0303030303030303));
   const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
@@ -118,7 +119,8 @@ struct LoadQ8_0 {
 // Each weight sub-block is decoded once per tile and each activation block loaded once per
 // tile; the NR * NT accumulators are independent, which hides the fused multiply-add latency.
 template <class L, int NR, int NT>
-void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, float* y, int64_t ldy) {
+void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, float* y,
+          int64_t ldy) {
   const int64_t n_blocks = nb / L::kSubs;
   typename L::Pre pre[NR];
   __m256 acc[NR][NT];
@@ -141,8 +143,10 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
         for (int r = 0; r < NR; ++r) {
           const Sub& s = sub[r];
           __m256i isum;
-          if constexpr (L::kSigned) isum = dot_us(s.u, _mm256_sign_epi8(qx, s.sgn));
-          else isum = dot_us(s.u, qx);
+          if constexpr (L::kSigned)
+            isum = dot_us(s.u, _mm256_sign_epi8(qx, s.sgn));
+          else
+            isum = dot_us(s.u, qx);
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.ws, dx), acc[r][t]);
           if constexpr (!L::kSigned) add[r][t] += s.a * bx.s;
         }
@@ -159,7 +163,8 @@ void rows_times_tokens(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, con
                        int64_t nb, float* y, int64_t ldy) {
   constexpr int NR = NT == 1 ? 4 : 2;
   int64_t r = 0;
-  for (; r + NR <= n_rows; r += NR) tile<L, NR, NT>(w + r * row_bytes, row_bytes, xq, nb, y + r, ldy);
+  for (; r + NR <= n_rows; r += NR)
+    tile<L, NR, NT>(w + r * row_bytes, row_bytes, xq, nb, y + r, ldy);
   for (; r < n_rows; ++r) tile<L, 1, NT>(w + r * row_bytes, row_bytes, xq, nb, y + r, ldy);
 }
 
@@ -168,12 +173,20 @@ void tile_avx2(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void*
                int64_t n_tok, float* y, int64_t ldy) {
   const BlockX* xq = static_cast<const BlockX*>(xv);
   int64_t t = 0;
-  for (; t + 4 <= n_tok; t += 4) rows_times_tokens<L, 4>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy);
+  for (; t + 4 <= n_tok; t += 4)
+    rows_times_tokens<L, 4>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy);
   switch (n_tok - t) {
-    case 3: rows_times_tokens<L, 3>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy); break;
-    case 2: rows_times_tokens<L, 2>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy); break;
-    case 1: rows_times_tokens<L, 1>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy); break;
-    default: break;
+    case 3:
+      rows_times_tokens<L, 3>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy);
+      break;
+    case 2:
+      rows_times_tokens<L, 2>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy);
+      break;
+    case 1:
+      rows_times_tokens<L, 1>(w, row_bytes, n_rows, xq + t * nb, nb, y + t * ldy, ldy);
+      break;
+    default:
+      break;
   }
 }
 
@@ -181,12 +194,18 @@ void tile_avx2(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void*
 
 TileKernel tile_kernel_avx2(GgmlType type) {
   switch (type) {
-    case GgmlType::Q4_0: return tile_avx2<LoadQ4_0>;
-    case GgmlType::Q4_1: return tile_avx2<LoadQ4_1>;
-    case GgmlType::Q5_0: return tile_avx2<LoadQ5<false>>;
-    case GgmlType::Q5_1: return tile_avx2<LoadQ5<true>>;
-    case GgmlType::Q8_0: return tile_avx2<LoadQ8_0>;
-    default: return nullptr;
+    case GgmlType::Q4_0:
+      return tile_avx2<LoadQ4_0>;
+    case GgmlType::Q4_1:
+      return tile_avx2<LoadQ4_1>;
+    case GgmlType::Q5_0:
+      return tile_avx2<LoadQ5<false>>;
+    case GgmlType::Q5_1:
+      return tile_avx2<LoadQ5<true>>;
+    case GgmlType::Q8_0:
+      return tile_avx2<LoadQ8_0>;
+    default:
+      return nullptr;
   }
 }
 
@@ -195,7 +214,9 @@ TileKernel tile_kernel_avx2(GgmlType type) {
 #else  // no AVX2: the scalar kernels are used
 
 namespace cisa::quant {
-TileKernel tile_kernel_avx2(GgmlType) { return nullptr; }
+TileKernel tile_kernel_avx2(GgmlType) {
+  return nullptr;
+}
 }  // namespace cisa::quant
 
 #endif

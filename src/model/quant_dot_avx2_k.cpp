@@ -18,7 +18,9 @@
 namespace cisa::quant {
 namespace {
 
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
 
 // u . q per sub-block, weighted by the sub-block's integer scale: 8 int32 lanes.
 inline __m256i scaled_dot(__m256i u, __m256i q, __m256i scale16) {
@@ -44,7 +46,8 @@ inline void q4k_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
 }
 
 template <int NR, int NT>
-void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
+              int64_t ldy) {
   __m256 acc[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -80,8 +83,9 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
         const int8_t* xs = xq[t * nb + blk].q + 64 * c;
         const __m256i xlo = load256(xs), xhi = load256(xs + 32);
         for (int r = 0; r < NR; ++r)
-          sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]),
-                                                                      scaled_dot(uhi[r], xhi, shi[r])));
+          sumi[r][t] = _mm256_add_epi32(
+              sumi[r][t],
+              _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]), scaled_dot(uhi[r], xhi, shi[r])));
       }
     }
     for (int t = 0; t < NT; ++t) {
@@ -89,8 +93,10 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
       const __m256i bsum = load256(bx.bsum);
       for (int r = 0; r < NR; ++r) {
         const __m256i msum = _mm256_madd_epi16(mins16[r], bsum);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin[r] * bx.d), acc[r][t]);
+        acc[r][t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
+        acc[r][t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin[r] * bx.d), acc[r][t]);
       }
     }
   }
@@ -102,15 +108,16 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
 template <int Q>
 inline __m256i q6k_codes(__m256i ql0, __m256i ql1, __m256i qh) {
   const __m256i ql = (Q & 1) ? ql1 : ql0;
-  const __m256i lo = _mm256_and_si256(Q >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
+  const __m256i lo =
+      _mm256_and_si256(Q >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
   const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * Q), _mm256_set1_epi8(0x03));
   return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
 }
 
 template <int Q, int NR, int NT>
 inline void q6k_quarter(const __m256i (&ql0)[NR], const __m256i (&ql1)[NR], const __m256i (&qh)[NR],
-                        const int8_t* const (&sc)[NR], const BlockXK* xq, int64_t nb, int64_t blk, int h,
-                        __m256i (&sumi)[NR][NT]) {
+                        const int8_t* const (&sc)[NR], const BlockXK* xq, int64_t nb, int64_t blk,
+                        int h, __m256i (&sumi)[NR][NT]) {
   __m256i u[NR], s[NR];
   for (int r = 0; r < NR; ++r) {
     u[r] = q6k_codes<Q>(ql0[r], ql1[r], qh[r]);
@@ -120,12 +127,14 @@ inline void q6k_quarter(const __m256i (&ql0)[NR], const __m256i (&ql1)[NR], cons
   }
   for (int t = 0; t < NT; ++t) {
     const __m256i x = load256(xq[t * nb + blk].q + 128 * h + 32 * Q);
-    for (int r = 0; r < NR; ++r) sumi[r][t] = _mm256_add_epi32(sumi[r][t], scaled_dot(u[r], x, s[r]));
+    for (int r = 0; r < NR; ++r)
+      sumi[r][t] = _mm256_add_epi32(sumi[r][t], scaled_dot(u[r], x, s[r]));
   }
 }
 
 template <int NR, int NT>
-void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
+              int64_t ldy) {
   __m256 acc[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -162,7 +171,8 @@ void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
         // Codes are stored +32: subtract 32 * sum_g sc_g bsum_g.
         const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], bsum), 5);
         const __m256i total = _mm256_sub_epi32(sumi[r][t], offset);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
+        acc[r][t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
       }
     }
   }
@@ -172,34 +182,45 @@ void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
 
 // Rows in tiles of NR (single rows for the remainder), tokens in groups of up to 4.
 template <template <int, int> class Tile>
-void tile_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb, int64_t n_tok,
-            float* y, int64_t ldy) {
+void tile_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
+            int64_t n_tok, float* y, int64_t ldy) {
   const BlockXK* xq = static_cast<const BlockXK*>(xv);
   auto rows = [&]<int NT>(int64_t t) {
     constexpr int NR = NT == 1 ? 4 : 2;
     int64_t r = 0;
-    for (; r + NR <= n_rows; r += NR) Tile<NR, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
-    for (; r < n_rows; ++r) Tile<1, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
+    for (; r + NR <= n_rows; r += NR)
+      Tile<NR, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
+    for (; r < n_rows; ++r)
+      Tile<1, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
   };
   int64_t t = 0;
   for (; t + 4 <= n_tok; t += 4) rows.template operator()<4>(t);
   switch (n_tok - t) {
-    case 3: rows.template operator()<3>(t); break;
-    case 2: rows.template operator()<2>(t); break;
-    case 1: rows.template operator()<1>(t); break;
-    default: break;
+    case 3:
+      rows.template operator()<3>(t);
+      break;
+    case 2:
+      rows.template operator()<2>(t);
+      break;
+    case 1:
+      rows.template operator()<1>(t);
+      break;
+    default:
+      break;
   }
 }
 
 template <int NR, int NT>
 struct TileQ4K {
-  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y,
+                  int64_t ldy) {
     tile_q4k<NR, NT>(w, rb, xq, nb, y, ldy);
   }
 };
 template <int NR, int NT>
 struct TileQ6K {
-  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y, int64_t ldy) {
+  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y,
+                  int64_t ldy) {
     tile_q6k<NR, NT>(w, rb, xq, nb, y, ldy);
   }
 };
@@ -208,9 +229,12 @@ struct TileQ6K {
 
 TileKernel tile_kernel_avx2_k(GgmlType type) {
   switch (type) {
-    case GgmlType::Q4_K: return tile_k<TileQ4K>;
-    case GgmlType::Q6_K: return tile_k<TileQ6K>;
-    default: return nullptr;
+    case GgmlType::Q4_K:
+      return tile_k<TileQ4K>;
+    case GgmlType::Q6_K:
+      return tile_k<TileQ6K>;
+    default:
+      return nullptr;
   }
 }
 
@@ -219,7 +243,9 @@ TileKernel tile_kernel_avx2_k(GgmlType type) {
 #else  // no AVX2
 
 namespace cisa::quant {
-TileKernel tile_kernel_avx2_k(GgmlType) { return nullptr; }
+TileKernel tile_kernel_avx2_k(GgmlType) {
+  return nullptr;
+}
 }  // namespace cisa::quant
 
 #endif

@@ -2,7 +2,8 @@
 //
 // For a weight sub-block of 32 with element i = s[i/16] * w[i] + a and an activation block
 // x[i] = d * q[i], the dot product is
-//   sum_i x[i] (s[i/16] w[i] + a) = d * (s[0] * sum_{i<16} w q + s[1] * sum_{i>=16} w q) + a * (s0 + s1)
+//   sum_i x[i] (s[i/16] w[i] + a) = d * (s[0] * sum_{i<16} w q + s[1] * sum_{i>=16} w q) + a * (s0
+//   + s1)
 // where s0, s1 are the activation's half sums (BlockX). The integer sums are exact; floats enter
 // once per half block. The AVX2 kernels compute the same quantities with vector instructions.
 #include <cmath>
@@ -52,17 +53,24 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k) {
   }
 }
 
-bool uses_block256(GgmlType type) { return type == GgmlType::Q4_K || type == GgmlType::Q6_K; }
+bool uses_block256(GgmlType type) {
+  return type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+}
 
-int64_t activation_blocks(GgmlType type, int64_t k) { return k / (uses_block256(type) ? kBlockXK : kBlockX); }
+int64_t activation_blocks(GgmlType type, int64_t k) {
+  return k / (uses_block256(type) ? kBlockXK : kBlockX);
+}
 
 size_t activation_bytes(GgmlType type, int64_t k) {
-  return static_cast<size_t>(activation_blocks(type, k)) * (uses_block256(type) ? sizeof(BlockXK) : sizeof(BlockX));
+  return static_cast<size_t>(activation_blocks(type, k)) *
+         (uses_block256(type) ? sizeof(BlockXK) : sizeof(BlockX));
 }
 
 void quantize_activations(GgmlType type, const float* x, void* out, int64_t k) {
-  if (uses_block256(type)) quantize_xk(x, static_cast<BlockXK*>(out), k);
-  else quantize_x(x, static_cast<BlockX*>(out), k);
+  if (uses_block256(type))
+    quantize_xk(x, static_cast<BlockXK*>(out), k);
+  else
+    quantize_x(x, static_cast<BlockX*>(out), k);
 }
 
 float activation_value(GgmlType type, const void* xq, int64_t i) {
@@ -100,7 +108,8 @@ void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const voi
             int lo = 0, hi = 0;
             for (int i = 0; i < 16; ++i) lo += sb.w[i] * bx.q[i];
             for (int i = 16; i < 32; ++i) hi += sb.w[i] * bx.q[i];
-            acc[t] += bx.d * (sb.scale[0] * static_cast<float>(lo) + sb.scale[1] * static_cast<float>(hi)) +
+            acc[t] += bx.d * (sb.scale[0] * static_cast<float>(lo) +
+                              sb.scale[1] * static_cast<float>(hi)) +
                       sb.add * (bx.s0 + bx.s1);
           }
         }
@@ -130,8 +139,8 @@ void tile_scalar_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const v
           for (int i = 0; i < 16; ++i) lo += sb.w[i] * bx.q[32 * j + i];
           for (int i = 16; i < 32; ++i) hi += sb.w[i] * bx.q[32 * j + i];
           const int qsum = bx.bsum[2 * j] + bx.bsum[2 * j + 1];
-          acc += bx.d * (sb.scale[0] * static_cast<float>(lo) + sb.scale[1] * static_cast<float>(hi) +
-                         sb.add * static_cast<float>(qsum));
+          acc += bx.d * (sb.scale[0] * static_cast<float>(lo) +
+                         sb.scale[1] * static_cast<float>(hi) + sb.add * static_cast<float>(qsum));
         }
       }
       y[t * ldy + r] = acc;
@@ -143,14 +152,22 @@ void tile_scalar_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const v
 
 TileKernel tile_kernel_scalar(GgmlType type) {
   switch (type) {
-    case GgmlType::Q4_0: return tile_scalar<GgmlType::Q4_0>;
-    case GgmlType::Q4_1: return tile_scalar<GgmlType::Q4_1>;
-    case GgmlType::Q5_0: return tile_scalar<GgmlType::Q5_0>;
-    case GgmlType::Q5_1: return tile_scalar<GgmlType::Q5_1>;
-    case GgmlType::Q8_0: return tile_scalar<GgmlType::Q8_0>;
-    case GgmlType::Q4_K: return tile_scalar_k<GgmlType::Q4_K>;
-    case GgmlType::Q6_K: return tile_scalar_k<GgmlType::Q6_K>;
-    default: return nullptr;
+    case GgmlType::Q4_0:
+      return tile_scalar<GgmlType::Q4_0>;
+    case GgmlType::Q4_1:
+      return tile_scalar<GgmlType::Q4_1>;
+    case GgmlType::Q5_0:
+      return tile_scalar<GgmlType::Q5_0>;
+    case GgmlType::Q5_1:
+      return tile_scalar<GgmlType::Q5_1>;
+    case GgmlType::Q8_0:
+      return tile_scalar<GgmlType::Q8_0>;
+    case GgmlType::Q4_K:
+      return tile_scalar_k<GgmlType::Q4_K>;
+    case GgmlType::Q6_K:
+      return tile_scalar_k<GgmlType::Q6_K>;
+    default:
+      return nullptr;
   }
 }
 

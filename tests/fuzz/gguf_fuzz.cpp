@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)f.get_f32_array(kv.key);
     (void)f.get_i32_array(kv.key);
     (void)f.get_u64(kv.key);
-    for (std::string_view s : kv.strings) sink += s.empty() ? 0 : static_cast<unsigned char>(s.back());
+    for (std::string_view s : kv.strings)
+      sink += s.empty() ? 0 : static_cast<unsigned char>(s.back());
   }
   std::vector<float> row;
   for (const cisa::GgufTensor& t : f.tensors()) {

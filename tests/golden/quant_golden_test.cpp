@@ -6,6 +6,7 @@
 // saying so, when a model is absent (`cisa pull gemma3-270m`, `cisa pull smollm2-135m`).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,7 +14,6 @@
 #include <map>
 #include <random>
 #include <sstream>
-#include <sys/stat.h>
 
 #include "cisa/gguf.h"
 #include "cisa/quant.h"
@@ -37,7 +37,8 @@ std::vector<Fixture> load_index() {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ls(line);
     Fixture f;
-    ls >> f.kind >> f.model >> f.tensor >> f.type >> f.row >> f.n >> f.raw_offset >> f.raw_bytes >> f.f32_offset;
+    ls >> f.kind >> f.model >> f.tensor >> f.type >> f.row >> f.n >> f.raw_offset >> f.raw_bytes >>
+        f.f32_offset;
     if (ls) out.push_back(f);
   }
   return out;
@@ -45,7 +46,8 @@ std::vector<Fixture> load_index() {
 
 std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
 }
 
 std::vector<float> load_expected() {
@@ -57,7 +59,8 @@ std::vector<float> load_expected() {
 
 GgmlType type_by_name(const std::string& name) {
   for (uint32_t t = 0; t < 64; ++t)
-    if (ggml_type_is_known(t) && name == ggml_type_name(static_cast<GgmlType>(t))) return static_cast<GgmlType>(t);
+    if (ggml_type_is_known(t) && name == ggml_type_name(static_cast<GgmlType>(t)))
+      return static_cast<GgmlType>(t);
   ADD_FAILURE() << "unknown type name " << name;
   return GgmlType::F32;
 }
@@ -75,7 +78,8 @@ int64_t ulps(float a, float b) {
 
 std::string model_path(const std::string& model) {
   static const std::map<std::string, std::string> files = {
-      {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"}, {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"}};
+      {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
+      {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"}};
   const char* env = std::getenv("CISA_MODELS_DIR");
   const std::string dir = env && *env ? env : std::string(CISA_SOURCE_DIR) + "/models";
   return dir + "/" + files.at(model);
@@ -117,7 +121,8 @@ class QuantGoldenModel : public ::testing::TestWithParam<std::string> {};
 TEST_P(QuantGoldenModel, RealTensorRowsMatchGgufPackage) {
   const std::string model = GetParam();
   const std::string path = model_path(model);
-  if (!exists(path)) GTEST_SKIP() << path << " is absent; run `cisa pull " << model << "` to check real tensors";
+  if (!exists(path))
+    GTEST_SKIP() << path << " is absent; run `cisa pull " << model << "` to check real tensors";
   auto file = GgufFile::open(path);
   ASSERT_TRUE(file.ok()) << file.status().to_string();
   const std::vector<float> expected = load_expected();
@@ -132,7 +137,8 @@ TEST_P(QuantGoldenModel, RealTensorRowsMatchGgufPackage) {
     std::vector<float> got(static_cast<size_t>(f.n));
     ASSERT_TRUE(dequantize_row(t->type, t->row(f.row), got.data(), f.n).ok());
     int64_t worst = 0;
-    for (int64_t i = 0; i < f.n; ++i) worst = std::max(worst, ulps(got[i], expected[f.f32_offset + i]));
+    for (int64_t i = 0; i < f.n; ++i)
+      worst = std::max(worst, ulps(got[i], expected[f.f32_offset + i]));
     EXPECT_EQ(worst, 0) << model << " " << f.tensor << " row " << f.row;
     ++checked;
   }
@@ -189,7 +195,8 @@ TEST_P(QuantGoldenModel, MatmulOnRealWeights) {
     WeightView slice = *w;
     slice.n_rows = std::min<int64_t>(slice.n_rows, 96);
     const int64_t n_tok = 3, k = slice.n_cols;
-    std::vector<float> x(static_cast<size_t>(n_tok * k)), y(static_cast<size_t>(n_tok * slice.n_rows));
+    std::vector<float> x(static_cast<size_t>(n_tok * k)),
+        y(static_cast<size_t>(n_tok * slice.n_rows));
     for (auto& v : x) v = nd(rng);
     ASSERT_TRUE(matmul(slice, x.data(), y.data(), n_tok, pool).ok());
     std::vector<float> row(static_cast<size_t>(k));
@@ -218,7 +225,9 @@ TEST_P(QuantGoldenModel, MatmulOnRealWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, QuantGoldenModel, ::testing::Values("gemma3-270m", "smollm2-135m"),
-                         [](const auto& info) { return info.param == "gemma3-270m" ? "Gemma3_270M" : "SmolLM2_135M"; });
+                         [](const auto& info) {
+                           return info.param == "gemma3-270m" ? "Gemma3_270M" : "SmolLM2_135M";
+                         });
 
 }  // namespace
 }  // namespace cisa

@@ -44,8 +44,8 @@ GgufBuilder full_builder() {
   std::vector<float> w(2 * 3);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) + 0.5f;
   g.add_tensor("w.f32", 0, {3, 2}, f32_bytes(w));
-  g.add_tensor("w.q8", 8, {32, 2}, std::vector<uint8_t>(2 * 34, 7));   // Q8_0: 34 B per 32
-  g.add_tensor("w.q4k", 12, {256}, std::vector<uint8_t>(144, 9));       // Q4_K: 144 B per 256
+  g.add_tensor("w.q8", 8, {32, 2}, std::vector<uint8_t>(2 * 34, 7));  // Q8_0: 34 B per 32
+  g.add_tensor("w.q4k", 12, {256}, std::vector<uint8_t>(144, 9));     // Q4_K: 144 B per 256
   return g;
 }
 
@@ -80,7 +80,8 @@ TEST(GgufReader, ReadsEveryFieldBack) {
   EXPECT_EQ((*toks)[1], "hello");
   EXPECT_EQ((*toks)[2], "");
   EXPECT_EQ((*toks)[3], "\xe2\x96\x81world");
-  EXPECT_EQ(*f.get_f32_array("tokenizer.ggml.scores"), (std::vector<float>{0.5f, -1.0f, 2.0f, 3.5f}));
+  EXPECT_EQ(*f.get_f32_array("tokenizer.ggml.scores"),
+            (std::vector<float>{0.5f, -1.0f, 2.0f, 3.5f}));
   EXPECT_EQ(*f.get_i32_array("tokenizer.ggml.token_type"), (std::vector<int32_t>{3, 1, 1, -2}));
 
   ASSERT_EQ(f.tensors().size(), 3u);
@@ -119,13 +120,14 @@ TEST(GgufReader, GettersConvertOrExplain) {
   const GgufFile& f = *r;
   EXPECT_EQ(f.get_u32("nope").status().code(), StatusCode::kNotFound);
   EXPECT_NE(f.get_u32("nope").status().message().find("nope"), std::string::npos);
-  EXPECT_EQ(f.get_u32("test.i32").status().code(), StatusCode::kOutOfRange);   // -7 not unsigned
-  EXPECT_EQ(f.get_i32("test.u64").status().code(), StatusCode::kOutOfRange);   // 2^40 too big
+  EXPECT_EQ(f.get_u32("test.i32").status().code(), StatusCode::kOutOfRange);  // -7 not unsigned
+  EXPECT_EQ(f.get_i32("test.u64").status().code(), StatusCode::kOutOfRange);  // 2^40 too big
   EXPECT_EQ(*f.get_i64("test.u64"), 1ll << 40);
   EXPECT_EQ(f.get_string("test.u8").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(f.get_f32("general.architecture").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(f.get_bool("test.u8").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(f.get_string_array("tokenizer.ggml.scores").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.get_string_array("tokenizer.ggml.scores").status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(f.get_f32_array("tokenizer.ggml.tokens").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(*f.get_u32_or("absent", 11), 11u);
   EXPECT_EQ(*f.get_u32_or("llama.block_count", 11), 30u);
@@ -169,7 +171,8 @@ TEST(GgufReader, EmptyFileHasNoTensors) {
   EXPECT_EQ(r->architecture(), "");
 }
 
-// ---- corruption ----------------------------------------------------------------------------------
+// ---- corruption
+// ----------------------------------------------------------------------------------
 
 Status parse_status(const std::vector<uint8_t>& b) {
   auto r = GgufFile::parse(b);
@@ -316,7 +319,8 @@ TEST(GgufReaderCorrupt, BadTensorTable) {
   expect_error(dup.build(), StatusCode::kDataLoss, "duplicate tensor name 't'");
 }
 
-// ---- files -----------------------------------------------------------------------------------------
+// ---- files
+// -----------------------------------------------------------------------------------------
 
 class TempFile {
  public:
@@ -377,12 +381,18 @@ TEST(GgufFileOpen, ClearErrors) {
 
 TEST(GgmlTypes, BlockLayouts) {
   // Sizes from the block layouts in docs/gguf.md.
-  struct Row { GgmlType t; int64_t block, bytes; bool supported; };
+  struct Row {
+    GgmlType t;
+    int64_t block, bytes;
+    bool supported;
+  };
   const Row rows[] = {
-      {GgmlType::F32, 1, 4, true},     {GgmlType::F16, 1, 2, true},     {GgmlType::BF16, 1, 2, true},
-      {GgmlType::Q4_0, 32, 18, true},  {GgmlType::Q4_1, 32, 20, true},  {GgmlType::Q5_0, 32, 22, true},
-      {GgmlType::Q5_1, 32, 24, true},  {GgmlType::Q8_0, 32, 34, true},  {GgmlType::Q4_K, 256, 144, true},
-      {GgmlType::Q6_K, 256, 210, true}, {GgmlType::Q2_K, 256, 84, false}, {GgmlType::Q3_K, 256, 110, false},
+      {GgmlType::F32, 1, 4, true},       {GgmlType::F16, 1, 2, true},
+      {GgmlType::BF16, 1, 2, true},      {GgmlType::Q4_0, 32, 18, true},
+      {GgmlType::Q4_1, 32, 20, true},    {GgmlType::Q5_0, 32, 22, true},
+      {GgmlType::Q5_1, 32, 24, true},    {GgmlType::Q8_0, 32, 34, true},
+      {GgmlType::Q4_K, 256, 144, true},  {GgmlType::Q6_K, 256, 210, true},
+      {GgmlType::Q2_K, 256, 84, false},  {GgmlType::Q3_K, 256, 110, false},
       {GgmlType::Q5_K, 256, 176, false}, {GgmlType::Q8_K, 256, 292, false},
   };
   for (const Row& r : rows) {

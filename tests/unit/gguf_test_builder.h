@@ -17,8 +17,12 @@ class GgufBuilder {
   uint32_t version = 3;
   uint64_t alignment = 32;  // the data section's alignment (written as general.alignment if != 32)
 
-  struct KvPos { size_t key, type, value; };
-  struct TensorPos { size_t name, n_dims, dims, type, offset; };
+  struct KvPos {
+    size_t key, type, value;
+  };
+  struct TensorPos {
+    size_t name, n_dims, dims, type, offset;
+  };
   std::vector<KvPos> kv_pos;
   std::vector<TensorPos> tensor_pos;
   size_t count_pos = 0;  // the tensor count; the metadata count follows at +8
@@ -34,7 +38,10 @@ class GgufBuilder {
   void add_i16(const std::string& k, int16_t v) { scalar(k, I16, &v, 2); }
   void add_f32(const std::string& k, float v) { scalar(k, F32, &v, 4); }
   void add_f64(const std::string& k, double v) { scalar(k, F64, &v, 8); }
-  void add_bool(const std::string& k, bool v) { uint8_t b = v; scalar(k, BOOL, &b, 1); }
+  void add_bool(const std::string& k, bool v) {
+    uint8_t b = v;
+    scalar(k, BOOL, &b, 1);
+  }
   void add_string(const std::string& k, const std::string& v) {
     std::vector<uint8_t> p;
     put_str(p, v);
@@ -61,7 +68,8 @@ class GgufBuilder {
   }
 
   // A tensor with dims ne (ne[0] fastest) and its data bytes; offsets are assigned in order.
-  void add_tensor(const std::string& name, uint32_t type, std::vector<uint64_t> ne, std::vector<uint8_t> data) {
+  void add_tensor(const std::string& name, uint32_t type, std::vector<uint64_t> ne,
+                  std::vector<uint8_t> data) {
     tensors_.push_back({name, type, std::move(ne), std::move(data)});
   }
 
@@ -124,8 +132,17 @@ class GgufBuilder {
   }
 
  private:
-  struct Kv { std::string key; uint32_t type; std::vector<uint8_t> payload; };
-  struct Tensor { std::string name; uint32_t type; std::vector<uint64_t> ne; std::vector<uint8_t> data; };
+  struct Kv {
+    std::string key;
+    uint32_t type;
+    std::vector<uint8_t> payload;
+  };
+  struct Tensor {
+    std::string name;
+    uint32_t type;
+    std::vector<uint64_t> ne;
+    std::vector<uint8_t> data;
+  };
 
   template <class T>
   static void put(std::vector<uint8_t>& b, T v) {

@@ -24,7 +24,8 @@ TEST(ModelStore, KnownModelsTable) {
 TEST(ModelStore, FindsTheSourceTree) {
   auto src = find_source_dir();
   ASSERT_TRUE(src.ok()) << src.status().to_string();
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(stat(src->c_str(), &a), 0);
   ASSERT_EQ(stat(CISA_SOURCE_DIR, &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);
@@ -43,7 +44,7 @@ TEST(ModelStore, ResolvesNamesAndPaths) {
 
   std::ofstream(file) << "x";
   EXPECT_EQ(*resolve_model("smollm2-135m", dir), file);
-  EXPECT_EQ(*resolve_model(file), file);                                   // a path passes through
+  EXPECT_EQ(*resolve_model(file), file);                                    // a path passes through
   EXPECT_EQ(*resolve_model("SmolLM2-135M-Instruct.Q4_1.gguf", dir), file);  // a file in the dir
   auto unknown = resolve_model("no-such-model", dir);
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);

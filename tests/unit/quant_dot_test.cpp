@@ -36,10 +36,13 @@ std::vector<uint8_t> random_rows(GgmlType type, int64_t rows, int64_t cols, std:
   for (int64_t k = 0; k < n_blocks; ++k) {
     uint8_t* b = out.data() + k * bb;
     switch (type) {
-      case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0:
+      case GgmlType::Q4_0:
+      case GgmlType::Q5_0:
+      case GgmlType::Q8_0:
         put_f16(b, scale(rng) * (sign(rng) < 0 ? -1.0f : 1.0f));
         break;
-      case GgmlType::Q4_1: case GgmlType::Q5_1:
+      case GgmlType::Q4_1:
+      case GgmlType::Q5_1:
         put_f16(b, scale(rng));
         put_f16(b + 2, -8.0f * scale(rng) * sign(rng));
         break;
@@ -136,7 +139,8 @@ TEST(QuantizeXK, ErrorWithinHalfAStepAndGroupSums) {
   for (int i = 256; i < 512; ++i) x[i] = 0.0f;
   std::vector<quant::BlockXK> q(2);
   quant::quantize_xk(x.data(), q.data(), 512);
-  for (int i = 0; i < 256; ++i) EXPECT_LE(std::fabs(x[i] - q[0].d * q[0].q[i]), 0.5f * q[0].d * 1.0001f);
+  for (int i = 0; i < 256; ++i)
+    EXPECT_LE(std::fabs(x[i] - q[0].d * q[0].q[i]), 0.5f * q[0].d * 1.0001f);
   for (int g = 0; g < 16; ++g) {
     int sum = 0;
     for (int i = 0; i < 16; ++i) sum += q[0].q[16 * g + i];
@@ -194,13 +198,16 @@ TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
             const double got = y[t * ldy + r];
             ASSERT_FALSE(std::isnan(got));
             EXPECT_NEAR(got, ref, 2e-6 * mag + 1e-6)
-                << kc.isa << " " << ggml_type_name(type) << " row " << r << " tok " << t << " of " << n_tok;
+                << kc.isa << " " << ggml_type_name(type) << " row " << r << " tok " << t << " of "
+                << n_tok;
             // Against the unquantised activations, the error is the activation rounding's.
-            EXPECT_LE(std::fabs(got - ref_raw), qerr * 1.001 + 2e-6 * mag + 1e-6) << ggml_type_name(type);
+            EXPECT_LE(std::fabs(got - ref_raw), qerr * 1.001 + 2e-6 * mag + 1e-6)
+                << ggml_type_name(type);
           }
         }
         for (int64_t t = 0; t < n_tok; ++t)
-          for (int64_t r = rows; r < ldy; ++r) EXPECT_EQ(y[t * ldy + r], -1.0f) << "wrote past the tile";
+          for (int64_t r = rows; r < ldy; ++r)
+            EXPECT_EQ(y[t * ldy + r], -1.0f) << "wrote past the tile";
       }
     }
   }
@@ -249,7 +256,8 @@ TEST(Matmul, ThreadedMatchesReferenceForEveryType) {
           // Activations are quantised in blocks of 32, or 256 for the K-quants: half a step each.
           const int64_t ab = quant::uses_block256(type) ? 256 : 32;
           float amax[8] = {};
-          for (int64_t c = 0; c < cols; ++c) amax[c / ab] = std::fmax(amax[c / ab], std::fabs(x[t * ldx + c]));
+          for (int64_t c = 0; c < cols; ++c)
+            amax[c / ab] = std::fmax(amax[c / ab], std::fabs(x[t * ldx + c]));
           for (int64_t c = 0; c < cols; ++c) {
             ref += static_cast<double>(wr[c]) * x[t * ldx + c];
             mag += std::fabs(static_cast<double>(wr[c]) * x[t * ldx + c]);
@@ -274,7 +282,8 @@ TEST(Matmul, ErrorsAreReported) {
   EXPECT_EQ(matmul(bad, x.data(), y.data(), 1, pool).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(matmul(v, nullptr, y.data(), 1, pool).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(matmul(v, x.data(), y.data(), -1, pool).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(matmul(v, x.data(), y.data(), 1, pool, nullptr, 10, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(matmul(v, x.data(), y.data(), 1, pool, nullptr, 10, 0).code(),
+            StatusCode::kInvalidArgument);
   WeightView q2{GgmlType::Q2_K, 1, 256, 84, w.data()};
   EXPECT_EQ(matmul(q2, x.data(), y.data(), 1, pool).code(), StatusCode::kUnimplemented);
   GgufTensor t;

