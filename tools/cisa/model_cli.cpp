@@ -9,11 +9,14 @@
 
 namespace cisa::cli {
 
-void add_model_options(ArgParser& p, ModelCliOptions* o) {
+void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_int("--threads", &o->threads, "worker threads (default: one per hardware thread)");
   p.alias("-t", "--threads");
-  p.add_int("--context", &o->context, "KV cache tokens per sequence (default: what the run needs)");
-  p.alias("-c", "--context");
+  if (with_context) {
+    p.add_int("--context", &o->context,
+              "KV cache tokens per sequence (default: what the run needs)");
+    p.alias("-c", "--context");
+  }
   p.add_int("--prefill-block", &o->prefill_block, "prompt tokens per forward step (default 512)");
   p.add_choice("--kv-dtype", &o->kv_dtype, {"f32", "bf16"}, "KV cache element type (default f32)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},

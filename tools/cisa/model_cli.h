@@ -27,7 +27,8 @@ struct ModelCliOptions {
   bool quiet = false;
 };
 
-void add_model_options(ArgParser& p, ModelCliOptions* o);
+// with_context: also offer --context (the KV cache size); `cisa bench model` uses that name itself.
+void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context = true);
 Result<ModelOptions> to_model_options(const ModelCliOptions& o);
 
 struct LoadedModel {

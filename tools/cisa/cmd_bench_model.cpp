@@ -1,0 +1,275 @@
+// cisa bench model — prefill and decode tokens/s of a GGUF model at a given context, measured the
+// way llama-bench does (scripts/llamacpp_bench.py), and llama.cpp's numbers for the same file and
+// settings from that script, run in the same invocation, beside ours with the ratio.
+//
+//   prefill  N pseudo-random tokens in forward steps of --batch rows (logits for each step's
+//            last row only); tokens/s = N / wall time.
+//   decode   with those N tokens cached, --decode more tokens one at a time (one row of logits
+//            each); tokens/s = count / wall time.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "cisa/json.h"
+#include "cisa/model.h"
+#include "cisa/model_store.h"
+#include "cisa/quant.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "model_cli.h"
+
+namespace cisa::cli {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "cisa bench model: %s\n", msg.c_str());
+  return 1;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Finds `"key": <number>` after position `from` in a JSON text; NaN when absent.
+double json_number(const std::string& text, const std::string& key, size_t from = 0) {
+  const size_t k = text.find("\"" + key + "\"", from);
+  if (k == std::string::npos) return NAN;
+  const size_t c = text.find(':', k);
+  if (c == std::string::npos) return NAN;
+  return std::strtod(text.c_str() + c + 1, nullptr);
+}
+
+std::string json_string(const std::string& text, const std::string& key) {
+  const size_t k = text.find("\"" + key + "\"");
+  if (k == std::string::npos) return "";
+  const size_t q0 = text.find('"', text.find(':', k) + 1);
+  const size_t q1 = q0 == std::string::npos ? q0 : text.find('"', q0 + 1);
+  return q1 == std::string::npos ? "" : text.substr(q0 + 1, q1 - q0 - 1);
+}
+
+std::string cpu_name() {
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "";
+  char line[512];
+  std::string name;
+  while (std::fgets(line, sizeof line, f)) {
+    std::string s(line);
+    if (s.rfind("model name", 0) == 0) {
+      name = s.substr(s.find(':') + 2);
+      if (!name.empty() && name.back() == '\n') name.pop_back();
+      break;
+    }
+  }
+  std::fclose(f);
+  return name;
+}
+
+}  // namespace
+
+int bench_model(int argc, char** argv) {
+  ArgParser p("cisa bench model",
+              "Prefill and decode tokens/s at a given context, beside llama.cpp's.");
+  std::string model_arg;
+  int64_t context = 0, n_decode = 64, repeat = 1;
+  bool json = false, no_anchor = false;
+  p.add_string("--model", &model_arg, "model name or GGUF path", true);
+  p.alias("-m", "--model");
+  p.add_int("--context", &context, "prompt tokens prefilled before decoding (N)", true);
+  p.alias("-c", "--context");
+  p.add_int("--decode", &n_decode, "tokens decoded after the prompt (default 64)");
+  p.add_int("--repeat", &repeat, "timed runs; the median is reported (default 1)");
+  p.add_flag("--no-anchor", &no_anchor, "do not run llama.cpp");
+  ModelCliOptions mo;
+  mo.quiet = true;
+  add_model_options(p, &mo, /*with_context=*/false);
+  p.add_flag("--json", &json, "print one JSON document");
+  if (int rc = p.parse(argc, argv); rc >= 0) return rc;
+  if (context < 1) return fail("--context must be >= 1");
+  if (n_decode < 1) return fail("--decode must be >= 1");
+  if (repeat < 1 || repeat > 100) return fail("--repeat must be in [1, 100]");
+
+  auto path = resolve_model(model_arg);
+  if (!path.ok()) return fail(path.status().message());
+  auto mopt = to_model_options(mo);
+  if (!mopt.ok()) return fail(mopt.status().message());
+  mopt->context = context + n_decode;
+  auto loaded = Model::load(*path, *mopt);
+  if (!loaded.ok()) return fail(loaded.status().message());
+  Model& model = **loaded;
+  const int V = model.hparams().n_vocab;
+  const int batch = mopt->prefill_block;
+
+  // A fixed pseudo-random token sequence (speed does not depend on content).
+  std::vector<int32_t> tokens(static_cast<size_t>(context + n_decode));
+  uint64_t s = 0x2545F4914F6CDD1DULL;
+  for (auto& t : tokens) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    t = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(V));
+  }
+  std::vector<float> logits;
+  auto run = [&](SeqId seq, int64_t first, int64_t n) -> Status {
+    SequenceInput in{.seq = seq, .tokens = {tokens.data() + first, static_cast<size_t>(n)}};
+    return model.forward({&in, 1}, &logits);
+  };
+  // Warm-up: a short prompt and a few decode steps, then the sequence is dropped.
+  {
+    auto seq = model.add_sequence();
+    if (!seq.ok()) return fail(seq.status().message());
+    const int64_t w = std::min<int64_t>(32, context);
+    Status st = run(*seq, 0, w);
+    for (int i = 0; st.ok() && i < 4 && w + i + 1 <= context + n_decode; ++i)
+      st = run(*seq, w + i, 1);
+    if (!st.ok()) return fail(st.message());
+    (void)model.release_sequence(*seq);
+  }
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  std::vector<double> pre, dec;
+  ForwardStats prefill_stats, total_stats;
+  for (int64_t r = 0; r < repeat; ++r) {
+    auto seq = model.add_sequence();
+    if (!seq.ok()) return fail(seq.status().message());
+    model.reset_stats();
+    const double t0 = now_s();
+    for (int64_t b0 = 0; b0 < context; b0 += batch) {
+      Status st = run(*seq, b0, std::min<int64_t>(batch, context - b0));
+      if (!st.ok()) return fail(st.message());
+      if (tty)
+        print_progress("prefill", std::min<int64_t>(b0 + batch, context), context, now_s() - t0);
+    }
+    const double t1 = now_s();
+    prefill_stats = model.stats();
+    for (int64_t i = 0; i < n_decode; ++i) {
+      Status st = run(*seq, context + i, 1);
+      if (!st.ok()) return fail(st.message());
+    }
+    const double t2 = now_s();
+    total_stats = model.stats();
+    pre.push_back(context / (t1 - t0));
+    dec.push_back(n_decode / (t2 - t1));
+    if (tty) std::fputc('\n', stderr);
+    std::fprintf(stderr,
+                 "cisa run %lld/%lld: prefill %.1f tok/s (%.2f s), decode %.2f tok/s (%.2f s)\n",
+                 static_cast<long long>(r + 1), static_cast<long long>(repeat), pre.back(), t1 - t0,
+                 dec.back(), t2 - t1);
+    (void)model.release_sequence(*seq);
+  }
+  const double our_pre = median(pre), our_dec = median(dec);
+
+  // The anchor: llama.cpp through scripts/llamacpp_bench.py, after our runs (never concurrently).
+  Json anchor = Json::object();
+  double ll_pre = NAN, ll_dec = NAN;
+  std::string anchor_note;
+  auto src = find_source_dir();
+  const std::string script = src.ok() ? *src + "/scripts/llamacpp_bench.py" : "";
+  if (no_anchor) {
+    anchor_note = "not run (--no-anchor)";
+  } else if (script.empty() || std::system(("test -f '" + script + "'").c_str()) != 0) {
+    anchor_note = "scripts/llamacpp_bench.py not found";
+  } else if (std::system("python3 -c 'import llama_cpp' >/dev/null 2>&1") != 0) {
+    anchor_note =
+        "llama_cpp is not importable (pip install llama-cpp-python; see scripts/llamacpp_bench.py)";
+  } else {
+    const std::string cmd = "python3 '" + script + "' -m '" + *path + "' --context " +
+                            std::to_string(context) + " --decode " + std::to_string(n_decode) +
+                            " --threads " + std::to_string(model.num_threads()) + " --batch " +
+                            std::to_string(batch) + " --repeat " + std::to_string(repeat) +
+                            " --json";
+    std::fprintf(stderr, "running llama.cpp: %s\n", cmd.c_str());
+    std::string out;
+    if (FILE* f = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+      const int rc = pclose(f);
+      if (rc != 0) anchor_note = "llamacpp_bench.py failed (exit " + std::to_string(rc) + ")";
+    } else {
+      anchor_note = "could not start python3";
+    }
+    const size_t res = out.find("\"results\"");
+    ll_pre = json_number(out, "prefill_tok_s", res == std::string::npos ? 0 : res);
+    ll_dec = json_number(out, "decode_tok_s", res == std::string::npos ? 0 : res);
+    if (anchor_note.empty() && (std::isnan(ll_pre) || std::isnan(ll_dec)))
+      anchor_note = "could not read its JSON";
+    if (anchor_note.empty()) {
+      anchor["llama_cpp_python"] = json_string(out, "llama_cpp_python");
+      anchor["kv_type"] = json_string(out, "kv_type");
+      anchor["flash_attn"] = json_string(out, "flash_attn");
+      anchor["system_info"] = json_string(out, "system_info");
+      anchor["prefill_tok_s"] = ll_pre;
+      anchor["decode_tok_s"] = ll_dec;
+    }
+  }
+  if (!anchor_note.empty()) anchor["note"] = anchor_note;
+
+  const bool have_anchor = anchor_note.empty();
+  Json j = Json::object();
+  j["benchmark"] = "model";
+  j["model"] = *path;
+  j["architecture"] = model_arch_name(model.hparams().arch);
+  j["context"] = context;
+  j["decode_tokens"] = n_decode;
+  j["repeat"] = repeat;
+  j["threads"] = model.num_threads();
+  j["batch"] = batch;
+  j["kv_dtype"] = kv_dtype_name(mopt->kv_dtype);
+  j["matmul_isa"] = matmul_isa();
+  j["cpu"] = cpu_name();
+  {
+    utsname u{};
+    if (uname(&u) == 0) j["host"] = std::string(u.nodename) + " " + u.sysname + " " + u.release;
+    char date[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    j["date"] = date;
+  }
+  Json ours = Json::object();
+  ours["prefill_tok_s"] = our_pre;
+  ours["decode_tok_s"] = our_dec;
+  ours["prefill_tok_s_runs"] = Json::array();
+  ours["decode_tok_s_runs"] = Json::array();
+  for (double x : pre) ours["prefill_tok_s_runs"].push_back(x);
+  for (double x : dec) ours["decode_tok_s_runs"].push_back(x);
+  ours["attention"] = attention_summary(model, prefill_stats, total_stats);
+  ours["global_attention_share_prefill"] =
+      prefill_stats.seconds_total > 0
+          ? prefill_stats.seconds_global_attention / prefill_stats.seconds_total
+          : 0.0;
+  j["cisa"] = ours;
+  j["llama_cpp"] = anchor;
+  if (have_anchor) {
+    j["prefill_ratio"] = our_pre / ll_pre;
+    j["decode_ratio"] = our_dec / ll_dec;
+  }
+  if (json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s, context %lld, %d threads, batch %d, KV %s\n", model_arg.c_str(),
+              static_cast<long long>(context), model.num_threads(), batch,
+              kv_dtype_name(mopt->kv_dtype));
+  std::printf("%-10s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
+  std::printf("%-10s %14.1f %14.2f\n", "cisa", our_pre, our_dec);
+  if (have_anchor) {
+    std::printf("%-10s %14.1f %14.2f\n", "llama.cpp", ll_pre, ll_dec);
+    std::printf("%-10s %13.2fx %13.2fx\n", "ratio", our_pre / ll_pre, our_dec / ll_dec);
+  } else {
+    std::printf("llama.cpp: %s\n", anchor_note.c_str());
+  }
+  return 0;
+}
+
+}  // namespace cisa::cli
