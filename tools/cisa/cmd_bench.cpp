@@ -10,12 +10,16 @@ int cmd_bench(int argc, char** argv) {
   const char* usage =
       "usage: cisa bench <what> [options]   (cisa bench <what> --help)\n\n"
       "  attention   dense vs CISA attention on the CPU (or CUDA) backend, one layer\n"
+      "  model       prefill and decode tokens/s of a GGUF model at a context, beside llama.cpp\n"
       "  layer       one-layer GPU benchmark against cuDNN / FlashAttention anchors (CUDA builds)\n";
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::printf("%s", usage);
     return argc < 2 ? 2 : 0;
   }
   if (!std::strcmp(argv[1], "attention")) return bench_attention(argc - 1, argv + 1);
+#ifdef CISA_WITH_MODEL
+  if (!std::strcmp(argv[1], "model")) return bench_model(argc - 1, argv + 1);
+#endif
   if (!std::strcmp(argv[1], "layer")) {
 #ifdef CISA_WITH_CUDA
     return bench_layer(argc - 1, argv + 1);

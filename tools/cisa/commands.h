@@ -15,6 +15,9 @@ int bench_layer(int argc, char** argv);
 #ifdef CISA_WITH_MODEL
 int cmd_info(int argc, char** argv);
 int cmd_pull(int argc, char** argv);
+int cmd_run(int argc, char** argv);
+int cmd_calibrate(int argc, char** argv);
+int bench_model(int argc, char** argv);
 #endif
 
 }  // namespace cisa::cli

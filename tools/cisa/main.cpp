@@ -19,6 +19,8 @@ const Command kCommands[] = {
 #ifdef CISA_WITH_MODEL
     {"info", cisa::cli::cmd_info, "print a GGUF model's architecture, metadata and tensor types"},
     {"pull", cisa::cli::cmd_pull, "download a supported model into the models directory"},
+    {"run", cisa::cli::cmd_run, "generate text with a GGUF model (dense or CISA attention)"},
+    {"calibrate", cisa::cli::cmd_calibrate, "choose CISA index projections on calibration text (SPEC 6)"},
 #endif
 };
 
