@@ -55,6 +55,7 @@ class AttentionWorkspace {
   std::vector<float> partial_lse_;  // [tasks][rows]
   std::vector<detail::AttentionTask> tasks_;
   std::vector<size_t> merge_heads_;
+  std::vector<int64_t> row_offsets_, covered_;  // validation scratch
 };
 
 Status attend(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,

@@ -64,10 +64,21 @@ void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t>
 void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>* out,
                  std::vector<int32_t>* scratch);
 
+// Per-thread scratch of select_pages (index query, scores, top-k). Reused across calls, so a
+// steady decode loop allocates nothing; optional.
+class SelectionWorkspace {
+ public:
+  struct Thread {
+    std::vector<float> qbar, scores;
+    std::vector<int32_t> top, tmp;
+  };
+  std::vector<Thread> threads;
+};
+
 // The full selection step: query groups, index queries (mean or last over the group), scores,
 // top-k, and page lists with window, tail and sinks. Uses `pool` for (group, KV group) tasks.
 Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                     const float* index_q, const SelectionParams& p, ThreadPool* pool,
-                    PageLists* out);
+                    PageLists* out, SelectionWorkspace* ws = nullptr);
 
 }  // namespace cisa

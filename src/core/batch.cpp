@@ -26,13 +26,13 @@ Status validate_batch(const PagedKvCache& cache, int layer, std::span<const Batc
                         std::to_string(cache.num_layers()) + ")");
   for (size_t e = 0; e < batch.size(); ++e) {
     const auto& b = batch[e];
-    const std::string where = "batch entry " + std::to_string(e) + ": ";
-    if (!cache.has_sequence(b.seq)) return not_found(where + "unknown sequence " + std::to_string(b.seq));
-    if (b.first < 0) return invalid_argument(where + "negative first position " + std::to_string(b.first));
-    if (b.count <= 0) return invalid_argument(where + "query count must be positive (got " + std::to_string(b.count) + ")");
+    auto where = [e] { return "batch entry " + std::to_string(e) + ": "; };  // built only on error
+    if (!cache.has_sequence(b.seq)) return not_found(where() + "unknown sequence " + std::to_string(b.seq));
+    if (b.first < 0) return invalid_argument(where() + "negative first position " + std::to_string(b.first));
+    if (b.count <= 0) return invalid_argument(where() + "query count must be positive (got " + std::to_string(b.count) + ")");
     const int64_t written = *cache.tokens(layer, b.seq);
     if (b.first + b.count > written)
-      return out_of_range(where + "queries up to position " + std::to_string(b.first + b.count - 1) +
+      return out_of_range(where() + "queries up to position " + std::to_string(b.first + b.count - 1) +
                           " but only " + std::to_string(written) + " tokens of layer " +
                           std::to_string(layer) + " are written");
   }

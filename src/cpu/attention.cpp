@@ -74,8 +74,12 @@ Status AttentionRunner::validate() const {
       lists.offsets.back() != lists.total_pages())
     return invalid_argument("page lists are malformed (offsets do not match the page array)");
   if (!q || !out) return invalid_argument("attend: null query or output pointer");
-  const auto rows = batch_row_offsets(batch);
-  std::vector<int64_t> covered(batch.size(), 0);
+  // Row offsets of the entries and the queries each entry's groups cover (reused storage).
+  auto& rows = ws->row_offsets_;
+  auto& covered = ws->covered_;
+  rows.assign(batch.size() + 1, 0);
+  for (size_t e = 0; e < batch.size(); ++e) rows[e + 1] = rows[e] + batch[e].count;
+  covered.assign(batch.size(), 0);
   for (size_t i = 0; i < lists.groups.size(); ++i) {
     const auto& g = lists.groups[i];
     if (g.entry < 0 || static_cast<size_t>(g.entry) >= batch.size())

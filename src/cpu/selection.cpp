@@ -136,7 +136,7 @@ void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>*
 
 Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                     const float* index_q, const SelectionParams& p, ThreadPool* pool,
-                    PageLists* out) {
+                    PageLists* out, SelectionWorkspace* ws) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
   if (!cache.has_reps(layer))
@@ -162,12 +162,11 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   out->chunks.resize(out->pages.size());
   out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
 
-  struct Scratch {
-    std::vector<float> qbar, scores;
-    std::vector<int32_t> top, tmp;
-  };
   const int threads = pool ? pool->num_threads() : 1;
-  std::vector<Scratch> scratch(static_cast<size_t>(threads));
+  SelectionWorkspace local;
+  if (!ws) ws = &local;
+  if (ws->threads.size() < static_cast<size_t>(threads)) ws->threads.resize(static_cast<size_t>(threads));
+  auto& scratch = ws->threads;
 
   auto task = [&](int64_t t, int thread) {
     const int64_t i = t / H;
