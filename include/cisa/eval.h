@@ -1,0 +1,155 @@
+// cisa/eval.h — quality evaluation of CISA against dense attention (issue 5): RULER-style
+// synthetic tasks written for base models, their scorers, long-document likelihood, the
+// configurations compared, and the statistics of the report.
+//
+// A task generator turns (task, target length, example index, seed) into a completion prompt
+// whose answer can be copied from the context; lengths are measured with a TokenCounter (the
+// model's tokenizer in `cisa eval`, any counter in tests). Everything is deterministic in the seed.
+//
+//   cisa::eval::Corpus corpus = *cisa::eval::load_corpus(".cache/eval_texts");
+//   cisa::eval::TokenCounter count = [&](std::string_view s) {
+//     return static_cast<int64_t>(tok.encode(s, true).size()); };
+//   cisa::eval::TaskSpec spec{.kind = cisa::eval::TaskKind::kNiahSingle, .length = 8192,
+//                             .index = 3, .num_examples = 10, .seed = 1};
+//   cisa::eval::Example ex = *cisa::eval::generate_example(spec, corpus, count);
+//   // … greedy-generate from ex.prompt, then:
+//   double score = cisa::eval::score_prediction(ex, generated_text);   // ∈ [0, 1]
+//
+// Scoring follows RULER: the prediction is cleaned (control characters become newlines, ends
+// trimmed) and every reference is searched case-insensitively as a substring. `all` scores the
+// fraction of references found (needle, variable tracking, word extraction); `part` scores 1 when
+// any is found.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cisa/model.h"
+#include "cisa/status.h"
+
+namespace cisa::eval {
+
+// ---- texts ------------------------------------------------------------------------------------
+
+// Counts the tokens of a text as the model would see it as a prompt.
+using TokenCounter = std::function<int64_t(std::string_view)>;
+
+// Haystack sentences and long documents, from the files scripts/eval_texts.py writes.
+struct Corpus {
+  std::vector<std::string> sentences;  // every book cut into sentences, whitespace collapsed
+  std::vector<std::string> documents;  // whole books, as written
+  std::vector<std::string> names;      // one per document (file stem)
+  std::vector<std::string> words;      // distinct lowercase words of ≥ 4 letters, sorted
+};
+
+// Reads every *.txt of `dir` (sorted by name). kNotFound naming scripts/eval_texts.py when the
+// directory has no text.
+Result<Corpus> load_corpus(const std::string& dir);
+// Builds a corpus from texts in memory (tests).
+Corpus make_corpus(const std::vector<std::string>& names, const std::vector<std::string>& texts);
+// Cuts text into sentences at '.', '!' or '?' followed by whitespace; whitespace runs collapse
+// to one space; pieces without a letter are dropped.
+std::vector<std::string> split_sentences(std::string_view text);
+
+// The repeated-sentence noise haystack (our own filler, in the spirit of RULER's).
+extern const char* const kFillerSentence;
+
+// ---- tasks ------------------------------------------------------------------------------------
+
+enum class TaskKind {
+  kNiahSingle,      // one needle in book text
+  kPasskey,         // one needle in repeated filler
+  kNiahMultiKey,    // one queried needle among 3 distractor needles with other keys
+  kNiahMultiValue,  // 4 values under the same key; all must be recalled
+  kNiahMultiQuery,  // 4 needles, all 4 keys asked at once
+  kVariableTracking,  // a chain of 4 hops in filler; all names bound to the value
+  kCommonWords,       // the 10 words repeated 30 times in a numbered list of rarer words
+  kFrequentWords,     // the 3 most frequent coded words of a Zipf(2) text
+  kDocument,          // long-document likelihood (no generation)
+};
+const char* task_name(TaskKind k);
+Result<TaskKind> parse_task(std::string_view name);
+std::vector<TaskKind> all_generation_tasks();
+
+enum class MatchKind { kAll, kPart };
+
+struct TaskSpec {
+  TaskKind kind = TaskKind::kNiahSingle;
+  int64_t length = 4096;     // target prompt tokens (the prompt never exceeds it)
+  int64_t index = 0;         // example index in [0, num_examples)
+  int64_t num_examples = 1;  // depths are spread evenly over the examples
+  uint64_t seed = 1;
+};
+
+struct Example {
+  TaskKind kind = TaskKind::kNiahSingle;
+  std::string id;       // "niah_single/4096/3": unique within a run
+  std::string prompt;   // completion prompt, ends with the answer prefix
+  std::vector<std::string> answers;  // references
+  MatchKind match = MatchKind::kAll;
+  int64_t prompt_tokens = 0;   // measured by the TokenCounter
+  double depth = -1;           // needle depth in [0, 1] (fraction of the haystack before it); −1: none
+  int64_t needle_offset = -1;  // byte offset of the (first queried) needle in the prompt
+  int max_new_tokens = 32;     // generation limit
+  // kDocument: the text (prompt) is scored token by token over its last `tail` tokens.
+  int64_t tail = 0;
+};
+
+// Builds one example. kInvalidArgument when the length cannot hold the task (shorter than its
+// fixed text) or the corpus lacks what the task needs.
+Result<Example> generate_example(const TaskSpec& spec, const Corpus& corpus, const TokenCounter& count);
+
+// Depth of example i of n: spread evenly over [0, 1] (i/(n−1)); 0.5 when n = 1.
+double example_depth(int64_t index, int64_t num_examples);
+
+// ---- scoring ----------------------------------------------------------------------------------
+
+// Control characters become '\n'; leading and trailing whitespace is removed.
+std::string clean_prediction(std::string_view text);
+// Case-insensitive substring search of every reference in the cleaned prediction.
+double string_match_all(std::string_view prediction, const std::vector<std::string>& refs);
+double string_match_part(std::string_view prediction, const std::vector<std::string>& refs);
+double score_prediction(const Example& ex, std::string_view prediction);
+
+// ---- statistics -------------------------------------------------------------------------------
+
+struct Interval {
+  double mean = 0, lo = 0, hi = 0;
+};
+// Percentile interval of the statistic "mean over groups of the group's mean" under resampling
+// each group's values with replacement (the task bootstrap: groups are tasks, values are
+// examples). `iters` resamples from a generator seeded with `seed`; the percentile at q is the
+// value at index floor(q·(iters−1)) of the sorted statistics. Empty groups are skipped.
+Interval bootstrap_interval(const std::vector<std::vector<double>>& groups, int iters, uint64_t seed,
+                            double level = 0.95);
+
+// ---- configurations ---------------------------------------------------------------------------
+
+enum class ConfigKind { kDense, kCisa, kQuest, kRecency, kOracle };
+
+// One attention configuration of a run. Budget: a fixed chunk count k, or a nominal remote
+// compression x (k = ceil(E / x), E the eligible chunks at the end of the prompt).
+struct EvalConfig {
+  std::string name;  // as given: "dense", "cisa:x8:g4", "quest:x8", "recency:x8", "cisa:k64:g4:last"
+  ConfigKind kind = ConfigKind::kDense;
+  int64_t budget = 0;        // k when > 0
+  double compression = 0;    // x when > 0
+  int64_t group = 4;         // G
+  int64_t window = 128;      // W pages
+  int64_t sinks = 0;
+  QShareQuery query = QShareQuery::kMean;
+};
+// "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
+// compression), gN (G), wN (window pages), sN (sink pages), mean|last.
+Result<EvalConfig> parse_config(std::string_view text);
+// The chunk budget for a prompt of `tokens` tokens and page size B.
+int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
+// Model attention options for the config at that prompt length: dense; cisa/quest (rep kind set
+// in `rep`); recency = budget 0 with the window widened by k pages (same pages read as CISA).
+// kUnimplemented for oracle (the model runtime has no page-selection hook; see docs/eval).
+Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size, RepKind* rep);
+
+}  // namespace cisa::eval
