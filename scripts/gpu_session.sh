@@ -2,7 +2,10 @@
 # One GPU session on the device machine: build the CUDA backend, run the GPU tests, then the
 # one-layer benchmark and its PyTorch anchors. Everything it writes lands under $OUT.
 #
-#   scripts/gpu_session.sh [tests|bench|all]      (default: all)
+#   scripts/gpu_session.sh [tests|cisa|bench|all]      (default: all)
+#
+# tests: build + GPU tests; cisa: tests + `cisa bench layer` (no PyTorch anchors); bench: the
+# benchmark and anchors without tests; all: everything.
 #
 # Build: an explicit CMake configure of only the targets this needs (cisa_cuda, the GPU tests,
 # the cisa CLI), sm_90a, Release, in build/gpu-session.
@@ -45,6 +48,7 @@ if [ "$mode" != tests ]; then
     >"$OUT/layer_cisa.json" 2>"$OUT/layer_cisa.log"
   log "cisa bench rc=$?"
   tail -40 "$OUT/layer_cisa.log"
+  if [ "$mode" = cisa ]; then log "done (no anchors in mode cisa)"; exit 0; fi
   PYTHONUNBUFFERED=1 python3 bench/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists "$scratch" --cisa "$OUT/layer_cisa.json" \
     --out "$OUT/layer_results.json" 2>&1 | tee "$OUT/anchors.log" | tail -60
   log "anchors rc=${PIPESTATUS[0]}"

@@ -2,7 +2,7 @@
 //
 // Per block: rows [row0, row0 + rows) of one list; warp w owns rows 16w … 16w+15, each thread
 // rows g = lane/4 and g + 8 of them (the mma fragment layout). The list's pages are consumed
-// kStageTokens tokens at a time through a two-stage cp.async pipeline into padded shared tiles;
+// kStageTokens tokens at a time through a kStages-deep cp.async pipeline into padded shared tiles;
 // a page past the block's range is zero-filled and masked, so garbage never meets P·V.
 // Scores are kept in log2 units (scale·log2 e folded in) so the softmax uses exp2.
 #include <cfloat>
@@ -20,7 +20,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 constexpr size_t attention_smem_bytes() {
-  return sizeof(uint16_t) * 2 /*K,V*/ * 2 /*stages*/ * tiles::kStageTokens<D> * (D + tiles::kSmemPad);
+  return sizeof(uint16_t) * 2 /*K,V*/ * tiles::kStages * tiles::kStageTokens<D> * (D + tiles::kSmemPad) +
+         sizeof(int32_t) * 2 * tiles::kSegPages;
 }
 
 template <int D, int WARPS>
@@ -30,9 +31,11 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   constexpr int NP = NT / B;
   constexpr int LD = D + tiles::kSmemPad;
   constexpr int THREADS = WARPS * 32;
+  constexpr int ST = tiles::kStages;
+  constexpr int SEG = tiles::kSegPages;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* ks = smem;                // [2][NT][LD]
-  uint16_t* vs = smem + 2 * NT * LD;  // [2][NT][LD]
+  uint16_t* ks = smem;                 // [ST][NT][LD]
+  uint16_t* vs = smem + ST * NT * LD;  // [ST][NT][LD]
 
   const AttnTask t = a.tasks[blockIdx.x];
   const ListDesc L = a.lists[t.list];
@@ -61,16 +64,20 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
     qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
   }
 
+  // Page IDs and logical chunks of the task are staged in shared memory, kSegPages at a time
+  // (one coalesced read each), so neither the K/V copies nor the masks wait on a dependent
+  // global load per tile (v1 read both from global memory inside the pipeline).
+  int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * NT * LD);  // [kSegPages]
+  int32_t* cid_s = pid_s + SEG;                                     // [kSegPages]
   const int64_t n_pages = t.page1 - t.page0;
-  const int n_tiles = static_cast<int>((n_pages + NP - 1) / NP);
-  auto load_tile = [&](int stage, int tile) {
+  auto load_tile = [&](int stage, int tile, int seg_n) {
     constexpr int CPR = D / 8;  // 16-byte pieces per token row
 #pragma unroll
     for (int e = threadIdx.x; e < NT * CPR; e += THREADS) {
       const int tok = e / CPR, c8 = (e % CPR) * 8;
-      const int64_t pi = static_cast<int64_t>(tile) * NP + tok / B;
-      const bool ok = pi < n_pages;
-      const int64_t phys = ok ? a.pages[t.page0 + pi] : 0;
+      const int pi = tile * NP + tok / B;
+      const bool ok = pi < seg_n;
+      const int64_t phys = ok ? pid_s[pi] : 0;
       const int64_t off = ((phys * a.num_kv_heads + L.kv) * B + tok % B) * D + c8;
       dev::cp_async16(ks + (stage * NT + tok) * LD + c8, a.k + off, ok ? 16 : 0);
       dev::cp_async16(vs + (stage * NT + tok) * LD + c8, a.v + off, ok ? 16 : 0);
@@ -83,28 +90,40 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
 
-  if (n_tiles > 0) {
-    load_tile(0, 0);
-    dev::cp_async_commit();
-  }
-  for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it & 1;
-    if (it + 1 < n_tiles) {
-      load_tile(stage ^ 1, it + 1);
-      dev::cp_async_commit();
-      dev::cp_async_wait<1>();
-    } else {
-      dev::cp_async_wait<0>();
+  bool done = false;
+  for (int64_t seg0 = 0; seg0 < n_pages && !done; seg0 += SEG) {
+    const int seg_n = static_cast<int>(n_pages - seg0 < SEG ? n_pages - seg0 : SEG);
+    __syncthreads();  // the previous segment's IDs and stages are no longer read
+    for (int i = threadIdx.x; i < seg_n; i += THREADS) {
+      pid_s[i] = a.pages[t.page0 + seg0 + i];
+      cid_s[i] = a.chunks[t.page0 + seg0 + i];
     }
     __syncthreads();
-    // Pages ascend: once a tile starts after the tile's last query, the rest is in the future.
-    if (a.chunks[t.page0 + static_cast<int64_t>(it) * NP] * B > tmax) break;
-    if (warp_active) {
+    const int n_tiles = (seg_n + NP - 1) / NP;
+    // ST-stage pipeline: ST − 1 tiles in flight while one is consumed. Every iteration commits
+    // one group (empty at the end), so "tile it has landed" is always wait_group(ST − 2).
+#pragma unroll
+    for (int p = 0; p < ST - 1; ++p) {
+      if (p < n_tiles) load_tile(p, p, seg_n);
+      dev::cp_async_commit();
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+      dev::cp_async_wait<ST - 2>();
+      __syncthreads();  // tile it visible to all; stage (it − 1) % ST free for the next copy
+      if (it + ST - 1 < n_tiles) load_tile((it + ST - 1) % ST, it + ST - 1, seg_n);
+      dev::cp_async_commit();
+      // Pages ascend: once a tile starts after the tile's last query, the rest is in the future.
+      if (cid_s[it * NP] * B > tmax) {
+        done = true;
+        break;
+      }
+      if (!warp_active) continue;
+      const int stage = it % ST;
       int32_t cstart[NP];
 #pragma unroll
       for (int j = 0; j < NP; ++j) {
-        const int64_t pi = static_cast<int64_t>(it) * NP + j;
-        cstart[j] = pi < n_pages ? a.chunks[t.page0 + pi] * B : INT_MAX / 2;
+        const int pi = it * NP + j;
+        cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
       }
       const uint16_t* kst = ks + stage * NT * LD;
       const uint16_t* vst = vs + stage * NT * LD;
@@ -171,7 +190,6 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
         }
       }
     }
-    __syncthreads();  // this stage is overwritten by the load issued next iteration
   }
   dev::cp_async_wait<0>();
   if (!warp_active) return;

@@ -174,7 +174,7 @@ Status finish_plan(Plan::Impl& P) {
   P.score_total = score;
   // Score streams: the selecting lists of one (entry, KV group) are consecutive groups.
   P.streams.clear();
-  P.max_score_tiles = 0;
+  P.max_score_span = 0;
   P.max_stream_lists = 0;
   const int H = P.num_kv_heads;
   for (size_t gi = 0; gi < P.groups.size();) {
@@ -190,8 +190,7 @@ Status finish_plan(Plan::Impl& P) {
                       static_cast<int32_t>(gj - s0), H, g, first.elig_begin, last.elig_end};
         P.streams.push_back(s);
         P.max_stream_lists = std::max(P.max_stream_lists, s.num_lists);
-        P.max_score_tiles = std::max<int32_t>(
-            P.max_score_tiles, (s.elig_end_max - s.elig_begin + tiles::kScoreChunks - 1) / tiles::kScoreChunks);
+        P.max_score_span = std::max<int32_t>(P.max_score_span, s.elig_end_max - s.elig_begin);
       }
     }
     gi = gj;
@@ -335,7 +334,7 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                        P.d_qbar.as<float>(), s),
           "cuda: index queries"));
       return cuda_status(detail::launch_score(P.d_streams.as<ScoreStream>(), static_cast<int64_t>(P.streams.size()),
-                                              P.max_score_tiles, P.max_stream_lists, P.d_lists.as<ListDesc>(), P.block_pages, layer.reps,
+                                              P.max_score_span, P.max_stream_lists, P.d_lists.as<ListDesc>(), P.block_pages, layer.reps,
                                               P.d_qbar.as<float>(), P.num_kv_heads, P.head_dim, P.quest,
                                               P.d_scores.as<float>(), s),
                          "cuda: scoring");

@@ -43,7 +43,7 @@ struct Plan::Impl {
   std::vector<detail::ListDesc> lists;
   std::vector<int32_t> sel;  // lists that select
   std::vector<detail::ScoreStream> streams;
-  int32_t max_score_tiles = 0, max_stream_lists = 0;
+  int32_t max_score_span = 0, max_stream_lists = 0;  // largest eligible range of a stream
   std::vector<detail::AttnTask> tasks;
   std::vector<detail::MergeTask> merges;
   int warps = 4;

@@ -126,76 +126,111 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
   }
 }
 
-// Streams with at most kScoreFewLists lists (decode): a warp per chunk, lanes over channels,
-// reading each representative once straight from global memory (D·2 contiguous bytes per warp,
-// kChunksPerWarp chunks in flight per warp), q̄ in registers, warp-shuffle sums.
-template <int D, bool kQuest>
+// Streams with at most kScoreFewLists lists (decode): each block takes kScoreFewChunks chunks.
+// Their physical page IDs are read first, all at once and coalesced, into shared memory, so the
+// representative loads that follow no longer wait on a block-table load each (v2 was latency-
+// bound on that dependent pair: 1.0 TB/s). A chunk's representative is then read by D/8 lanes,
+// 16 bytes (8 channels) each, U loads in flight per lane before any arithmetic; q̄ lives in
+// registers (8 channels per lane per list) and the D/8 partial sums meet by xor shuffles.
+template <int D, bool kQuest, int NL>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
 score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                  const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
-  constexpr int PER = D / 32;  // channels per lane
-  constexpr int NL = tiles::kScoreFewLists;
-  constexpr int CPW = tiles::kScoreChunks / (tiles::kScoreThreads / 32);  // chunks per warp
+  constexpr int LPC = D / 8;                  // lanes per chunk
+  constexpr int CPL = 32 / LPC;               // chunks per warp-wide load
+  constexpr int U = kQuest ? 4 : 8;           // 16-byte loads in flight per lane (quest: 2 per chunk)
+  constexpr int WARPS = tiles::kScoreThreads / 32;
+  constexpr int NCB = tiles::kScoreFewChunks;
+  constexpr int PER_ROUND = WARPS * U * CPL;  // chunks of the block per round
+  static_assert(NCB % PER_ROUND == 0, "rounds must tile the block's chunks");
+  __shared__ int32_t page_s[NCB];
   const ScoreStream S = streams[blockIdx.y];
-  const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * tiles::kScoreChunks;
+  const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
   if (c0 >= S.elig_end_max) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rw = kQuest ? 2 * D : D;
+  const int nc = min(NCB, S.elig_end_max - c0);
+  const int32_t* table = block_pages + S.table_begin + c0;
+  for (int i = threadIdx.x; i < nc; i += blockDim.x) page_s[i] = table[i];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int nl = min(NL, S.num_lists);
-  float q[NL][PER];
+  float q[NL][8];
   int32_t end[NL];
   int64_t out[NL];
 #pragma unroll
   for (int l = 0; l < NL; ++l) {
     const int64_t li = S.first_list + static_cast<int64_t>(min(l, nl - 1)) * S.list_stride;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) q[l][i] = qbar[li * D + lane * PER + i];
+    const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
+    const float4 a = qp[0], b = qp[1];
+    q[l][0] = a.x; q[l][1] = a.y; q[l][2] = a.z; q[l][3] = a.w;
+    q[l][4] = b.x; q[l][5] = b.y; q[l][6] = b.z; q[l][7] = b.w;
     end[l] = l < nl ? lists[li].elig_end : 0;
     out[l] = lists[li].score_begin - lists[li].elig_begin;
   }
-  const int32_t* table = block_pages + S.table_begin;
-  float lo[CPW][PER], hi[CPW][kQuest ? PER : 1];
+  __syncthreads();
+  const int rw = kQuest ? 2 * D : D;
+  for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
+    uint4 lo[U], hi[kQuest ? U : 1];
 #pragma unroll
-  for (int c = 0; c < CPW; ++c) {
-    const int32_t chunk = c0 + warp * CPW + c;
-    const bool ok = chunk < S.elig_end_max;
-    const uint16_t* r = reps + (static_cast<int64_t>(ok ? table[chunk] : 0) * num_kv_heads + S.kv) * rw + lane * PER;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      lo[c][i] = ok ? dev::bf16_to_f32(r[i]) : 0.0f;
-      if constexpr (kQuest) hi[c][i] = ok ? dev::bf16_to_f32(r[D + i]) : 0.0f;
+    for (int u = 0; u < U; ++u) {
+      const int c = r0 + (warp * U + u) * CPL + grp;
+      lo[u] = make_uint4(0, 0, 0, 0);
+      if constexpr (kQuest) hi[u] = make_uint4(0, 0, 0, 0);
+      if (c < nc) {
+        const uint16_t* r = reps + (static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv) * rw + sub * 8;
+        lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
+        if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D));
+      }
     }
-  }
 #pragma unroll
-  for (int c = 0; c < CPW; ++c) {
-    const int32_t chunk = c0 + warp * CPW + c;
+    for (int u = 0; u < U; ++u) {
+      const int c = r0 + (warp * U + u) * CPL + grp;
+      const uint32_t wl[4] = {lo[u].x, lo[u].y, lo[u].z, lo[u].w};
+      float rl[8], rh[kQuest ? 8 : 1];
 #pragma unroll
-    for (int l = 0; l < NL; ++l) {
-      if (l >= nl) break;
-      float acc = 0.0f;
+      for (int h = 0; h < 4; ++h) {
+        rl[2 * h] = __uint_as_float(wl[h] << 16);
+        rl[2 * h + 1] = __uint_as_float(wl[h] & 0xffff0000u);
+      }
+      if constexpr (kQuest) {
+        const uint32_t wh[4] = {hi[u].x, hi[u].y, hi[u].z, hi[u].w};
 #pragma unroll
-      for (int i = 0; i < PER; ++i) {
-        if constexpr (kQuest) {
-          const float a = q[l][i] * lo[c][i], b = q[l][i] * hi[c][i];
-          acc += a > b ? a : b;
-        } else {
-          acc = fmaf(q[l][i], lo[c][i], acc);
+        for (int h = 0; h < 4; ++h) {
+          rh[2 * h] = __uint_as_float(wh[h] << 16);
+          rh[2 * h + 1] = __uint_as_float(wh[h] & 0xffff0000u);
         }
       }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if (lane == 0 && chunk < end[l]) scores[out[l] + chunk] = acc * inv_sqrt_d;
+      for (int l = 0; l < NL; ++l) {
+        if (l >= nl) break;
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if constexpr (kQuest) {
+            const float a = q[l][i] * rl[i], b = q[l][i] * rh[i];
+            acc += a > b ? a : b;
+          } else {
+            acc = fmaf(q[l][i], rl[i], acc);
+          }
+        }
+#pragma unroll
+        for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (sub == 0 && c < nc && c0 + c < end[l]) scores[out[l] + c0 + c] = acc * inv_sqrt_d;
+      }
     }
   }
 }
 
 template <int D, bool kQuest>
-void launch_few(dim3 grid, const ScoreStream* streams, const ListDesc* lists, const int32_t* block_pages,
-                const uint16_t* reps, const float* qbar, int num_kv_heads, float inv_sqrt_d, float* scores,
-                cudaStream_t stream) {
-  score_few_kernel<D, kQuest><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                        num_kv_heads, inv_sqrt_d, scores);
+void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
+                const int32_t* block_pages, const uint16_t* reps, const float* qbar, int num_kv_heads,
+                float inv_sqrt_d, float* scores, cudaStream_t stream) {
+  if (max_lists <= 1)
+    score_few_kernel<D, kQuest, 1><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps,
+                                                                              qbar, num_kv_heads, inv_sqrt_d, scores);
+  else
+    score_few_kernel<D, kQuest, tiles::kScoreFewLists><<<grid, tiles::kScoreThreads, 0, stream>>>(
+        streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
 }
 
 template <bool kQuest, int QA>
@@ -224,24 +259,27 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
   return cudaGetLastError();
 }
 
-cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_tiles, int32_t max_lists,
+cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span, int32_t max_lists,
                          const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
                          const float* qbar, int num_kv_heads, int head_dim, bool quest, float* scores,
                          cudaStream_t stream) {
-  if (num_streams <= 0 || max_tiles <= 0) return cudaSuccess;
+  if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(num_streams));
   cudaError_t err = cudaSuccess;
   if (max_lists <= tiles::kScoreFewLists) {
+    const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks),
+                    static_cast<unsigned>(num_streams));
 #define CISA_FEW(DD)                                                                                          \
   if (head_dim == DD) {                                                                                       \
-    if (quest) launch_few<DD, true>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream); \
-    else launch_few<DD, false>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream);      \
+    if (quest) launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream); \
+    else launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream);      \
   }
     CISA_FEW(64) CISA_FEW(128) CISA_FEW(256)
 #undef CISA_FEW
     return cudaGetLastError();
   }
+  const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),
+                  static_cast<unsigned>(num_streams));
   const int qa = max_lists <= 16 ? 1 : max_lists <= 32 ? 2 : 4;
   if (quest) {
     err = qa == 1 ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)

@@ -5,6 +5,11 @@
 // largest key T and how many keys equal to T belong to the top k (need_eq). A final pass in
 // index order keeps every key > T and the first need_eq keys == T: that is exactly "ties to the
 // smaller index", and the kept indices come out ascending.
+//
+// Histograms are lane-private (bin b of lane j at hist[b·32 + j]): scores of similar magnitude
+// share their top key byte, so with one shared histogram v1's first pass serialised ~65 K
+// atomics on 2–4 addresses (decode top-k 0.069 ms for 16 lists). Lane-private counters put the
+// 32 lanes of a warp on 32 distinct banks and addresses; the 32 copies are summed afterwards.
 #include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
@@ -16,6 +21,7 @@ namespace {
 
 constexpr int kThreads = tiles::kTopkThreads;
 constexpr int kItems = 8;  // consecutive scores per thread in the compaction pass
+constexpr int kLoads = 8;  // independent score loads per thread before the histogram atomics
 
 __device__ __forceinline__ uint32_t order_key(float f) {
   if (isnan(f)) return 0u;
@@ -29,7 +35,7 @@ topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
             int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int hist[256];
+  __shared__ int hist[256 * 32];
   __shared__ int pick_digit, pick_above;
   const ListDesc L = lists[sel[blockIdx.x]];
   const int32_t n = L.elig_end - L.elig_begin;
@@ -37,23 +43,36 @@ topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
   const float* s = scores + L.score_begin;
   const int32_t* table = block_pages + L.table_begin;
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid % 32;
 
   uint32_t prefix = 0, mask = 0;
   int remaining = k;  // how many of the top k are still to be found among keys matching prefix
   bool take_all = k >= n;
   if (!take_all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      if (tid < 256) hist[tid] = 0;
+      for (int i = tid; i < 256 * 32; i += kThreads) hist[i] = 0;
       __syncthreads();
-      for (int32_t i = tid; i < n; i += kThreads) {
-        const uint32_t key = order_key(s[i]);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      for (int32_t i0 = 0; i0 < n; i0 += kThreads * kLoads) {
+        float f[kLoads];
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          const int32_t i = i0 + j * kThreads + tid;
+          f[j] = i < n ? s[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          const uint32_t key = order_key(f[j]);
+          if (i0 + j * kThreads + tid < n && (key & mask) == prefix)
+            atomicAdd(&hist[((key >> shift) & 255u) * 32 + lane], 1);
+        }
       }
       __syncthreads();
       // Suffix sums over digits (thread t holds digit 255 − t): the chosen digit d is the one
-      // where the count of keys with digit ≥ d first reaches `remaining`.
-      const int v = tid < 256 ? hist[255 - tid] : 0;
+      // where the count of keys with digit ≥ d first reaches `remaining`. Thread t starts its
+      // sum of the 32 lane copies at copy t mod 32, so a warp's reads hit 32 distinct banks.
+      int v = 0;
+      if (tid < 256)
+        for (int j = 0; j < 32; ++j) v += hist[(255 - tid) * 32 + ((j + tid) & 31)];
       int incl;
       Scan(scan_tmp).InclusiveSum(v, incl);
       if (tid < 256 && incl >= remaining && incl - v < remaining) {

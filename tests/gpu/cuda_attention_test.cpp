@@ -8,6 +8,8 @@
 
 #include "cisa/attention.h"
 #include "cisa/selection.h"
+#include "cuda/plan_impl.h"
+#include "cuda/tile_sizes.cuh"
 #include "gpu/gpu_test_util.h"
 #include "test_util.h"
 
@@ -143,6 +145,40 @@ TEST(CudaAttention, SparseMatchesCpu) {
       ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
       run_and_compare(w, m, plan, 0);
     }
+  }
+}
+
+// Tasks longer than kSegPages pages stage their page IDs in several passes. The planner splits
+// long lists across blocks, so the test rewrites the plan's tasks to one per row tile (all pages,
+// no split-KV) to reach ~750 pages per task.
+TEST(CudaAttention, LongTasksMatchCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}}) {
+    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " d=" + std::to_string(sh.d));
+    auto w = make_world(sh.hkv, sh.hq, sh.d, {12000, 9000}, {{0, 11936, 64}, {1, 8999, 1}}, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 2);
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan).ok());
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+    auto* P = plan.impl();
+    std::vector<cuda::detail::AttnTask> whole;
+    int64_t max_pages = 0;
+    for (const auto& t : P->tasks) {
+      if (!whole.empty() && whole.back().list == t.list && whole.back().row0 == t.row0) {
+        whole.back().page1 = t.page1;
+      } else {
+        whole.push_back(t);
+        whole.back().partial = -1;
+      }
+      max_pages = std::max(max_pages, whole.back().page1 - whole.back().page0);
+    }
+    ASSERT_GT(max_pages, cuda::tiles::kSegPages);
+    P->tasks = whole;
+    P->merges.clear();
+    CUDA_OK(cudaMemcpy(P->d_tasks.as<void>(), whole.data(), whole.size() * sizeof(whole[0]), cudaMemcpyHostToDevice));
+    run_and_compare(w, m, plan, 0);
   }
 }
 

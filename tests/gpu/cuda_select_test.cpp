@@ -208,6 +208,48 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
   }
 }
 
+// Decode batches (one query per sequence, one list per score stream) take the few-lists score
+// kernel with one list in registers; spans of 500–1,300 eligible chunks cover several of its
+// 512-chunk blocks and a partial last block.
+TEST(CudaSelect, DecodeBatchMatchesCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  const std::vector<Case> cases = {
+      {1, 128, RepKind::kMean, {.budget = 200, .window = 8, .qshare = 1}},
+      {2, 64, RepKind::kMean, {.budget = 37, .window = 4, .qshare = 1, .sink_pages = 3}},
+      {2, 128, RepKind::kQuest, {.budget = 64, .window = 16, .qshare = 1}},
+      {1, 256, RepKind::kQuest, {.budget = 500, .window = 8, .qshare = 1}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE("decode hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " k=" +
+                 std::to_string(c.p.budget));
+    const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
+    std::vector<BatchEntry> batch;
+    for (size_t i = 0; i < len.size(); ++i) batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
+    auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
+    DeviceMirror m;
+    m.build(*s.cache, 0, static_cast<int>(len.size()));
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan).ok());
+    DevVec<float> iq;
+    iq.upload(s.index_q);
+    auto* P = plan.impl();
+    ASSERT_EQ(P->max_stream_lists, 1);
+    cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
+    cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
+    cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    PageLists gpu;
+    ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+    std::vector<float> scores;
+    std::vector<int64_t> off;
+    ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
+    EXPECT_EQ(plan.selected_lists(), static_cast<int64_t>(len.size()) * c.hkv);
+    expect_lists_consistent(s, c.p, gpu, scores, off);
+  }
+}
+
 // Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both
 // engines; a few pages hold NaN keys (NaN scores). The lists must equal the CPU's, entry by entry.
 TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
@@ -231,11 +273,14 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   ASSERT_TRUE(cache->append(0, seq, n, k.data(), v.data()).ok());
   Inputs s;
   s.cache = std::move(cache);
-  s.batch = {{seq, n - 64, 64}};
   s.index_q = random_vec(rng, static_cast<size_t>(64 * d));
   DeviceMirror m;
   m.build(*s.cache, 0, 1);
+  // 64 queries in groups of 16 (4 lists per score stream), then one decode query (one list).
+  for (int64_t count : {64, 1})
   for (int64_t budget : {10, 97, 150}) {
+    SCOPED_TRACE("queries " + std::to_string(count));
+    s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
     SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
     cuda::Plan plan;
     ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan).ok());
