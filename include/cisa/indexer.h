@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,7 +57,8 @@ struct CalibDocument {
 
 struct CalibSettings {
   int64_t budget = 0;        // k: chunks, the captured-mass criterion's budget
-  int64_t window = 0;        // W: pages; eligible chunks E_t = {j : j < c(t) − W}
+  int64_t window = 0;        // W: pages; eligible chunks E_t = {j : sinks ≤ j < c(t) − W}
+  int64_t sink_pages = 0;    // first chunks always attended, outside E_t (SPEC §3 --sink-pages)
   int64_t page_size = 16;    // B
   int64_t positions = 0;     // sampled positions requested per document
   uint64_t seed = 0;         // position sampling
@@ -134,10 +136,37 @@ class GroupAccumulator {
   double oracle_sum_ = 0;
 };
 
-// Sampled positions of a document of n tokens: `count` positions t with c(t) − W ≥ 4k, stratified
+// Sampled positions of a document of n tokens: `count` positions t with |E_t| = c(t) − W − sinks ≥ 4k, stratified
 // over that range with a seeded jitter (deterministic; fewer when the range is shorter).
 std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s, uint64_t seed);
 
 uint64_t fnv1a64(std::span<const uint8_t> bytes, uint64_t h = 0xcbf29ce484222325ULL);
+
+// ---- calibration on a model (src/calib/calibrate.cpp) ----
+struct CalibText {
+  std::string name;
+  std::string text;
+};
+
+struct CalibProgress {
+  int document = 0, documents = 0;  // 0-based document being run
+  int64_t tokens_done = 0, tokens_total = 0;  // over all documents
+  const char* stage = "";                     // "prefill" or "score"
+};
+
+struct CalibrateOptions {
+  CalibSettings settings;       // budget, window, positions, seed, criterion; documents are filled in
+  int threads = 0;              // 0: one per hardware thread
+  int64_t max_tokens = 0;       // tokens per document (0: the model's training context)
+  int prefill_block = 512;
+  std::function<void(const CalibProgress&)> progress;
+};
+
+// Runs the dense model over each text (tokenised with the model's BOS, cut to max_tokens), samples
+// `settings.positions` positions per document with |E_t| ≥ 4k, and scores every candidate of every
+// global layer and KV group (SPEC §6). Deterministic for given inputs and settings, whatever the
+// thread count. kInvalidArgument when no document is long enough to give a single position.
+Result<Indexer> calibrate_indexer(const std::string& model_path, std::span<const CalibText> texts,
+                                  const CalibrateOptions& options);
 
 }  // namespace cisa

@@ -133,6 +133,21 @@ struct ForwardStats {
 // Called after each forward step with the rows done so far and the total of the call.
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
+// What an attention tap sees of one global layer in one forward step (calibration and
+// diagnostics, issue 4): the queries attention uses, the index queries, and the cache after this
+// step's K/V (and full pages' representatives) were written, before attention runs.
+struct AttentionTapData {
+  int layer = 0;
+  std::span<const BatchEntry> batch;   // the step's rows: sequences in order
+  std::span<const int64_t> positions;  // [rows] absolute positions
+  const float* q = nullptr;            // [rows][n_head][head_dim] after q-norm and RoPE
+  // [rows][n_head_kv][head_dim] after the model's query post-processing: the supplied index
+  // projection of a CISA layer, else the mean of the group's query heads before post-processing.
+  const float* index_q = nullptr;
+  const PagedKvCache* cache = nullptr;
+};
+using AttentionTap = std::function<Status(const AttentionTapData&)>;
+
 class Model {
  public:
   // Errors: the file's own errors (gguf.h); kUnimplemented for an architecture other than gemma3
@@ -165,6 +180,9 @@ class Model {
 
   const ForwardStats& stats() const;
   void reset_stats();
+  // Calls `tap` for every global layer of every later forward step (an empty function removes
+  // it). An error from the tap stops forward() with that error, the cache holding part of the step.
+  void set_attention_tap(AttentionTap tap);
   const PagedKvCache& cache() const;
 
   struct Impl;

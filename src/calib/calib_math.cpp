@@ -99,8 +99,8 @@ GroupCalibration GroupAccumulator::result(CalibCriterion criterion) const {
 }
 
 std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s, uint64_t seed) {
-  // c(t) − W ≥ 4k  ⇔  t ≥ (W + 4k)·B.
-  const int64_t t_min = (s.window + 4 * s.budget) * s.page_size;
+  // c(t) − W − sinks ≥ 4k  ⇔  t ≥ (W + sinks + 4k)·B.
+  const int64_t t_min = (s.window + s.sink_pages + 4 * s.budget) * s.page_size;
   std::vector<int64_t> out;
   if (count < 1 || n_tokens <= t_min) return out;
   const double width = static_cast<double>(n_tokens - t_min) / static_cast<double>(count);

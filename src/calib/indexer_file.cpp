@@ -74,7 +74,7 @@ Status validate(const Indexer& idx) {
     if (v <= 0 || v > kMaxDim) return bad("model dimension " + std::to_string(v) + " out of range");
   if (m.n_head % m.n_head_kv != 0) return bad("query heads not a multiple of KV heads");
   const CalibSettings& s = idx.settings;
-  if (s.budget < 1 || s.window < 0 || s.page_size < 1 || s.positions < 0)
+  if (s.budget < 1 || s.window < 0 || s.sink_pages < 0 || s.page_size < 1 || s.positions < 0)
     return bad("calibration settings out of range (budget " + std::to_string(s.budget) + ", window " +
                std::to_string(s.window) + ", page size " + std::to_string(s.page_size) + ")");
   const int hg = m.n_head / m.n_head_kv;
@@ -116,7 +116,7 @@ std::vector<uint8_t> serialize_indexer(const Indexer& idx) {
   for (int v : {m.n_layer, m.n_embd, m.n_head, m.n_head_kv, m.head_dim}) p.put<int32_t>(v);
   p.put<uint64_t>(m.weights_hash);
   const CalibSettings& s = idx.settings;
-  for (int64_t v : {s.budget, s.window, s.page_size, s.positions}) p.put<int64_t>(v);
+  for (int64_t v : {s.budget, s.window, s.sink_pages, s.page_size, s.positions}) p.put<int64_t>(v);
   p.put<uint64_t>(s.seed);
   p.put<uint32_t>(s.criterion == CalibCriterion::kKl ? 0u : 1u);
   p.put<uint32_t>(static_cast<uint32_t>(s.documents.size()));
@@ -182,7 +182,8 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
   }
   CISA_RETURN_IF_ERROR(r.get(&m.weights_hash, "weights hash"));
   CalibSettings& s = idx.settings;
-  for (int64_t* v : {&s.budget, &s.window, &s.page_size, &s.positions}) CISA_RETURN_IF_ERROR(r.get(v, "settings"));
+  for (int64_t* v : {&s.budget, &s.window, &s.sink_pages, &s.page_size, &s.positions})
+    CISA_RETURN_IF_ERROR(r.get(v, "settings"));
   CISA_RETURN_IF_ERROR(r.get(&s.seed, "seed"));
   uint32_t crit = 0, n_docs = 0, n_groups = 0;
   CISA_RETURN_IF_ERROR(r.get(&crit, "criterion"));

@@ -61,6 +61,9 @@ const ForwardStats& Model::stats() const {
 void Model::reset_stats() {
   impl_->stats = ForwardStats{};
 }
+void Model::set_attention_tap(AttentionTap tap) {
+  impl_->tap = std::move(tap);
+}
 const PagedKvCache& Model::cache() const {
   return *impl_->cache;
 }

@@ -22,6 +22,8 @@ Status Model::Impl::attention(int layer) {
   const int d = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, hg = hp.heads_per_group();
   const bool swa = hp.layer_swa[static_cast<size_t>(layer)];
   const bool cisa = layer_cisa[static_cast<size_t>(layer)];
+  const bool tapped = tap && !swa;
+  const bool want_index = cisa || tapped;  // a tap sees the index queries of dense layers too
   const int table = swa ? 1 : 0;
   const int half = d / 2;
 
@@ -31,7 +33,7 @@ Status Model::Impl::attention(int layer) {
 
   // CISA index queries, before the model's query post-processing: a supplied projection W̃ x,
   // or the mean of the group's projected query heads (= (mean of their W_q rows) x).
-  if (cisa) {
+  if (want_index) {
     for (int g = 0; g < Hkv; ++g) {
       const float* wp = index_weights[static_cast<size_t>(layer)][static_cast<size_t>(g)];
       if (wp) {
@@ -74,7 +76,7 @@ Status Model::Impl::attention(int layer) {
       float* x = st.k.data() + (r * Hkv + h) * d;
       if (kn) ops::rms_norm(x, kn, x, d, hp.rms_eps);
       ops::rope_apply(x, cs, sn, d, hp.rope_style);
-      if (cisa) {
+      if (want_index) {
         float* iq = st.index_q.data() + (r * Hkv + h) * d;
         if (qn) ops::rms_norm(iq, qn, iq, d, hp.rms_eps);
         ops::rope_apply(iq, cs, sn, d, hp.rope_style);
@@ -89,6 +91,13 @@ Status Model::Impl::attention(int layer) {
     CISA_RETURN_IF_ERROR(
         cache->append(layer, e.seq, e.count, st.k.data() + off, st.v.data() + off));
     row += e.count;
+  }
+  double tap_seconds = 0;  // kept out of the attention timings
+  if (tapped) {
+    const auto t_tap = std::chrono::steady_clock::now();
+    CISA_RETURN_IF_ERROR(tap({.layer = layer, .batch = st.batch, .positions = st.pos, .q = st.q.data(),
+                              .index_q = st.index_q.data(), .cache = cache.get()}));
+    tap_seconds = seconds_since(t_tap);
   }
 
   const PageLists* lists = nullptr;
@@ -116,7 +125,7 @@ Status Model::Impl::attention(int layer) {
   const AttentionParams ap{.scale = hp.attn_scale, .sliding_window = swa ? hp.sliding_window : 0};
   CISA_RETURN_IF_ERROR(attend(*cache, layer, st.batch, *lists, st.q.data(), Hq, ap, st.att.data(),
                               nullptr, pool, &aws));
-  const double dt = seconds_since(t0);
+  const double dt = seconds_since(t0) - tap_seconds;
   stats.seconds_attention += dt;
   if (!swa) stats.seconds_global_attention += dt;
 

@@ -73,6 +73,7 @@ struct Model::Impl {
   StepState st;
   ForwardStats stats;
   std::vector<bool> layer_cisa;                          // per layer
+  AttentionTap tap;                                      // calibration/diagnostics observer
   std::vector<std::vector<const float*>> index_weights;  // [layer][kv group] or nullptr
 
   // One step over st.batch (rows already embedded into st.x); model.cpp.

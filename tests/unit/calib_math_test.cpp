@@ -174,6 +174,9 @@ TEST(CalibMath, SamplePositionsRespectEligibility) {
   EXPECT_NE(p, sample_positions(4000, 50, s, 4));
   EXPECT_TRUE(sample_positions(t_min, 10, s, 1).empty());
   EXPECT_EQ(sample_positions(t_min + 1, 10, s, 1).size(), 1u);
+  s.sink_pages = 2;
+  for (int64_t t : sample_positions(4000, 50, s, 3)) EXPECT_GE(t / 16 - s.window - s.sink_pages, 4 * s.budget);
+  EXPECT_TRUE(sample_positions(t_min + 1, 10, s, 1).empty());
 }
 
 TEST(CalibMath, CriterionNames) {

@@ -19,7 +19,7 @@ Indexer sample_indexer() {
   Indexer idx;
   idx.model = {.arch = "llama", .name = "tiny test", .n_layer = 4, .n_embd = 64, .n_head = 6, .n_head_kv = 2,
                .head_dim = 16, .weights_hash = 0x0123456789abcdefULL};
-  idx.settings = {.budget = 32, .window = 8, .page_size = 16, .positions = 64, .seed = 99,
+  idx.settings = {.budget = 32, .window = 8, .sink_pages = 1, .page_size = 16, .positions = 64, .seed = 99,
                   .criterion = CalibCriterion::kMass,
                   .documents = {{"a.txt", 16384, 7}, {"b \xc3\xa9.txt", 20000, 0xffffffffffffffffULL}}};
   for (int layer : {1, 3})
@@ -44,6 +44,7 @@ void expect_equal(const Indexer& a, const Indexer& b) {
   EXPECT_EQ(a.model.weights_hash, b.model.weights_hash);
   EXPECT_EQ(a.settings.budget, b.settings.budget);
   EXPECT_EQ(a.settings.window, b.settings.window);
+  EXPECT_EQ(a.settings.sink_pages, b.settings.sink_pages);
   EXPECT_EQ(a.settings.page_size, b.settings.page_size);
   EXPECT_EQ(a.settings.positions, b.settings.positions);
   EXPECT_EQ(a.settings.seed, b.settings.seed);
