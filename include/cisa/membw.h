@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cisa/thread_pool.h"
 
@@ -15,7 +16,16 @@ namespace cisa {
 // slice; returns the best of `passes` in GB/s (10^9 bytes per second).
 double measure_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes);
 
-// Reads and writes `bytes` of scratch memory so that later reads start from DRAM, not cache.
-void flush_caches(ThreadPool& pool, int64_t bytes = 256ll << 20);
+// Evicts the caches before a timed run by writing `bytes` of its own scratch memory, allocated
+// once (so no page faults land in the measurement loop).
+class CacheFlusher {
+ public:
+  explicit CacheFlusher(int64_t bytes = 256ll << 20);
+  void flush(ThreadPool& pool);
+
+ private:
+  std::vector<char> buf_;
+  uint64_t pass_ = 0;
+};
 
 }  // namespace cisa

@@ -40,16 +40,16 @@ double measure_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes) {
   return best;
 }
 
-void flush_caches(ThreadPool& pool, int64_t bytes) {
-  static_assert(sizeof(char) == 1);
-  std::unique_ptr<char[]> buf(new char[static_cast<size_t>(bytes)]);
+CacheFlusher::CacheFlusher(int64_t bytes) : buf_(static_cast<size_t>(bytes), 0) {}
+
+void CacheFlusher::flush(ThreadPool& pool) {
+  const auto bytes = static_cast<int64_t>(buf_.size());
   const int threads = pool.num_threads();
+  const char v = static_cast<char>(++pass_);
   pool.parallel_for(threads, [&](int64_t t, int) {
     const int64_t lo = bytes * t / threads, hi = bytes * (t + 1) / threads;
-    for (int64_t i = lo; i < hi; i += 64) buf[static_cast<size_t>(i)] = static_cast<char>(i);
+    for (int64_t i = lo; i < hi; i += 64) buf_[static_cast<size_t>(i)] = v;
   });
-  volatile char keep = buf[0];
-  (void)keep;
 }
 
 }  // namespace cisa

@@ -147,6 +147,7 @@ int bench_attention(int argc, char** argv) {
 
   progress("measuring memory read bandwidth (1 GiB, best of 5)");
   const double bw = measure_read_bandwidth(pool, 1ll << 30, 5);
+  CacheFlusher flusher;
 
   std::vector<Geometry> geos;
   if (o.geometry != "32:8") geos.push_back({4, 1});
@@ -196,7 +197,7 @@ int bench_attention(int argc, char** argv) {
       auto run = [&](bool cisa, int64_t reps, Timing* t, Work* w) -> Status {
         std::vector<double> total, sel;
         for (int64_t r = 0; r <= reps; ++r) {  // r = 0 is the warm-up
-          flush_caches(pool);
+          flusher.flush(pool);
           const double t0 = now_ms();
           if (cisa) CISA_RETURN_IF_ERROR(select_pages(*cache, 0, batch, iq.data(), p, &pool, &lists));
           else CISA_RETURN_IF_ERROR(plan_dense(*cache, 0, batch, 0, &lists));
