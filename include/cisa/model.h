@@ -103,6 +103,9 @@ struct ModelOptions {
   int max_sequences = 1;    // sequences the KV cache holds at full context
   int prefill_block = 512;  // rows per forward step
   KvDtype kv_dtype = KvDtype::kF32;
+  // Round K, V and the queries to IEEE half precision before attention, reproducing the numerics of
+  // llama.cpp's default f16 KV cache (used by the conformance tests; storage stays kv_dtype).
+  bool round_kv_f16 = false;
   RepKind rep = RepKind::kMean;
   AttentionOptions attention;
 };

@@ -71,11 +71,18 @@ Status Model::Impl::attention(int layer) {
       float* x = st.q.data() + (r * Hq + h) * d;
       if (qn) ops::rms_norm(x, qn, x, d, hp.rms_eps);
       ops::rope_apply(x, cs, sn, d, hp.rope_style);
+      if (opt.round_kv_f16) ops::round_to_f16(x, d);
     }
     for (int h = 0; h < Hkv; ++h) {
       float* x = st.k.data() + (r * Hkv + h) * d;
       if (kn) ops::rms_norm(x, kn, x, d, hp.rms_eps);
       ops::rope_apply(x, cs, sn, d, hp.rope_style);
+      if (opt.round_kv_f16) {
+        // llama.cpp's default cache holds K and V in f16, and its q·k product rounds the queries to
+        // f16 as well; rounding the same values here reproduces those numerics (conformance tests).
+        ops::round_to_f16(x, d);
+        ops::round_to_f16(st.v.data() + (r * Hkv + h) * d, d);
+      }
       if (want_index) {
         float* iq = st.index_q.data() + (r * Hkv + h) * d;
         if (qn) ops::rms_norm(iq, qn, iq, d, hp.rms_eps);
@@ -95,8 +102,12 @@ Status Model::Impl::attention(int layer) {
   double tap_seconds = 0;  // kept out of the attention timings
   if (tapped) {
     const auto t_tap = std::chrono::steady_clock::now();
-    CISA_RETURN_IF_ERROR(tap({.layer = layer, .batch = st.batch, .positions = st.pos, .q = st.q.data(),
-                              .index_q = st.index_q.data(), .cache = cache.get()}));
+    CISA_RETURN_IF_ERROR(tap({.layer = layer,
+                              .batch = st.batch,
+                              .positions = st.pos,
+                              .q = st.q.data(),
+                              .index_q = st.index_q.data(),
+                              .cache = cache.get()}));
     tap_seconds = seconds_since(t_tap);
   }
 

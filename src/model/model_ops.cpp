@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "cisa/quant.h"
+
 namespace cisa::ops {
 
 void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
@@ -66,6 +68,10 @@ void gated_activation(Activation act, const float* gate, const float* up, float*
   } else {
     for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
   }
+}
+
+void round_to_f16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {

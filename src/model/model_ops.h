@@ -29,6 +29,9 @@ float silu(float x);
 // out[i] = act(gate[i]) · up[i]; out may alias gate or up.
 void gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t n);
 
+// x[i] = the IEEE half-precision value nearest to x[i] (round to nearest even), as a float.
+void round_to_f16(float* x, int64_t n);
+
 // y[i] += x[i].
 void add_inplace(float* y, const float* x, int64_t n);
 

@@ -195,6 +195,7 @@ class ModelGolden : public ::testing::TestWithParam<ModelCase> {
     ModelOptions o;
     o.context = (context + 255) / 256 * 256;
     o.prefill_block = prefill_block;
+    o.round_kv_f16 = round_kv_f16_;
     auto m = Model::load(path_, o);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     return m.ok() ? std::move(*m) : nullptr;
@@ -203,6 +204,7 @@ class ModelGolden : public ::testing::TestWithParam<ModelCase> {
   std::string path_;
   Fixture fixture_;
   int64_t max_tokens_ = 0;
+  bool round_kv_f16_ = std::getenv("CISA_GOLDEN_F32_KV") == nullptr;
 };
 
 TEST_P(ModelGolden, PromptLogitsMatchLlamaCpp) {
