@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -151,5 +152,60 @@ int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
 // in `rep`); recency = budget 0 with the window widened by k pages (same pages read as CISA).
 // kUnimplemented for oracle (the model runtime has no page-selection hook; see docs/eval).
 Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size, RepKind* rep);
+
+
+// ---- running on a model -----------------------------------------------------------------------
+
+// Greedy continuation of a prompt: stops at an end-of-generation token, at a line break after
+// some non-space text, or after max_new tokens.
+struct Generation {
+  std::string text;
+  int64_t tokens = 0;  // generated tokens, the stop token excluded
+  ForwardStats stats;  // of the whole example (prefill and decode)
+  double seconds = 0;
+};
+Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
+                                   const ProgressFn& progress = {});
+
+// Next-token log-likelihood over the last `tail` tokens of a document: rows [n − tail, n − 1)
+// predict tokens n − tail + 1 … n − 1 (tail − 1 scored positions). With `reference` (the dense
+// run's log-probabilities of the same rows, [tail − 1][n_vocab]) also KL(reference ‖ this) and
+// top-1 agreement per position; `keep` receives this run's log-probabilities.
+struct DocumentScores {
+  std::vector<double> nll;    // [tail − 1] nats
+  std::vector<double> kl;     // [tail − 1] nats (empty without a reference)
+  std::vector<int> agree;     // [tail − 1] 1 when both argmaxes agree
+  ForwardStats stats;
+  double seconds = 0;
+};
+Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids, int64_t tail,
+                                      const std::vector<float>* reference, std::vector<float>* keep,
+                                      const ProgressFn& progress = {});
+
+// A whole comparison: every (task, length, example) prompt under every configuration, one JSON
+// line per (example, configuration) appended to RUN_DIR/results.jsonl as it completes; a rerun
+// with resume skips the lines already there. Progress with an ETA goes to stderr.
+struct EvalPlan {
+  std::string model_path;
+  std::string model_name;               // as given on the command line (for the report)
+  std::string texts_dir;                // scripts/eval_texts.py output
+  std::vector<TaskKind> tasks;
+  std::vector<int64_t> lengths;
+  std::vector<EvalConfig> configs;      // the first must be dense (the reference)
+  int64_t examples = 4;                 // per (task, length)
+  uint64_t seed = 1;
+  std::string run_dir;
+  bool resume = false;
+  int threads = 0;
+  int prefill_block = 512;
+  KvDtype kv_dtype = KvDtype::kF32;
+  std::string command_line;             // recorded in the report
+};
+Status run_eval(const EvalPlan& plan);
+
+// Reads RUN_DIR/results.jsonl and writes RUN_DIR/summary.md (and returns its text): accuracy by
+// configuration and length with 95% task-bootstrap intervals, the paired change against dense,
+// per-task tables, generated length against dense, and the long-document likelihood tables.
+Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iters = 2000);
 
 }  // namespace cisa::eval

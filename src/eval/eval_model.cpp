@@ -1,0 +1,136 @@
+// Running one example on a model: greedy generation for the tasks, and next-token
+// log-likelihood (with KL against the dense run) for long documents.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "cisa/eval.h"
+#include "cisa/sampling.h"
+#include "cisa/tokenizer.h"
+
+namespace cisa::eval {
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// log-softmax of one row in double (max-shifted), stored as float.
+void log_softmax(const float* logits, int64_t n, float* out) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lz = mx + std::log(s);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(logits[i]) - lz);
+}
+
+int64_t argmax_row(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+}  // namespace
+
+Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
+                                   const ProgressFn& progress) {
+  if (prompt.empty()) return invalid_argument("empty prompt");
+  const auto t0 = std::chrono::steady_clock::now();
+  model.reset_stats();
+  CISA_ASSIGN_OR_RETURN(SeqId seq, model.add_sequence());
+  Generation g;
+  std::vector<float> logits;
+  SequenceInput in{.seq = seq, .tokens = prompt, .outputs = OutputMode::kLast};
+  Status st = model.forward({&in, 1}, &logits, progress);
+  const Tokenizer& tok = model.tokenizer();
+  Utf8StreamBuffer utf8;
+  while (st.ok() && g.tokens < max_new) {
+    const int32_t next = argmax(logits);
+    if (tok.is_eog(next)) break;
+    const std::string piece = utf8.push(tok.token_to_piece(next));
+    // Stop at a line break once the answer has begun (base models continue with new text).
+    const size_t nl = piece.find('\n');
+    bool started = false;
+    for (char c : g.text) started = started || !std::isspace(static_cast<unsigned char>(c));
+    if (nl != std::string::npos && started) {
+      g.text += piece.substr(0, nl);
+      ++g.tokens;
+      break;
+    }
+    g.text += piece;
+    ++g.tokens;
+    if (g.tokens >= max_new) break;
+    const int32_t one[1] = {next};
+    SequenceInput step{.seq = seq, .tokens = one, .outputs = OutputMode::kLast};
+    st = model.forward({&step, 1}, &logits);
+  }
+  g.text += utf8.flush();
+  const Status rel = model.release_sequence(seq);
+  CISA_RETURN_IF_ERROR(st);
+  CISA_RETURN_IF_ERROR(rel);
+  g.stats = model.stats();
+  g.seconds = since(t0);
+  return g;
+}
+
+Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids, int64_t tail,
+                                      const std::vector<float>* reference, std::vector<float>* keep,
+                                      const ProgressFn& progress) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (tail < 2 || tail > n) return invalid_argument("document tail " + std::to_string(tail) + " outside [2, " + std::to_string(n) + "]");
+  const int64_t V = model.hparams().n_vocab;
+  const int64_t scored = tail - 1;
+  if (reference && static_cast<int64_t>(reference->size()) != scored * V)
+    return invalid_argument("reference log-probabilities have the wrong size");
+  const auto t0 = std::chrono::steady_clock::now();
+  model.reset_stats();
+  CISA_ASSIGN_OR_RETURN(SeqId seq, model.add_sequence());
+  DocumentScores d;
+  if (keep) keep->assign(static_cast<size_t>(scored * V), 0.0f);
+  std::vector<float> logits, lp(static_cast<size_t>(V));
+  // The prefix without outputs, then the tail in slices whose logits fit in memory
+  // (64 rows × 262,144 vocabulary × 4 bytes = 64 MiB for Gemma 3).
+  const int64_t prefix = n - tail;
+  Status st = Status::Ok();
+  if (prefix > 0) {
+    SequenceInput in{.seq = seq, .tokens = ids.subspan(0, static_cast<size_t>(prefix)), .outputs = OutputMode::kNone};
+    st = model.forward({&in, 1}, &logits, progress);
+  }
+  const int64_t kSlice = 64;
+  for (int64_t r0 = 0; st.ok() && r0 < tail; r0 += kSlice) {
+    const int64_t rows = std::min(kSlice, tail - r0);
+    SequenceInput in{.seq = seq, .tokens = ids.subspan(static_cast<size_t>(prefix + r0), static_cast<size_t>(rows)),
+                     .outputs = OutputMode::kAll};
+    st = model.forward({&in, 1}, &logits);
+    if (!st.ok()) break;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r0 + r;  // tail row; predicts ids[prefix + i + 1]
+      if (i >= scored) break;
+      log_softmax(logits.data() + r * V, V, lp.data());
+      const int32_t target = ids[static_cast<size_t>(prefix + i + 1)];
+      d.nll.push_back(-static_cast<double>(lp[static_cast<size_t>(target)]));
+      if (reference) {
+        const float* ref = reference->data() + i * V;
+        // KL(p_dense ‖ p_config) = Σ p_dense (log p_dense − log p_config).
+        double kl = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          const double lr = ref[v];
+          if (lr > -80.0) kl += std::exp(lr) * (lr - static_cast<double>(lp[static_cast<size_t>(v)]));
+        }
+        d.kl.push_back(std::max(0.0, kl));
+        d.agree.push_back(argmax_row(ref, V) == argmax_row(lp.data(), V) ? 1 : 0);
+      }
+      if (keep) std::copy(lp.begin(), lp.end(), keep->begin() + i * V);
+    }
+  }
+  const Status rel = model.release_sequence(seq);
+  CISA_RETURN_IF_ERROR(st);
+  CISA_RETURN_IF_ERROR(rel);
+  d.stats = model.stats();
+  d.seconds = since(t0);
+  return d;
+}
+
+}  // namespace cisa::eval

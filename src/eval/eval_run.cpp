@@ -1,0 +1,263 @@
+// The comparison loop of `cisa eval`: examples generated once, every configuration run on the
+// same token ids, one JSON line per (example, configuration) appended as it completes, resume by
+// skipping the (id, config) pairs already in the file, progress with an ETA on stderr.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "cisa/gguf.h"
+#include "cisa/json.h"
+#include "cisa/tokenizer.h"
+#include "eval_internal.h"
+#include "eval_json.h"
+
+namespace cisa::eval {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string fmt_duration(double s) {
+  char b[32];
+  const long long t = static_cast<long long>(s + 0.5);
+  if (t < 120) std::snprintf(b, sizeof b, "%llds", t);
+  else if (t < 7200) std::snprintf(b, sizeof b, "%lldm%02llds", t / 60, t % 60);
+  else std::snprintf(b, sizeof b, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  return b;
+}
+
+Json stats_json(const ForwardStats& s) {
+  Json j = Json::object();
+  j["global_pages_read"] = s.global_pages_read;
+  j["global_pages_dense"] = s.global_pages_dense;
+  j["seconds_attention"] = s.seconds_attention;
+  return j;
+}
+
+template <class T>
+Json array_of(const std::vector<T>& v) {
+  Json::Array a;
+  a.reserve(v.size());
+  for (const T& x : v) a.emplace_back(x);
+  return Json(std::move(a));
+}
+
+struct Work {
+  Example ex;
+  std::vector<int32_t> ids;
+  TaskSpec spec;
+};
+
+// The models of one prompt length, one per configuration (budgets depend on the length).
+class ModelCache {
+ public:
+  explicit ModelCache(const EvalPlan& plan) : plan_(plan) {}
+  Result<Model*> get(const EvalConfig& c, int64_t length, int64_t context, int page_size) {
+    if (length != length_) models_.clear(), length_ = length;
+    auto it = models_.find(c.name);
+    if (it != models_.end()) return it->second.get();
+    ModelOptions o;
+    o.threads = plan_.threads;
+    o.context = context;
+    o.max_sequences = 1;
+    o.prefill_block = plan_.prefill_block;
+    o.kv_dtype = plan_.kv_dtype;
+    CISA_ASSIGN_OR_RETURN(o.attention, config_attention(c, length, page_size, &o.rep));
+    CISA_ASSIGN_OR_RETURN(auto m, Model::load(plan_.model_path, o));
+    Model* raw = m.get();
+    models_[c.name] = std::move(m);
+    return raw;
+  }
+
+ private:
+  const EvalPlan& plan_;
+  int64_t length_ = -1;
+  std::map<std::string, std::unique_ptr<Model>> models_;
+};
+
+Status append_line(const std::string& path, const Json& j) {
+  std::ofstream out(path, std::ios::app | std::ios::binary);
+  out << j.dump() << "\n";
+  out.flush();
+  if (!out) return data_loss("cannot append to '" + path + "'");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status run_eval(const EvalPlan& plan) {
+  if (plan.configs.empty() || plan.configs[0].kind != ConfigKind::kDense)
+    return invalid_argument("the first configuration must be dense (the reference)");
+  if (plan.tasks.empty() || plan.lengths.empty()) return invalid_argument("no tasks or no lengths");
+  if (plan.examples < 1) return invalid_argument("--examples must be >= 1");
+  std::set<std::string> names;
+  for (const auto& c : plan.configs)
+    if (!names.insert(c.name).second) return invalid_argument("configuration '" + c.name + "' is listed twice");
+
+  std::error_code ec;
+  fs::create_directories(plan.run_dir, ec);
+  if (ec) return invalid_argument("cannot create '" + plan.run_dir + "': " + ec.message());
+  const std::string results = (fs::path(plan.run_dir) / "results.jsonl").string();
+  std::set<std::pair<std::string, std::string>> done;
+  if (fs::exists(results) && fs::file_size(results, ec) > 0) {
+    if (!plan.resume)
+      return failed_precondition("'" + results + "' already has results; pass --resume to continue it or choose another -o");
+    std::ifstream in(results);
+    std::string line;
+    int64_t lineno = 0;
+    while (std::getline(in, line)) {
+      ++lineno;
+      if (line.empty()) continue;
+      auto v = detail::parse_json(line);
+      if (!v.ok()) {
+        // A line cut by an interrupted write: everything before it counts, it is redone.
+        std::fprintf(stderr, "cisa eval: ignoring unreadable line %lld of %s (%s)\n", static_cast<long long>(lineno),
+                     results.c_str(), v.status().message().c_str());
+        continue;
+      }
+      done.emplace(v->string("id"), v->string("config"));
+    }
+  }
+
+  CISA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(plan.model_path));
+  CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
+  CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(file));
+  CISA_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(plan.texts_dir));
+  const TokenCounter count = [&](std::string_view s) { return static_cast<int64_t>(tok.encode(s, true).size()); };
+  const int page_size = 16;
+
+  {  // Run description, for the summary.
+    Json meta = Json::object();
+    meta["model"] = plan.model_name;
+    meta["model_path"] = plan.model_path;
+    meta["arch"] = model_arch_name(hp.arch);
+    meta["n_ctx_train"] = hp.n_ctx_train;
+    meta["command"] = plan.command_line;
+    meta["examples"] = plan.examples;
+    meta["seed"] = static_cast<int64_t>(plan.seed);
+    Json cfgs = Json::array();
+    for (const auto& c : plan.configs) cfgs.push_back(c.name);
+    meta["configs"] = cfgs;
+    std::ofstream out(fs::path(plan.run_dir) / "run.json");
+    out << meta.dump(2) << "\n";
+  }
+
+  // Generate every example first: the totals make the ETA honest from the first example on.
+  std::vector<Work> work;
+  int64_t total_cost = 0;
+  for (int64_t length : plan.lengths) {
+    if (hp.n_ctx_train > 0 && length > hp.n_ctx_train) {
+      std::fprintf(stderr, "cisa eval: skipping length %lld (the model was trained for %lld tokens)\n",
+                   static_cast<long long>(length), static_cast<long long>(hp.n_ctx_train));
+      continue;
+    }
+    for (TaskKind t : plan.tasks) {
+      for (int64_t i = 0; i < plan.examples; ++i) {
+        TaskSpec spec{.kind = t, .length = length, .index = i, .num_examples = plan.examples, .seed = plan.seed};
+        bool pending = false;
+        const std::string id_prefix = std::string(task_name(t)) + "/" + std::to_string(length) + "/" + std::to_string(i);
+        for (const auto& c : plan.configs) {
+          bool found = false;
+          for (auto it = done.lower_bound({id_prefix, ""}); it != done.end() && it->first.rfind(id_prefix, 0) == 0; ++it)
+            found = found || (it->second == c.name && (it->first == id_prefix || it->first[id_prefix.size()] == '/'));
+          pending = pending || !found;
+        }
+        if (!pending) continue;
+        auto ex = generate_example(spec, corpus, count);
+        if (!ex.ok()) return Status(ex.status().code(), id_prefix + ": " + ex.status().message());
+        Work w{std::move(*ex), {}, spec};
+        w.ids = tok.encode(w.ex.prompt, true);
+        for (const auto& c : plan.configs)
+          if (!done.count({w.ex.id, c.name})) total_cost += static_cast<int64_t>(w.ids.size());
+        work.push_back(std::move(w));
+      }
+    }
+  }
+  std::fprintf(stderr, "cisa eval: %zu examples to run (%zu (id, config) pairs already done), %lld prompt tokens\n",
+               work.size(), done.size(), static_cast<long long>(total_cost));
+
+  ModelCache cache(plan);
+  const auto t_start = Clock::now();
+  int64_t done_cost = 0;
+  auto report = [&](const Work& w, const EvalConfig& c, const std::string& what) {
+    done_cost += static_cast<int64_t>(w.ids.size());
+    const double el = std::chrono::duration<double>(Clock::now() - t_start).count();
+    const double eta = done_cost > 0 ? el * static_cast<double>(total_cost - done_cost) / static_cast<double>(done_cost) : 0;
+    std::fprintf(stderr, "[%5.1f%%] %-28s %-22s %s  elapsed %s  ETA %s\n",
+                 100.0 * static_cast<double>(done_cost) / static_cast<double>(std::max<int64_t>(1, total_cost)),
+                 w.ex.id.c_str(), c.name.c_str(), what.c_str(), fmt_duration(el).c_str(), fmt_duration(eta).c_str());
+  };
+
+  for (const Work& w : work) {
+    const int64_t n = static_cast<int64_t>(w.ids.size());
+    const int64_t context = ((n + w.ex.max_new_tokens + 16 + page_size - 1) / page_size) * page_size;
+    auto base_line = [&](const EvalConfig& c) {
+      Json j = Json::object();
+      j["id"] = w.ex.id;
+      j["task"] = task_name(w.ex.kind);
+      j["length"] = w.spec.length;
+      j["index"] = w.spec.index;
+      j["config"] = c.name;
+      j["budget"] = config_budget(c, w.spec.length, page_size);
+      j["prompt_tokens"] = n;
+      return j;
+    };
+    if (w.ex.kind == TaskKind::kDocument) {
+      // Dense first: its log-probabilities are the reference of every other configuration.
+      std::vector<float> ref;
+      for (const auto& c : plan.configs) {
+        const bool is_dense = c.kind == ConfigKind::kDense;
+        if (!is_dense && done.count({w.ex.id, c.name})) continue;
+        bool others_pending = false;
+        for (const auto& o : plan.configs) others_pending = others_pending || (o.kind != ConfigKind::kDense && !done.count({w.ex.id, o.name}));
+        if (is_dense && done.count({w.ex.id, c.name}) && !others_pending) continue;
+        CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size));
+        CISA_ASSIGN_OR_RETURN(DocumentScores d, score_document(*m, w.ids, w.ex.tail, is_dense ? nullptr : &ref,
+                                                                is_dense ? &ref : nullptr));
+        if (!done.count({w.ex.id, c.name})) {
+          Json j = base_line(c);
+          j["tail"] = w.ex.tail;
+          j["nll"] = array_of(d.nll);
+          if (!is_dense) {
+            j["kl"] = array_of(d.kl);
+            j["agree"] = array_of(d.agree);
+          }
+          j["stats"] = stats_json(d.stats);
+          j["seconds"] = d.seconds;
+          CISA_RETURN_IF_ERROR(append_line(results, j));
+          double mean_nll = 0, mean_kl = 0;
+          for (double x : d.nll) mean_nll += x / static_cast<double>(d.nll.size());
+          for (double x : d.kl) mean_kl += x / static_cast<double>(d.kl.size());
+          char b[96];
+          std::snprintf(b, sizeof b, "nll %.3f kl %.4f (%.1fs)", mean_nll, mean_kl, d.seconds);
+          report(w, c, b);
+        }
+      }
+      continue;
+    }
+    for (const auto& c : plan.configs) {
+      if (done.count({w.ex.id, c.name})) continue;
+      CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size));
+      CISA_ASSIGN_OR_RETURN(Generation g, generate_greedy(*m, w.ids, w.ex.max_new_tokens));
+      const double score = score_prediction(w.ex, g.text);
+      Json j = base_line(c);
+      j["depth"] = w.ex.depth;
+      j["score"] = score;
+      j["prediction"] = g.text;
+      j["answers"] = array_of(w.ex.answers);
+      j["generated_tokens"] = g.tokens;
+      j["stats"] = stats_json(g.stats);
+      j["seconds"] = g.seconds;
+      CISA_RETURN_IF_ERROR(append_line(results, j));
+      char b[96];
+      std::snprintf(b, sizeof b, "score %.2f gen %lld (%.1fs)", score, static_cast<long long>(g.tokens), g.seconds);
+      report(w, c, b);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace cisa::eval

@@ -1,0 +1,139 @@
+// cisa eval — quality of CISA against dense on the same prompts: RULER-style tasks and
+// long-document likelihood, one JSON line per (example, configuration), a Markdown summary.
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cisa/eval.h"
+#include "cisa/json.h"
+#include "cisa/model_store.h"
+#include "cli_args.h"
+#include "commands.h"
+
+namespace cisa::cli {
+namespace {
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "cisa eval: %s\n", msg.c_str());
+  return 1;
+}
+
+// Splits "a,b c" style lists: every value of a repeated option, each cut at commas.
+std::vector<std::string> split_list(const std::vector<std::string>& values) {
+  std::vector<std::string> out;
+  for (const auto& v : values) {
+    std::stringstream ss(v);
+    for (std::string item; std::getline(ss, item, ',');)
+      if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_eval(int argc, char** argv) {
+  ArgParser p("cisa eval",
+              "Compare attention configurations on the same prompts: RULER-style tasks (niah_single, passkey, "
+              "niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe) and long-document likelihood (doc). "
+              "Configurations: dense | KIND[:OPT]... with KIND cisa, quest, recency (same pages, all recent) or "
+              "oracle, and OPT kN (budget in chunks), xR (nominal remote compression: k = E/R at the length), "
+              "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
+  std::string model_arg, out_dir, texts_dir, kv = "f32";
+  std::vector<std::string> task_args, length_args, config_args;
+  int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000;
+  bool resume = false, summary_only = false, json = false;
+  p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path");
+  p.alias("-m", "--model");
+  p.add_strings("--tasks", &task_args, "tasks, comma-separated (default: all generation tasks and doc)");
+  p.add_strings("--lengths", &length_args, "prompt lengths in tokens (default 4096,8192,16384,32768)");
+  p.add_strings("--configs", &config_args,
+                "configurations (default dense,cisa:x8:g4,cisa:x8:g4:last,cisa:x8:g16,cisa:x4:g4,cisa:x16:g4,"
+                "quest:x8:g4,recency:x8)");
+  p.add_int("--examples", &examples, "examples per (task, length); needle depths spread evenly (default 4)");
+  p.add_int("--seed", &seed, "seed of every generator (default 1)");
+  p.add_string("--output", &out_dir, "run directory: results.jsonl, run.json, summary.md", true);
+  p.alias("-o", "--output");
+  p.add_flag("--resume", &resume, "continue a run directory, skipping the lines already written");
+  p.add_flag("--summary-only", &summary_only, "only (re)write summary.md from results.jsonl");
+  p.add_string("--texts", &texts_dir, "haystack texts from scripts/eval_texts.py (default SOURCE/.cache/eval_texts)");
+  p.add_int("--threads", &threads, "worker threads (default: all)");
+  p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
+  p.add_choice("--kv-dtype", &kv, {"f32", "bf16"}, "KV cache storage (default f32)");
+  p.add_int("--bootstrap", &bootstrap, "bootstrap resamples for the intervals (default 2000)");
+  p.add_flag("--json", &json, "print one JSON document (the run directory and summary path)");
+  if (int rc = p.parse(argc, argv); rc >= 0) return rc;
+  if (bootstrap < 0 || bootstrap > 1000000) return fail("--bootstrap must be in [0, 1000000]");
+
+  if (!summary_only) {
+    if (model_arg.empty()) return fail("-m MODEL is required (unless --summary-only)");
+    eval::EvalPlan plan;
+    auto path = resolve_model(model_arg);
+    if (!path.ok()) return fail(path.status().message());
+    plan.model_path = *path;
+    plan.model_name = model_arg;
+    if (texts_dir.empty()) {
+      auto src = find_source_dir();
+      if (!src.ok()) return fail("give --texts DIR (" + src.status().message() + ")");
+      texts_dir = *src + "/.cache/eval_texts";
+    }
+    plan.texts_dir = texts_dir;
+    std::vector<std::string> tasks = split_list(task_args);
+    if (tasks.empty()) {
+      for (auto t : eval::all_generation_tasks()) tasks.push_back(eval::task_name(t));
+      tasks.push_back("doc");
+    }
+    for (const auto& t : tasks) {
+      auto k = eval::parse_task(t);
+      if (!k.ok()) return fail(k.status().message());
+      plan.tasks.push_back(*k);
+    }
+    std::vector<std::string> lengths = split_list(length_args);
+    if (lengths.empty()) lengths = {"4096", "8192", "16384", "32768"};
+    for (const auto& l : lengths) {
+      char* end = nullptr;
+      const long long v = std::strtoll(l.c_str(), &end, 10);
+      if (end != l.c_str() + l.size() || v < 64) return fail("bad length '" + l + "' (an integer >= 64)");
+      plan.lengths.push_back(v);
+    }
+    std::vector<std::string> configs = split_list(config_args);
+    if (configs.empty())
+      configs = {"dense", "cisa:x8:g4", "cisa:x8:g4:last", "cisa:x8:g16", "cisa:x4:g4", "cisa:x16:g4", "quest:x8:g4", "recency:x8"};
+    if (configs[0] != "dense") configs.insert(configs.begin(), "dense");
+    for (const auto& c : configs) {
+      auto cfg = eval::parse_config(c);
+      if (!cfg.ok()) return fail(cfg.status().message());
+      if (cfg->kind == eval::ConfigKind::kOracle)
+        return fail("config '" + c + "': the oracle top-k needs a page-selection hook in the model's attention path, "
+                    "which the runtime does not offer yet (see docs/eval/README.md)");
+      if (cfg->kind == eval::ConfigKind::kDense && c != "dense") return fail("write the dense configuration as 'dense'");
+      if (c == "dense" && !plan.configs.empty()) continue;  // listed again after the implicit first one
+      plan.configs.push_back(*cfg);
+    }
+    plan.examples = examples;
+    plan.seed = static_cast<uint64_t>(seed);
+    plan.run_dir = out_dir;
+    plan.resume = resume;
+    plan.threads = static_cast<int>(threads);
+    plan.prefill_block = static_cast<int>(prefill_block);
+    plan.kv_dtype = kv == "bf16" ? KvDtype::kBF16 : KvDtype::kF32;
+    std::string cmd = "cisa";
+    for (int i = 0; i < argc; ++i) cmd += std::string(" ") + argv[i];
+    plan.command_line = cmd;
+    if (Status s = eval::run_eval(plan); !s.ok()) return fail(s.message());
+  }
+  auto summary = eval::write_summary(out_dir, static_cast<int>(bootstrap));
+  if (!summary.ok()) return fail(summary.status().message());
+  if (json) {
+    Json j = Json::object();
+    j["run_dir"] = out_dir;
+    j["results"] = out_dir + "/results.jsonl";
+    j["summary"] = out_dir + "/summary.md";
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", summary->c_str());
+  }
+  return 0;
+}
+
+}  // namespace cisa::cli
