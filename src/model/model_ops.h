@@ -22,9 +22,10 @@ void rope_table(const int64_t* pos, int64_t n_pos, int n_rot, double base, float
 // NORM: the same on (x_{2i}, x_{2i+1}).
 void rope_apply(float* x, const float* cs, const float* sn, int n_rot, RopeStyle style);
 
-// GELU with the tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))).
+// GELU with the tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), evaluated as
+// x · σ(2u) with a vectorisable exp (relative error ~1e-6).
 float gelu_tanh(float x);
-// SiLU: x / (1 + e^(−x)).
+// SiLU: x / (1 + e^(−x)), same exp.
 float silu(float x);
 // out[i] = act(gate[i]) · up[i]; out may alias gate or up.
 void gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t n);
