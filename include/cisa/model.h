@@ -124,8 +124,9 @@ struct SequenceInput {
 struct ForwardStats {
   int64_t tokens = 0;  // rows processed
   int64_t steps = 0;   // forward steps (blocks)
-  // K/V page reads of global-layer attention, summed over layers and page lists, and what the
-  // dense plan would have read for the same rows (equal in dense mode).
+  // K/V pages read by global-layer attention under SPEC §8's per-position traffic model: for every
+  // query position and KV group, the pages of its list (CISA) or pages 0 … c(t) (dense), summed
+  // over positions, KV groups and global layers; and the dense count for the same rows.
   int64_t global_pages_read = 0;
   int64_t global_pages_dense = 0;
   double seconds_attention = 0;  // inside planning, selection and attend()

@@ -1,5 +1,6 @@
 // The two sub-blocks every supported architecture shares: self-attention on the paged KV cache
 // (dense or CISA per layer) and the gated MLP. Both read st.xn and write st.o.
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -130,8 +131,28 @@ Status Model::Impl::attention(int layer) {
                                         opt.attention.selection, &pool, &st.cisa_lists));
       lists = &st.cisa_lists;
     }
-    stats.global_pages_dense += st.global_lists.total_pages();
-    stats.global_pages_read += lists->total_pages();
+    // Traffic per query position (SPEC §8): dense reads pages 0 … c(t); a CISA group's positions
+    // each read their group's list.
+    const int64_t B = cache->page_size();
+    int64_t dense_pages = 0;
+    for (int64_t r = 0; r < rows; ++r) dense_pages += st.pos[static_cast<size_t>(r)] / B + 1;
+    dense_pages *= Hkv;
+    int64_t read_pages = dense_pages;
+    if (cisa) {
+      // A position t of a group reads the group's pages up to its own page c(t) (later ones are
+      // masked and skipped), so charge each position the list's chunks ≤ c(t).
+      read_pages = 0;
+      for (size_t i = 0; i < lists->groups.size(); ++i)
+        for (int g = 0; g < Hkv; ++g) {
+          const auto chunks = lists->list_chunks(static_cast<int64_t>(i), g);
+          for (int64_t t = lists->groups[i].first; t <= lists->groups[i].last; ++t)
+            read_pages +=
+                std::upper_bound(chunks.begin(), chunks.end(), static_cast<int32_t>(t / B)) -
+                chunks.begin();
+        }
+    }
+    stats.global_pages_dense += dense_pages;
+    stats.global_pages_read += read_pages;
   }
   const AttentionParams ap{.scale = hp.attn_scale, .sliding_window = swa ? hp.sliding_window : 0};
   CISA_RETURN_IF_ERROR(attend(*cache, layer, st.batch, *lists, st.q.data(), Hq, ap, st.att.data(),
