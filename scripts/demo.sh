@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job for a newcomer: install dependencies, build, download Gemma 3 270M, and compare
-# dense against CISA — on a real model when the runtime supports it, and on one attention layer.
+# The main job for a newcomer: install dependencies, build, download Gemma 3 270M, answer a
+# long-context question with dense and with CISA attention (answers, pages read, time), then
+# compare the two on one attention layer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
