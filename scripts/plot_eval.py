@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Plots of a `cisa eval` run directory (needs matplotlib: `pip install matplotlib`).
+
+  python3 scripts/plot_eval.py RUN_DIR [RUN_DIR ...] [-o OUT_DIR]
+
+Reads RUN_DIR/results.jsonl of every run given (their lines are pooled) and writes to OUT_DIR
+(default: the first RUN_DIR):
+  accuracy_vs_length.png  task accuracy (mean over tasks of the task means) against prompt
+                          length, one line per configuration;
+  kl_vs_budget.png        mean KL(dense || config) per token on the long documents against the
+                          nominal remote compression x (budget k = E/x), one line per length and
+                          family (kind, G, query), log-scaled axes.
+"""
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import sys
+
+
+def load(run_dirs):
+    recs = []
+    for d in run_dirs:
+        path = os.path.join(d, "results.jsonl")
+        if not os.path.exists(path):
+            sys.exit("plot_eval.py: no %s" % path)
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by an interrupted write
+    return recs
+
+
+def compression_of(name):
+    m = re.search(r":x([0-9.]+)", name)
+    return float(m.group(1)) if m else None
+
+
+def family_of(name):
+    # The config without its budget: cisa:x8:g4:last -> cisa:g4:last
+    return ":".join(p for p in name.split(":") if not re.fullmatch(r"[xk][0-9.]+", p))
+
+
+def accuracy(recs):
+    # (config, length) -> {task: [scores]}
+    acc = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in recs:
+        if r.get("task") == "doc" or "score" not in r:
+            continue
+        acc[(r["config"], r["length"])][r["task"]].append(r["score"])
+    out = collections.defaultdict(dict)
+    for (cfg, length), tasks in acc.items():
+        out[cfg][length] = 100.0 * sum(sum(v) / len(v) for v in tasks.values()) / len(tasks)
+    return out
+
+
+def mean_kl(recs):
+    per = collections.defaultdict(list)  # (config, length) -> per-document mean KL
+    for r in recs:
+        if r.get("task") == "doc" and r.get("kl"):
+            per[(r["config"], r["length"])].append(sum(r["kl"]) / len(r["kl"]))
+    return {k: sum(v) / len(v) for k, v in per.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("-o", "--out", default=None)
+    args = ap.parse_args()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot_eval.py: matplotlib is missing (pip install matplotlib)")
+    out = args.out or args.run_dirs[0]
+    os.makedirs(out, exist_ok=True)
+    recs = load(args.run_dirs)
+    written = []
+
+    acc = accuracy(recs)
+    if acc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for cfg in sorted(acc, key=lambda c: (c != "dense", c)):
+            xs = sorted(acc[cfg])
+            style = dict(color="black", linewidth=2.5) if cfg == "dense" else {}
+            ax.plot(xs, [acc[cfg][x] for x in xs], marker="o", label=cfg, **style)
+        ax.set_xscale("log", base=2)
+        lengths = sorted({x for c in acc for x in acc[c]})
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([("%dK" % (x // 1024)) if x % 1024 == 0 else str(x) for x in lengths])
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel("task accuracy (points)")
+        ax.set_ylim(-2, 102)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("RULER-style accuracy against length")
+        fig.tight_layout()
+        path = os.path.join(out, "accuracy_vs_length.png")
+        fig.savefig(path, dpi=120)
+        written.append(path)
+
+    kl = mean_kl(recs)
+    if kl:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        series = collections.defaultdict(list)  # (family, length) -> [(x, kl)]
+        for (cfg, length), v in kl.items():
+            x = compression_of(cfg)
+            if x is not None:
+                series[(family_of(cfg), length)].append((x, v))
+        for (fam, length), pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], marker="o",
+                    linestyle="-" if len(pts) > 1 else "none", label="%s @ %d" % (fam, length))
+        ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("nominal remote compression x (k = E / x)")
+        ax.set_ylabel("mean KL(dense || config), nats/token")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        ax.set_title("Long-document KL against budget")
+        fig.tight_layout()
+        path = os.path.join(out, "kl_vs_budget.png")
+        fig.savefig(path, dpi=120)
+        written.append(path)
+
+    for p in written:
+        print(p)
+    if not written:
+        sys.exit("plot_eval.py: nothing to plot")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+// The eval result reader and the summary: JSON lines parsed back (escapes, numbers, malformed
+// input), and the summary's numbers on hand-made result lines computed by hand.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cisa/eval.h"
+#include "cisa/json.h"
+#include "eval/eval_json.h"
+
+namespace cisa::eval {
+namespace {
+
+using detail::parse_json;
+
+TEST(EvalJson, ReadsWhatJsonWrites) {
+  Json j = Json::object();
+  j["id"] = "niah_single/4096/0";
+  j["text"] = std::string("line\n\"quoted\"\t\\ \x01 é");
+  j["score"] = 0.25;
+  j["n"] = -12;
+  j["list"] = Json::array({1.5, 2, -3e-5});
+  j["flag"] = true;
+  j["none"] = nullptr;
+  auto v = parse_json(j.dump());
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(v->string("id"), "niah_single/4096/0");
+  EXPECT_EQ(v->string("text"), std::string("line\n\"quoted\"\t\\ \x01 é"));
+  EXPECT_EQ(v->number("score"), 0.25);
+  EXPECT_EQ(v->number("n"), -12);
+  EXPECT_EQ(v->numbers("list"), (std::vector<double>{1.5, 2, -3e-5}));
+  EXPECT_TRUE(v->get("flag")->b);
+  EXPECT_EQ(v->get("none")->type, detail::JsonValue::Type::kNull);
+  EXPECT_EQ(v->get("missing"), nullptr);
+  EXPECT_EQ(v->number("missing", 7), 7);
+}
+
+TEST(EvalJson, UnicodeEscapes) {
+  auto v = parse_json(R"({"a":"\u00e9\ud83d\ude00\/"})");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->string("a"), "é\xF0\x9F\x98\x80/");
+}
+
+TEST(EvalJson, RejectsMalformed) {
+  for (const char* bad : {"", "{", "{\"a\":}", "{\"a\":1,}", "[1 2]", "{\"a\":\"x}", "{\"a\":tru}", "{} x",
+                          "{\"a\":\"\\q\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":1e}", "\"\x01\""}) {
+    EXPECT_FALSE(parse_json(bad).ok()) << bad;
+  }
+  std::string deep(100, '[');
+  deep += std::string(100, ']');
+  EXPECT_FALSE(parse_json(deep).ok());
+}
+
+class SummaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("cisa_eval_summary_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            std::to_string(reinterpret_cast<uintptr_t>(this)));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void write(const std::string& text) {
+    std::ofstream(dir_ / "results.jsonl") << text;
+  }
+  std::filesystem::path dir_;
+};
+
+std::string gen_line(const std::string& task, int index, const std::string& config, double score, int gen) {
+  Json j = Json::object();
+  j["id"] = task + "/4096/" + std::to_string(index);
+  j["task"] = task;
+  j["length"] = 4096;
+  j["index"] = index;
+  j["config"] = config;
+  j["budget"] = config == "dense" ? 0 : 16;
+  j["score"] = score;
+  j["generated_tokens"] = gen;
+  return j.dump() + "\n";
+}
+
+TEST_F(SummaryTest, HandComputedNumbers) {
+  std::string lines;
+  // dense: niah [1, 1], vt [0, 0.4] → (1 + 0.2) / 2 = 60 points.
+  // cisa:  niah [1, 0], vt [0, 0.4] → (0.5 + 0.2) / 2 = 35 points; paired Δ = (−0.5 + 0) / 2 = −25.
+  lines += gen_line("niah_single", 0, "dense", 1, 8) + gen_line("niah_single", 1, "dense", 1, 8);
+  lines += gen_line("vt", 0, "dense", 0, 10) + gen_line("vt", 1, "dense", 0.4, 14);
+  lines += gen_line("niah_single", 0, "cisa:x8:g4", 1, 8) + gen_line("niah_single", 1, "cisa:x8:g4", 0, 12);
+  lines += gen_line("vt", 0, "cisa:x8:g4", 0, 10) + gen_line("vt", 1, "cisa:x8:g4", 0.4, 10);
+  // Documents: ΔNLL = (9 − 8) / 4 = +0.25; KL = 0.4 / 4 = 0.1; agreement 3 / 4.
+  lines += R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"dense","nll":[1,2,3,2]})" "\n";
+  lines += R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"cisa:x8:g4","nll":[1.5,2,3,2.5],"kl":[0.1,0,0,0.3],"agree":[1,1,0,1]})" "\n";
+  lines += "{\"id\":\"cut";  // an interrupted last line is ignored
+  write(lines);
+  auto s = write_summary(dir_.string(), 500);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  const std::string& md = *s;
+  EXPECT_NE(md.find("| dense | 60.0 ["), std::string::npos) << md;
+  EXPECT_NE(md.find("| cisa:x8:g4 | 35.0 ["), std::string::npos) << md;
+  EXPECT_NE(md.find("| cisa:x8:g4 | -25.0 ["), std::string::npos) << md;
+  // Generated tokens: dense 40 / 4 = 10, cisa 40 / 4 = 10 → +0.0%.
+  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 10.00 | +0.0% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("+0.2500"), std::string::npos) << md;
+  EXPECT_NE(md.find("0.1000 [0.1000, 0.1000]"), std::string::npos) << md;
+  EXPECT_NE(md.find("75.0%"), std::string::npos) << md;
+  // KL by quarter: one position per quarter.
+  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 0.1000 | 0.0000 | 0.0000 | 0.3000 |"), std::string::npos) << md;
+  // k = ceil((256 − 128) / 8) = 16 at 4096 tokens.
+  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 128 | 128 | 16 | 145 / 256 (1.8x) |"), std::string::npos) << md;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "summary.md"));
+}
+
+TEST_F(SummaryTest, MissingResults) {
+  EXPECT_FALSE(write_summary((dir_ / "nothing").string()).ok());
+}
+
+}  // namespace
+}  // namespace cisa::eval
