@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cisa/gguf.h"
+#include "cisa/indexer.h"
 #include "cisa/tokenizer.h"
 
 namespace cisa::cli {
@@ -29,6 +30,8 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_int("--sink-pages", &o->sink_pages, "CISA: first pages always attended (default 0)");
   p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
   p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
+  p.add_string("--indexer", &o->indexer,
+               "CISA: indexer file from cisa calibrate (default: mean of each group's query heads)");
   p.add_flag("--quiet", &o->quiet, "no progress bar or summary on stderr");
 }
 
@@ -68,6 +71,17 @@ Result<LoadedModel> load_model_for(
     CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(f));
     out.prompt = encode(tok);
     n_ctx_train = hp.n_ctx_train;
+    if (!o.indexer.empty()) {
+      // The calibrated index projections of the layers that run CISA (SPEC §2, §6).
+      if (mopt.attention.mode != AttentionMode::kCisa) return invalid_argument("--indexer needs --attention cisa");
+      CISA_ASSIGN_OR_RETURN(Indexer idx, load_indexer(o.indexer));
+      CISA_ASSIGN_OR_RETURN(ModelIdentity id, model_identity(f));
+      if (Status s = check_indexer_matches(idx, id); !s.ok()) return Status(s.code(), o.indexer + ": " + s.message());
+      std::vector<bool> cisa_layers(static_cast<size_t>(hp.n_layer));
+      for (int l = 0; l < hp.n_layer; ++l)
+        cisa_layers[static_cast<size_t>(l)] = hp.is_global(l) && l >= mopt.attention.dense_layers;
+      CISA_ASSIGN_OR_RETURN(mopt.attention.index, indexer_projections(idx, f, hp, cisa_layers));
+    }
   }
   const int64_t n_prompt = static_cast<int64_t>(out.prompt.size());
   if (n_prompt == 0) return invalid_argument("the prompt encodes to no tokens");

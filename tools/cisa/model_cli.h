@@ -24,6 +24,7 @@ struct ModelCliOptions {
   std::string attention = "dense";
   int64_t budget = 64, window = 32, qshare = 16, sink_pages = 0, dense_layers = 0;
   std::string qshare_query = "mean", rep = "mean";
+  std::string indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
   bool quiet = false;
 };
 
