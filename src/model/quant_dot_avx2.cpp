@@ -161,7 +161,9 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
 template <class L, int NT>
 void rows_times_tokens(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const BlockX* xq,
                        int64_t nb, float* y, int64_t ldy) {
-  constexpr int NR = NT == 1 ? 4 : 2;
+  // One row per tile, measured on Zen 4: interleaving 4 rows was 7% faster on cache-resident
+  // matrices but 3x slower streaming the 178 MB output matrix from memory (prefetch streams).
+  constexpr int NR = 1;
   int64_t r = 0;
   for (; r + NR <= n_rows; r += NR)
     tile<L, NR, NT>(w + r * row_bytes, row_bytes, xq, nb, y + r, ldy);
@@ -190,7 +192,75 @@ void tile_avx2(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void*
   }
 }
 
+// 8 int32 codes per vector, 4 vectors -> 32 int8 in element order. packs works within 128-bit
+// lanes, so the dwords come out as (0,4,1,5,2,6,3,7) and a permute restores the order.
+inline __m256i pack_codes(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+  return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd),
+                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// max |x| over n floats (n a multiple of 8).
+inline float abs_max(const float* x, int n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8)
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// Codes of 32 floats scaled by id, rounded to nearest even; also their 16-element sums.
+inline __m256i codes32(const float* x, __m256 id, int* sum_lo, int* sum_hi) {
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id));
+  *sum_lo = hsum_i32(_mm256_add_epi32(q[0], q[1]));
+  *sum_hi = hsum_i32(_mm256_add_epi32(q[2], q[3]));
+  return pack_codes(q[0], q[1], q[2], q[3]);
+}
+
 }  // namespace
+
+void quantize_x_fast(const float* x, BlockX* out, int64_t k) {
+  for (int64_t b = 0; b < k / kBlockX; ++b) {
+    const float* xb = x + b * kBlockX;
+    const float d = abs_max(xb, 32) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum0, sum1;
+    const __m256i q = codes32(xb, _mm256_set1_ps(id), &sum0, &sum1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), q);
+    out[b].d = d;
+    out[b].s0 = d * static_cast<float>(sum0);
+    out[b].s1 = d * static_cast<float>(sum1);
+    out[b].s = out[b].s0 + out[b].s1;
+  }
+}
+
+void quantize_xk_fast(const float* x, BlockXK* out, int64_t k) {
+  for (int64_t b = 0; b < k / kBlockXK; ++b) {
+    const float* xb = x + b * kBlockXK;
+    const float d = abs_max(xb, 256) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    for (int c = 0; c < 8; ++c) {
+      int lo, hi;
+      const __m256i q = codes32(xb + 32 * c, id, &lo, &hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q + 32 * c), q);
+      out[b].bsum[2 * c] = static_cast<int16_t>(lo);
+      out[b].bsum[2 * c + 1] = static_cast<int16_t>(hi);
+    }
+    out[b].d = d;
+  }
+}
 
 TileKernel tile_kernel_avx2(GgmlType type) {
   switch (type) {
@@ -216,6 +286,12 @@ TileKernel tile_kernel_avx2(GgmlType type) {
 namespace cisa::quant {
 TileKernel tile_kernel_avx2(GgmlType) {
   return nullptr;
+}
+void quantize_x_fast(const float* x, BlockX* out, int64_t k) {
+  quantize_x(x, out, k);
+}
+void quantize_xk_fast(const float* x, BlockXK* out, int64_t k) {
+  quantize_xk(x, out, k);
 }
 }  // namespace cisa::quant
 

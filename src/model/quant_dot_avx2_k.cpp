@@ -186,7 +186,7 @@ void tile_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv
             int64_t n_tok, float* y, int64_t ldy) {
   const BlockXK* xq = static_cast<const BlockXK*>(xv);
   auto rows = [&]<int NT>(int64_t t) {
-    constexpr int NR = NT == 1 ? 4 : 2;
+    constexpr int NR = 1;  // measured: more rows per tile spill registers and run slower
     int64_t r = 0;
     for (; r + NR <= n_rows; r += NR)
       Tile<NR, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);

@@ -35,6 +35,11 @@ struct BlockXK {
 constexpr int64_t kBlockXK = 256;
 void quantize_xk(const float* x, BlockXK* out, int64_t k);
 
+// The same quantisations with AVX2 (bit-identical results: the same float operations, and
+// conversion rounds to nearest even like nearbyint); the scalar ones where AVX2 is absent.
+void quantize_x_fast(const float* x, BlockX* out, int64_t k);
+void quantize_xk_fast(const float* x, BlockXK* out, int64_t k);
+
 // Which activation blocks a weight type is multiplied with, and their size for k inputs.
 bool uses_block256(GgmlType type);
 int64_t activation_blocks(GgmlType type, int64_t k);  // blocks per token

@@ -149,6 +149,22 @@ TEST(QuantizeXK, ErrorWithinHalfAStepAndGroupSums) {
   EXPECT_EQ(q[1].d, 0.0f);
 }
 
+TEST(QuantizeFast, BitIdenticalToScalar) {
+  std::mt19937 rng(4);
+  for (float spread : {1e-3f, 1.0f, 50.0f}) {
+    std::vector<float> x = random_floats(1024, rng, spread);
+    for (int i = 0; i < 64; ++i) x[i] = 0.0f;  // a zero block
+    std::vector<quant::BlockX> a(32), b(32);
+    quant::quantize_x(x.data(), a.data(), 1024);
+    quant::quantize_x_fast(x.data(), b.data(), 1024);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(quant::BlockX) * a.size()), 0) << spread;
+    std::vector<quant::BlockXK> c(4), d(4);
+    quant::quantize_xk(x.data(), c.data(), 1024);
+    quant::quantize_xk_fast(x.data(), d.data(), 1024);
+    EXPECT_EQ(std::memcmp(c.data(), d.data(), sizeof(quant::BlockXK) * c.size()), 0) << spread;
+  }
+}
+
 struct KernelCase {
   const char* isa;
   quant::TileKernel (*get)(GgmlType);
