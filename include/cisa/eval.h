@@ -28,7 +28,11 @@
 #include <string_view>
 #include <vector>
 
+#include "cisa/batch.h"
+#include "cisa/kv_cache.h"
 #include "cisa/model.h"
+#include "cisa/selection.h"
+#include "cisa/thread_pool.h"
 #include "cisa/status.h"
 
 namespace cisa::eval {
@@ -207,5 +211,16 @@ Status run_eval(const EvalPlan& plan);
 // configuration and length with 95% task-bootstrap intervals, the paired change against dense,
 // per-task tables, generated length against dense, and the long-document likelihood tables.
 Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iters = 2000);
+
+// ---- oracle selection -------------------------------------------------------------------------
+
+// The oracle upper bound: page lists with select_pages' query groups, sinks, window and tail, but
+// each sparse group's k chunks are the eligible chunks with the largest true dense attention mass
+// (summed over the group's positions and the KV group's query heads; ties to the smaller chunk).
+// q: [rows][num_q_heads][head_dim], the queries attention uses (after q-norm and RoPE); scale
+// multiplies q·k. Costs a dense attention pass per group. Not yet reachable from `cisa eval`: the
+// model runtime calls select_pages itself and offers no hook to substitute these lists.
+Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch, const float* q,
+                           int num_q_heads, float scale, const SelectionParams& p, ThreadPool* pool, PageLists* out);
 
 }  // namespace cisa::eval
