@@ -106,6 +106,9 @@ struct ModelOptions {
   // Round K, V and the queries to IEEE half precision before attention, reproducing the numerics of
   // llama.cpp's default f16 KV cache (used by the conformance tests; storage stays kv_dtype).
   bool round_kv_f16 = false;
+  // Widen every quantised matrix to f32 at load and multiply in f32 (no 8-bit activations): the
+  // exact function of the stored weights, for reference checks; ~4x the memory, much slower.
+  bool weights_f32 = false;
   RepKind rep = RepKind::kMean;
   AttentionOptions attention;
 };

@@ -72,7 +72,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
   CISA_RETURN_IF_ERROR(validate_options(options));
   CISA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_hparams(file));
-  CISA_ASSIGN_OR_RETURN(ModelWeights weights, bind_weights(file, hp));
+  CISA_ASSIGN_OR_RETURN(ModelWeights weights, bind_weights(file, hp, options.weights_f32));
   CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
   if (tok.vocab_size() != hp.n_vocab)
     return data_loss("tokenizer has " + std::to_string(tok.vocab_size()) +

@@ -31,12 +31,14 @@ struct ModelWeights {
   WeightView output;    // [n_vocab][n_embd]; the embeddings when tied
   std::vector<float> output_norm;
   std::vector<LayerWeights> layers;
+  std::vector<std::vector<float>> f32_storage;  // the widened matrices (ModelOptions::weights_f32)
 };
 
 // model_hparams.cpp: the architecture's hyper-parameters from the metadata, checked.
 Result<ModelHparams> read_hparams(const GgufFile& f);
 // model_weights.cpp: every tensor the architecture needs, with its shape and type checked.
-Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp);
+// f32: widen every quantised matrix to f32 at load (exact products, ~4x the memory).
+Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32);
 
 // The rows of one forward step and their buffers (reused across steps).
 struct StepState {

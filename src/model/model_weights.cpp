@@ -13,8 +13,10 @@ std::string dims(int64_t a, int64_t b) {
   return s;
 }
 
-// A matrix with `cols` inputs (ne0) and `rows` outputs (ne1).
-Result<WeightView> matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+// A matrix with `cols` inputs (ne0) and `rows` outputs (ne1); widened to f32 into `store` when
+// it is non-null.
+Result<WeightView> matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
+                          std::vector<std::vector<float>>* store) {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) return data_loss("model file is missing tensor '" + name + "'");
   if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
@@ -23,7 +25,16 @@ Result<WeightView> matrix(const GgufFile& f, const std::string& name, int64_t co
   if (!ggml_type_is_supported(t->type))
     return unimplemented("tensor '" + name + "' has type " + ggml_type_name(t->type) +
                          ", which is not supported");
-  return WeightView::of(*t);
+  CISA_ASSIGN_OR_RETURN(WeightView w, WeightView::of(*t));
+  if (!store || w.type == GgmlType::F32) return w;
+  std::vector<float>& buf = store->emplace_back(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    CISA_RETURN_IF_ERROR(dequantize_row(w.type, w.row(r), buf.data() + r * cols, cols));
+  return WeightView{.type = GgmlType::F32,
+                    .n_rows = rows,
+                    .n_cols = cols,
+                    .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
+                    .data = reinterpret_cast<const uint8_t*>(buf.data())};
 }
 
 // A vector of n gains, any float or quantised type widened to f32.
@@ -43,28 +54,29 @@ Result<std::vector<float>> vec(const GgufFile& f, const std::string& name, int64
 
 }  // namespace
 
-Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp) {
+Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32) {
   ModelWeights w;
+  std::vector<std::vector<float>>* st = f32 ? &w.f32_storage : nullptr;
   const int64_t E = hp.n_embd, F = hp.n_ff, Dq = int64_t{hp.n_head} * hp.head_dim,
                 Dkv = int64_t{hp.n_head_kv} * hp.head_dim;
-  CISA_ASSIGN_OR_RETURN(w.tok_embd, matrix(f, "token_embd.weight", E, hp.n_vocab));
+  CISA_ASSIGN_OR_RETURN(w.tok_embd, matrix(f, "token_embd.weight", E, hp.n_vocab, st));
   if (hp.tied_output) {
     w.output = w.tok_embd;
   } else {
-    CISA_ASSIGN_OR_RETURN(w.output, matrix(f, "output.weight", E, hp.n_vocab));
+    CISA_ASSIGN_OR_RETURN(w.output, matrix(f, "output.weight", E, hp.n_vocab, st));
   }
   CISA_ASSIGN_OR_RETURN(w.output_norm, vec(f, "output_norm.weight", E));
   w.layers.resize(static_cast<size_t>(hp.n_layer));
   for (int l = 0; l < hp.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    CISA_ASSIGN_OR_RETURN(L.wq, matrix(f, p + "attn_q.weight", E, Dq));
-    CISA_ASSIGN_OR_RETURN(L.wk, matrix(f, p + "attn_k.weight", E, Dkv));
-    CISA_ASSIGN_OR_RETURN(L.wv, matrix(f, p + "attn_v.weight", E, Dkv));
-    CISA_ASSIGN_OR_RETURN(L.wo, matrix(f, p + "attn_output.weight", Dq, E));
-    CISA_ASSIGN_OR_RETURN(L.gate, matrix(f, p + "ffn_gate.weight", E, F));
-    CISA_ASSIGN_OR_RETURN(L.up, matrix(f, p + "ffn_up.weight", E, F));
-    CISA_ASSIGN_OR_RETURN(L.down, matrix(f, p + "ffn_down.weight", F, E));
+    CISA_ASSIGN_OR_RETURN(L.wq, matrix(f, p + "attn_q.weight", E, Dq, st));
+    CISA_ASSIGN_OR_RETURN(L.wk, matrix(f, p + "attn_k.weight", E, Dkv, st));
+    CISA_ASSIGN_OR_RETURN(L.wv, matrix(f, p + "attn_v.weight", E, Dkv, st));
+    CISA_ASSIGN_OR_RETURN(L.wo, matrix(f, p + "attn_output.weight", Dq, E, st));
+    CISA_ASSIGN_OR_RETURN(L.gate, matrix(f, p + "ffn_gate.weight", E, F, st));
+    CISA_ASSIGN_OR_RETURN(L.up, matrix(f, p + "ffn_up.weight", E, F, st));
+    CISA_ASSIGN_OR_RETURN(L.down, matrix(f, p + "ffn_down.weight", F, E, st));
     CISA_ASSIGN_OR_RETURN(L.attn_norm, vec(f, p + "attn_norm.weight", E));
     CISA_ASSIGN_OR_RETURN(L.ffn_norm, vec(f, p + "ffn_norm.weight", E));
     if (hp.qk_norm) {
