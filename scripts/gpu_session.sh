@@ -20,15 +20,25 @@ log() { echo "[gpu_session $(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
 log "mode=$mode commit=${CISA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$OUT/session.log"
 
-log "configure + build"
-cmake -S . -B build/gpu-session -G Ninja -DCMAKE_BUILD_TYPE=Release -DCISA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DCISA_BUILD_BENCH=OFF -DCISA_NATIVE=OFF >"$OUT/build.log" 2>&1 &&
-  ninja -C build/gpu-session -j16 cisa_cuda cuda_select_test cuda_attention_test >>"$OUT/build.log" 2>&1
-rc=$?
-tail -3 "$OUT/build.log"
-if [ $rc -ne 0 ]; then log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; fi
-if [ "$mode" != tests ]; then
-  ninja -C build/gpu-session -j16 cisa >>"$OUT/build.log" 2>&1 || { log "cisa CLI build failed"; grep error "$OUT/build.log" | head; }
+if [ -n "${CISA_PREBUILT:-}" ]; then
+  # Binaries built on the development machine (same sources, nvcc -arch sm_90a, static cudart):
+  # saves the device-side build and does not depend on the rest of the tree compiling there.
+  log "prebuilt binaries from $CISA_PREBUILT"
+  mkdir -p build/gpu-session/tests
+  cp "$CISA_PREBUILT"/cisa build/gpu-session/cisa &&
+    cp "$CISA_PREBUILT"/cuda_select_test "$CISA_PREBUILT"/cuda_attention_test build/gpu-session/tests/ ||
+    { log "prebuilt binaries missing"; exit 1; }
+else
+  log "configure + build"
+  cmake -S . -B build/gpu-session -G Ninja -DCMAKE_BUILD_TYPE=Release -DCISA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCISA_BUILD_BENCH=OFF -DCISA_NATIVE=OFF >"$OUT/build.log" 2>&1 &&
+    ninja -C build/gpu-session -j16 cisa_cuda cuda_select_test cuda_attention_test >>"$OUT/build.log" 2>&1
+  rc=$?
+  tail -3 "$OUT/build.log"
+  if [ $rc -ne 0 ]; then log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; fi
+  if [ "$mode" != tests ]; then
+    ninja -C build/gpu-session -j16 cisa >>"$OUT/build.log" 2>&1 || { log "cisa CLI build failed"; grep error "$OUT/build.log" | head; }
+  fi
 fi
 
 if [ "$mode" != bench ]; then
@@ -49,8 +59,10 @@ if [ "$mode" != tests ]; then
   log "cisa bench rc=$?"
   tail -40 "$OUT/layer_cisa.log"
   if [ "$mode" = cisa ]; then log "done (no anchors in mode cisa)"; exit 0; fi
+  # ANCHOR_ARGS: extra options of bench/anchors_layer.py (e.g. --no-flex --gather-geometries 4:1
+  # when device time is short).
   PYTHONUNBUFFERED=1 python3 bench/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists "$scratch" --cisa "$OUT/layer_cisa.json" \
-    --out "$OUT/layer_results.json" 2>&1 | tee "$OUT/anchors.log" | tail -60
+    --out "$OUT/layer_results.json" ${ANCHOR_ARGS:-} 2>&1 | tee "$OUT/anchors.log" | tail -60
   log "anchors rc=${PIPESTATUS[0]}"
 fi
 log "done"

@@ -79,6 +79,7 @@ class Plan {
   int64_t total_pages() const;      // entries of all page lists
   int64_t selected_lists() const;   // lists that run scoring and top-k
   int64_t num_rows() const;         // packed query rows of the batch
+  int64_t num_unions() const;       // KV-outer unions of small lists (PlanOptions::group_unions)
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -90,17 +91,26 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables,
                   std::span<const BatchEntry> batch, int num_q_heads, int64_t sliding_window,
                   Plan* plan);
 
+// Planner switches (for ablations; the defaults are the fast path).
+struct PlanOptions {
+  // Attend lists of at most 16 query rows (4:1 with G = 4) in unions of up to 4 consecutive
+  // QShare groups of one sequence and KV group: one block, one warp per group, every page of the
+  // union read once (KV-outer). Off: one block per list, pages re-read by every group.
+  bool group_unions = true;
+};
+
 // CISA plan: dense prefix, QShare groups of G, selection from the eligible chunks, window, tail
 // and sinks (as cisa::select_pages). The selected part is filled by run_select.
 Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
                    std::span<const BatchEntry> batch, int num_q_heads, const SelectionParams& p,
-                   Plan* plan);
+                   Plan* plan, const PlanOptions& options = {});
 
 // The selection stages, separately launchable for timing; run_select runs all three in order.
 enum class SelectStage {
   kSetup,    // write the fixed parts of every page list (dense ranges, sinks, window, tail)
   kScore,    // index query per list (mean or last) and scores of every eligible chunk
-  kTopK,     // top-k per list, written as physical pages in ascending logical order
+  kTopK,     // top-k per list, written as physical pages in ascending logical order; then the
+             // union lists of grouped small lists (PlanOptions::group_unions)
 };
 
 // index_q: device f32 [rows][num_kv_heads][head_dim] (ignored, may be null, for a dense plan).
@@ -126,6 +136,9 @@ Status fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, v
 // ---- copies for tests and diagnostics (synchronous) ----
 // The plan's page lists after run_select, in the form of cisa::PageLists.
 Status download_page_lists(const Plan& plan, PageLists* out);
+// K/V pages the attention step reads (after run_select): list pages, except that a union
+// reads each page of its members' lists once.
+Status count_read_pages(const Plan& plan, int64_t* pages);
 // Scores of every selected list: list i's scores (eligible chunks from its first eligible one)
 // are scores[offsets[i] … offsets[i+1]); lists without selection are empty.
 Status download_scores(const Plan& plan, std::vector<float>* scores, std::vector<int64_t>* offsets);

@@ -21,14 +21,23 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int D>
 constexpr size_t attention_smem_bytes() {
   return sizeof(uint16_t) * 2 /*K,V*/ * tiles::kStages * tiles::kStageTokens<D> * (D + tiles::kSmemPad) +
-         sizeof(int32_t) * 2 * tiles::kSegPages;
+         sizeof(int32_t) * 3 * tiles::kSegPages;
 }
 
-template <int D, int WARPS>
+// PW > 1 (few rows per list: decode): the warps split each tile's pages as well as its rows.
+// Warp w takes rows 16·(w mod RW) … +15 and pages [ph·NP/PW, (ph+1)·NP/PW) of every tile, where
+// ph = w / RW and RW = WARPS / PW; the PW partial softmax states of a row meet at the end by
+// log-sum-exp in shared memory. With one warp of rows (4:1 decode), v2/v3 ran the mma and softmax
+// of all 64 tokens of a tile on one warp while three only copied.
+template <int D, int WARPS, int PW>
 __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionArgs a) {
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
   constexpr int NP = NT / B;
+  constexpr int RW = WARPS / PW;  // warps across rows
+  constexpr int NTW = NT / PW;    // tokens of a tile per warp
+  constexpr int NPW = NP / PW;    // pages of a tile per warp
+  static_assert(NPW >= 1 && RW >= 1, "page split must leave each warp a page");
   constexpr int LD = D + tiles::kSmemPad;
   constexpr int THREADS = WARPS * 32;
   constexpr int ST = tiles::kStages;
@@ -38,22 +47,31 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   uint16_t* vs = smem + ST * NT * LD;  // [ST][NT][LD]
 
   const AttnTask t = a.tasks[blockIdx.x];
-  const ListDesc L = a.lists[t.list];
   const int hg = a.num_q_heads / a.num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, tq = lane & 3;
+  const int rt = warp % RW, ph = warp / RW;  // row tile and page phase of this warp
+  // Union task: warp w owns all rows of member w's list; else warp w owns rows 16w … 16w + 15.
+  // (d = 256 has no registers to spare for it: the planner forms no unions there.)
+  constexpr bool kUnions = D <= tiles::kUnionMaxHeadDim && PW == 1;
+  const bool uni = kUnions && t.members > 0;
+  const ListDesc L = a.lists[t.list + (uni ? min(warp, t.members - 1) * t.stride : 0)];
+  const int row_base = uni ? 0 : rt * 16;
+  const int rows_w = uni ? (L.last_pos - L.first_pos + 1) * hg : t.rows;
 
   // The two rows of this thread (rows past the tile repeat its last row and are not written).
   int32_t pos[2];
   const uint16_t* qp[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = min(warp * 16 + gr + 8 * h, t.rows - 1);
+    const int r = min(row_base + gr + 8 * h, rows_w - 1);
     const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
     pos[h] = L.first_pos + p;
     qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(D);
   }
-  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
-  const bool warp_active = warp * 16 < t.rows;
+  // Last query position of the block (members ascend, so the last member's last query).
+  const int32_t tmax = uni ? a.lists[t.list + (t.members - 1) * t.stride].last_pos
+                           : L.first_pos + (t.row0 + t.rows - 1) / hg;
+  bool warp_active = uni ? warp < t.members : rt * 16 < t.rows;
 
   uint32_t qf[D / 16][4];
 #pragma unroll
@@ -69,7 +87,8 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   // global load per tile (v1 read both from global memory inside the pipeline).
   int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * NT * LD);  // [kSegPages]
   int32_t* cid_s = pid_s + SEG;                                     // [kSegPages]
-  const int64_t n_pages = t.page1 - t.page0;
+  int32_t* mid_s = cid_s + SEG;                                     // [kSegPages] union masks
+  const int64_t n_pages = uni ? a.ucounts[t.union_id] : t.page1 - t.page0;
   auto load_tile = [&](int stage, int tile, int seg_n) {
     constexpr int CPR = D / 8;  // 16-byte pieces per token row
 #pragma unroll
@@ -95,8 +114,10 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
     const int seg_n = static_cast<int>(n_pages - seg0 < SEG ? n_pages - seg0 : SEG);
     __syncthreads();  // the previous segment's IDs and stages are no longer read
     for (int i = threadIdx.x; i < seg_n; i += THREADS) {
-      pid_s[i] = a.pages[t.page0 + seg0 + i];
-      cid_s[i] = a.chunks[t.page0 + seg0 + i];
+      const int64_t e = t.page0 + seg0 + i;
+      pid_s[i] = uni ? a.upages[e] : a.pages[e];
+      cid_s[i] = uni ? a.uchunks[e] : a.chunks[e];
+      if constexpr (kUnions) mid_s[i] = uni ? a.umask[e] : -1;
     }
     __syncthreads();
     const int n_tiles = (seg_n + NP - 1) / NP;
@@ -119,21 +140,26 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
       }
       if (!warp_active) continue;
       const int stage = it % ST;
-      int32_t cstart[NP];
+      // A page the warp's list did not choose (union tasks) is masked like a future page.
+      int32_t cstart[NPW];
+      bool any = false;
 #pragma unroll
-      for (int j = 0; j < NP; ++j) {
-        const int pi = it * NP + j;
-        cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
+      for (int j = 0; j < NPW; ++j) {
+        const int pi = it * NP + ph * NPW + j;
+        const bool mine = pi < seg_n && (!kUnions || ((mid_s[pi] >> warp) & 1));
+        cstart[j] = mine ? cid_s[pi] * B : INT_MAX / 2;
+        any |= mine;
       }
-      const uint16_t* kst = ks + stage * NT * LD;
-      const uint16_t* vst = vs + stage * NT * LD;
-      float s[NT / 8][4];
+      if (kUnions && !any) continue;
+      const uint16_t* kst = ks + (stage * NT + ph * NTW) * LD;
+      const uint16_t* vst = vs + (stage * NT + ph * NTW) * LD;
+      float s[NTW / 8][4];
 #pragma unroll
-      for (int j = 0; j < NT / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int j = 0; j < NTW / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int np = 0; np < NT / 16; ++np) {
+        for (int np = 0; np < NTW / 16; ++np) {
           uint32_t b[4];
           dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
           dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[1]);
@@ -143,7 +169,7 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
       // Mask by absolute position (causal, optional window), scale, online softmax.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < NT / 8; ++j)
+      for (int j = 0; j < NTW / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int h = e >> 1;
@@ -169,14 +195,14 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
         m[h] = m_new;
       }
 #pragma unroll
-      for (int j = 0; j < NT / 8; ++j)
+      for (int j = 0; j < NTW / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[j][e] = exp2f(s[j][e] - base[e >> 1]);
           l[e >> 1] += s[j][e];
         }
 #pragma unroll
-      for (int kt = 0; kt < NT / 16; ++kt) {
+      for (int kt = 0; kt < NTW / 16; ++kt) {
         const uint32_t pa[4] = {dev::pack_bf16x2(s[2 * kt][0], s[2 * kt][1]),
                                 dev::pack_bf16x2(s[2 * kt][2], s[2 * kt][3]),
                                 dev::pack_bf16x2(s[2 * kt + 1][0], s[2 * kt + 1][1]),
@@ -192,6 +218,55 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
     }
   }
   dev::cp_async_wait<0>();
+  if constexpr (PW > 1) {
+    // Page phases 1 … PW−1 hand (m, l, o) to phase 0 of the same rows through shared memory
+    // (the K/V stages are free now), laid out [value][warp][lane] so a warp's stores hit 32 banks.
+    constexpr int NV = 4 + D / 2;  // m[2], l[2], o[D/8][4] per lane
+    static_assert(sizeof(float) * NV * WARPS * 32 <= sizeof(uint16_t) * 2 * ST * NT * LD, "merge buffer");
+    float* xs = reinterpret_cast<float*>(smem);
+    __syncthreads();  // every warp has left the main loop: the stages are no longer read
+    auto at = [&](int v, int w) -> float& { return xs[(v * WARPS + w) * 32 + lane]; };
+    if (ph > 0) {
+      at(0, warp) = m[0];
+      at(1, warp) = m[1];
+      at(2, warp) = l[0];
+      at(3, warp) = l[1];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) at(4 + 4 * j + e, warp) = o[j][e];
+    }
+    __syncthreads();
+    if (ph == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mt = m[h];
+#pragma unroll
+        for (int q = 1; q < PW; ++q) mt = fmaxf(mt, at(h, rt + q * RW));
+        if (mt == -INFINITY) continue;  // no visible key in any phase: l stays 0
+        const float c0 = exp2f(m[h] - mt);
+        l[h] *= c0;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[j][2 * h] *= c0;
+          o[j][2 * h + 1] *= c0;
+        }
+#pragma unroll
+        for (int q = 1; q < PW; ++q) {
+          const int w = rt + q * RW;
+          const float c = exp2f(at(h, w) - mt);
+          l[h] += c * at(2 + h, w);
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o[j][2 * h] += c * at(4 + 4 * j + 2 * h, w);
+            o[j][2 * h + 1] += c * at(4 + 4 * j + 2 * h + 1, w);
+          }
+        }
+        m[h] = mt;
+      }
+    }
+    warp_active = warp_active && ph == 0;
+  }
   if (!warp_active) return;
 
 #pragma unroll
@@ -201,19 +276,21 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = warp * 16 + gr + 8 * h;
-    if (r >= t.rows) continue;
+    const int r = row_base + gr + 8 * h;
+    if (r >= rows_w) continue;
     const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
     const float lse = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
     const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
     float* dst;
-    if (t.partial < 0) {
+    // Re-read here rather than kept live through the main loop (d = 256 is at 255 registers).
+    const int64_t partial = __ldg(&a.tasks[blockIdx.x].partial);
+    if (partial < 0) {
       const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
       dst = a.out + hr * D;
       if (a.lse && tq == 0) a.lse[hr] = lse;
     } else {
-      dst = a.partial_out + (t.partial + r) * D;
-      if (tq == 0) a.partial_lse[t.partial + r] = lse;
+      dst = a.partial_out + (partial + r) * D;
+      if (tq == 0) a.partial_lse[partial + r] = lse;
     }
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
@@ -253,29 +330,35 @@ __global__ void merge_kernel(const AttentionArgs a) {
   }
 }
 
-template <int D, int WARPS>
+template <int D, int WARPS, int PW>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
-  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS, PW>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_kernel<D, WARPS><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
+  attention_kernel<D, WARPS, PW><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
-  return warps == 8 ? launch_typed<D, 8>(a, num_tasks, stream) : launch_typed<D, 4>(a, num_tasks, stream);
+cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, cudaStream_t stream) {
+  if (warps == 8) return launch_typed<D, 8, 1>(a, num_tasks, stream);
+  if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
+    if (page_warps == 4) return launch_typed<D, 4, 4>(a, num_tasks, stream);
+    if (page_warps == 2) return launch_typed<D, 4, 2>(a, num_tasks, stream);
+  }
+  return launch_typed<D, 4, 1>(a, num_tasks, stream);
 }
 
 }  // namespace
 
-cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+                             cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   switch (a.head_dim) {
-    case 64: return launch_dim<64>(a, num_tasks, warps, stream);
-    case 128: return launch_dim<128>(a, num_tasks, warps, stream);
-    case 256: return launch_dim<256>(a, num_tasks, warps, stream);
+    case 64: return launch_dim<64>(a, num_tasks, warps, page_warps, stream);
+    case 128: return launch_dim<128>(a, num_tasks, warps, page_warps, stream);
+    case 256: return launch_dim<256>(a, num_tasks, warps, page_warps, stream);
     default: return cudaErrorInvalidValue;
   }
 }

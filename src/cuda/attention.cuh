@@ -3,7 +3,8 @@
 // heads, so one read of a page serves all of them) over a range of the list's pages, read in
 // place from the paged pool with cp.async (no gather), Q·Kᵀ and P·V on the tensor cores
 // (mma.m16n8k16 bf16, f32 accumulation), online softmax in f32. Lists split across blocks
-// (decode) write partials that the merge kernel combines by log-sum-exp.
+// (decode) write partials that the merge kernel combines by log-sum-exp. Union tasks (v3) give
+// each warp one small list of a union and read the union's pages once for all of them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +24,10 @@ struct AttentionArgs {
   const MergeTask* merges;    // [num_merges]
   const int32_t* pages;       // page lists: physical IDs
   const int32_t* chunks;      // page lists: logical chunk indices
+  const int32_t* upages;      // union lists (union tasks): physical IDs
+  const int32_t* uchunks;     // union lists: logical chunk indices
+  const int32_t* umask;       // union lists: bit w = member w chose the page
+  const int32_t* ucounts;     // [num_unions] entries of each union list
   float* out;                 // [rows][num_q_heads][head_dim] f32
   float* lse;                 // [rows][num_q_heads] f32 or nullptr
   float* partial_out;         // [partial rows][head_dim] f32
@@ -32,8 +37,10 @@ struct AttentionArgs {
   float scale;                // multiplies q·k
 };
 
-// warps: 4 or 8 (row tile 64 or 128).
-cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream);
+// warps: 4 or 8 (row tile 64 or 128). page_warps (1, 2 or 4; > 1 only with 4 warps, d ≤ 128 and
+// no union tasks): groups of warps that split each tile's pages, for lists of ≤ 64/page_warps rows.
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+                             cudaStream_t stream);
 cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

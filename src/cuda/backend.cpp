@@ -14,6 +14,7 @@
 #include "score.cuh"
 #include "tile_sizes.cuh"
 #include "topk.cuh"
+#include "unions.cuh"
 
 namespace cisa::cuda {
 
@@ -65,6 +66,7 @@ const std::vector<QueryGroup>& Plan::groups() const { return impl_->groups; }
 int64_t Plan::total_pages() const { return impl_->total_pages; }
 int64_t Plan::selected_lists() const { return static_cast<int64_t>(impl_->sel.size()); }
 int64_t Plan::num_rows() const { return impl_->num_rows; }
+int64_t Plan::num_unions() const { return static_cast<int64_t>(impl_->unions.size()); }
 
 namespace {
 
@@ -118,8 +120,59 @@ Status plan_attention(Plan::Impl& P) {
   for (const auto& g : P.groups) max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
   P.warps = max_rows > 64 ? 8 : 4;
   const int64_t tile = 16 * P.warps;
-  int64_t pairs = 0;
+  // Unions of 2 … kUnionGroups consecutive small selecting groups of one entry (per KV group).
+  P.unions.clear();
+  P.union_capacity = 0;
+  P.union_smem = 0;
+  std::vector<int32_t> union_at(P.lists.size(), -1);  // union id at its first list, −2 other members
+  const auto list_size = [](const ListDesc& d) {
+    return static_cast<int64_t>(d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+  };
+  if (P.group_unions && P.head_dim <= tiles::kUnionMaxHeadDim) {
+    const size_t ng = P.groups.size();
+    const auto small = [&](size_t g) {
+      const auto& q = P.groups[g];
+      return !q.dense && P.lists[g * static_cast<size_t>(H)].k > 0 && (q.last - q.first + 1) * hg <= 16;
+    };
+    for (size_t gi = 0; gi < ng;) {
+      if (!small(gi)) {
+        ++gi;
+        continue;
+      }
+      size_t gj = gi + 1;
+      while (gj < ng && gj - gi < static_cast<size_t>(tiles::kUnionGroups) && small(gj) &&
+             P.groups[gj].entry == P.groups[gi].entry)
+        ++gj;
+      const auto& last0 = P.lists[(gj - 1) * static_cast<size_t>(H)];
+      if (gj - gi >= 2 && detail::union_smem_bytes(last0.post_end - 1) <= static_cast<size_t>(tiles::kUnionMaxSmem)) {
+        for (int kv = 0; kv < H; ++kv) {
+          const size_t first = gi * static_cast<size_t>(H) + static_cast<size_t>(kv);
+          const auto& last = P.lists[(gj - 1) * static_cast<size_t>(H) + static_cast<size_t>(kv)];
+          detail::UnionDesc u{};
+          u.table_begin = last.table_begin;
+          u.out_begin = P.union_capacity;
+          u.first_list = static_cast<int32_t>(first);
+          u.members = static_cast<int32_t>(gj - gi);
+          u.stride = H;
+          u.max_chunk = last.post_end - 1;
+          for (size_t m = 0; m < gj - gi; ++m) {
+            const size_t li = first + m * static_cast<size_t>(H);
+            P.union_capacity += list_size(P.lists[li]);
+            union_at[li] = m == 0 ? static_cast<int32_t>(P.unions.size()) : -2;
+          }
+          P.union_smem = std::max(P.union_smem, detail::union_smem_bytes(u.max_chunk));
+          P.unions.push_back(u);
+        }
+      }
+      gi = gj;
+    }
+  }
+  P.page_warps = 1;
+  if (P.unions.empty() && P.warps == 4 && P.head_dim <= tiles::kPageSplitMaxHeadDim)
+    P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
+  int64_t pairs = static_cast<int64_t>(P.unions.size());
   for (size_t L = 0; L < P.lists.size(); ++L) {
+    if (union_at[L] != -1) continue;
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
   }
@@ -130,16 +183,42 @@ Status plan_attention(Plan::Impl& P) {
   for (size_t L = 0; L < P.lists.size(); ++L) {
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     const auto& d = P.lists[L];
+    if (union_at[L] == -2) continue;
+    if (union_at[L] >= 0) {
+      const auto& u = P.unions[static_cast<size_t>(union_at[L])];
+      int64_t cap = 0;
+      for (int m = 0; m < u.members; ++m) cap += list_size(P.lists[static_cast<size_t>(u.first_list + m * u.stride)]);
+      detail::AttnTask t{};
+      t.list = static_cast<int32_t>(L);
+      t.row0 = 0;
+      t.rows = 16;
+      t.members = u.members;
+      t.page0 = u.out_begin;
+      t.page1 = u.out_begin + cap;
+      t.partial = -1;
+      t.union_id = union_at[L];
+      t.stride = u.stride;
+      P.tasks.push_back(t);
+      continue;
+    }
     const int64_t rows = (g.last - g.first + 1) * hg;
-    const int64_t n = (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+    const int64_t n = list_size(d);
     int64_t splits = pairs >= target ? 1 : (target + pairs - 1) / pairs;
     splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
       const int64_t base = P.partial_rows;
-      for (int64_t sp = 0; sp < splits; ++sp)
-        P.tasks.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R, 0, d.out_begin + n * sp / splits,
-                           d.out_begin + n * (sp + 1) / splits, splits > 1 ? base + sp * R : -1});
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        detail::AttnTask t{};
+        t.list = static_cast<int32_t>(L);
+        t.row0 = static_cast<int32_t>(r0);
+        t.rows = R;
+        t.members = 0;
+        t.page0 = d.out_begin + n * sp / splits;
+        t.page1 = d.out_begin + n * (sp + 1) / splits;
+        t.partial = splits > 1 ? base + sp * R : -1;
+        P.tasks.push_back(t);
+      }
       if (splits > 1) {
         P.merges.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R, static_cast<int32_t>(splits), base});
         P.partial_rows += splits * R;
@@ -201,6 +280,13 @@ Status finish_plan(Plan::Impl& P) {
   CISA_RETURN_IF_ERROR(upload(P.d_streams, P.streams, "cuda plan: score streams"));
   CISA_RETURN_IF_ERROR(upload(P.d_tasks, P.tasks, "cuda plan: attention tasks"));
   CISA_RETURN_IF_ERROR(upload(P.d_merges, P.merges, "cuda plan: merge tasks"));
+  CISA_RETURN_IF_ERROR(upload(P.d_unions, P.unions, "cuda plan: union descriptors"));
+  const size_t ucap = static_cast<size_t>(std::max<int64_t>(1, P.union_capacity)) * sizeof(int32_t);
+  CISA_RETURN_IF_ERROR(P.d_upages.reserve(ucap, "cuda plan: union pages"));
+  CISA_RETURN_IF_ERROR(P.d_uchunks.reserve(ucap, "cuda plan: union chunks"));
+  CISA_RETURN_IF_ERROR(P.d_umask.reserve(ucap, "cuda plan: union masks"));
+  CISA_RETURN_IF_ERROR(P.d_ucounts.reserve(std::max<size_t>(1, P.unions.size()) * sizeof(int32_t),
+                                           "cuda plan: union sizes"));
   CISA_RETURN_IF_ERROR(P.d_pages.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: page lists"));
   CISA_RETURN_IF_ERROR(P.d_chunks.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: chunk lists"));
   CISA_RETURN_IF_ERROR(P.d_scores.reserve(std::max<int64_t>(1, score) * sizeof(float), "cuda plan: scores"));
@@ -248,6 +334,7 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
   if (sliding_window < 0) return invalid_argument("cuda: sliding_window must be >= 0");
   auto& P = *plan->impl();
+  P.group_unions = false;
   int64_t row = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const auto& b = batch[e];
@@ -267,7 +354,7 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std
 }
 
 Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
-                   int num_q_heads, const SelectionParams& p, Plan* plan) {
+                   int num_q_heads, const SelectionParams& p, Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
@@ -275,6 +362,7 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, st
       p.sink_pages > std::numeric_limits<int32_t>::max() / 2)
     return invalid_argument("cuda: budget, window and sink pages must be below 2^30");
   auto& P = *plan->impl();
+  P.group_unions = options.group_unions;
   // Query groups exactly as cisa::plan_query_groups cuts them.
   const int64_t t_sparse = (p.budget + p.window + p.sink_pages + 1) * kB;
   int64_t row = 0;
@@ -340,10 +428,18 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                          "cuda: scoring");
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
-      return cuda_status(detail::launch_topk(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
-                                             static_cast<int64_t>(P.sel.size()), P.d_scores.as<float>(),
-                                             P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
-                         "cuda: top-k");
+      CISA_RETURN_IF_ERROR(
+          cuda_status(detail::launch_topk(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
+                                          static_cast<int64_t>(P.sel.size()), P.d_scores.as<float>(), P.block_pages,
+                                          P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+                      "cuda: top-k"));
+      return cuda_status(detail::launch_build_unions(P.d_unions.as<detail::UnionDesc>(),
+                                                     static_cast<int64_t>(P.unions.size()), P.union_smem,
+                                                     P.d_lists.as<ListDesc>(), P.d_chunks.as<int32_t>(),
+                                                     P.block_pages, P.d_upages.as<int32_t>(),
+                                                     P.d_uchunks.as<int32_t>(), P.d_umask.as<int32_t>(),
+                                                     P.d_ucounts.as<int32_t>(), s),
+                         "cuda: union lists");
   }
   return invalid_argument("cuda: unknown selection stage");
 }
@@ -369,6 +465,10 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.merges = P.d_merges.as<MergeTask>();
   a.pages = P.d_pages.as<int32_t>();
   a.chunks = P.d_chunks.as<int32_t>();
+  a.upages = P.d_upages.as<int32_t>();
+  a.uchunks = P.d_uchunks.as<int32_t>();
+  a.umask = P.d_umask.as<int32_t>();
+  a.ucounts = P.d_ucounts.as<int32_t>();
   a.out = out;
   a.lse = lse;
   a.partial_out = P.d_partial_out.as<float>();
@@ -379,7 +479,7 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.window = P.lists.empty() ? 0 : P.lists[0].window;
   a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   auto s = static_cast<cudaStream_t>(stream);
-  CISA_RETURN_IF_ERROR(cuda_status(detail::launch_attention(a, static_cast<int64_t>(P.tasks.size()), P.warps, s),
+  CISA_RETURN_IF_ERROR(cuda_status(detail::launch_attention(a, static_cast<int64_t>(P.tasks.size()), P.warps, P.page_warps, s),
                                    "cuda: attention"));
   return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), s), "cuda: split-KV merge");
 }
@@ -421,6 +521,23 @@ Status download_page_lists(const Plan& plan, PageLists* out) {
     out->offsets.push_back(out->offsets.back() + (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin));
     out->num_selected.push_back(d.k);
   }
+  return Status::Ok();
+}
+
+Status count_read_pages(const Plan& plan, int64_t* pages) {
+  const auto& P = *plan.impl();
+  if (!pages) return invalid_argument("cuda: null output");
+  int64_t n = 0;
+  for (const auto& t : P.tasks)
+    if (t.members == 0) n += t.page1 - t.page0;
+  if (!P.unions.empty()) {
+    std::vector<int32_t> counts(P.unions.size());
+    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(counts.data(), P.d_ucounts.as<void>(), counts.size() * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost),
+                                     "cuda: union size download"));
+    for (int32_t c : counts) n += c;
+  }
+  *pages = n;
   return Status::Ok();
 }
 

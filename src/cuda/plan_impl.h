@@ -44,13 +44,19 @@ struct Plan::Impl {
   std::vector<int32_t> sel;  // lists that select
   std::vector<detail::ScoreStream> streams;
   int32_t max_score_span = 0, max_stream_lists = 0;  // largest eligible range of a stream
+  bool group_unions = true;
+  std::vector<detail::UnionDesc> unions;
+  int64_t union_capacity = 0;
+  size_t union_smem = 0;
   std::vector<detail::AttnTask> tasks;
   std::vector<detail::MergeTask> merges;
   int warps = 4;
+  int page_warps = 1;  // warps splitting a tile's pages (attention.cuh)
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
 
   DeviceBuffer d_lists, d_sel, d_streams, d_tasks, d_merges;
   DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_partial_out, d_partial_lse;
+  DeviceBuffer d_unions, d_upages, d_uchunks, d_umask, d_ucounts;
 };
 
 }  // namespace cisa::cuda

@@ -36,13 +36,27 @@ struct ScoreStream {
   int32_t elig_begin, elig_end_max;
 };
 
-// One thread block of attention: a row tile of one list over a range of its pages.
+// One thread block of attention: a row tile of one list over a range of its pages, or (members
+// > 0) a union task: warp w takes all rows of list `list + w·stride` (w < members) over the
+// union of the members' pages (UnionDesc), each page tagged with the members that chose it.
 struct AttnTask {
   int32_t list;
   int32_t row0, rows;  // rows [row0, row0 + rows) of the list (row = position·h_g + head)
-  int32_t pad;
-  int64_t page0, page1;  // absolute offsets into the page array
+  int32_t members;     // 0: one list; 1–4: union task
+  int64_t page0, page1;  // absolute offsets into the page array (union: into the union arrays;
+                         // page1 is the capacity, the kernel reads the true size)
   int64_t partial;       // −1: writes the output; else first row of its partial slot
+  int32_t union_id, stride;
+};
+
+// KV-outer work unit of small query groups (v3): up to kUnionGroups consecutive QShare groups of
+// one (entry, KV group) whose rows fit one warp. Their page lists are merged into one ascending
+// list with a member bit mask per page, so a page chosen by several groups is read once.
+struct UnionDesc {
+  int64_t table_begin;
+  int64_t out_begin;    // offset in the union arrays; capacity = Σ member list sizes
+  int32_t first_list, members, stride;
+  int32_t max_chunk;    // largest chunk a member list can hold
 };
 
 // Merges the split-KV partials of one (list, row tile): split s, row r is partial row

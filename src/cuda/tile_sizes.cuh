@@ -25,6 +25,10 @@ constexpr int kSegPages = 512;
 // Row padding of the shared K/V tiles, in bf16 elements: 16 bytes shifts consecutive token rows
 // by 4 banks, so ldmatrix's 8 row reads hit 8 distinct 16-byte bank groups.
 constexpr int kSmemPad = 8;
+// Lists of at most 16 (32) rows, 4 warps: the warps split each tile's 4 pages 4 (2) ways, each
+// running the mma and softmax of 1 (2) pages, merged at the end (attention.cu). Up to d = 128:
+// at d = 256 a tile holds 2 pages and the kernel has no registers to spare.
+constexpr int kPageSplitMaxHeadDim = 128;
 // Split-KV: aim for this many thread blocks per SM in total, and never give a split fewer than
 // kMinSplitPages pages (below that the merge costs more than the parallelism gains).
 constexpr int kBlocksPerSmTarget = 4;
@@ -48,9 +52,31 @@ constexpr int kScoreFewLists = 8;
 constexpr int kScoreFewChunks = 512;
 
 // ---- top-k (topk.cu) ----
-// One block per list; 1024 threads read the list's scores (≤ 256 KB, L2-resident) once per
-// 8-bit radix pass (4 passes) and once more for the ordered compaction.
+// A cluster of kTopkCluster blocks per list, each owning 1/kTopkCluster of its scores (≤ 256 KB
+// per list, L2-resident), 4 radix passes plus a count and an ordered compaction over its slice.
+// Decode has 16–32 lists: 8 blocks each put 128–256 blocks on the 132 SMs instead of 16–32.
+// 8 is the portable cluster size limit.
+constexpr int kTopkClusterThreads = 512;
+constexpr int kTopkCluster = 8;
+// Measured (H200, v3): clusters took decode top-k from 0.074 to 0.033 ms (16 lists) but prefill
+// from 1.14 to 1.96 ms (2,048 lists) and 0.15 to 0.25 ms (256 lists): clusters only up to 64
+// lists (512 blocks); beyond, one block of kTopkThreads per list.
+constexpr int kTopkClusterMaxLists = 64;
 constexpr int kTopkThreads = 1024;
+
+// ---- KV-outer unions (unions.cu) ----
+// Lists of at most 16 rows (one warp: 4:1 with G = 4) are attended in unions of up to this many
+// consecutive QShare groups: one block, one warp per group, each page of the union read once.
+// Adjacent groups share ~83 % of their pages in the benchmark (paper: 88 %), so 4 groups read
+// ~1.5 lists' worth of pages instead of 4, and the block's 4 warps all compute (v2 ran one
+// active warp of 4 on such lists: 65 TFLOP/s).
+constexpr int kUnionGroups = 4;
+// Unions only up to this head dim: at d = 256 the attention kernel is at 255 registers already.
+constexpr int kUnionMaxHeadDim = 128;
+constexpr int kUnionThreads = 512;
+// The union kernel keeps a 4-bit member mask per chunk of the sequence in shared memory; longer
+// sequences (over 3.1 M tokens) fall back to one block per list.
+constexpr int kUnionMaxSmem = 96 * 1024;
 
 // ---- representatives, page lists, merge ----
 constexpr int kRepThreads = 128;

@@ -133,18 +133,66 @@ TEST(CudaAttention, SparseMatchesCpu) {
                    " G=" + std::to_string(G));
       SelectionParams p{.budget = 40, .window = 8, .qshare = G, .sink_pages = 1};
       const int64_t split = (p.budget + p.window + p.sink_pages + 1) * 16;
-      auto w = make_world(sh.hkv, sh.hq, sh.d, {split + 3000, split + 500, split + 64},
-                          {{0, split + 2900, 100}, {1, split - 50, 130}, {2, split + 63, 1}}, rng);
+      // 102 queries: the last QShare group of entry 0 is partial (a ragged union member at G = 4).
+      auto w = make_world(sh.hkv, sh.hq, sh.d, {split + 3002, split + 500, split + 64},
+                          {{0, split + 2900, 102}, {1, split - 50, 130}, {2, split + 63, 1}}, rng);
       DeviceMirror m;
       m.build(*w.cache, 0, 3);
-      cuda::Plan plan;
-      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
       auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
       DevVec<float> diq;
       diq.upload(iq);
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+      // Lists of at most 16 rows are attended in unions of groups (KV-outer) unless switched off;
+      // both paths must match the CPU on the same lists.
+      const bool small = G * (sh.hq / sh.hkv) <= 16 && sh.d <= cuda::tiles::kUnionMaxHeadDim;
+      for (bool unions : {true, false}) {
+        if (!unions && !small) continue;
+        SCOPED_TRACE(unions ? "unions on" : "unions off");
+        cuda::Plan plan;
+        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, {.group_unions = unions}).ok());
+        EXPECT_EQ(!plan.impl()->unions.empty(), unions && small);
+        auto* P = plan.impl();
+        cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
+        cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
+        ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+        run_and_compare(w, m, plan, 0);
+        int64_t read = 0;
+        ASSERT_TRUE(cuda::count_read_pages(plan, &read).ok());
+        if (unions && small) {
+          EXPECT_LT(read, plan.total_pages());
+        }
+      }
+    }
+  }
+}
+
+// Decode-only batches (≤ 32 rows per list) let the warps of a block split each tile's pages
+// (page_warps 4 or 2) and merge their softmax states at the end; dense and CISA plans.
+TEST(CudaAttention, DecodeBatchesMatchCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(19);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{1, 16, 64}, Shape{1, 4, 256}}) {
+    const int hg = sh.hq / sh.hkv;
+    const int want_pw = sh.d > cuda::tiles::kPageSplitMaxHeadDim ? 1 : hg <= 16 ? 4 : 2;
+    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d));
+    auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000}, {{0, 4999, 1}, {1, 3000, 1}, {2, 11999, 1}}, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 3);
+    {
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan).ok());
+      EXPECT_EQ(plan.impl()->page_warps, want_pw);
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
       run_and_compare(w, m, plan, 0);
     }
+    SelectionParams p{.budget = 40, .window = 8, .qshare = 1};
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
+    EXPECT_EQ(plan.impl()->page_warps, want_pw);
+    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
+    DevVec<float> diq;
+    diq.upload(iq);
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+    run_and_compare(w, m, plan, 0);
   }
 }
 
