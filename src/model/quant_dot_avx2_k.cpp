@@ -180,7 +180,7 @@ void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
     for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum(acc[r][t]);
 }
 
-// Rows in tiles of NR (single rows for the remainder), tokens in groups of up to 4.
+// Rows in tiles of NR (single rows for the remainder), tokens in groups of 8, 4, then the rest.
 template <template <int, int> class Tile>
 void tile_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
             int64_t n_tok, float* y, int64_t ldy) {
@@ -194,6 +194,8 @@ void tile_k(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv
       Tile<1, NT>::run(w + r * row_bytes, row_bytes, xq + t * nb, nb, y + t * ldy + r, ldy);
   };
   int64_t t = 0;
+  // Groups of 8 tokens reuse each decoded super-block 8 times (measured 10-20% faster than 4).
+  for (; t + 8 <= n_tok; t += 8) rows.template operator()<8>(t);
   for (; t + 4 <= n_tok; t += 4) rows.template operator()<4>(t);
   switch (n_tok - t) {
     case 3:

@@ -191,7 +191,7 @@ TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
       const size_t tok_bytes = quant::activation_bytes(type, cols);
       const uint64_t rb = *ggml_row_bytes(type, cols);
       const std::vector<uint8_t> w = random_rows(type, rows, cols, rng);
-      for (int64_t n_tok : {1, 2, 3, 4, 7}) {
+      for (int64_t n_tok : {1, 2, 3, 4, 7, 8, 15}) {  // every token-group path
         const std::vector<float> x = random_floats(n_tok * cols, rng);
         std::vector<uint8_t> xq(n_tok * tok_bytes);
         for (int64_t t = 0; t < n_tok; ++t)
