@@ -298,7 +298,10 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   }
 }
 
-// One block per (list, row tile); warp per row, lanes over channels.
+// One block per (list, row tile); warp per row, lanes over channels. The split LSEs are read
+// by the lanes at once (lane s: split s), their max and weights reduced by shuffles; the weighted
+// sum then broadcasts weight j from lane j and keeps 4 splits' loads in flight. (v1 walked the
+// splits one dependent load at a time: 33 splits × an L2 round trip, twice, per decode row.)
 __global__ void merge_kernel(const AttentionArgs a) {
   const MergeTask M = a.merges[blockIdx.x];
   const ListDesc L = a.lists[M.list];
@@ -306,19 +309,28 @@ __global__ void merge_kernel(const AttentionArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   for (int r = warp; r < M.rows; r += nw) {
     float mx = -INFINITY;
-    for (int s = 0; s < M.splits; ++s) mx = fmaxf(mx, a.partial_lse[M.partial + s * M.rows + r]);
+    for (int s = lane; s < M.splits; s += 32) mx = fmaxf(mx, a.partial_lse[M.partial + s * M.rows + r]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float sum = 0.0f;
     if (mx != -INFINITY) {
-      for (int s = 0; s < M.splits; ++s) {
-        const int64_t pr = M.partial + s * M.rows + r;
-        const float w = expf(a.partial_lse[pr] - mx);
-        if (w == 0.0f) continue;
+      for (int s0 = 0; s0 < M.splits; s0 += 32) {
+        const int s = s0 + lane;
+        const float w = s < M.splits ? expf(a.partial_lse[M.partial + s * M.rows + r] - mx) : 0.0f;
         sum += w;
+        const int n = min(32, M.splits - s0);
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {
+          const float wj = __shfl_sync(0xffffffffu, w, j);
+          const float* po = a.partial_out + (M.partial + (s0 + j) * M.rows + r) * D;
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (lane + 32 * i < D) acc[i] += w * a.partial_out[pr * D + lane + 32 * i];
+          for (int i = 0; i < 8; ++i)
+            if (lane + 32 * i < D) acc[i] = fmaf(wj, po[lane + 32 * i], acc[i]);
+        }
       }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
     const int lr = M.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
     const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
