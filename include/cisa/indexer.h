@@ -169,4 +169,45 @@ struct CalibrateOptions {
 Result<Indexer> calibrate_indexer(const std::string& model_path, std::span<const CalibText> texts,
                                   const CalibrateOptions& options);
 
+// ---- selection diagnostics on real activations (SPEC §9; src/calib/diagnose.cpp) ----
+struct DiagnoseOptions {
+  int64_t budget = 128, window = 32, sink_pages = 0;  // k, W, sinks of the selection studied
+  int64_t positions = 32;                              // sampled positions (|E_t| ≥ 4k)
+  uint64_t seed = 1;
+  std::vector<int64_t> qshare = {4, 16, 32};           // QShare group sizes G
+  std::vector<int64_t> lags = {1, 32};                 // overlap lags
+  int threads = 0;
+  int64_t max_tokens = 0;                              // 0: the model's training context
+  int prefill_block = 512;
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+// Means over sampled positions and KV groups of one global layer. Masses are fractions of the
+// dense attention mass of position t (summed over the group's heads) on the pages attended.
+struct LayerDiagnostics {
+  int layer = 0;
+  int64_t samples = 0;                    // (position, KV group) pairs
+  double cisa_mass = 0;                   // sinks ∪ top-k(index scores) ∪ window ∪ current page
+  double oracle_mass = 0;                 // the same with top-k of the dense mass itself
+  double recency_mass = 0;                // the same with the k most recent eligible chunks
+  std::vector<double> qshare_retention;   // per G: |S_P ∩ S_t| / k, P = {t−G+1 … t}
+  std::vector<double> qshare_mass_lost;   // per G: cisa_mass − mass attended with S_P (points of 1)
+  std::vector<double> overlap;            // per lag l: |S_t ∩ S_{t+l}| / min size
+  double window_mass = 0;                 // the W window pages
+  double extra_mass_oracle = 0;           // W more chunks: the best the selection left out
+  double extra_mass_index = 0;            // W more chunks: the next W by index score
+};
+
+struct DiagnoseReport {
+  ModelIdentity model;
+  int64_t tokens = 0, positions = 0;
+  bool calibrated = false;  // index queries from an indexer (else the mean of each group's heads)
+  std::vector<LayerDiagnostics> layers;
+};
+
+// Runs the model densely over `text` and measures CISA's selection at sampled positions of every
+// global layer. `indexer` (may be null) supplies the index projections; it must match the model.
+Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::string& text, const Indexer* indexer,
+                                      const DiagnoseOptions& options);
+
 }  // namespace cisa

@@ -17,6 +17,7 @@ int cmd_info(int argc, char** argv);
 int cmd_pull(int argc, char** argv);
 int cmd_run(int argc, char** argv);
 int cmd_calibrate(int argc, char** argv);
+int cmd_diagnose(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int bench_model(int argc, char** argv);
 #endif

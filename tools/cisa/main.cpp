@@ -21,6 +21,7 @@ const Command kCommands[] = {
     {"pull", cisa::cli::cmd_pull, "download a supported model into the models directory"},
     {"run", cisa::cli::cmd_run, "generate text with a GGUF model (dense or CISA attention)"},
     {"calibrate", cisa::cli::cmd_calibrate, "choose CISA index projections on calibration text (SPEC 6)"},
+    {"diagnose", cisa::cli::cmd_diagnose, "CISA selection diagnostics on real activations (SPEC 9)"},
     {"eval", cisa::cli::cmd_eval, "quality of CISA against dense: RULER-style tasks, long-document likelihood"},
 #endif
 };
