@@ -32,8 +32,8 @@
 #include "cisa/kv_cache.h"
 #include "cisa/model.h"
 #include "cisa/selection.h"
-#include "cisa/thread_pool.h"
 #include "cisa/status.h"
+#include "cisa/thread_pool.h"
 
 namespace cisa::eval {
 
@@ -65,11 +65,11 @@ extern const char* const kFillerSentence;
 // ---- tasks ------------------------------------------------------------------------------------
 
 enum class TaskKind {
-  kNiahSingle,      // one needle in book text
-  kPasskey,         // one needle in repeated filler
-  kNiahMultiKey,    // one queried needle among 3 distractor needles with other keys
-  kNiahMultiValue,  // 4 values under the same key; all must be recalled
-  kNiahMultiQuery,  // 4 needles, all 4 keys asked at once
+  kNiahSingle,        // one needle in book text
+  kPasskey,           // one needle in repeated filler
+  kNiahMultiKey,      // one queried needle among 3 distractor needles with other keys
+  kNiahMultiValue,    // 4 values under the same key; all must be recalled
+  kNiahMultiQuery,    // 4 needles, all 4 keys asked at once
   kVariableTracking,  // a chain of 4 hops in filler; all names bound to the value
   kCommonWords,       // the 10 words repeated 30 times in a numbered list of rarer words
   kFrequentWords,     // the 3 most frequent coded words of a Zipf(2) text
@@ -91,12 +91,12 @@ struct TaskSpec {
 
 struct Example {
   TaskKind kind = TaskKind::kNiahSingle;
-  std::string id;       // "niah_single/4096/3": unique within a run
-  std::string prompt;   // completion prompt, ends with the answer prefix
+  std::string id;                    // "niah_single/4096/3": unique within a run
+  std::string prompt;                // completion prompt, ends with the answer prefix
   std::vector<std::string> answers;  // references
   MatchKind match = MatchKind::kAll;
-  int64_t prompt_tokens = 0;   // measured by the TokenCounter
-  double depth = -1;           // needle depth in [0, 1] (fraction of the haystack before it); −1: none
+  int64_t prompt_tokens = 0;  // measured by the TokenCounter
+  double depth = -1;  // needle depth in [0, 1] (fraction of the haystack before it); −1: none
   int64_t needle_offset = -1;  // byte offset of the (first queried) needle in the prompt
   int max_new_tokens = 32;     // generation limit
   // kDocument: the text (prompt) is scored token by token over its last `tail` tokens.
@@ -105,7 +105,8 @@ struct Example {
 
 // Builds one example. kInvalidArgument when the length cannot hold the task (shorter than its
 // fixed text) or the corpus lacks what the task needs.
-Result<Example> generate_example(const TaskSpec& spec, const Corpus& corpus, const TokenCounter& count);
+Result<Example> generate_example(const TaskSpec& spec, const Corpus& corpus,
+                                 const TokenCounter& count);
 
 // Depth of example i of n: spread evenly over [0, 1] (i/(n−1)); 0.5 when n = 1.
 double example_depth(int64_t index, int64_t num_examples);
@@ -128,8 +129,8 @@ struct Interval {
 // each group's values with replacement (the task bootstrap: groups are tasks, values are
 // examples). `iters` resamples from a generator seeded with `seed`; the percentile at q is the
 // value at index floor(q·(iters−1)) of the sorted statistics. Empty groups are skipped.
-Interval bootstrap_interval(const std::vector<std::vector<double>>& groups, int iters, uint64_t seed,
-                            double level = 0.95);
+Interval bootstrap_interval(const std::vector<std::vector<double>>& groups, int iters,
+                            uint64_t seed, double level = 0.95);
 
 // ---- configurations ---------------------------------------------------------------------------
 
@@ -138,12 +139,13 @@ enum class ConfigKind { kDense, kCisa, kQuest, kRecency, kOracle };
 // One attention configuration of a run. Budget: a fixed chunk count k, or a nominal remote
 // compression x (k = ceil(E / x), E the eligible chunks at the end of the prompt).
 struct EvalConfig {
-  std::string name;  // as given: "dense", "cisa:x8:g4", "quest:x8", "recency:x8", "cisa:k64:g4:last"
+  std::string
+      name;  // as given: "dense", "cisa:x8:g4", "quest:x8", "recency:x8", "cisa:k64:g4:last"
   ConfigKind kind = ConfigKind::kDense;
-  int64_t budget = 0;        // k when > 0
-  double compression = 0;    // x when > 0
-  int64_t group = 4;         // G
-  int64_t window = 128;      // W pages
+  int64_t budget = 0;      // k when > 0
+  double compression = 0;  // x when > 0
+  int64_t group = 4;       // G
+  int64_t window = 128;    // W pages
   int64_t sinks = 0;
   QShareQuery query = QShareQuery::kMean;
 };
@@ -155,8 +157,8 @@ int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
 // Model attention options for the config at that prompt length: dense; cisa/quest (rep kind set
 // in `rep`); recency = budget 0 with the window widened by k pages (same pages read as CISA).
 // kUnimplemented for oracle (the model runtime has no page-selection hook; see docs/eval).
-Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size, RepKind* rep);
-
+Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size,
+                                          RepKind* rep);
 
 // ---- running on a model -----------------------------------------------------------------------
 
@@ -176,9 +178,9 @@ Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt
 // run's log-probabilities of the same rows, [tail − 1][n_vocab]) also KL(reference ‖ this) and
 // top-1 agreement per position; `keep` receives this run's log-probabilities.
 struct DocumentScores {
-  std::vector<double> nll;    // [tail − 1] nats
-  std::vector<double> kl;     // [tail − 1] nats (empty without a reference)
-  std::vector<int> agree;     // [tail − 1] 1 when both argmaxes agree
+  std::vector<double> nll;  // [tail − 1] nats
+  std::vector<double> kl;   // [tail − 1] nats (empty without a reference)
+  std::vector<int> agree;   // [tail − 1] 1 when both argmaxes agree
   ForwardStats stats;
   double seconds = 0;
 };
@@ -191,19 +193,19 @@ Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids
 // with resume skips the lines already there. Progress with an ETA goes to stderr.
 struct EvalPlan {
   std::string model_path;
-  std::string model_name;               // as given on the command line (for the report)
-  std::string texts_dir;                // scripts/eval_texts.py output
+  std::string model_name;  // as given on the command line (for the report)
+  std::string texts_dir;   // scripts/eval_texts.py output
   std::vector<TaskKind> tasks;
   std::vector<int64_t> lengths;
-  std::vector<EvalConfig> configs;      // the first must be dense (the reference)
-  int64_t examples = 4;                 // per (task, length)
+  std::vector<EvalConfig> configs;  // the first must be dense (the reference)
+  int64_t examples = 4;             // per (task, length)
   uint64_t seed = 1;
   std::string run_dir;
   bool resume = false;
   int threads = 0;
   int prefill_block = 512;
   KvDtype kv_dtype = KvDtype::kF32;
-  std::string command_line;             // recorded in the report
+  std::string command_line;  // recorded in the report
 };
 Status run_eval(const EvalPlan& plan);
 
@@ -220,7 +222,8 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
 // q: [rows][num_q_heads][head_dim], the queries attention uses (after q-norm and RoPE); scale
 // multiplies q·k. Costs a dense attention pass per group. Not yet reachable from `cisa eval`: the
 // model runtime calls select_pages itself and offers no hook to substitute these lists.
-Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch, const float* q,
-                           int num_q_heads, float scale, const SelectionParams& p, ThreadPool* pool, PageLists* out);
+Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                           const float* q, int num_q_heads, float scale, const SelectionParams& p,
+                           ThreadPool* pool, PageLists* out);
 
 }  // namespace cisa::eval

@@ -27,11 +27,16 @@ Result<EvalConfig> parse_config(std::string_view text) {
     b = e + 1;
   }
   const std::string_view kind = parts[0];
-  if (kind == "dense") c.kind = ConfigKind::kDense;
-  else if (kind == "cisa") c.kind = ConfigKind::kCisa;
-  else if (kind == "quest") c.kind = ConfigKind::kQuest;
-  else if (kind == "recency") c.kind = ConfigKind::kRecency;
-  else if (kind == "oracle") c.kind = ConfigKind::kOracle;
+  if (kind == "dense")
+    c.kind = ConfigKind::kDense;
+  else if (kind == "cisa")
+    c.kind = ConfigKind::kCisa;
+  else if (kind == "quest")
+    c.kind = ConfigKind::kQuest;
+  else if (kind == "recency")
+    c.kind = ConfigKind::kRecency;
+  else if (kind == "oracle")
+    c.kind = ConfigKind::kOracle;
   else
     return invalid_argument("config '" + c.name + "': unknown kind '" + std::string(kind) +
                             "' (dense, cisa, quest, recency, oracle)");
@@ -39,18 +44,39 @@ Result<EvalConfig> parse_config(std::string_view text) {
     return invalid_argument("config '" + c.name + "': dense takes no options");
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string_view p = parts[i];
-    auto bad = [&] { return invalid_argument("config '" + c.name + "': bad option '" + std::string(p) +
-                                             "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, mean|last)"); };
-    if (p == "mean") { c.query = QShareQuery::kMean; continue; }
-    if (p == "last") { c.query = QShareQuery::kLast; continue; }
+    auto bad = [&] {
+      return invalid_argument(
+          "config '" + c.name + "': bad option '" + std::string(p) +
+          "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, mean|last)");
+    };
+    if (p == "mean") {
+      c.query = QShareQuery::kMean;
+      continue;
+    }
+    if (p == "last") {
+      c.query = QShareQuery::kLast;
+      continue;
+    }
     if (p.size() < 2) return bad();
     const std::string_view v = p.substr(1);
     int64_t n = 0;
     switch (p[0]) {
-      case 'k': if (!parse_i64(v, &n) || n < 0) return bad(); c.budget = n; break;
-      case 'g': if (!parse_i64(v, &n) || n < 1) return bad(); c.group = n; break;
-      case 'w': if (!parse_i64(v, &n) || n < 0) return bad(); c.window = n; break;
-      case 's': if (!parse_i64(v, &n) || n < 0) return bad(); c.sinks = n; break;
+      case 'k':
+        if (!parse_i64(v, &n) || n < 0) return bad();
+        c.budget = n;
+        break;
+      case 'g':
+        if (!parse_i64(v, &n) || n < 1) return bad();
+        c.group = n;
+        break;
+      case 'w':
+        if (!parse_i64(v, &n) || n < 0) return bad();
+        c.window = n;
+        break;
+      case 's':
+        if (!parse_i64(v, &n) || n < 0) return bad();
+        c.sinks = n;
+        break;
       case 'x': {
         const std::string s(v);
         char* end = nullptr;
@@ -59,11 +85,13 @@ Result<EvalConfig> parse_config(std::string_view text) {
         c.compression = x;
         break;
       }
-      default: return bad();
+      default:
+        return bad();
     }
   }
   if (c.kind != ConfigKind::kDense && c.budget == 0 && c.compression == 0)
-    return invalid_argument("config '" + c.name + "': give a budget (kN) or a nominal compression (xR)");
+    return invalid_argument("config '" + c.name +
+                            "': give a budget (kN) or a nominal compression (xR)");
   if (c.budget > 0 && c.compression > 0)
     return invalid_argument("config '" + c.name + "': give either kN or xR, not both");
   return c;
@@ -74,15 +102,18 @@ int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size) {
   if (c.budget > 0) return c.budget;
   // E at the end of the prompt: full chunks older than the window, minus sinks (SPEC §3).
   const int64_t eligible = std::max<int64_t>(0, tokens / page_size - c.window - c.sinks);
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(eligible) / c.compression)));
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(static_cast<double>(eligible) / c.compression)));
 }
 
-Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size, RepKind* rep) {
+Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size,
+                                          RepKind* rep) {
   AttentionOptions a;
   *rep = RepKind::kMean;
   if (c.kind == ConfigKind::kDense) return a;
   if (c.kind == ConfigKind::kOracle)
-    return unimplemented("config '" + c.name + "': the oracle needs a page-selection hook in the model's attention "
+    return unimplemented("config '" + c.name +
+                         "': the oracle needs a page-selection hook in the model's attention "
                          "path, which the runtime does not offer yet (docs/eval/README.md)");
   const int64_t k = config_budget(c, tokens, page_size);
   a.mode = AttentionMode::kCisa;

@@ -47,8 +47,8 @@ uint64_t example_seed(uint64_t seed, TaskKind kind, int64_t length, int64_t inde
 // The largest n in [0, n_max] with count(build(n)) ≤ target, assuming the count grows with n.
 // Interpolates between a fitting and a failing n (token counts grow almost linearly), so a
 // 32K-token prompt needs a handful of tokenizations. kInvalidArgument when even n = 0 is too long.
-Result<int64_t> fit_count(const std::function<std::string(int64_t)>& build, int64_t n_max, int64_t target,
-                          const TokenCounter& count);
+Result<int64_t> fit_count(const std::function<std::string(int64_t)>& build, int64_t n_max,
+                          int64_t target, const TokenCounter& count);
 
 // Occurrences of `needle` in `text` (overlapping ones counted), exact bytes.
 int64_t count_occurrences(std::string_view text, std::string_view needle);

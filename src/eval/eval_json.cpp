@@ -23,7 +23,8 @@ class Parser {
     return data_loss("JSON: " + what + " at byte " + std::to_string(i_));
   }
   void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+      ++i_;
   }
   bool lit(std::string_view w) {
     if (s_.substr(i_, w.size()) != w) return false;
@@ -31,8 +32,10 @@ class Parser {
     return true;
   }
   static void put_utf8(std::string& o, uint32_t cp) {
-    if (cp < 0x80) o.push_back(static_cast<char>(cp));
-    else if (cp < 0x800) o += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    if (cp < 0x80)
+      o.push_back(static_cast<char>(cp));
+    else if (cp < 0x800)
+      o += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
     else if (cp < 0x10000)
       o += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
             static_cast<char>(0x80 | (cp & 0x3F))};
@@ -46,10 +49,14 @@ class Parser {
     for (int k = 0; k < 4; ++k) {
       const char c = s_[i_++];
       *cp <<= 4;
-      if (c >= '0' && c <= '9') *cp |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') *cp |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') *cp |= static_cast<uint32_t>(c - 'A' + 10);
-      else return err("bad \\u escape");
+      if (c >= '0' && c <= '9')
+        *cp |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        *cp |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        *cp |= static_cast<uint32_t>(c - 'A' + 10);
+      else
+        return err("bad \\u escape");
     }
     return Status::Ok();
   }
@@ -67,14 +74,30 @@ class Parser {
       if (i_ >= s_.size()) return err("unterminated escape");
       const char e = s_[i_++];
       switch (e) {
-        case '"': o->push_back('"'); break;
-        case '\\': o->push_back('\\'); break;
-        case '/': o->push_back('/'); break;
-        case 'b': o->push_back('\b'); break;
-        case 'f': o->push_back('\f'); break;
-        case 'n': o->push_back('\n'); break;
-        case 'r': o->push_back('\r'); break;
-        case 't': o->push_back('\t'); break;
+        case '"':
+          o->push_back('"');
+          break;
+        case '\\':
+          o->push_back('\\');
+          break;
+        case '/':
+          o->push_back('/');
+          break;
+        case 'b':
+          o->push_back('\b');
+          break;
+        case 'f':
+          o->push_back('\f');
+          break;
+        case 'n':
+          o->push_back('\n');
+          break;
+        case 'r':
+          o->push_back('\r');
+          break;
+        case 't':
+          o->push_back('\t');
+          break;
         case 'u': {
           uint32_t cp = 0;
           CISA_RETURN_IF_ERROR(hex4(&cp));
@@ -88,7 +111,8 @@ class Parser {
           put_utf8(*o, cp);
           break;
         }
-        default: return err("bad escape");
+        default:
+          return err("bad escape");
       }
     }
   }
@@ -112,7 +136,10 @@ class Parser {
         ++i_;
         CISA_RETURN_IF_ERROR(value(&v->obj[key], depth + 1));
         ws();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
         if (i_ < s_.size() && s_[i_] == '}') return ++i_, Status::Ok();
         return err("expected ',' or '}'");
       }
@@ -126,7 +153,10 @@ class Parser {
         v->arr.emplace_back();
         CISA_RETURN_IF_ERROR(value(&v->arr.back(), depth + 1));
         ws();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
         if (i_ < s_.size() && s_[i_] == ']') return ++i_, Status::Ok();
         return err("expected ',' or ']'");
       }
@@ -135,13 +165,20 @@ class Parser {
       v->type = JsonValue::Type::kString;
       return string(&v->str);
     }
-    if (lit("true")) { v->type = JsonValue::Type::kBool; v->b = true; return Status::Ok(); }
-    if (lit("false")) { v->type = JsonValue::Type::kBool; return Status::Ok(); }
+    if (lit("true")) {
+      v->type = JsonValue::Type::kBool;
+      v->b = true;
+      return Status::Ok();
+    }
+    if (lit("false")) {
+      v->type = JsonValue::Type::kBool;
+      return Status::Ok();
+    }
     if (lit("null")) return Status::Ok();
     // Number: strtod on a bounded copy of the number's characters.
     size_t j = i_;
-    while (j < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[j])) || s_[j] == '-' || s_[j] == '+' ||
-                             s_[j] == '.' || s_[j] == 'e' || s_[j] == 'E'))
+    while (j < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[j])) || s_[j] == '-' ||
+                             s_[j] == '+' || s_[j] == '.' || s_[j] == 'e' || s_[j] == 'E'))
       ++j;
     if (j == i_) return err("unexpected character");
     const std::string num(s_.substr(i_, j - i_));

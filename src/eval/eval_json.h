@@ -23,7 +23,7 @@ struct JsonValue {
   const JsonValue* get(const std::string& key) const;  // nullptr when absent or not an object
   double number(const std::string& key, double fallback = 0) const;
   std::string string(const std::string& key, const std::string& fallback = "") const;
-  std::vector<double> numbers(const std::string& key) const;   // array of numbers (else empty)
+  std::vector<double> numbers(const std::string& key) const;  // array of numbers (else empty)
   std::vector<std::string> strings(const std::string& key) const;
 };
 

@@ -79,7 +79,9 @@ Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids
                                       const std::vector<float>* reference, std::vector<float>* keep,
                                       const ProgressFn& progress) {
   const int64_t n = static_cast<int64_t>(ids.size());
-  if (tail < 2 || tail > n) return invalid_argument("document tail " + std::to_string(tail) + " outside [2, " + std::to_string(n) + "]");
+  if (tail < 2 || tail > n)
+    return invalid_argument("document tail " + std::to_string(tail) + " outside [2, " +
+                            std::to_string(n) + "]");
   const int64_t V = model.hparams().n_vocab;
   const int64_t scored = tail - 1;
   if (reference && static_cast<int64_t>(reference->size()) != scored * V)
@@ -95,14 +97,18 @@ Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids
   const int64_t prefix = n - tail;
   Status st = Status::Ok();
   if (prefix > 0) {
-    SequenceInput in{.seq = seq, .tokens = ids.subspan(0, static_cast<size_t>(prefix)), .outputs = OutputMode::kNone};
+    SequenceInput in{.seq = seq,
+                     .tokens = ids.subspan(0, static_cast<size_t>(prefix)),
+                     .outputs = OutputMode::kNone};
     st = model.forward({&in, 1}, &logits, progress);
   }
   const int64_t kSlice = 64;
   for (int64_t r0 = 0; st.ok() && r0 < tail; r0 += kSlice) {
     const int64_t rows = std::min(kSlice, tail - r0);
-    SequenceInput in{.seq = seq, .tokens = ids.subspan(static_cast<size_t>(prefix + r0), static_cast<size_t>(rows)),
-                     .outputs = OutputMode::kAll};
+    SequenceInput in{
+        .seq = seq,
+        .tokens = ids.subspan(static_cast<size_t>(prefix + r0), static_cast<size_t>(rows)),
+        .outputs = OutputMode::kAll};
     st = model.forward({&in, 1}, &logits);
     if (!st.ok()) break;
     for (int64_t r = 0; r < rows; ++r) {
@@ -117,7 +123,8 @@ Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids
         double kl = 0;
         for (int64_t v = 0; v < V; ++v) {
           const double lr = ref[v];
-          if (lr > -80.0) kl += std::exp(lr) * (lr - static_cast<double>(lp[static_cast<size_t>(v)]));
+          if (lr > -80.0)
+            kl += std::exp(lr) * (lr - static_cast<double>(lp[static_cast<size_t>(v)]));
         }
         d.kl.push_back(std::max(0.0, kl));
         d.agree.push_back(argmax_row(ref, V) == argmax_row(lp.data(), V) ? 1 : 0);

@@ -19,19 +19,24 @@ struct Needle {
 };
 
 struct NiahShape {
-  int needles = 1;         // needles placed
-  int queried = 1;         // first `queried` needles are asked for (multi-query: all)
-  bool shared_key = false; // multi-value: every needle under the key of needle 0
-  bool noise = false;      // filler haystack instead of book sentences
+  int needles = 1;          // needles placed
+  int queried = 1;          // first `queried` needles are asked for (multi-query: all)
+  bool shared_key = false;  // multi-value: every needle under the key of needle 0
+  bool noise = false;       // filler haystack instead of book sentences
 };
 
 NiahShape shape_of(TaskKind k) {
   switch (k) {
-    case TaskKind::kPasskey: return {1, 1, false, true};
-    case TaskKind::kNiahMultiKey: return {4, 1, false, false};
-    case TaskKind::kNiahMultiValue: return {4, 4, true, false};
-    case TaskKind::kNiahMultiQuery: return {4, 4, false, false};
-    default: return {1, 1, false, false};
+    case TaskKind::kPasskey:
+      return {1, 1, false, true};
+    case TaskKind::kNiahMultiKey:
+      return {4, 1, false, false};
+    case TaskKind::kNiahMultiValue:
+      return {4, 4, true, false};
+    case TaskKind::kNiahMultiQuery:
+      return {4, 4, false, false};
+    default:
+      return {1, 1, false, false};
   }
 }
 
@@ -46,11 +51,14 @@ std::string join_keys(const std::vector<Needle>& n, int count) {
 
 }  // namespace
 
-Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus, const TokenCounter& count) {
+Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
+                              const TokenCounter& count) {
   const NiahShape sh = shape_of(spec.kind);
   std::vector<std::string> filler;
-  if (sh.noise) filler = split_sentences(kFillerSentence);
-  else if (corpus.sentences.size() < 64) return invalid_argument("the corpus has too few sentences for a haystack");
+  if (sh.noise)
+    filler = split_sentences(kFillerSentence);
+  else if (corpus.sentences.size() < 64)
+    return invalid_argument("the corpus has too few sentences for a haystack");
   const std::vector<std::string>& src = sh.noise ? filler : corpus.sentences;
 
   Rng rng(detail::example_seed(spec.seed, spec.kind, spec.length, spec.index));
@@ -80,12 +88,16 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus, const 
     const bool multi_value = sh.shared_key;
     const std::string header =
         sh.needles == 1 || multi_value
-            ? std::string(multi_value ? "Some special magic numbers are hidden in the text below. Remember them: you "
+            ? std::string(multi_value ? "Some special magic numbers are hidden in the text below. "
+                                        "Remember them: you "
                                         "will be asked for them after the text.\n\n"
-                                      : "A special magic number is hidden in the text below. Remember it: you will be "
+                                      : "A special magic number is hidden in the text below. "
+                                        "Remember it: you will be "
                                         "asked for it after the text.\n\n")
-            : std::string("Some special magic numbers are hidden in the text below. Remember them: you will be "
-                          "asked for them after the text.\n\n");
+            : std::string(
+                  "Some special magic numbers are hidden in the text below. Remember them: you "
+                  "will be "
+                  "asked for them after the text.\n\n");
     std::string question;
     if (multi_value) {
       question = "\n\nQuestion: What are all the special magic numbers for " + nd[0].key +
@@ -99,8 +111,9 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus, const 
                  "?\nAnswer: The special magic number for " + nd[0].key + " is";
     }
     auto needle_text = [&](const Needle& n) {
-      return (multi_value ? "One of the special magic numbers for " : "The special magic number for ") + n.key +
-             " is " + n.value + ".";
+      return (multi_value ? "One of the special magic numbers for "
+                          : "The special magic number for ") +
+             n.key + " is " + n.value + ".";
     };
 
     int64_t needle_offset = -1;
@@ -120,7 +133,8 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus, const 
       };
       for (int64_t i = 0; i <= n; ++i) {
         while (next < at.size() && at[next].first == i) {
-          if (at[next].second == 0) needle_offset = static_cast<int64_t>(p.size() + (first ? 0 : 1));
+          if (at[next].second == 0)
+            needle_offset = static_cast<int64_t>(p.size() + (first ? 0 : 1));
           put(needle_text(nd[at[next].second]));
           ++next;
         }
@@ -128,7 +142,8 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus, const 
       }
       return p + question;
     };
-    const int64_t n_max = std::max<int64_t>(1, spec.length);  // every sentence is at least one token
+    const int64_t n_max =
+        std::max<int64_t>(1, spec.length);  // every sentence is at least one token
     CISA_ASSIGN_OR_RETURN(int64_t n, detail::fit_count(build, n_max, spec.length, count));
     Example ex;
     ex.prompt = build(n);
@@ -137,23 +152,28 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus, const 
     for (size_t i = 0; i < nd.size(); ++i) {
       if (detail::count_occurrences(ex.prompt, nd[i].value) != 1) clean = false;
       const int64_t needles_with_key = multi_value ? sh.needles : 1;
-      const int64_t in_question = (static_cast<int>(i) < sh.queried || (multi_value && i == 0)) ? 2 : 0;
+      const int64_t in_question =
+          (static_cast<int>(i) < sh.queried || (multi_value && i == 0)) ? 2 : 0;
       const int64_t expect = multi_value ? needles_with_key + 2 : 1 + in_question;
       if (detail::count_occurrences(ex.prompt, nd[i].key) != expect) clean = false;
     }
     if (!clean) continue;
     ex.kind = spec.kind;
-    ex.id = std::string(task_name(spec.kind)) + "/" + std::to_string(spec.length) + "/" + std::to_string(spec.index);
+    ex.id = std::string(task_name(spec.kind)) + "/" + std::to_string(spec.length) + "/" +
+            std::to_string(spec.index);
     for (int i = 0; i < sh.queried; ++i) ex.answers.push_back(nd[static_cast<size_t>(i)].value);
     ex.match = MatchKind::kAll;
     ex.prompt_tokens = count(ex.prompt);
-    ex.depth = n > 0 ? static_cast<double>(std::llround(depth * static_cast<double>(n))) / static_cast<double>(n) : 0;
+    ex.depth = n > 0 ? static_cast<double>(std::llround(depth * static_cast<double>(n))) /
+                           static_cast<double>(n)
+                     : 0;
     ex.needle_offset = needle_offset;
     ex.max_new_tokens = sh.queried > 1 ? 64 : 16;
     return ex;
   }
-  return invalid_argument("could not draw needles that occur exactly once in the haystack (example " +
-                          std::to_string(spec.index) + ")");
+  return invalid_argument(
+      "could not draw needles that occur exactly once in the haystack (example " +
+      std::to_string(spec.index) + ")");
 }
 
 }  // namespace cisa::eval

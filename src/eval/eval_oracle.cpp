@@ -21,14 +21,15 @@ float key_at(const PagedKvCache& cache, int layer, int32_t page, int kv, int slo
 
 }  // namespace
 
-Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch, const float* q,
-                           int num_q_heads, float scale, const SelectionParams& p, ThreadPool* pool, PageLists* out) {
+Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                           const float* q, int num_q_heads, float scale, const SelectionParams& p,
+                           ThreadPool* pool, PageLists* out) {
   CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
   if (!q) return invalid_argument("select_pages_oracle: null query pointer");
   const int H = cache.num_kv_heads(), d = cache.head_dim();
   if (num_q_heads <= 0 || num_q_heads % H != 0)
-    return invalid_argument("select_pages_oracle: " + std::to_string(num_q_heads) + " query heads for " +
-                            std::to_string(H) + " KV heads");
+    return invalid_argument("select_pages_oracle: " + std::to_string(num_q_heads) +
+                            " query heads for " + std::to_string(H) + " KV heads");
   CISA_RETURN_IF_ERROR(plan_query_groups(cache, batch, p, out));
   const int hg = num_q_heads / H;
   const int64_t B = cache.page_size();
@@ -75,13 +76,15 @@ Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const
           const int32_t page = table[static_cast<size_t>(s / B)];
           double acc = 0;
           for (int k = 0; k < d; ++k)
-            acc += static_cast<double>(qv[k]) * key_at(cache, layer, page, g, static_cast<int>(s % B), k);
+            acc += static_cast<double>(qv[k]) *
+                   key_at(cache, layer, page, g, static_cast<int>(s % B), k);
           logit[static_cast<size_t>(s)] = acc * scale;
           mx = std::max(mx, logit[static_cast<size_t>(s)]);
         }
         double z = 0;
         for (auto& x : logit) z += (x = std::exp(x - mx));
-        for (int64_t s = 0; s <= pos; ++s) mass[static_cast<size_t>(s / B)] += logit[static_cast<size_t>(s)] / z;
+        for (int64_t s = 0; s <= pos; ++s)
+          mass[static_cast<size_t>(s / B)] += logit[static_cast<size_t>(s)] / z;
       }
     }
     const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
@@ -91,7 +94,8 @@ Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const
     for (int64_t j = end_eligible; j <= cb; ++j) put(j);
     out->num_selected[static_cast<size_t>(t)] = static_cast<int32_t>(top.size());
   };
-  if (pool) pool->parallel_for(num_groups * H, task);
+  if (pool)
+    pool->parallel_for(num_groups * H, task);
   else
     for (int64_t t = 0; t < num_groups * H; ++t) task(t, 0);
   return Status::Ok();

@@ -23,9 +23,12 @@ using Clock = std::chrono::steady_clock;
 std::string fmt_duration(double s) {
   char b[32];
   const long long t = static_cast<long long>(s + 0.5);
-  if (t < 120) std::snprintf(b, sizeof b, "%llds", t);
-  else if (t < 7200) std::snprintf(b, sizeof b, "%lldm%02llds", t / 60, t % 60);
-  else std::snprintf(b, sizeof b, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  if (t < 120)
+    std::snprintf(b, sizeof b, "%llds", t);
+  else if (t < 7200)
+    std::snprintf(b, sizeof b, "%lldm%02llds", t / 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%lldh%02lldm", t / 3600, (t / 60) % 60);
   return b;
 }
 
@@ -95,7 +98,8 @@ Status run_eval(const EvalPlan& plan) {
   if (plan.examples < 1) return invalid_argument("--examples must be >= 1");
   std::set<std::string> names;
   for (const auto& c : plan.configs)
-    if (!names.insert(c.name).second) return invalid_argument("configuration '" + c.name + "' is listed twice");
+    if (!names.insert(c.name).second)
+      return invalid_argument("configuration '" + c.name + "' is listed twice");
 
   std::error_code ec;
   fs::create_directories(plan.run_dir, ec);
@@ -104,7 +108,9 @@ Status run_eval(const EvalPlan& plan) {
   std::set<std::pair<std::string, std::string>> done;
   if (fs::exists(results) && fs::file_size(results, ec) > 0) {
     if (!plan.resume)
-      return failed_precondition("'" + results + "' already has results; pass --resume to continue it or choose another -o");
+      return failed_precondition(
+          "'" + results +
+          "' already has results; pass --resume to continue it or choose another -o");
     std::ifstream in(results);
     std::string line;
     int64_t lineno = 0;
@@ -114,8 +120,8 @@ Status run_eval(const EvalPlan& plan) {
       auto v = detail::parse_json(line);
       if (!v.ok()) {
         // A line cut by an interrupted write: everything before it counts, it is redone.
-        std::fprintf(stderr, "cisa eval: ignoring unreadable line %lld of %s (%s)\n", static_cast<long long>(lineno),
-                     results.c_str(), v.status().message().c_str());
+        std::fprintf(stderr, "cisa eval: ignoring unreadable line %lld of %s (%s)\n",
+                     static_cast<long long>(lineno), results.c_str(), v.status().message().c_str());
         continue;
       }
       done.emplace(v->string("id"), v->string("config"));
@@ -126,7 +132,9 @@ Status run_eval(const EvalPlan& plan) {
   CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(file));
   CISA_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(plan.texts_dir));
-  const TokenCounter count = [&](std::string_view s) { return static_cast<int64_t>(tok.encode(s, true).size()); };
+  const TokenCounter count = [&](std::string_view s) {
+    return static_cast<int64_t>(tok.encode(s, true).size());
+  };
   const int page_size = 16;
 
   {  // Run description, for the summary.
@@ -150,19 +158,27 @@ Status run_eval(const EvalPlan& plan) {
   int64_t total_cost = 0;
   for (int64_t length : plan.lengths) {
     if (hp.n_ctx_train > 0 && length > hp.n_ctx_train) {
-      std::fprintf(stderr, "cisa eval: skipping length %lld (the model was trained for %lld tokens)\n",
+      std::fprintf(stderr,
+                   "cisa eval: skipping length %lld (the model was trained for %lld tokens)\n",
                    static_cast<long long>(length), static_cast<long long>(hp.n_ctx_train));
       continue;
     }
     for (TaskKind t : plan.tasks) {
       for (int64_t i = 0; i < plan.examples; ++i) {
-        TaskSpec spec{.kind = t, .length = length, .index = i, .num_examples = plan.examples, .seed = plan.seed};
+        TaskSpec spec{.kind = t,
+                      .length = length,
+                      .index = i,
+                      .num_examples = plan.examples,
+                      .seed = plan.seed};
         bool pending = false;
-        const std::string id_prefix = std::string(task_name(t)) + "/" + std::to_string(length) + "/" + std::to_string(i);
+        const std::string id_prefix =
+            std::string(task_name(t)) + "/" + std::to_string(length) + "/" + std::to_string(i);
         for (const auto& c : plan.configs) {
           bool found = false;
-          for (auto it = done.lower_bound({id_prefix, ""}); it != done.end() && it->first.rfind(id_prefix, 0) == 0; ++it)
-            found = found || (it->second == c.name && (it->first == id_prefix || it->first[id_prefix.size()] == '/'));
+          for (auto it = done.lower_bound({id_prefix, ""});
+               it != done.end() && it->first.rfind(id_prefix, 0) == 0; ++it)
+            found = found || (it->second == c.name &&
+                              (it->first == id_prefix || it->first[id_prefix.size()] == '/'));
           pending = pending || !found;
         }
         if (!pending) continue;
@@ -176,8 +192,10 @@ Status run_eval(const EvalPlan& plan) {
       }
     }
   }
-  std::fprintf(stderr, "cisa eval: %zu examples to run (%zu (id, config) pairs already done), %lld prompt tokens\n",
-               work.size(), done.size(), static_cast<long long>(total_cost));
+  std::fprintf(
+      stderr,
+      "cisa eval: %zu examples to run (%zu (id, config) pairs already done), %lld prompt tokens\n",
+      work.size(), done.size(), static_cast<long long>(total_cost));
 
   ModelCache cache(plan);
   const auto t_start = Clock::now();
@@ -185,15 +203,20 @@ Status run_eval(const EvalPlan& plan) {
   auto report = [&](const Work& w, const EvalConfig& c, const std::string& what) {
     done_cost += static_cast<int64_t>(w.ids.size());
     const double el = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const double eta = done_cost > 0 ? el * static_cast<double>(total_cost - done_cost) / static_cast<double>(done_cost) : 0;
+    const double eta = done_cost > 0 ? el * static_cast<double>(total_cost - done_cost) /
+                                           static_cast<double>(done_cost)
+                                     : 0;
     std::fprintf(stderr, "[%5.1f%%] %-28s %-22s %s  elapsed %s  ETA %s\n",
-                 100.0 * static_cast<double>(done_cost) / static_cast<double>(std::max<int64_t>(1, total_cost)),
-                 w.ex.id.c_str(), c.name.c_str(), what.c_str(), fmt_duration(el).c_str(), fmt_duration(eta).c_str());
+                 100.0 * static_cast<double>(done_cost) /
+                     static_cast<double>(std::max<int64_t>(1, total_cost)),
+                 w.ex.id.c_str(), c.name.c_str(), what.c_str(), fmt_duration(el).c_str(),
+                 fmt_duration(eta).c_str());
   };
 
   for (const Work& w : work) {
     const int64_t n = static_cast<int64_t>(w.ids.size());
-    const int64_t context = ((n + w.ex.max_new_tokens + 16 + page_size - 1) / page_size) * page_size;
+    const int64_t context =
+        ((n + w.ex.max_new_tokens + 16 + page_size - 1) / page_size) * page_size;
     auto base_line = [&](const EvalConfig& c) {
       Json j = Json::object();
       j["id"] = w.ex.id;
@@ -212,11 +235,14 @@ Status run_eval(const EvalPlan& plan) {
         const bool is_dense = c.kind == ConfigKind::kDense;
         if (!is_dense && done.count({w.ex.id, c.name})) continue;
         bool others_pending = false;
-        for (const auto& o : plan.configs) others_pending = others_pending || (o.kind != ConfigKind::kDense && !done.count({w.ex.id, o.name}));
+        for (const auto& o : plan.configs)
+          others_pending =
+              others_pending || (o.kind != ConfigKind::kDense && !done.count({w.ex.id, o.name}));
         if (is_dense && done.count({w.ex.id, c.name}) && !others_pending) continue;
         CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size));
-        CISA_ASSIGN_OR_RETURN(DocumentScores d, score_document(*m, w.ids, w.ex.tail, is_dense ? nullptr : &ref,
-                                                                is_dense ? &ref : nullptr));
+        CISA_ASSIGN_OR_RETURN(DocumentScores d,
+                              score_document(*m, w.ids, w.ex.tail, is_dense ? nullptr : &ref,
+                                             is_dense ? &ref : nullptr));
         if (!done.count({w.ex.id, c.name})) {
           Json j = base_line(c);
           j["tail"] = w.ex.tail;
@@ -253,7 +279,8 @@ Status run_eval(const EvalPlan& plan) {
       j["seconds"] = g.seconds;
       CISA_RETURN_IF_ERROR(append_line(results, j));
       char b[96];
-      std::snprintf(b, sizeof b, "score %.2f gen %lld (%.1fs)", score, static_cast<long long>(g.tokens), g.seconds);
+      std::snprintf(b, sizeof b, "score %.2f gen %lld (%.1fs)", score,
+                    static_cast<long long>(g.tokens), g.seconds);
       report(w, c, b);
     }
   }

@@ -46,7 +46,8 @@ double score_prediction(const Example& ex, std::string_view prediction) {
                                      : string_match_part(prediction, ex.answers);
 }
 
-Interval bootstrap_interval(const std::vector<std::vector<double>>& groups, int iters, uint64_t seed, double level) {
+Interval bootstrap_interval(const std::vector<std::vector<double>>& groups, int iters,
+                            uint64_t seed, double level) {
   std::vector<const std::vector<double>*> g;
   for (const auto& v : groups)
     if (!v.empty()) g.push_back(&v);

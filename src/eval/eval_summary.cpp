@@ -80,7 +80,8 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
     }
   }
   for (const auto& r : recs)
-    if (std::find(configs.begin(), configs.end(), r.config) == configs.end()) configs.push_back(r.config);
+    if (std::find(configs.begin(), configs.end(), r.config) == configs.end())
+      configs.push_back(r.config);
   std::set<int64_t> lengths;
   std::set<std::string> tasks;
   for (const auto& r : recs) {
@@ -95,16 +96,22 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
   std::ostringstream md;
   md << "# cisa eval: " << (model.empty() ? run_dir : model) << "\n\n";
   if (!command.empty()) md << "Command:\n\n```\n" << command << "\n```\n\n";
-  md << "Scores are RULER-style (fraction of reference strings found in the greedy continuation), in points "
-        "(0–100). Intervals are 95% percentile bootstrap intervals (" << bootstrap_iters
-     << " resamples of the examples within each task; the statistic is the mean over tasks of the task means). "
+  md << "Scores are RULER-style (fraction of reference strings found in the greedy continuation), "
+        "in points "
+        "(0–100). Intervals are 95% percentile bootstrap intervals ("
+     << bootstrap_iters
+     << " resamples of the examples within each task; the statistic is the mean over tasks of the "
+        "task means). "
         "Δ is the paired change against dense on the same prompts.\n\n";
 
   {
     // What each configuration attends to at the end of a prompt of each length (SPEC §3, B = 16).
-    md << "## Configurations\n\nAt the end of a prompt of each length: eligible remote chunks E (older than the "
-          "window W), the budget k, and the pages a query attends (k + W + its own page, plus sinks) against the "
-          "dense page count.\n\n| config | length | W | E | k | attended / dense pages |\n|---|---|---|---|---|---|\n";
+    md << "## Configurations\n\nAt the end of a prompt of each length: eligible remote chunks E "
+          "(older than the "
+          "window W), the budget k, and the pages a query attends (k + W + its own page, plus "
+          "sinks) against the "
+          "dense page count.\n\n| config | length | W | E | k | attended / dense pages "
+          "|\n|---|---|---|---|---|---|\n";
     std::set<std::pair<std::string, int64_t>> seen;
     for (const auto& r : recs) {
       if (!seen.insert({r.config, r.length}).second) continue;
@@ -116,8 +123,9 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
       const int64_t pages = r.length / 16, W = a->selection.window, k = a->selection.budget;
       const int64_t E = std::max<int64_t>(0, pages - W - a->selection.sink_pages);
       const int64_t att = std::min(pages, std::min(k, E) + W + 1 + a->selection.sink_pages);
-      md << "| " << r.config << " | " << r.length << " | " << W << " | " << E << " | " << k << " | " << att << " / "
-         << pages << " (" << f2(static_cast<double>(pages) / static_cast<double>(std::max<int64_t>(1, att)), "%.1fx")
+      md << "| " << r.config << " | " << r.length << " | " << W << " | " << E << " | " << k << " | "
+         << att << " / " << pages << " ("
+         << f2(static_cast<double>(pages) / static_cast<double>(std::max<int64_t>(1, att)), "%.1fx")
          << ") |\n";
     }
     md << "\n";
@@ -141,7 +149,8 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
         }
         bool any = false;
         for (const auto& g : groups) any = any || !g.empty();
-        md << " " << (any ? interval(bootstrap_interval(groups, bootstrap_iters, 1), 100.0) : "–") << " |";
+        md << " " << (any ? interval(bootstrap_interval(groups, bootstrap_iters, 1), 100.0) : "–")
+           << " |";
       }
       md << "\n";
     }
@@ -200,11 +209,16 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
       md << "\n";
     }
     md << "## Generated length and pages read\n\n"
-          "Generated tokens per example (greedy, stopped at a line break or end of generation) and the change "
-          "against dense on the same prompts. Page-list reads: global-layer K/V page reads summed over the page "
-          "lists of prefill and decode, against the dense plan of the same rows (dense reads each page once per "
-          "512-row prefill block; CISA once per QShare group, so short prompts can read more than dense).\n\n"
-          "| config | length | gen tokens | Δ vs dense | page-list reads / dense |\n|---|---|---|---|---|\n";
+          "Generated tokens per example (greedy, stopped at a line break or end of generation) and "
+          "the change "
+          "against dense on the same prompts. Page-list reads: global-layer K/V page reads summed "
+          "over the page "
+          "lists of prefill and decode, against the dense plan of the same rows (dense reads each "
+          "page once per "
+          "512-row prefill block; CISA once per QShare group, so short prompts can read more than "
+          "dense).\n\n"
+          "| config | length | gen tokens | Δ vs dense | page-list reads / dense "
+          "|\n|---|---|---|---|---|\n";
     for (const auto& c : configs)
       for (int64_t L : lengths) {
         double g = 0, gd = 0, pr = 0, pd = 0;
@@ -213,7 +227,8 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
           if (r.doc || r.config != c || r.length != L) continue;
           auto d = by.find({r.task, L, r.index, dense});
           if (d == by.end()) continue;
-          g += r.gen_tokens, gd += d->second->gen_tokens, pr += r.pages_read, pd += r.pages_dense, ++n;
+          g += r.gen_tokens, gd += d->second->gen_tokens, pr += r.pages_read, pd += r.pages_dense,
+              ++n;
         }
         if (!n) continue;
         md << "| " << c << " | " << L << " | " << f2(g / n, "%.2f") << " | "
@@ -227,9 +242,12 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
   for (const auto& r : recs) any_doc = any_doc || r.doc;
   if (any_doc) {
     md << "## Long-document likelihood\n\n"
-          "Next-token NLL (nats) over the final stretch of each document, perplexity exp(mean NLL), "
-          "KL(dense ‖ config) in nats per token (95% bootstrap over documents) and top-1 agreement with dense.\n\n"
-          "| config | length | docs | positions | NLL | PPL | ΔNLL | KL | top-1 agree |\n|---|---|---|---|---|---|---|---|---|\n";
+          "Next-token NLL (nats) over the final stretch of each document, perplexity exp(mean "
+          "NLL), "
+          "KL(dense ‖ config) in nats per token (95% bootstrap over documents) and top-1 agreement "
+          "with dense.\n\n"
+          "| config | length | docs | positions | NLL | PPL | ΔNLL | KL | top-1 agree "
+          "|\n|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& c : configs)
       for (int64_t L : lengths) {
         double nll = 0, nll_d = 0, agree = 0;
@@ -250,13 +268,16 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
         }
         if (!pos) continue;
         const double mn = nll / static_cast<double>(pos), mnd = nll_d / static_cast<double>(pos);
-        md << "| " << c << " | " << L << " | " << docs << " | " << pos << " | " << f2(mn, "%.4f") << " | "
-           << f2(std::exp(mn), "%.3f") << " | " << f2(mn - mnd, "%+.4f") << " | "
-           << (c == dense ? "–" : interval(bootstrap_interval({kl_doc}, bootstrap_iters, 3), 1.0, "%.4f")) << " | "
-           << (c == dense ? "–" : f2(100.0 * agree / static_cast<double>(pos), "%.1f%%")) << " |\n";
+        md << "| " << c << " | " << L << " | " << docs << " | " << pos << " | " << f2(mn, "%.4f")
+           << " | " << f2(std::exp(mn), "%.3f") << " | " << f2(mn - mnd, "%+.4f") << " | "
+           << (c == dense ? "–"
+                          : interval(bootstrap_interval({kl_doc}, bootstrap_iters, 3), 1.0, "%.4f"))
+           << " | " << (c == dense ? "–" : f2(100.0 * agree / static_cast<double>(pos), "%.1f%%"))
+           << " |\n";
       }
     md << "\n### KL(dense ‖ config) by position in the scored stretch (nats/token)\n\n"
-          "Quarters of the final stretch, earliest first.\n\n| config | length | q1 | q2 | q3 | q4 |\n|---|---|---|---|---|---|\n";
+          "Quarters of the final stretch, earliest first.\n\n| config | length | q1 | q2 | q3 | q4 "
+          "|\n|---|---|---|---|---|---|\n";
     for (const auto& c : configs) {
       if (c == dense) continue;
       for (int64_t L : lengths) {
@@ -271,7 +292,8 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
         }
         if (!n[0]) continue;
         md << "| " << c << " | " << L << " |";
-        for (int b = 0; b < 4; ++b) md << " " << (n[b] ? f2(s[b] / static_cast<double>(n[b]), "%.4f") : "–") << " |";
+        for (int b = 0; b < 4; ++b)
+          md << " " << (n[b] ? f2(s[b] / static_cast<double>(n[b]), "%.4f") : "–") << " |";
         md << "\n";
       }
     }

@@ -34,7 +34,8 @@ std::vector<std::string> split_sentences(std::string_view text) {
     cur.push_back(static_cast<char>(c));
     if (std::isalpha(c)) has_letter = true;
     const bool end = c == '.' || c == '!' || c == '?';
-    if (end && (i + 1 == text.size() || std::isspace(static_cast<unsigned char>(text[i + 1])))) flush();
+    if (end && (i + 1 == text.size() || std::isspace(static_cast<unsigned char>(text[i + 1]))))
+      flush();
   }
   flush();
   return out;
@@ -54,8 +55,10 @@ Corpus make_corpus(const std::vector<std::string>& names, const std::vector<std:
     };
     for (char ch : texts[i]) {
       const unsigned char u = static_cast<unsigned char>(ch);
-      if (std::isalpha(u) && u < 128) w.push_back(static_cast<char>(std::tolower(u)));
-      else take();
+      if (std::isalpha(u) && u < 128)
+        w.push_back(static_cast<char>(std::tolower(u)));
+      else
+        take();
     }
     take();
   }
@@ -67,7 +70,8 @@ Result<Corpus> load_corpus(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    return not_found("eval texts directory '" + dir + "' does not exist; run `python3 scripts/eval_texts.py " + dir +
+    return not_found("eval texts directory '" + dir +
+                     "' does not exist; run `python3 scripts/eval_texts.py " + dir +
                      "` (needs the Debian packages bible-kjv and r-cran-janeaustenr)");
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir, ec))
@@ -85,7 +89,8 @@ Result<Corpus> load_corpus(const std::string& dir) {
     texts.push_back(ss.str());
   }
   if (texts.empty())
-    return not_found("no .txt files in '" + dir + "'; run `python3 scripts/eval_texts.py " + dir + "`");
+    return not_found("no .txt files in '" + dir + "'; run `python3 scripts/eval_texts.py " + dir +
+                     "`");
   return make_corpus(names, texts);
 }
 
@@ -98,14 +103,15 @@ uint64_t example_seed(uint64_t seed, TaskKind kind, int64_t length, int64_t inde
   return r2.next();
 }
 
-Result<int64_t> fit_count(const std::function<std::string(int64_t)>& build, int64_t n_max, int64_t target,
-                          const TokenCounter& count) {
+Result<int64_t> fit_count(const std::function<std::string(int64_t)>& build, int64_t n_max,
+                          int64_t target, const TokenCounter& count) {
   const int64_t c0 = count(build(0));
   if (c0 > target)
-    return invalid_argument("length " + std::to_string(target) + " cannot hold the task's fixed text (" +
-                            std::to_string(c0) + " tokens)");
-  int64_t lo = 0, c_lo = c0;    // largest known fitting n
-  int64_t hi = -1, c_hi = 0;    // smallest known failing n (−1: none yet)
+    return invalid_argument("length " + std::to_string(target) +
+                            " cannot hold the task's fixed text (" + std::to_string(c0) +
+                            " tokens)");
+  int64_t lo = 0, c_lo = c0;  // largest known fitting n
+  int64_t hi = -1, c_hi = 0;  // smallest known failing n (−1: none yet)
   // Grow from a small probe by extrapolating tokens per unit until some n fails (or n_max fits).
   int64_t n = std::min<int64_t>(n_max, 16);
   while (hi < 0) {
@@ -125,12 +131,15 @@ Result<int64_t> fit_count(const std::function<std::string(int64_t)>& build, int6
   while (hi - lo > 1) {
     // Secant step on the nearly linear count, kept strictly inside (lo, hi); bisection when the
     // step lands on an end or the bracket is small.
-    const double frac = static_cast<double>(target - c_lo) / static_cast<double>(std::max<int64_t>(1, c_hi - c_lo));
+    const double frac =
+        static_cast<double>(target - c_lo) / static_cast<double>(std::max<int64_t>(1, c_hi - c_lo));
     int64_t m = lo + static_cast<int64_t>(frac * static_cast<double>(hi - lo));
     if (m <= lo || m >= hi || hi - lo <= 8) m = lo + (hi - lo) / 2;
     const int64_t c = count(build(m));
-    if (c <= target) lo = m, c_lo = c;
-    else hi = m, c_hi = c;
+    if (c <= target)
+      lo = m, c_lo = c;
+    else
+      hi = m, c_hi = c;
   }
   return lo;
 }
@@ -149,19 +158,20 @@ std::string to_lower(std::string_view s) {
 }
 
 const std::vector<std::string> kKeyAdjectives = {
-    "amber",   "brisk",   "copper",  "dusty",   "eager",   "frosty",  "gentle",  "hollow",  "icy",
-    "jolly",   "lanky",   "mellow",  "nimble",  "olive",   "plucky",  "quiet",   "rusty",   "silver",
-    "tawny",   "velvet",  "wistful", "zesty",   "bold",    "crimson", "dapper",  "fickle",  "gusty",
-    "hasty",   "ivory",   "jagged",  "knotty",  "lofty",   "murky",   "noble",   "opal",    "pebbly",
-    "quaint",  "rowdy",   "sandy",   "tidy",    "umber",   "vivid",   "windy",   "yellow",  "azure",
-    "bumpy",   "chilly",  "dreamy",  "fuzzy",   "glossy"};
+    "amber",  "brisk",  "copper",  "dusty",  "eager", "frosty",  "gentle", "hollow", "icy",
+    "jolly",  "lanky",  "mellow",  "nimble", "olive", "plucky",  "quiet",  "rusty",  "silver",
+    "tawny",  "velvet", "wistful", "zesty",  "bold",  "crimson", "dapper", "fickle", "gusty",
+    "hasty",  "ivory",  "jagged",  "knotty", "lofty", "murky",   "noble",  "opal",   "pebbly",
+    "quaint", "rowdy",  "sandy",   "tidy",   "umber", "vivid",   "windy",  "yellow", "azure",
+    "bumpy",  "chilly", "dreamy",  "fuzzy",  "glossy"};
 const std::vector<std::string> kKeyNouns = {
-    "lantern", "badger",  "compass", "dolphin", "harbor",  "falcon",  "garnet",  "hammock", "island",
-    "juniper", "kettle",  "lobster", "meadow",  "nutmeg",  "orchard", "pelican", "quill",   "raven",
-    "saddle",  "thimble", "umbrella", "violin", "walrus",  "yarrow",  "zeppelin", "anchor", "biscuit",
-    "canyon",  "donkey",  "ember",   "fiddle",  "glacier", "heron",   "igloo",   "jasmine", "kayak",
-    "locket",  "marble",  "nectar",  "otter",   "pepper",  "quarry",  "ribbon",  "spindle", "turnip",
-    "valley",  "wagon",   "bramble", "cobbler", "drizzle"};
+    "lantern",  "badger",  "compass", "dolphin", "harbor",   "falcon", "garnet",  "hammock",
+    "island",   "juniper", "kettle",  "lobster", "meadow",   "nutmeg", "orchard", "pelican",
+    "quill",    "raven",   "saddle",  "thimble", "umbrella", "violin", "walrus",  "yarrow",
+    "zeppelin", "anchor",  "biscuit", "canyon",  "donkey",   "ember",  "fiddle",  "glacier",
+    "heron",    "igloo",   "jasmine", "kayak",   "locket",   "marble", "nectar",  "otter",
+    "pepper",   "quarry",  "ribbon",  "spindle", "turnip",   "valley", "wagon",   "bramble",
+    "cobbler",  "drizzle"};
 
 }  // namespace detail
 }  // namespace cisa::eval

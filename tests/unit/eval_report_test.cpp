@@ -43,8 +43,9 @@ TEST(EvalJson, UnicodeEscapes) {
 }
 
 TEST(EvalJson, RejectsMalformed) {
-  for (const char* bad : {"", "{", "{\"a\":}", "{\"a\":1,}", "[1 2]", "{\"a\":\"x}", "{\"a\":tru}", "{} x",
-                          "{\"a\":\"\\q\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":1e}", "\"\x01\""}) {
+  for (const char* bad :
+       {"", "{", "{\"a\":}", "{\"a\":1,}", "[1 2]", "{\"a\":\"x}", "{\"a\":tru}", "{} x",
+        "{\"a\":\"\\q\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":1e}", "\"\x01\""}) {
     EXPECT_FALSE(parse_json(bad).ok()) << bad;
   }
   std::string deep(100, '[');
@@ -55,19 +56,19 @@ TEST(EvalJson, RejectsMalformed) {
 class SummaryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("cisa_eval_summary_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-            std::to_string(reinterpret_cast<uintptr_t>(this)));
+    dir_ =
+        std::filesystem::temp_directory_path() /
+        ("cisa_eval_summary_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+         "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
-  void write(const std::string& text) {
-    std::ofstream(dir_ / "results.jsonl") << text;
-  }
+  void write(const std::string& text) { std::ofstream(dir_ / "results.jsonl") << text; }
   std::filesystem::path dir_;
 };
 
-std::string gen_line(const std::string& task, int index, const std::string& config, double score, int gen) {
+std::string gen_line(const std::string& task, int index, const std::string& config, double score,
+                     int gen) {
   Json j = Json::object();
   j["id"] = task + "/4096/" + std::to_string(index);
   j["task"] = task;
@@ -86,11 +87,16 @@ TEST_F(SummaryTest, HandComputedNumbers) {
   // cisa:  niah [1, 0], vt [0, 0.4] → (0.5 + 0.2) / 2 = 35 points; paired Δ = (−0.5 + 0) / 2 = −25.
   lines += gen_line("niah_single", 0, "dense", 1, 8) + gen_line("niah_single", 1, "dense", 1, 8);
   lines += gen_line("vt", 0, "dense", 0, 10) + gen_line("vt", 1, "dense", 0.4, 14);
-  lines += gen_line("niah_single", 0, "cisa:x8:g4", 1, 8) + gen_line("niah_single", 1, "cisa:x8:g4", 0, 12);
+  lines += gen_line("niah_single", 0, "cisa:x8:g4", 1, 8) +
+           gen_line("niah_single", 1, "cisa:x8:g4", 0, 12);
   lines += gen_line("vt", 0, "cisa:x8:g4", 0, 10) + gen_line("vt", 1, "cisa:x8:g4", 0.4, 10);
   // Documents: ΔNLL = (9 − 8) / 4 = +0.25; KL = 0.4 / 4 = 0.1; agreement 3 / 4.
-  lines += R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"dense","nll":[1,2,3,2]})" "\n";
-  lines += R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"cisa:x8:g4","nll":[1.5,2,3,2.5],"kl":[0.1,0,0,0.3],"agree":[1,1,0,1]})" "\n";
+  lines +=
+      R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"dense","nll":[1,2,3,2]})"
+      "\n";
+  lines +=
+      R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"cisa:x8:g4","nll":[1.5,2,3,2.5],"kl":[0.1,0,0,0.3],"agree":[1,1,0,1]})"
+      "\n";
   lines += "{\"id\":\"cut";  // an interrupted last line is ignored
   write(lines);
   auto s = write_summary(dir_.string(), 500);
@@ -105,9 +111,11 @@ TEST_F(SummaryTest, HandComputedNumbers) {
   EXPECT_NE(md.find("0.1000 [0.1000, 0.1000]"), std::string::npos) << md;
   EXPECT_NE(md.find("75.0%"), std::string::npos) << md;
   // KL by quarter: one position per quarter.
-  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 0.1000 | 0.0000 | 0.0000 | 0.3000 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 0.1000 | 0.0000 | 0.0000 | 0.3000 |"), std::string::npos)
+      << md;
   // k = ceil((256 − 128) / 8) = 16 at 4096 tokens.
-  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 128 | 128 | 16 | 145 / 256 (1.8x) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 128 | 128 | 16 | 145 / 256 (1.8x) |"), std::string::npos)
+      << md;
   EXPECT_TRUE(std::filesystem::exists(dir_ / "summary.md"));
 }
 

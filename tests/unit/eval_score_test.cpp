@@ -14,15 +14,19 @@ namespace {
 
 TEST(EvalScore, CleanPrediction) {
   EXPECT_EQ(clean_prediction("  \t 1234567.\n\n"), "1234567.");
-  EXPECT_EQ(clean_prediction(std::string("ab\x01" "cd", 5)), "ab\ncd");
+  EXPECT_EQ(clean_prediction(std::string("ab\x01"
+                                         "cd",
+                                         5)),
+            "ab\ncd");
   EXPECT_EQ(clean_prediction("\x7f"), "");
 }
 
 TEST(EvalScore, MatchAllCountsTheFractionFound) {
   const std::vector<std::string> refs = {"1234567", "7654321", "Amber-Otter", "ZZZ"};
   EXPECT_DOUBLE_EQ(string_match_all(" 1234567 and 7654321.", refs), 0.5);
-  EXPECT_DOUBLE_EQ(string_match_all("amber-otter zzz 7654321 1234567", refs), 1.0);  // case-insensitive
-  EXPECT_DOUBLE_EQ(string_match_all("123456 7", refs), 0.0);                         // substring, not digits
+  EXPECT_DOUBLE_EQ(string_match_all("amber-otter zzz 7654321 1234567", refs),
+                   1.0);                                      // case-insensitive
+  EXPECT_DOUBLE_EQ(string_match_all("123456 7", refs), 0.0);  // substring, not digits
   EXPECT_DOUBLE_EQ(string_match_all("", refs), 0.0);
   EXPECT_DOUBLE_EQ(string_match_all("x", {}), 0.0);
 }
@@ -50,7 +54,8 @@ std::map<double, double> exact_distribution(const std::vector<std::vector<double
   std::vector<std::vector<size_t>> idx;
   for (const auto& g : groups) idx.emplace_back(g.size(), 0);
   double p_each = 1.0;
-  for (const auto& g : groups) p_each /= std::pow(static_cast<double>(g.size()), static_cast<double>(g.size()));
+  for (const auto& g : groups)
+    p_each /= std::pow(static_cast<double>(g.size()), static_cast<double>(g.size()));
   while (true) {
     double stat = 0;
     for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -110,7 +115,8 @@ TEST(EvalBootstrap, DegenerateCases) {
   EXPECT_EQ(c.lo, 1.0);
   EXPECT_EQ(c.hi, 1.0);
   // Same seed, same interval.
-  const Interval a = bootstrap_interval({{0, 1, 0, 1, 1}}, 1000, 5), b = bootstrap_interval({{0, 1, 0, 1, 1}}, 1000, 5);
+  const Interval a = bootstrap_interval({{0, 1, 0, 1, 1}}, 1000, 5),
+                 b = bootstrap_interval({{0, 1, 0, 1, 1}}, 1000, 5);
   EXPECT_EQ(a.lo, b.lo);
   EXPECT_EQ(a.hi, b.hi);
 }
@@ -130,7 +136,8 @@ TEST(EvalConfig, Parse) {
   auto q = parse_config("quest:k64");
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->budget, 64);
-  for (const char* bad : {"sparse", "dense:k4", "cisa", "cisa:k4:x8", "cisa:x0.5", "cisa:g0", "cisa:k4:q", "cisa:kx"})
+  for (const char* bad :
+       {"sparse", "dense:k4", "cisa", "cisa:k4:x8", "cisa:x0.5", "cisa:g0", "cisa:k4:q", "cisa:kx"})
     EXPECT_FALSE(parse_config(bad).ok()) << bad;
 }
 

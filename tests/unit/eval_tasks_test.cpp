@@ -28,7 +28,8 @@ int64_t count_pieces(std::string_view s) {
 
 // A corpus of made-up sentences over a syllable vocabulary (thousands of distinct words).
 Corpus test_corpus() {
-  const char* syl[] = {"ba", "ko", "ri", "mu", "te", "sa", "lo", "ne", "vi", "du", "pe", "go", "fa", "zi", "ho"};
+  const char* syl[] = {"ba", "ko", "ri", "mu", "te", "sa", "lo", "ne",
+                       "vi", "du", "pe", "go", "fa", "zi", "ho"};
   std::vector<std::string> texts;
   uint32_t x = 12345;
   auto rnd = [&] { return x = x * 1103515245u + 12345u, (x >> 16) & 0x7fff; };
@@ -103,7 +104,8 @@ TEST_P(NiahTest, LengthDepthAndAnswersOnce) {
       }
       // The queried needle is a sentence holding the first answer, at the recorded offset.
       const size_t at = p.find(ex.answers[0]);
-      const size_t sentence = p.rfind(kind == TaskKind::kNiahMultiValue ? "One of the special" : "The special magic", at);
+      const size_t sentence = p.rfind(
+          kind == TaskKind::kNiahMultiValue ? "One of the special" : "The special magic", at);
       ASSERT_NE(sentence, std::string::npos);
       EXPECT_EQ(static_cast<int64_t>(sentence), ex.needle_offset);
       // Depth: the fraction of haystack text before the needle matches the example's depth.
@@ -112,10 +114,13 @@ TEST_P(NiahTest, LengthDepthAndAnswersOnce) {
       const double frac = static_cast<double>(sentence - ctx0) / static_cast<double>(ctx1 - ctx0);
       const double want = example_depth(i, n_ex);
       // The needle goes between sentences: the depth is the nearest sentence boundary.
-      const double n_sent = static_cast<double>(split_sentences(p.substr(ctx0, ctx1 - ctx0)).size());
+      const double n_sent =
+          static_cast<double>(split_sentences(p.substr(ctx0, ctx1 - ctx0)).size());
       EXPECT_NEAR(ex.depth, want, 0.5 / (n_sent - 4) + 1e-12) << ex.id;
       // Needles of other depths and varying sentence lengths shift the text fraction a little.
-      EXPECT_NEAR(frac, want, kind == TaskKind::kNiahSingle || kind == TaskKind::kPasskey ? 0.06 : 0.15) << ex.id;
+      EXPECT_NEAR(frac, want,
+                  kind == TaskKind::kNiahSingle || kind == TaskKind::kPasskey ? 0.06 : 0.15)
+          << ex.id;
       // The prompt ends with the answer prefix that asks for the first key.
       EXPECT_TRUE(p.ends_with(" is") || p.ends_with(" are")) << p.substr(p.size() - 40);
     }
@@ -136,8 +141,9 @@ TEST_P(NiahTest, DeterministicInSeed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllNiah, NiahTest,
-                         ::testing::Values(TaskKind::kNiahSingle, TaskKind::kPasskey, TaskKind::kNiahMultiKey,
-                                           TaskKind::kNiahMultiValue, TaskKind::kNiahMultiQuery),
+                         ::testing::Values(TaskKind::kNiahSingle, TaskKind::kPasskey,
+                                           TaskKind::kNiahMultiKey, TaskKind::kNiahMultiValue,
+                                           TaskKind::kNiahMultiQuery),
                          [](const auto& info) { return std::string(task_name(info.param)); });
 
 TEST(EvalTasks, MultiKindsAskForTheRightNumberOfValues) {
@@ -150,7 +156,8 @@ TEST(EvalTasks, MultiKindsAskForTheRightNumberOfValues) {
   EXPECT_EQ(ask(TaskKind::kNiahMultiValue), 4u);
   EXPECT_EQ(ask(TaskKind::kNiahMultiQuery), 4u);
   // Multi-key: four needles, three of them distractors with other keys.
-  TaskSpec spec{.kind = TaskKind::kNiahMultiKey, .length = 600, .index = 0, .num_examples = 1, .seed = 3};
+  TaskSpec spec{
+      .kind = TaskKind::kNiahMultiKey, .length = 600, .index = 0, .num_examples = 1, .seed = 3};
   auto ex = generate_example(spec, corpus(), count_pieces);
   std::regex needle("The special magic number for ([a-z]+-[a-z]+) is ([0-9]{7})\\.");
   std::set<std::string> keys;
@@ -161,7 +168,11 @@ TEST(EvalTasks, MultiKindsAskForTheRightNumberOfValues) {
 
 TEST(EvalTasks, VariableTrackingChainResolvesToTheAnswers) {
   for (int64_t i = 0; i < 4; ++i) {
-    TaskSpec spec{.kind = TaskKind::kVariableTracking, .length = 1000, .index = i, .num_examples = 4, .seed = 5};
+    TaskSpec spec{.kind = TaskKind::kVariableTracking,
+                  .length = 1000,
+                  .index = i,
+                  .num_examples = 4,
+                  .seed = 5};
     auto r = generate_example(spec, corpus(), count_pieces);
     ASSERT_TRUE(r.ok()) << r.status().message();
     const std::string& p = r->prompt;
@@ -172,7 +183,8 @@ TEST(EvalTasks, VariableTrackingChainResolvesToTheAnswers) {
     std::map<std::string, std::string> value_of;
     for (std::sregex_iterator it(p.begin(), p.end(), stmt), end; it != end; ++it) {
       const auto& m = *it;
-      value_of[m[1].str()] = m[4].matched ? m[4].str() : value_of.at(m[3].str());  // defined before use
+      value_of[m[1].str()] =
+          m[4].matched ? m[4].str() : value_of.at(m[3].str());  // defined before use
     }
     ASSERT_EQ(value_of.size(), 5u);
     std::smatch q;
@@ -186,7 +198,8 @@ TEST(EvalTasks, VariableTrackingChainResolvesToTheAnswers) {
 }
 
 TEST(EvalTasks, CommonWordsCounts) {
-  TaskSpec spec{.kind = TaskKind::kCommonWords, .length = 1500, .index = 1, .num_examples = 2, .seed = 9};
+  TaskSpec spec{
+      .kind = TaskKind::kCommonWords, .length = 1500, .index = 1, .num_examples = 2, .seed = 9};
   auto r = generate_example(spec, corpus(), count_pieces);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_LE(r->prompt_tokens, 1500);
@@ -211,7 +224,8 @@ TEST(EvalTasks, CommonWordsCounts) {
 }
 
 TEST(EvalTasks, FrequentWordsTopThree) {
-  TaskSpec spec{.kind = TaskKind::kFrequentWords, .length = 2000, .index = 0, .num_examples = 1, .seed = 2};
+  TaskSpec spec{
+      .kind = TaskKind::kFrequentWords, .length = 2000, .index = 0, .num_examples = 1, .seed = 2};
   auto r = generate_example(spec, corpus(), count_pieces);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_LE(r->prompt_tokens, 2000);
@@ -231,7 +245,8 @@ TEST(EvalTasks, FrequentWordsTopThree) {
 }
 
 TEST(EvalTasks, DocumentIsASliceOfABook) {
-  TaskSpec spec{.kind = TaskKind::kDocument, .length = 3000, .index = 1, .num_examples = 2, .seed = 4};
+  TaskSpec spec{
+      .kind = TaskKind::kDocument, .length = 3000, .index = 1, .num_examples = 2, .seed = 4};
   auto r = generate_example(spec, corpus(), count_pieces);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_LE(r->prompt_tokens, 3000);

@@ -34,10 +34,14 @@ std::vector<std::string> split_list(const std::vector<std::string>& values) {
 
 int cmd_eval(int argc, char** argv) {
   ArgParser p("cisa eval",
-              "Compare attention configurations on the same prompts: RULER-style tasks (niah_single, passkey, "
-              "niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe) and long-document likelihood (doc). "
-              "Configurations: dense | KIND[:OPT]... with KIND cisa, quest, recency (same pages, all recent) or "
-              "oracle, and OPT kN (budget in chunks), xR (nominal remote compression: k = E/R at the length), "
+              "Compare attention configurations on the same prompts: RULER-style tasks "
+              "(niah_single, passkey, "
+              "niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe) and long-document "
+              "likelihood (doc). "
+              "Configurations: dense | KIND[:OPT]... with KIND cisa, quest, recency (same pages, "
+              "all recent) or "
+              "oracle, and OPT kN (budget in chunks), xR (nominal remote compression: k = E/R at "
+              "the length), "
               "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
   std::string model_arg, out_dir, texts_dir, kv = "f32";
   std::vector<std::string> task_args, length_args, config_args;
@@ -45,18 +49,23 @@ int cmd_eval(int argc, char** argv) {
   bool resume = false, summary_only = false, json = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path");
   p.alias("-m", "--model");
-  p.add_strings("--tasks", &task_args, "tasks, comma-separated (default: all generation tasks and doc)");
-  p.add_strings("--lengths", &length_args, "prompt lengths in tokens (default 4096,8192,16384,32768)");
-  p.add_strings("--configs", &config_args,
-                "configurations (default dense,cisa:x8:g4,cisa:x8:g4:last,cisa:x8:g16,cisa:x4:g4,cisa:x16:g4,"
-                "quest:x8:g4,recency:x8)");
-  p.add_int("--examples", &examples, "examples per (task, length); needle depths spread evenly (default 4)");
+  p.add_strings("--tasks", &task_args,
+                "tasks, comma-separated (default: all generation tasks and doc)");
+  p.add_strings("--lengths", &length_args,
+                "prompt lengths in tokens (default 4096,8192,16384,32768)");
+  p.add_strings(
+      "--configs", &config_args,
+      "configurations (default dense,cisa:x8:g4,cisa:x8:g4:last,cisa:x8:g16,cisa:x4:g4,cisa:x16:g4,"
+      "quest:x8:g4,recency:x8)");
+  p.add_int("--examples", &examples,
+            "examples per (task, length); needle depths spread evenly (default 4)");
   p.add_int("--seed", &seed, "seed of every generator (default 1)");
   p.add_string("--output", &out_dir, "run directory: results.jsonl, run.json, summary.md", true);
   p.alias("-o", "--output");
   p.add_flag("--resume", &resume, "continue a run directory, skipping the lines already written");
   p.add_flag("--summary-only", &summary_only, "only (re)write summary.md from results.jsonl");
-  p.add_string("--texts", &texts_dir, "haystack texts from scripts/eval_texts.py (default SOURCE/.cache/eval_texts)");
+  p.add_string("--texts", &texts_dir,
+               "haystack texts from scripts/eval_texts.py (default SOURCE/.cache/eval_texts)");
   p.add_int("--threads", &threads, "worker threads (default: all)");
   p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
   p.add_choice("--kv-dtype", &kv, {"f32", "bf16"}, "KV cache storage (default f32)");
@@ -93,21 +102,27 @@ int cmd_eval(int argc, char** argv) {
     for (const auto& l : lengths) {
       char* end = nullptr;
       const long long v = std::strtoll(l.c_str(), &end, 10);
-      if (end != l.c_str() + l.size() || v < 64) return fail("bad length '" + l + "' (an integer >= 64)");
+      if (end != l.c_str() + l.size() || v < 64)
+        return fail("bad length '" + l + "' (an integer >= 64)");
       plan.lengths.push_back(v);
     }
     std::vector<std::string> configs = split_list(config_args);
     if (configs.empty())
-      configs = {"dense", "cisa:x8:g4", "cisa:x8:g4:last", "cisa:x8:g16", "cisa:x4:g4", "cisa:x16:g4", "quest:x8:g4", "recency:x8"};
+      configs = {"dense",      "cisa:x8:g4",  "cisa:x8:g4:last", "cisa:x8:g16",
+                 "cisa:x4:g4", "cisa:x16:g4", "quest:x8:g4",     "recency:x8"};
     if (configs[0] != "dense") configs.insert(configs.begin(), "dense");
     for (const auto& c : configs) {
       auto cfg = eval::parse_config(c);
       if (!cfg.ok()) return fail(cfg.status().message());
       if (cfg->kind == eval::ConfigKind::kOracle)
-        return fail("config '" + c + "': the oracle top-k needs a page-selection hook in the model's attention path, "
-                    "which the runtime does not offer yet (see docs/eval/README.md)");
-      if (cfg->kind == eval::ConfigKind::kDense && c != "dense") return fail("write the dense configuration as 'dense'");
-      if (c == "dense" && !plan.configs.empty()) continue;  // listed again after the implicit first one
+        return fail(
+            "config '" + c +
+            "': the oracle top-k needs a page-selection hook in the model's attention path, "
+            "which the runtime does not offer yet (see docs/eval/README.md)");
+      if (cfg->kind == eval::ConfigKind::kDense && c != "dense")
+        return fail("write the dense configuration as 'dense'");
+      if (c == "dense" && !plan.configs.empty())
+        continue;  // listed again after the implicit first one
       plan.configs.push_back(*cfg);
     }
     plan.examples = examples;
