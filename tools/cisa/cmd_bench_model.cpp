@@ -93,6 +93,9 @@ int bench_model(int argc, char** argv) {
   p.add_int("--decode", &n_decode, "tokens decoded after the prompt (default 64)");
   p.add_int("--repeat", &repeat, "timed runs; the median is reported (default 1)");
   p.add_flag("--no-anchor", &no_anchor, "do not run llama.cpp");
+  std::string anchor_fa = "auto";
+  p.add_choice("--anchor-flash-attn", &anchor_fa, {"auto", "on", "off"},
+               "llama.cpp's flash attention (default auto, llama.cpp's own default)");
   ModelCliOptions mo;
   mo.quiet = true;
   add_model_options(p, &mo, /*with_context=*/false);
@@ -187,7 +190,7 @@ int bench_model(int argc, char** argv) {
                             std::to_string(context) + " --decode " + std::to_string(n_decode) +
                             " --threads " + std::to_string(model.num_threads()) + " --batch " +
                             std::to_string(batch) + " --repeat " + std::to_string(repeat) +
-                            " --json";
+                            " --flash-attn " + anchor_fa + " --json";
     std::fprintf(stderr, "running llama.cpp: %s\n", cmd.c_str());
     std::string out;
     if (FILE* f = popen(cmd.c_str(), "r")) {
@@ -208,6 +211,7 @@ int bench_model(int argc, char** argv) {
       anchor["llama_cpp_python"] = json_string(out, "llama_cpp_python");
       anchor["kv_type"] = json_string(out, "kv_type");
       anchor["flash_attn"] = json_string(out, "flash_attn");
+      anchor["command"] = cmd;
       anchor["system_info"] = json_string(out, "system_info");
       anchor["prefill_tok_s"] = ll_pre;
       anchor["decode_tok_s"] = ll_dec;
