@@ -29,7 +29,10 @@ constexpr size_t attention_smem_bytes() {
 // ph = w / RW and RW = WARPS / PW; the PW partial softmax states of a row meet at the end by
 // log-sum-exp in shared memory. With one warp of rows (4:1 decode), v2/v3 ran the mma and softmax
 // of all 64 tokens of a tile on one warp while three only copied.
-template <int D, int WARPS, int PW>
+// UNI: the launch holds union tasks. Launches without them use an instantiation without the
+// union masks (v3 measured the union logic costing ~10 % on full-tile prefill: 243 vs 229
+// registers at d = 128).
+template <int D, int WARPS, int PW, bool UNI>
 __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionArgs a) {
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   const int rt = warp % RW, ph = warp / RW;  // row tile and page phase of this warp
   // Union task: warp w owns all rows of member w's list; else warp w owns rows 16w … 16w + 15.
   // (d = 256 has no registers to spare for it: the planner forms no unions there.)
-  constexpr bool kUnions = D <= tiles::kUnionMaxHeadDim && PW == 1;
+  constexpr bool kUnions = UNI && D <= tiles::kUnionMaxHeadDim && PW == 1;
   const bool uni = kUnions && t.members > 0;
   const ListDesc L = a.lists[t.list + (uni ? min(warp, t.members - 1) * t.stride : 0)];
   const int row_base = uni ? 0 : rt * 16;
@@ -342,35 +345,41 @@ __global__ void merge_kernel(const AttentionArgs a) {
   }
 }
 
-template <int D, int WARPS, int PW>
+template <int D, int WARPS, int PW, bool UNI>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
-  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS, PW>,
+  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_kernel<D, WARPS, PW><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
+  attention_kernel<D, WARPS, PW, UNI><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, cudaStream_t stream) {
-  if (warps == 8) return launch_typed<D, 8, 1>(a, num_tasks, stream);
-  if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
-    if (page_warps == 4) return launch_typed<D, 4, 4>(a, num_tasks, stream);
-    if (page_warps == 2) return launch_typed<D, 4, 2>(a, num_tasks, stream);
+cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
+                       cudaStream_t stream) {
+  if constexpr (D <= tiles::kUnionMaxHeadDim) {
+    if (unions)
+      return warps == 8 ? launch_typed<D, 8, 1, true>(a, num_tasks, stream)
+                        : launch_typed<D, 4, 1, true>(a, num_tasks, stream);
   }
-  return launch_typed<D, 4, 1>(a, num_tasks, stream);
+  if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
+  if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
+    if (page_warps == 4) return launch_typed<D, 4, 4, false>(a, num_tasks, stream);
+    if (page_warps == 2) return launch_typed<D, 4, 2, false>(a, num_tasks, stream);
+  }
+  return launch_typed<D, 4, 1, false>(a, num_tasks, stream);
 }
 
 }  // namespace
 
-cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
                              cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   switch (a.head_dim) {
-    case 64: return launch_dim<64>(a, num_tasks, warps, page_warps, stream);
-    case 128: return launch_dim<128>(a, num_tasks, warps, page_warps, stream);
-    case 256: return launch_dim<256>(a, num_tasks, warps, page_warps, stream);
+    case 64: return launch_dim<64>(a, num_tasks, warps, page_warps, unions, stream);
+    case 128: return launch_dim<128>(a, num_tasks, warps, page_warps, unions, stream);
+    case 256: return launch_dim<256>(a, num_tasks, warps, page_warps, unions, stream);
     default: return cudaErrorInvalidValue;
   }
 }

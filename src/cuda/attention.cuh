@@ -39,7 +39,8 @@ struct AttentionArgs {
 
 // warps: 4 or 8 (row tile 64 or 128). page_warps (1, 2 or 4; > 1 only with 4 warps, d ≤ 128 and
 // no union tasks): groups of warps that split each tile's pages, for lists of ≤ 64/page_warps rows.
-cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+// unions: the tasks include union tasks (selects the kernel instantiation that handles them).
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
                              cudaStream_t stream);
 cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, cudaStream_t stream);
 

@@ -479,7 +479,8 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.window = P.lists.empty() ? 0 : P.lists[0].window;
   a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   auto s = static_cast<cudaStream_t>(stream);
-  CISA_RETURN_IF_ERROR(cuda_status(detail::launch_attention(a, static_cast<int64_t>(P.tasks.size()), P.warps, P.page_warps, s),
+  CISA_RETURN_IF_ERROR(cuda_status(detail::launch_attention(a, static_cast<int64_t>(P.tasks.size()), P.warps, P.page_warps,
+                                                            !P.unions.empty(), s),
                                    "cuda: attention"));
   return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), s), "cuda: split-KV merge");
 }
