@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "cisa/gguf.h"
 #include "cisa/json.h"
@@ -128,6 +129,23 @@ Status run_eval(const EvalPlan& plan) {
     }
   }
 
+  // A resumed run must generate the same prompts: ids do not encode the example count (which
+  // sets the depths) or the seed, so check them against the run's description.
+  if (plan.resume) {
+    std::ifstream m(fs::path(plan.run_dir) / "run.json");
+    std::stringstream ss;
+    ss << m.rdbuf();
+    if (auto meta = detail::parse_json(ss.str()); m && meta.ok()) {
+      const auto ex = static_cast<int64_t>(meta->number("examples", -1));
+      const auto sd = static_cast<int64_t>(meta->number("seed", -1));
+      const std::string model = meta->string("model_path");
+      if (ex != plan.examples || sd != static_cast<int64_t>(plan.seed) || model != plan.model_path)
+        return failed_precondition("--resume of '" + plan.run_dir +
+                                   "' needs the same model, --examples (" + std::to_string(ex) +
+                                   ") and --seed (" + std::to_string(sd) +
+                                   ") as the run it continues");
+    }
+  }
   CISA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(plan.model_path));
   CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(file));
