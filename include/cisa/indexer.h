@@ -3,15 +3,17 @@
 // no gradients), and the small versioned file that carries the choice from `cisa calibrate` to
 // `cisa run`.
 //
-// Candidates for KV group g are the h_g query projections W_q^{(h)}, h ∈ H_g, and their element-wise
-// mean. At sampled positions t of calibration text (with |E_t| ≥ 4k eligible chunks) the dense
-// model's attention mass per eligible chunk, summed over the group's heads and renormalised, is the
-// target p; each candidate's π = softmax_j(post(W x_t)·r_{g,j}/√d). The winner minimises the mean
-// KL(p ‖ π) (criterion `kl`) or maximises the dense mass captured by its top-k (`mass`).
+// Candidates for KV group g are the h_g query projections W_q^{(h)}, h ∈ H_g, and their
+// element-wise mean. At sampled positions t of calibration text (with |E_t| ≥ 4k eligible chunks)
+// the dense model's attention mass per eligible chunk, summed over the group's heads and
+// renormalised, is the target p; each candidate's π = softmax_j(post(W x_t)·r_{g,j}/√d). The winner
+// minimises the mean KL(p ‖ π) (criterion `kl`) or maximises the dense mass captured by its top-k
+// (`mass`).
 //
 // The file stores the choice as a reference (query head h, or "mean"), not the d×d_model weights:
 // the weights are rebuilt from the model they were calibrated on, which the file identifies by its
-// architecture, shapes and a hash of the tensor table and the query/key weights (docs/calibration.md).
+// architecture, shapes and a hash of the tensor table and the query/key weights
+// (docs/calibration.md).
 //
 //   CISA_ASSIGN_OR_RETURN(cisa::Indexer idx, cisa::load_indexer("indexers/gemma3-270m.cisaidx"));
 //   CISA_ASSIGN_OR_RETURN(cisa::ModelIdentity id, cisa::model_identity(gguf));
@@ -36,7 +38,7 @@ class GgufFile;
 inline constexpr uint32_t kIndexerVersion = 1;
 
 enum class CalibCriterion { kKl, kMass };
-const char* calib_criterion_name(CalibCriterion c);             // "kl", "mass"
+const char* calib_criterion_name(CalibCriterion c);  // "kl", "mass"
 Result<CalibCriterion> parse_calib_criterion(const std::string& s);
 
 // What an indexer was calibrated on. weights_hash: FNV-1a 64 of the GGUF tensor table (names,
@@ -50,18 +52,18 @@ struct ModelIdentity {
 Result<ModelIdentity> model_identity(const GgufFile& file);
 
 struct CalibDocument {
-  std::string name;        // file name as given on the command line
-  int64_t tokens = 0;      // tokens the calibration ran over
+  std::string name;           // file name as given on the command line
+  int64_t tokens = 0;         // tokens the calibration ran over
   uint64_t content_hash = 0;  // FNV-1a 64 of the file's bytes
 };
 
 struct CalibSettings {
-  int64_t budget = 0;        // k: chunks, the captured-mass criterion's budget
-  int64_t window = 0;        // W: pages; eligible chunks E_t = {j : sinks ≤ j < c(t) − W}
-  int64_t sink_pages = 0;    // first chunks always attended, outside E_t (SPEC §3 --sink-pages)
-  int64_t page_size = 16;    // B
-  int64_t positions = 0;     // sampled positions requested per document
-  uint64_t seed = 0;         // position sampling
+  int64_t budget = 0;      // k: chunks, the captured-mass criterion's budget
+  int64_t window = 0;      // W: pages; eligible chunks E_t = {j : sinks ≤ j < c(t) − W}
+  int64_t sink_pages = 0;  // first chunks always attended, outside E_t (SPEC §3 --sink-pages)
+  int64_t page_size = 16;  // B
+  int64_t positions = 0;   // sampled positions requested per document
+  uint64_t seed = 0;       // position sampling
   CalibCriterion criterion = CalibCriterion::kKl;
   std::vector<CalibDocument> documents;
 };
@@ -89,8 +91,8 @@ struct Indexer {
 
 // ---- file ----
 // Little-endian: magic "CISAIDX\0", u32 version, u32 0, u64 payload size, u64 FNV-1a 64 of the
-// payload, payload (docs/calibration.md lists its fields). parse: kInvalidArgument when the magic is
-// wrong, kUnimplemented for another version, kDataLoss for a truncated or corrupted file or
+// payload, payload (docs/calibration.md lists its fields). parse: kInvalidArgument when the magic
+// is wrong, kUnimplemented for another version, kDataLoss for a truncated or corrupted file or
 // inconsistent contents.
 std::vector<uint8_t> serialize_indexer(const Indexer& idx);
 Result<Indexer> parse_indexer(std::span<const uint8_t> bytes);
@@ -136,9 +138,11 @@ class GroupAccumulator {
   double oracle_sum_ = 0;
 };
 
-// Sampled positions of a document of n tokens: `count` positions t with |E_t| = c(t) − W − sinks ≥ 4k, stratified
-// over that range with a seeded jitter (deterministic; fewer when the range is shorter).
-std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s, uint64_t seed);
+// Sampled positions of a document of n tokens: `count` positions t with |E_t| = c(t) − W − sinks ≥
+// 4k, stratified over that range with a seeded jitter (deterministic; fewer when the range is
+// shorter).
+std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s,
+                                      uint64_t seed);
 
 uint64_t fnv1a64(std::span<const uint8_t> bytes, uint64_t h = 0xcbf29ce484222325ULL);
 
@@ -149,15 +153,15 @@ struct CalibText {
 };
 
 struct CalibProgress {
-  int document = 0, documents = 0;  // 0-based document being run
+  int document = 0, documents = 0;            // 0-based document being run
   int64_t tokens_done = 0, tokens_total = 0;  // over all documents
   const char* stage = "";                     // "prefill" or "score"
 };
 
 struct CalibrateOptions {
-  CalibSettings settings;       // budget, window, positions, seed, criterion; documents are filled in
-  int threads = 0;              // 0: one per hardware thread
-  int64_t max_tokens = 0;       // tokens per document (0: the model's training context)
+  CalibSettings settings;  // budget, window, positions, seed, criterion; documents are filled in
+  int threads = 0;         // 0: one per hardware thread
+  int64_t max_tokens = 0;  // tokens per document (0: the model's training context)
   int prefill_block = 512;
   std::function<void(const CalibProgress&)> progress;
 };
@@ -172,12 +176,12 @@ Result<Indexer> calibrate_indexer(const std::string& model_path, std::span<const
 // ---- selection diagnostics on real activations (SPEC §9; src/calib/diagnose.cpp) ----
 struct DiagnoseOptions {
   int64_t budget = 128, window = 32, sink_pages = 0;  // k, W, sinks of the selection studied
-  int64_t positions = 32;                              // sampled positions (|E_t| ≥ 4k)
+  int64_t positions = 32;                             // sampled positions (|E_t| ≥ 4k)
   uint64_t seed = 1;
-  std::vector<int64_t> qshare = {4, 16, 32};           // QShare group sizes G
-  std::vector<int64_t> lags = {1, 32};                 // overlap lags
+  std::vector<int64_t> qshare = {4, 16, 32};  // QShare group sizes G
+  std::vector<int64_t> lags = {1, 32};        // overlap lags
   int threads = 0;
-  int64_t max_tokens = 0;                              // 0: the model's training context
+  int64_t max_tokens = 0;  // 0: the model's training context
   int prefill_block = 512;
   std::function<void(int64_t done, int64_t total)> progress;
 };
@@ -186,16 +190,16 @@ struct DiagnoseOptions {
 // dense attention mass of position t (summed over the group's heads) on the pages attended.
 struct LayerDiagnostics {
   int layer = 0;
-  int64_t samples = 0;                    // (position, KV group) pairs
-  double cisa_mass = 0;                   // sinks ∪ top-k(index scores) ∪ window ∪ current page
-  double oracle_mass = 0;                 // the same with top-k of the dense mass itself
-  double recency_mass = 0;                // the same with the k most recent eligible chunks
-  std::vector<double> qshare_retention;   // per G: |S_P ∩ S_t| / k, P = {t−G+1 … t}
-  std::vector<double> qshare_mass_lost;   // per G: cisa_mass − mass attended with S_P (points of 1)
-  std::vector<double> overlap;            // per lag l: |S_t ∩ S_{t+l}| / min size
-  double window_mass = 0;                 // the W window pages
-  double extra_mass_oracle = 0;           // W more chunks: the best the selection left out
-  double extra_mass_index = 0;            // W more chunks: the next W by index score
+  int64_t samples = 0;      // (position, KV group) pairs
+  double cisa_mass = 0;     // sinks ∪ top-k(index scores) ∪ window ∪ current page
+  double oracle_mass = 0;   // the same with top-k of the dense mass itself
+  double recency_mass = 0;  // the same with the k most recent eligible chunks
+  std::vector<double> qshare_retention;  // per G: |S_P ∩ S_t| / k, P = {t−G+1 … t}
+  std::vector<double> qshare_mass_lost;  // per G: cisa_mass − mass attended with S_P (points of 1)
+  std::vector<double> overlap;           // per lag l: |S_t ∩ S_{t+l}| / min size
+  double window_mass = 0;                // the W window pages
+  double extra_mass_oracle = 0;          // W more chunks: the best the selection left out
+  double extra_mass_index = 0;           // W more chunks: the next W by index score
 };
 
 struct DiagnoseReport {
@@ -207,7 +211,7 @@ struct DiagnoseReport {
 
 // Runs the model densely over `text` and measures CISA's selection at sampled positions of every
 // global layer. `indexer` (may be null) supplies the index projections; it must match the model.
-Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::string& text, const Indexer* indexer,
-                                      const DiagnoseOptions& options);
+Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::string& text,
+                                      const Indexer* indexer, const DiagnoseOptions& options);
 
 }  // namespace cisa

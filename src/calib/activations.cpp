@@ -22,13 +22,16 @@ QueryRecorder::QueryRecorder(const ModelHparams& hp, std::span<const int64_t> q_
 AttentionTap QueryRecorder::tap() {
   return [this](const AttentionTapData& a) -> Status {
     const size_t l = static_cast<size_t>(a.layer);
-    if (l >= q_.size() || (q_[l].empty() && !q_slot_.empty()) || (iq_[l].empty() && !iq_slot_.empty()))
-      return internal_error("attention tap called for layer " + std::to_string(a.layer) + ", not a global layer");
+    if (l >= q_.size() || (q_[l].empty() && !q_slot_.empty()) ||
+        (iq_[l].empty() && !iq_slot_.empty()))
+      return internal_error("attention tap called for layer " + std::to_string(a.layer) +
+                            ", not a global layer");
     const size_t qw = static_cast<size_t>(n_head_ * d_), iw = static_cast<size_t>(n_kv_ * d_);
     for (size_t r = 0; r < a.positions.size(); ++r) {
       const int64_t t = a.positions[r];
       if (auto it = q_slot_.find(t); it != q_slot_.end())
-        std::copy(a.q + r * qw, a.q + (r + 1) * qw, q_[l].begin() + static_cast<std::ptrdiff_t>(it->second * qw));
+        std::copy(a.q + r * qw, a.q + (r + 1) * qw,
+                  q_[l].begin() + static_cast<std::ptrdiff_t>(it->second * qw));
       if (auto it = iq_slot_.find(t); it != iq_slot_.end())
         std::copy(a.index_q + r * iw, a.index_q + (r + 1) * iw,
                   iq_[l].begin() + static_cast<std::ptrdiff_t>(it->second * iw));
@@ -49,23 +52,27 @@ const float* QueryRecorder::index_q(int layer, int64_t t) const {
   return iq_[static_cast<size_t>(layer)].data() + it->second * static_cast<size_t>(n_kv_ * d_);
 }
 
-std::vector<float> chunk_representatives(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
-                                         int kv_group, int64_t n_chunks) {
+std::vector<float> chunk_representatives(const PagedKvCache& cache, int layer,
+                                         std::span<const int32_t> block_table, int kv_group,
+                                         int64_t n_chunks) {
   const int d = cache.head_dim(), B = cache.page_size();
   std::vector<float> reps(static_cast<size_t>(n_chunks) * static_cast<size_t>(d));
   std::vector<double> acc(static_cast<size_t>(d));
   for (int64_t j = 0; j < n_chunks; ++j) {
-    const auto* k = static_cast<const float*>(cache.k_page(layer, block_table[static_cast<size_t>(j)], kv_group));
+    const auto* k = static_cast<const float*>(
+        cache.k_page(layer, block_table[static_cast<size_t>(j)], kv_group));
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int s = 0; s < B; ++s)
       for (int i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += k[s * d + i];
-    for (int i = 0; i < d; ++i) reps[static_cast<size_t>(j * d + i)] = static_cast<float>(acc[static_cast<size_t>(i)] / B);
+    for (int i = 0; i < d; ++i)
+      reps[static_cast<size_t>(j * d + i)] = static_cast<float>(acc[static_cast<size_t>(i)] / B);
   }
   return reps;
 }
 
-std::vector<double> dense_chunk_mass(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
-                                     int kv_group, const float* q_heads, int n_heads, int64_t t, double scale) {
+std::vector<double> dense_chunk_mass(const PagedKvCache& cache, int layer,
+                                     std::span<const int32_t> block_table, int kv_group,
+                                     const float* q_heads, int n_heads, int64_t t, double scale) {
   const int d = cache.head_dim(), B = cache.page_size();
   const int64_t n = t + 1;
   std::vector<double> mass(static_cast<size_t>(t / B + 1), 0.0), logit(static_cast<size_t>(n));
@@ -73,7 +80,8 @@ std::vector<double> dense_chunk_mass(const PagedKvCache& cache, int layer, std::
     const float* q = q_heads + static_cast<size_t>(h) * static_cast<size_t>(d);
     double mx = -INFINITY;
     for (int64_t s = 0; s < n; ++s) {
-      const auto* page = static_cast<const float*>(cache.k_page(layer, block_table[static_cast<size_t>(s / B)], kv_group));
+      const auto* page = static_cast<const float*>(
+          cache.k_page(layer, block_table[static_cast<size_t>(s / B)], kv_group));
       const float* k = page + (s % B) * d;
       double dot = 0;
       for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
@@ -82,7 +90,8 @@ std::vector<double> dense_chunk_mass(const PagedKvCache& cache, int layer, std::
     }
     double z = 0;
     for (int64_t s = 0; s < n; ++s) z += std::exp(logit[static_cast<size_t>(s)] - mx);
-    for (int64_t s = 0; s < n; ++s) mass[static_cast<size_t>(s / B)] += std::exp(logit[static_cast<size_t>(s)] - mx) / z;
+    for (int64_t s = 0; s < n; ++s)
+      mass[static_cast<size_t>(s / B)] += std::exp(logit[static_cast<size_t>(s)] - mx) / z;
   }
   return mass;
 }

@@ -31,13 +31,15 @@ class QueryRecorder {
 };
 
 // r_{g,j} = mean of chunk j's stored keys (f32 cache), j < n_chunks: [n_chunks][head_dim].
-std::vector<float> chunk_representatives(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
-                                         int kv_group, int64_t n_chunks);
+std::vector<float> chunk_representatives(const PagedKvCache& cache, int layer,
+                                         std::span<const int32_t> block_table, int kv_group,
+                                         int64_t n_chunks);
 
 // Dense attention of the query heads q_heads ([n_heads][head_dim]) at position t over keys
 // 0 … t of one KV group, softmax(scale · q·k) in double per head, summed over the heads per chunk:
 // [c(t) + 1] values (the last chunk may be partial), total = n_heads.
-std::vector<double> dense_chunk_mass(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
-                                     int kv_group, const float* q_heads, int n_heads, int64_t t, double scale);
+std::vector<double> dense_chunk_mass(const PagedKvCache& cache, int layer,
+                                     std::span<const int32_t> block_table, int kv_group,
+                                     const float* q_heads, int n_heads, int64_t t, double scale);
 
 }  // namespace cisa::calib

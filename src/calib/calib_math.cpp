@@ -10,7 +10,9 @@
 
 namespace cisa {
 
-const char* calib_criterion_name(CalibCriterion c) { return c == CalibCriterion::kKl ? "kl" : "mass"; }
+const char* calib_criterion_name(CalibCriterion c) {
+  return c == CalibCriterion::kKl ? "kl" : "mass";
+}
 
 Result<CalibCriterion> parse_calib_criterion(const std::string& s) {
   if (s == "kl") return CalibCriterion::kKl;
@@ -23,12 +25,14 @@ Result<PositionScores> score_position(std::span<const double> mass, std::span<co
   const size_t n = mass.size();
   if (d < 1 || k < 1) return invalid_argument("score_position: d and k must be >= 1");
   if (n == 0 || reps.size() != n * static_cast<size_t>(d))
-    return invalid_argument("score_position: " + std::to_string(reps.size()) + " representative values for " +
-                            std::to_string(n) + " chunks of dimension " + std::to_string(d));
+    return invalid_argument("score_position: " + std::to_string(reps.size()) +
+                            " representative values for " + std::to_string(n) +
+                            " chunks of dimension " + std::to_string(d));
   if (index_q.empty() || index_q.size() % static_cast<size_t>(d) != 0)
     return invalid_argument("score_position: index queries are not a whole number of d-vectors");
   const double total = std::accumulate(mass.begin(), mass.end(), 0.0);
-  if (!(total > 0) || !std::isfinite(total)) return invalid_argument("score_position: chunk mass must be positive and finite");
+  if (!(total > 0) || !std::isfinite(total))
+    return invalid_argument("score_position: chunk mass must be positive and finite");
   for (double m : mass)
     if (!(m >= 0)) return invalid_argument("score_position: negative or NaN chunk mass");
 
@@ -93,12 +97,14 @@ GroupCalibration GroupAccumulator::result(CalibCriterion criterion) const {
   for (size_t c = 1; c < g.candidates.size(); ++c) {
     const CandidateScore& a = g.candidates[c];
     const CandidateScore& best = g.candidates[static_cast<size_t>(g.chosen)];
-    if (criterion == CalibCriterion::kKl ? a.kl < best.kl : a.captured > best.captured) g.chosen = static_cast<int>(c);
+    if (criterion == CalibCriterion::kKl ? a.kl < best.kl : a.captured > best.captured)
+      g.chosen = static_cast<int>(c);
   }
   return g;
 }
 
-std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s, uint64_t seed) {
+std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const CalibSettings& s,
+                                      uint64_t seed) {
   // c(t) − W − sinks ≥ 4k  ⇔  t ≥ (W + sinks + 4k)·B.
   const int64_t t_min = (s.window + s.sink_pages + 4 * s.budget) * s.page_size;
   std::vector<int64_t> out;
@@ -112,7 +118,8 @@ std::vector<int64_t> sample_positions(int64_t n_tokens, int64_t count, const Cal
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     z ^= z >> 31;
     const double u = static_cast<double>(z >> 11) * 0x1.0p-53;
-    const int64_t t = t_min + std::min(n_tokens - t_min - 1, static_cast<int64_t>((static_cast<double>(i) + u) * width));
+    const int64_t t = t_min + std::min(n_tokens - t_min - 1,
+                                       static_cast<int64_t>((static_cast<double>(i) + u) * width));
     if (out.empty() || t > out.back()) out.push_back(t);
   }
   return out;

@@ -17,7 +17,8 @@ namespace cisa {
 namespace {
 
 // s_j = q·r_j / √d for chunks [0, end).
-std::vector<double> index_scores(const float* q, const std::vector<float>& reps, int d, int64_t end) {
+std::vector<double> index_scores(const float* q, const std::vector<float>& reps, int d,
+                                 int64_t end) {
   std::vector<double> s(static_cast<size_t>(end));
   const double inv = 1.0 / std::sqrt(static_cast<double>(d));
   for (int64_t j = 0; j < end; ++j) {
@@ -36,11 +37,13 @@ struct Sample {
 
 }  // namespace
 
-Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::string& text, const Indexer* indexer,
-                                      const DiagnoseOptions& o) {
+Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::string& text,
+                                      const Indexer* indexer, const DiagnoseOptions& o) {
   if (o.budget < 1 || o.window < 0 || o.sink_pages < 0 || o.positions < 1)
-    return invalid_argument("diagnose: budget and positions must be >= 1, window and sink pages >= 0");
-  if (o.qshare.empty() || o.lags.empty()) return invalid_argument("diagnose: give at least one QShare size and one lag");
+    return invalid_argument(
+        "diagnose: budget and positions must be >= 1, window and sink pages >= 0");
+  if (o.qshare.empty() || o.lags.empty())
+    return invalid_argument("diagnose: give at least one QShare size and one lag");
   for (int64_t g : o.qshare)
     if (g < 1 || g > 4096) return invalid_argument("diagnose: QShare sizes must be in [1, 4096]");
   for (int64_t l : o.lags)
@@ -62,7 +65,8 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
     CISA_ASSIGN_OR_RETURN(hp, read_model_hparams(file));
     CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
     ids = tok.encode(text, true);
-    const int64_t cap = o.max_tokens > 0 ? std::min<int64_t>(o.max_tokens, hp.n_ctx_train) : hp.n_ctx_train;
+    const int64_t cap =
+        o.max_tokens > 0 ? std::min<int64_t>(o.max_tokens, hp.n_ctx_train) : hp.n_ctx_train;
     if (static_cast<int64_t>(ids.size()) > cap) ids.resize(static_cast<size_t>(cap));
     if (indexer) {
       CISA_RETURN_IF_ERROR(check_indexer_matches(*indexer, rep.model));
@@ -71,7 +75,8 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
       std::vector<bool> layers(static_cast<size_t>(hp.n_layer));
       for (int l = 0; l < hp.n_layer; ++l) layers[static_cast<size_t>(l)] = hp.is_global(l);
       mo.attention.mode = AttentionMode::kCisa;
-      mo.attention.selection = {.budget = static_cast<int64_t>(ids.size()) / B + 1, .window = 0, .qshare = 1};
+      mo.attention.selection = {
+          .budget = static_cast<int64_t>(ids.size()) / B + 1, .window = 0, .qshare = 1};
       CISA_ASSIGN_OR_RETURN(mo.attention.index, indexer_projections(*indexer, file, hp, layers));
       rep.calibrated = true;
     }
@@ -81,11 +86,15 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
   mo.context = n;
 
   // t − G_max + 1 must have |E| ≥ 4k, and t + lag_max must exist.
-  CalibSettings s{.budget = o.budget, .window = o.window + (gmax + B - 1) / B, .sink_pages = o.sink_pages, .page_size = B};
+  CalibSettings s{.budget = o.budget,
+                  .window = o.window + (gmax + B - 1) / B,
+                  .sink_pages = o.sink_pages,
+                  .page_size = B};
   const std::vector<int64_t> pos = sample_positions(n - lmax, o.positions, s, o.seed);
   if (pos.empty())
-    return invalid_argument("diagnose: the text has " + std::to_string(n) + " tokens; positions need at least " +
-                            std::to_string((s.window + o.sink_pages + 4 * o.budget) * B + lmax + 1));
+    return invalid_argument(
+        "diagnose: the text has " + std::to_string(n) + " tokens; positions need at least " +
+        std::to_string((s.window + o.sink_pages + 4 * o.budget) * B + lmax + 1));
   rep.positions = static_cast<int64_t>(pos.size());
   std::vector<int64_t> index_pos;
   for (int64_t t : pos) {
@@ -115,27 +124,30 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
   ThreadPool pool(model->num_threads());
   std::vector<std::vector<float>> reps(n_groups);
   pool.parallel_for(static_cast<int64_t>(n_groups), [&](int64_t gi, int) {
-    reps[static_cast<size_t>(gi)] = calib::chunk_representatives(cache, layers[static_cast<size_t>(gi) / size_t(Hkv)], bt,
-                                                                 static_cast<int>(gi % Hkv), n / B);
+    reps[static_cast<size_t>(gi)] =
+        calib::chunk_representatives(cache, layers[static_cast<size_t>(gi) / size_t(Hkv)], bt,
+                                     static_cast<int>(gi % Hkv), n / B);
   });
 
   const int64_t k = o.budget, W = o.window, sinks = o.sink_pages;
   const int64_t n_tasks = static_cast<int64_t>(pos.size() * n_groups);
   std::vector<Sample> samples(static_cast<size_t>(n_tasks));
   pool.parallel_for(n_tasks, [&](int64_t task, int) {
-    const size_t pi = static_cast<size_t>(task) / n_groups, gi = static_cast<size_t>(task) % n_groups;
+    const size_t pi = static_cast<size_t>(task) / n_groups,
+                 gi = static_cast<size_t>(task) % n_groups;
     const int l = layers[gi / static_cast<size_t>(Hkv)];
     const int g = static_cast<int>(gi % static_cast<size_t>(Hkv));
     const int64_t t = pos[pi], ct = t / B;
     const std::vector<float>& r = reps[gi];
-    const std::vector<double> mass =
-        calib::dense_chunk_mass(cache, l, bt, g, rec.q(l, t) + static_cast<size_t>(g * hg * d), hg, t, hp.attn_scale);
+    const std::vector<double> mass = calib::dense_chunk_mass(
+        cache, l, bt, g, rec.q(l, t) + static_cast<size_t>(g * hg * d), hg, t, hp.attn_scale);
     auto iq = [&](int64_t p) { return rec.index_q(l, p) + static_cast<size_t>(g * d); };
     // The pages a group {a … t} attends: sinks, its selection, and c(a) − W … c(t).
     auto attended = [&](const std::vector<int32_t>& sel, int64_t a) {
       std::vector<int32_t> pages(sel);
       for (int64_t j = 0; j < sinks; ++j) pages.push_back(static_cast<int32_t>(j));
-      for (int64_t j = std::max<int64_t>(0, a / B - W); j <= ct; ++j) pages.push_back(static_cast<int32_t>(j));
+      for (int64_t j = std::max<int64_t>(0, a / B - W); j <= ct; ++j)
+        pages.push_back(static_cast<int32_t>(j));
       return captured_mass(mass, pages);
     };
     auto select = [&](const float* q, int64_t a) {
@@ -147,23 +159,27 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
     sm.cisa = attended(own, t);
     sm.oracle = attended(oracle_topk(mass, sinks, ct - W, k), t);
     std::vector<int32_t> recent;
-    for (int64_t j = std::max(sinks, ct - W - k); j < ct - W; ++j) recent.push_back(static_cast<int32_t>(j));
+    for (int64_t j = std::max(sinks, ct - W - k); j < ct - W; ++j)
+      recent.push_back(static_cast<int32_t>(j));
     sm.recency = attended(recent, t);
     for (int64_t G : o.qshare) {
       const int64_t a = t - G + 1;
       std::vector<float> qbar(static_cast<size_t>(d), 0.0f);
       for (int64_t p = a; p <= t; ++p)
-        for (int i = 0; i < d; ++i) qbar[static_cast<size_t>(i)] += iq(p)[i] / static_cast<float>(G);
+        for (int i = 0; i < d; ++i)
+          qbar[static_cast<size_t>(i)] += iq(p)[i] / static_cast<float>(G);
       const std::vector<int32_t> shared = select(qbar.data(), a);
       sm.retention.push_back(qshare_retention(shared, own, k));
       sm.lost.push_back(sm.cisa - attended(shared, a));
     }
-    for (int64_t lag : o.lags) sm.overlap.push_back(selection_overlap(own, select(iq(t + lag), t + lag)));
+    for (int64_t lag : o.lags)
+      sm.overlap.push_back(selection_overlap(own, select(iq(t + lag), t + lag)));
     const WindowTradeoff wt = window_tradeoff(mass, own, ct - W, ct - W, ct);
     sm.window = wt.window_mass;
     sm.extra_oracle = wt.extra_mass;
     // The next W chunks by index score after the top-k.
-    const std::vector<int32_t> wider = oracle_topk(index_scores(iq(t), r, d, ct - W), sinks, ct - W, k + W);
+    const std::vector<int32_t> wider =
+        oracle_topk(index_scores(iq(t), r, d, ct - W), sinks, ct - W, k + W);
     sm.extra_index = captured_mass(mass, wider) - captured_mass(mass, own);
   });
 
@@ -190,8 +206,8 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
       for (size_t i = 0; i < o.lags.size(); ++i) ld.overlap[i] += sm.overlap[i];
     }
     const double m = ld.samples > 0 ? 1.0 / static_cast<double>(ld.samples) : 0.0;
-    for (double* v : {&ld.cisa_mass, &ld.oracle_mass, &ld.recency_mass, &ld.window_mass, &ld.extra_mass_oracle,
-                      &ld.extra_mass_index})
+    for (double* v : {&ld.cisa_mass, &ld.oracle_mass, &ld.recency_mass, &ld.window_mass,
+                      &ld.extra_mass_oracle, &ld.extra_mass_index})
       *v *= m;
     for (double& v : ld.qshare_retention) v *= m;
     for (double& v : ld.qshare_mass_lost) v *= m;

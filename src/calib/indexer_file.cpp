@@ -20,7 +20,8 @@ constexpr uint32_t kMaxString = 4096;
 constexpr uint32_t kMaxDocuments = 1 << 16;
 constexpr int kMaxDim = 1 << 20;
 
-static_assert(std::endian::native == std::endian::little, "the indexer file is written little-endian");
+static_assert(std::endian::native == std::endian::little,
+              "the indexer file is written little-endian");
 
 class Writer {
  public:
@@ -49,7 +50,9 @@ class Reader {
   Status str(std::string* s, const char* what) {
     uint32_t n = 0;
     CISA_RETURN_IF_ERROR(get(&n, what));
-    if (n > kMaxString) return data_loss(std::string("indexer file: ") + what + " is " + std::to_string(n) + " bytes long");
+    if (n > kMaxString)
+      return data_loss(std::string("indexer file: ") + what + " is " + std::to_string(n) +
+                       " bytes long");
     if (b_.size() - pos_ < n) return truncated(what);
     s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
     pos_ += n;
@@ -65,7 +68,9 @@ class Reader {
   size_t pos_ = 0;
 };
 
-Status bad(const std::string& m) { return data_loss("indexer file is corrupted: " + m); }
+Status bad(const std::string& m) {
+  return data_loss("indexer file is corrupted: " + m);
+}
 
 Status validate(const Indexer& idx) {
   const ModelIdentity& m = idx.model;
@@ -75,22 +80,28 @@ Status validate(const Indexer& idx) {
   if (m.n_head % m.n_head_kv != 0) return bad("query heads not a multiple of KV heads");
   const CalibSettings& s = idx.settings;
   if (s.budget < 1 || s.window < 0 || s.sink_pages < 0 || s.page_size < 1 || s.positions < 0)
-    return bad("calibration settings out of range (budget " + std::to_string(s.budget) + ", window " +
-               std::to_string(s.window) + ", page size " + std::to_string(s.page_size) + ")");
+    return bad("calibration settings out of range (budget " + std::to_string(s.budget) +
+               ", window " + std::to_string(s.window) + ", page size " +
+               std::to_string(s.page_size) + ")");
   const int hg = m.n_head / m.n_head_kv;
   std::set<std::pair<int, int>> seen;
   for (const GroupCalibration& g : idx.groups) {
     if (g.layer < 0 || g.layer >= m.n_layer || g.kv_group < 0 || g.kv_group >= m.n_head_kv)
-      return bad("group (layer " + std::to_string(g.layer) + ", KV group " + std::to_string(g.kv_group) + ") out of range");
+      return bad("group (layer " + std::to_string(g.layer) + ", KV group " +
+                 std::to_string(g.kv_group) + ") out of range");
     if (!seen.insert({g.layer, g.kv_group}).second)
-      return bad("layer " + std::to_string(g.layer) + ", KV group " + std::to_string(g.kv_group) + " appears twice");
+      return bad("layer " + std::to_string(g.layer) + ", KV group " + std::to_string(g.kv_group) +
+                 " appears twice");
     if (static_cast<int>(g.candidates.size()) != hg + 1)
-      return bad("layer " + std::to_string(g.layer) + " has " + std::to_string(g.candidates.size()) +
-                 " candidates, expected " + std::to_string(hg + 1));
+      return bad("layer " + std::to_string(g.layer) + " has " +
+                 std::to_string(g.candidates.size()) + " candidates, expected " +
+                 std::to_string(hg + 1));
     for (int c = 0; c < hg; ++c)
-      if (g.candidates[static_cast<size_t>(c)].head != g.kv_group * hg + c) return bad("candidate head out of order");
+      if (g.candidates[static_cast<size_t>(c)].head != g.kv_group * hg + c)
+        return bad("candidate head out of order");
     if (g.candidates.back().head != -1) return bad("the last candidate is not the mean");
-    if (g.chosen < 0 || g.chosen > hg) return bad("chosen candidate " + std::to_string(g.chosen) + " out of range");
+    if (g.chosen < 0 || g.chosen > hg)
+      return bad("chosen candidate " + std::to_string(g.chosen) + " out of range");
     if (g.positions < 0 || !std::isfinite(g.oracle)) return bad("group statistics out of range");
     for (const CandidateScore& c : g.candidates)
       if (std::isnan(c.kl) || std::isnan(c.captured)) return bad("NaN score");
@@ -159,16 +170,20 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
   for (uint8_t& b : magic) CISA_RETURN_IF_ERROR(h.get(&b, "magic"));
   CISA_RETURN_IF_ERROR(h.get(&version, "version"));
   if (version != kIndexerVersion)
-    return unimplemented("indexer file version " + std::to_string(version) + " is not supported (this build reads " +
-                         std::to_string(kIndexerVersion) + ")");
+    return unimplemented("indexer file version " + std::to_string(version) +
+                         " is not supported (this build reads " + std::to_string(kIndexerVersion) +
+                         ")");
   CISA_RETURN_IF_ERROR(h.get(&reserved, "header"));
   CISA_RETURN_IF_ERROR(h.get(&size, "payload size"));
   CISA_RETURN_IF_ERROR(h.get(&hash, "payload hash"));
   if (h.left() != size)
-    return data_loss("indexer file is " + std::string(h.left() < size ? "truncated" : "longer than its header says") +
-                     ": payload of " + std::to_string(h.left()) + " bytes, header says " + std::to_string(size));
+    return data_loss("indexer file is " +
+                     std::string(h.left() < size ? "truncated" : "longer than its header says") +
+                     ": payload of " + std::to_string(h.left()) + " bytes, header says " +
+                     std::to_string(size));
   const std::span<const uint8_t> payload = bytes.subspan(kHeaderBytes);
-  if (fnv1a64(payload) != hash || reserved != 0) return data_loss("indexer file is corrupted (payload hash mismatch)");
+  if (fnv1a64(payload) != hash || reserved != 0)
+    return data_loss("indexer file is corrupted (payload hash mismatch)");
 
   Reader r(payload);
   Indexer idx;
@@ -200,7 +215,8 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
   }
   CISA_RETURN_IF_ERROR(r.get(&n_groups, "group count"));
   const int64_t max_groups = int64_t{std::max(m.n_layer, 0)} * std::max(m.n_head_kv, 0);
-  if (n_groups > max_groups) return bad(std::to_string(n_groups) + " groups for a model of " + std::to_string(max_groups));
+  if (n_groups > max_groups)
+    return bad(std::to_string(n_groups) + " groups for a model of " + std::to_string(max_groups));
   for (uint32_t i = 0; i < n_groups; ++i) {
     GroupCalibration g;
     CISA_RETURN_IF_ERROR(r.get(&g.layer, "group layer"));
@@ -209,7 +225,8 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
     CISA_RETURN_IF_ERROR(r.get(&g.oracle, "group oracle mass"));
     uint32_t n_cand = 0;
     CISA_RETURN_IF_ERROR(r.get(&n_cand, "candidate count"));
-    if (n_cand > static_cast<uint32_t>(std::max(m.n_head, 0)) + 1) return bad(std::to_string(n_cand) + " candidates");
+    if (n_cand > static_cast<uint32_t>(std::max(m.n_head, 0)) + 1)
+      return bad(std::to_string(n_cand) + " candidates");
     for (uint32_t c = 0; c < n_cand; ++c) {
       CandidateScore cs;
       CISA_RETURN_IF_ERROR(r.get(&cs.head, "candidate head"));
@@ -230,7 +247,8 @@ Status save_indexer(const Indexer& idx, const std::string& path) {
   const std::vector<uint8_t> bytes = serialize_indexer(idx);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return not_found("cannot open '" + path + "' for writing");
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   out.close();
   if (!out) return data_loss("writing '" + path + "' failed");
   return Status::Ok();

@@ -22,8 +22,10 @@ uint64_t hash_string(std::string_view s, uint64_t h) {
 // The tensors whose bytes the identity hash covers: everything the index query and the keys of a
 // layer are made from directly (the projections and their norms).
 bool hashed_bytes(std::string_view name) {
-  for (std::string_view suffix : {".attn_q.weight", ".attn_k.weight", ".attn_q_norm.weight", ".attn_k_norm.weight"})
-    if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix) return true;
+  for (std::string_view suffix :
+       {".attn_q.weight", ".attn_k.weight", ".attn_q_norm.weight", ".attn_k_norm.weight"})
+    if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix)
+      return true;
   return false;
 }
 
@@ -53,17 +55,18 @@ Result<ModelIdentity> model_identity(const GgufFile& file) {
 Status check_indexer_matches(const Indexer& idx, const ModelIdentity& m) {
   const ModelIdentity& a = idx.model;
   auto shape = [](const ModelIdentity& x) {
-    return x.arch + " (" + std::to_string(x.n_layer) + " layers, " + std::to_string(x.n_head) + " query heads, " +
-           std::to_string(x.n_head_kv) + " KV heads, head dim " + std::to_string(x.head_dim) + ", n_embd " +
-           std::to_string(x.n_embd) + ")";
+    return x.arch + " (" + std::to_string(x.n_layer) + " layers, " + std::to_string(x.n_head) +
+           " query heads, " + std::to_string(x.n_head_kv) + " KV heads, head dim " +
+           std::to_string(x.head_dim) + ", n_embd " + std::to_string(x.n_embd) + ")";
   };
   if (a.arch != m.arch || a.n_layer != m.n_layer || a.n_embd != m.n_embd || a.n_head != m.n_head ||
       a.n_head_kv != m.n_head_kv || a.head_dim != m.head_dim)
-    return failed_precondition("the indexer was made for another model: " + shape(a) + " '" + a.name +
-                               "', this model is " + shape(m) + " '" + m.name + "'");
+    return failed_precondition("the indexer was made for another model: " + shape(a) + " '" +
+                               a.name + "', this model is " + shape(m) + " '" + m.name + "'");
   if (a.weights_hash != m.weights_hash)
-    return failed_precondition("the indexer was made for another model of the same shape ('" + a.name +
-                               "'): the weights hash differs (re-run cisa calibrate for this file)");
+    return failed_precondition(
+        "the indexer was made for another model of the same shape ('" + a.name +
+        "'): the weights hash differs (re-run cisa calibrate for this file)");
   return Status::Ok();
 }
 
@@ -71,23 +74,28 @@ Result<std::vector<IndexProjection>> indexer_projections(const Indexer& idx, con
                                                          const ModelHparams& hp,
                                                          const std::vector<bool>& cisa_layers) {
   if (cisa_layers.size() != static_cast<size_t>(hp.n_layer))
-    return invalid_argument("indexer_projections: cisa_layers has " + std::to_string(cisa_layers.size()) +
-                            " entries for " + std::to_string(hp.n_layer) + " layers");
+    return invalid_argument("indexer_projections: cisa_layers has " +
+                            std::to_string(cisa_layers.size()) + " entries for " +
+                            std::to_string(hp.n_layer) + " layers");
   const int d = hp.head_dim, E = hp.n_embd;
   std::vector<IndexProjection> out;
   for (const GroupCalibration& g : idx.groups) {
-    if (g.layer < 0 || g.layer >= hp.n_layer || !cisa_layers[static_cast<size_t>(g.layer)]) continue;
+    if (g.layer < 0 || g.layer >= hp.n_layer || !cisa_layers[static_cast<size_t>(g.layer)])
+      continue;
     const int head = g.candidates[static_cast<size_t>(g.chosen)].head;
     if (head < 0) continue;  // the mean: the model's default index query
     const std::string name = "blk." + std::to_string(g.layer) + ".attn_q.weight";
     const GgufTensor* t = file.find_tensor(name);
     if (!t) return data_loss("model has no tensor " + name);
     if (t->ne[0] != E || t->ne[1] != int64_t{hp.n_head} * d)
-      return data_loss(name + " has shape " + t->shape_string() + ", expected [" + std::to_string(E) + ", " +
-                       std::to_string(int64_t{hp.n_head} * d) + "]");
-    IndexProjection p{.layer = g.layer, .kv_group = g.kv_group, .weight = std::vector<float>(size_t(d) * size_t(E))};
+      return data_loss(name + " has shape " + t->shape_string() + ", expected [" +
+                       std::to_string(E) + ", " + std::to_string(int64_t{hp.n_head} * d) + "]");
+    IndexProjection p{.layer = g.layer,
+                      .kv_group = g.kv_group,
+                      .weight = std::vector<float>(size_t(d) * size_t(E))};
     for (int i = 0; i < d; ++i)
-      CISA_RETURN_IF_ERROR(dequantize_row(t->type, t->row(int64_t{head} * d + i), p.weight.data() + size_t(i) * size_t(E), E));
+      CISA_RETURN_IF_ERROR(dequantize_row(t->type, t->row(int64_t{head} * d + i),
+                                          p.weight.data() + size_t(i) * size_t(E), E));
     out.push_back(std::move(p));
   }
   return out;

@@ -28,9 +28,12 @@ std::string text_prompt() {
   // (44 pages: far more than the 4-page window).
   std::string s;
   for (int i = 0; i < 14; ++i)
-    s += "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
-         "want of a wife. However little known the feelings or views of such a man may be on his first entering a "
-         "neighbourhood, this truth is so well fixed in the minds of the surrounding families. Chapter " +
+    s += "It is a truth universally acknowledged, that a single man in possession of a good "
+         "fortune, must be in "
+         "want of a wife. However little known the feelings or views of such a man may be on his "
+         "first entering a "
+         "neighbourhood, this truth is so well fixed in the minds of the surrounding families. "
+         "Chapter " +
          std::to_string(i + 1) + ". ";
   return s;
 }
@@ -40,7 +43,8 @@ struct Generation {
   ForwardStats decode;  // counters of the decode steps only
 };
 
-Generation generate(const std::string& path, const ModelOptions& o, const std::vector<int32_t>& prompt, int n) {
+Generation generate(const std::string& path, const ModelOptions& o,
+                    const std::vector<int32_t>& prompt, int n) {
   Generation g;
   auto model = Model::load(path, o);
   EXPECT_TRUE(model.ok()) << model.status().to_string();
@@ -102,7 +106,8 @@ TEST_P(CisaGeneration, FullBudgetEqualsDenseTokenForToken) {
   ModelOptions dense{.threads = 2, .context = 1024, .prefill_block = 256};
   ModelOptions full = dense;
   full.attention.mode = AttentionMode::kCisa;
-  full.attention.selection = {.budget = 64, .window = 4, .qshare = 16};  // 64 ≥ every eligible count
+  full.attention.selection = {
+      .budget = 64, .window = 4, .qshare = 16};  // 64 ≥ every eligible count
   full.attention.index = *proj;
   const int n = 12;
   const Generation a = generate(path, dense, prompt, n);
@@ -117,7 +122,8 @@ TEST_P(CisaGeneration, FullBudgetEqualsDenseTokenForToken) {
   sparse.attention.selection.budget = 4;
   const Generation c = generate(path, sparse, prompt, 4);
   EXPECT_EQ(c.tokens.size(), 4u);
-  const int n_cisa = static_cast<int>(cisa_layers.size() - std::count(cisa_layers.begin(), cisa_layers.end(), false));
+  const int n_cisa = static_cast<int>(cisa_layers.size() -
+                                      std::count(cisa_layers.begin(), cisa_layers.end(), false));
   // 4 decode steps × CISA layers × KV groups × (k + the W + 1 pages c(t) − W … c(t)).
   EXPECT_EQ(c.decode.global_pages_read, int64_t{4} * n_cisa * hp->n_head_kv * (4 + 4 + 1));
   EXPECT_GT(c.decode.global_pages_dense, 4 * c.decode.global_pages_read);

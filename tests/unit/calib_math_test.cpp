@@ -18,7 +18,8 @@ struct Reference {
   long double kl = 0, captured = 0, oracle = 0;
 };
 
-Reference brute_force(const std::vector<double>& mass, const std::vector<float>& reps, const float* q, int d, int64_t k) {
+Reference brute_force(const std::vector<double>& mass, const std::vector<float>& reps,
+                      const float* q, int d, int64_t k) {
   const size_t n = mass.size();
   long double total = 0;
   for (double m : mass) total += m;
@@ -26,7 +27,8 @@ Reference brute_force(const std::vector<double>& mass, const std::vector<float>&
   long double z = 0;
   for (size_t j = 0; j < n; ++j) {
     long double dot = 0;
-    for (int i = 0; i < d; ++i) dot += static_cast<long double>(q[i]) * reps[j * size_t(d) + size_t(i)];
+    for (int i = 0; i < d; ++i)
+      dot += static_cast<long double>(q[i]) * reps[j * size_t(d) + size_t(i)];
     s[j] = dot / std::sqrt(static_cast<long double>(d));
   }
   for (size_t j = 0; j < n; ++j) z += std::exp(s[j]);
@@ -39,7 +41,8 @@ Reference brute_force(const std::vector<double>& mass, const std::vector<float>&
   auto topk_mass = [&](const std::vector<long double>& key) {
     std::vector<size_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0);
-    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return key[a] != key[b] ? key[a] > key[b] : a < b; });
+    std::sort(idx.begin(), idx.end(),
+              [&](size_t a, size_t b) { return key[a] != key[b] ? key[a] > key[b] : a < b; });
     long double got = 0;
     for (size_t i = 0; i < std::min<size_t>(n, static_cast<size_t>(k)); ++i) got += mass[idx[i]];
     return got / total;
@@ -60,7 +63,8 @@ TEST(CalibMath, ScoresMatchBruteForce) {
     const int C = 1 + static_cast<int>(rng() % 5);
     const int64_t k = 1 + static_cast<int64_t>(rng() % 40);
     std::vector<double> mass(static_cast<size_t>(n));
-    for (auto& m : mass) m = trial % 3 == 0 ? std::floor(u(rng) * 4) : std::exp(3 * u(rng));  // zeros and ties
+    for (auto& m : mass)
+      m = trial % 3 == 0 ? std::floor(u(rng) * 4) : std::exp(3 * u(rng));  // zeros and ties
     mass[0] += 0.5;
     std::vector<float> reps(size_t(n) * size_t(d)), q(size_t(C) * size_t(d));
     for (auto& x : reps) x = nd(rng);
@@ -69,7 +73,8 @@ TEST(CalibMath, ScoresMatchBruteForce) {
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     for (int c = 0; c < C; ++c) {
       const Reference ref = brute_force(mass, reps, q.data() + size_t(c) * size_t(d), d, k);
-      EXPECT_NEAR(got->kl[size_t(c)], static_cast<double>(ref.kl), 1e-10 * (1 + static_cast<double>(ref.kl)));
+      EXPECT_NEAR(got->kl[size_t(c)], static_cast<double>(ref.kl),
+                  1e-10 * (1 + static_cast<double>(ref.kl)));
       EXPECT_NEAR(got->captured[size_t(c)], static_cast<double>(ref.captured), 1e-12);
       EXPECT_NEAR(got->oracle, static_cast<double>(ref.oracle), 1e-12);
       EXPECT_LE(got->captured[size_t(c)], got->oracle + 1e-12);
@@ -138,7 +143,8 @@ TEST(CalibMath, PicksTheCandidateThatMatchesDenseAttention) {
     }
     for (double l : logits) z += std::exp(l - mx);
     for (size_t t = 0; t < logits.size(); ++t) mass[t / B] += std::exp(logits[t] - mx) / z;
-    for (int i = 0; i < d; ++i) q[3 * size_t(d) + size_t(i)] = (q[size_t(i)] + q[size_t(d + i)] + q[size_t(2 * d + i)]) / 3;
+    for (int i = 0; i < d; ++i)
+      q[3 * size_t(d) + size_t(i)] = (q[size_t(i)] + q[size_t(d + i)] + q[size_t(2 * d + i)]) / 3;
     auto s = score_position(mass, reps, q, d, k);
     ASSERT_TRUE(s.ok());
     kl_acc.add(*s);
@@ -175,7 +181,8 @@ TEST(CalibMath, SamplePositionsRespectEligibility) {
   EXPECT_TRUE(sample_positions(t_min, 10, s, 1).empty());
   EXPECT_EQ(sample_positions(t_min + 1, 10, s, 1).size(), 1u);
   s.sink_pages = 2;
-  for (int64_t t : sample_positions(4000, 50, s, 3)) EXPECT_GE(t / 16 - s.window - s.sink_pages, 4 * s.budget);
+  for (int64_t t : sample_positions(4000, 50, s, 3))
+    EXPECT_GE(t / 16 - s.window - s.sink_pages, 4 * s.budget);
   EXPECT_TRUE(sample_positions(t_min + 1, 10, s, 1).empty());
 }
 

@@ -20,16 +20,20 @@ std::string prose() {
   std::string s;
   for (int i = 0; i < 16; ++i)
     s += "Chapter " + std::to_string(i + 1) +
-         ". It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
-         "want of a wife. However little known the feelings or views of such a man may be on his first entering a "
-         "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
+         ". It is a truth universally acknowledged, that a single man in possession of a good "
+         "fortune, must be in "
+         "want of a wife. However little known the feelings or views of such a man may be on his "
+         "first entering a "
+         "neighbourhood, this truth is so well fixed in the minds of the surrounding families, "
+         "that he is "
          "considered the rightful property of some one or other of their daughters. ";
   return s;
 }
 
 TEST(CalibModel, CalibrateSmolLM2) {
   if (!GgufFile::open(kSmol).ok()) GTEST_SKIP() << "SmolLM2 is absent";
-  const std::vector<CalibText> texts = {{"a", prose()}, {"b", "Short text that is too short to sample."}};
+  const std::vector<CalibText> texts = {{"a", prose()},
+                                        {"b", "Short text that is too short to sample."}};
   CalibrateOptions o;
   o.settings = {.budget = 4, .window = 4, .positions = 3, .seed = 5};
   o.threads = 1;
@@ -66,7 +70,8 @@ TEST(CalibModel, CalibrateSmolLM2) {
   auto f = GgufFile::open(kSmol);
   EXPECT_TRUE(check_indexer_matches(*back, *model_identity(*f)).ok());
   if (auto g = GgufFile::open(kGemma); g.ok()) {
-    EXPECT_EQ(check_indexer_matches(*back, *model_identity(*g)).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(check_indexer_matches(*back, *model_identity(*g)).code(),
+              StatusCode::kFailedPrecondition);
   }
 
   // Texts too short for a single position are an error, not an empty indexer.
@@ -74,7 +79,12 @@ TEST(CalibModel, CalibrateSmolLM2) {
   EXPECT_EQ(calibrate_indexer(kSmol, texts, o).status().code(), StatusCode::kInvalidArgument);
 
   // Diagnostics with the indexer: masses are fractions, oracle ≥ CISA, one entry per G and lag.
-  DiagnoseOptions d{.budget = 4, .window = 4, .positions = 2, .qshare = {4, 16}, .lags = {1, 8}, .threads = 2,
+  DiagnoseOptions d{.budget = 4,
+                    .window = 4,
+                    .positions = 2,
+                    .qshare = {4, 16},
+                    .lags = {1, 8},
+                    .threads = 2,
                     .max_tokens = 1000};
   auto rep = diagnose_model(kSmol, prose(), &idx, d);
   ASSERT_TRUE(rep.ok()) << rep.status().to_string();

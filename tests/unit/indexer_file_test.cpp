@@ -17,15 +17,30 @@ namespace {
 
 Indexer sample_indexer() {
   Indexer idx;
-  idx.model = {.arch = "llama", .name = "tiny test", .n_layer = 4, .n_embd = 64, .n_head = 6, .n_head_kv = 2,
-               .head_dim = 16, .weights_hash = 0x0123456789abcdefULL};
-  idx.settings = {.budget = 32, .window = 8, .sink_pages = 1, .page_size = 16, .positions = 64, .seed = 99,
-                  .criterion = CalibCriterion::kMass,
-                  .documents = {{"a.txt", 16384, 7}, {"b \xc3\xa9.txt", 20000, 0xffffffffffffffffULL}}};
+  idx.model = {.arch = "llama",
+               .name = "tiny test",
+               .n_layer = 4,
+               .n_embd = 64,
+               .n_head = 6,
+               .n_head_kv = 2,
+               .head_dim = 16,
+               .weights_hash = 0x0123456789abcdefULL};
+  idx.settings = {
+      .budget = 32,
+      .window = 8,
+      .sink_pages = 1,
+      .page_size = 16,
+      .positions = 64,
+      .seed = 99,
+      .criterion = CalibCriterion::kMass,
+      .documents = {{"a.txt", 16384, 7}, {"b \xc3\xa9.txt", 20000, 0xffffffffffffffffULL}}};
   for (int layer : {1, 3})
     for (int g = 0; g < 2; ++g) {
-      GroupCalibration gc{.layer = layer, .kv_group = g, .positions = 100 + layer, .oracle = 0.75 + 0.01 * g};
-      for (int c = 0; c < 3; ++c) gc.candidates.push_back({.head = g * 3 + c, .kl = 0.1 * c + layer, .captured = 0.5 - 0.01 * c});
+      GroupCalibration gc{
+          .layer = layer, .kv_group = g, .positions = 100 + layer, .oracle = 0.75 + 0.01 * g};
+      for (int c = 0; c < 3; ++c)
+        gc.candidates.push_back(
+            {.head = g * 3 + c, .kl = 0.1 * c + layer, .captured = 0.5 - 0.01 * c});
       gc.candidates.push_back({.head = -1, .kl = 1.0 / 3.0, .captured = 0.6});
       gc.chosen = (layer + g) % 4;
       idx.groups.push_back(gc);
@@ -80,7 +95,8 @@ TEST(IndexerFile, RoundTripInMemoryAndOnDisk) {
   expect_equal(idx, *back);
   EXPECT_EQ(serialize_indexer(*back), bytes);
 
-  const std::string path = (std::filesystem::temp_directory_path() / "cisa_indexer_test.cisaidx").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "cisa_indexer_test.cisaidx").string();
   ASSERT_TRUE(save_indexer(idx, path).ok());
   auto loaded = load_indexer(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
@@ -169,14 +185,17 @@ TEST(IndexerFile, AnotherModelIsRejected) {
   EXPECT_NE(s.message().find("weights hash"), std::string::npos) << s.message();
 }
 
-std::string model_path(const char* file) { return std::string(CISA_SOURCE_DIR) + "/models/" + file; }
+std::string model_path(const char* file) {
+  return std::string(CISA_SOURCE_DIR) + "/models/" + file;
+}
 
 // On the real models: identities differ between them, the hash sees the q weights, and a chosen
 // head's projection is that head's rows of attn_q dequantised.
 TEST(IndexerFile, IdentityAndProjectionsOfRealModels) {
   auto gemma = GgufFile::open(model_path("gemma-3-270m-q4_k_m.gguf"));
   auto smol = GgufFile::open(model_path("SmolLM2-135M-Instruct.Q4_1.gguf"));
-  if (!gemma.ok() || !smol.ok()) GTEST_SKIP() << "models are absent (scripts in docs/models.md fetch them)";
+  if (!gemma.ok() || !smol.ok())
+    GTEST_SKIP() << "models are absent (scripts in docs/models.md fetch them)";
   auto gid = model_identity(*gemma);
   auto sid = model_identity(*smol);
   ASSERT_TRUE(gid.ok() && sid.ok());
@@ -219,7 +238,9 @@ TEST(IndexerFile, IdentityAndProjectionsOfRealModels) {
     EXPECT_NE(p.kv_group, 1);
     const int head = p.kv_group * hg + p.kv_group;
     for (int i = 0; i < hp->head_dim; i += 7) {
-      ASSERT_TRUE(dequantize_row(q2->type, q2->row(int64_t{head} * hp->head_dim + i), row.data(), hp->n_embd).ok());
+      ASSERT_TRUE(dequantize_row(q2->type, q2->row(int64_t{head} * hp->head_dim + i), row.data(),
+                                 hp->n_embd)
+                      .ok());
       for (int c = 0; c < hp->n_embd; ++c)
         ASSERT_EQ(p.weight[size_t(i) * size_t(hp->n_embd) + size_t(c)], row[size_t(c)]);
     }

@@ -43,18 +43,20 @@ std::string duration(double s) {
 // The per-layer table: for every group the oracle mass and each candidate's KL / captured mass,
 // the winner marked with '*'.
 void print_calibration_table(const Indexer& idx, FILE* out) {
-  std::fprintf(out,
-               "criterion %s, k = %lld chunks, W = %lld pages, %lld sink pages; KL in nats / mass captured at k "
-               "(oracle: top-k of p)\n",
-               calib_criterion_name(idx.settings.criterion), static_cast<long long>(idx.settings.budget),
-               static_cast<long long>(idx.settings.window), static_cast<long long>(idx.settings.sink_pages));
+  std::fprintf(
+      out,
+      "criterion %s, k = %lld chunks, W = %lld pages, %lld sink pages; KL in nats / mass captured "
+      "at k "
+      "(oracle: top-k of p)\n",
+      calib_criterion_name(idx.settings.criterion), static_cast<long long>(idx.settings.budget),
+      static_cast<long long>(idx.settings.window), static_cast<long long>(idx.settings.sink_pages));
   for (const GroupCalibration& g : idx.groups) {
-    std::fprintf(out, "layer %2d group %d  n=%-5lld oracle %.4f |", g.layer, g.kv_group, static_cast<long long>(g.positions),
-                 g.oracle);
+    std::fprintf(out, "layer %2d group %d  n=%-5lld oracle %.4f |", g.layer, g.kv_group,
+                 static_cast<long long>(g.positions), g.oracle);
     for (size_t c = 0; c < g.candidates.size(); ++c) {
       const CandidateScore& s = g.candidates[c];
-      std::fprintf(out, " %s%-5s %.4f/%.4f", static_cast<int>(c) == g.chosen ? "*" : " ", candidate_name(s).c_str(), s.kl,
-                   s.captured);
+      std::fprintf(out, " %s%-5s %.4f/%.4f", static_cast<int>(c) == g.chosen ? "*" : " ",
+                   candidate_name(s).c_str(), s.kl, s.captured);
     }
     std::fprintf(out, "\n");
   }
@@ -63,18 +65,23 @@ void print_calibration_table(const Indexer& idx, FILE* out) {
 }  // namespace
 
 int cmd_calibrate(int argc, char** argv) {
-  ArgParser p("cisa calibrate", "Choose each global layer's CISA index projection on calibration text (SPEC section 6).");
+  ArgParser p(
+      "cisa calibrate",
+      "Choose each global layer's CISA index projection on calibration text (SPEC section 6).");
   std::string model_arg, out_path, criterion = "kl";
   std::vector<std::string> data;
-  int64_t budget = 0, window = 32, sink_pages = 0, positions = 64, seed = 1, max_tokens = 0, threads = 0, prefill_block = 512;
+  int64_t budget = 0, window = 32, sink_pages = 0, positions = 64, seed = 1, max_tokens = 0,
+          threads = 0, prefill_block = 512;
   bool json = false, quiet = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
   p.alias("-m", "--model");
-  p.add_strings("--data", &data, "calibration text files (scripts/calib_texts.py makes them)", true);
+  p.add_strings("--data", &data, "calibration text files (scripts/calib_texts.py makes them)",
+                true);
   p.add_int("--budget", &budget, "chunk budget k the captured-mass score uses", true);
   p.add_int("--window", &window, "recent window W in pages (default 32); E_t = {j < c(t) - W}");
   p.add_int("--sink-pages", &sink_pages, "first chunks always attended, outside E_t (default 0)");
-  p.add_choice("--criterion", &criterion, {"kl", "mass"}, "winner by mean KL(p||pi) (default) or captured mass");
+  p.add_choice("--criterion", &criterion, {"kl", "mass"},
+               "winner by mean KL(p||pi) (default) or captured mass");
   p.add_int("--positions", &positions, "sampled positions per document (default 64)");
   p.add_int("--seed", &seed, "position sampling seed (default 1)");
   p.add_int("--tokens", &max_tokens, "tokens per document (default: the model's training context)");
@@ -86,7 +93,8 @@ int cmd_calibrate(int argc, char** argv) {
   p.add_flag("--quiet", &quiet, "no progress on stderr");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
   if (threads < 0 || threads > 1024) return fail("--threads must be in [0, 1024]");
-  if (prefill_block < 1 || prefill_block > 65536) return fail("--prefill-block must be in [1, 65536]");
+  if (prefill_block < 1 || prefill_block > 65536)
+    return fail("--prefill-block must be in [1, 65536]");
   if (seed < 0) return fail("--seed must be >= 0");
 
   std::vector<CalibText> texts;
@@ -97,7 +105,8 @@ int cmd_calibrate(int argc, char** argv) {
     ss << in.rdbuf();
     if (ss.str().empty()) return fail("calibration file '" + f + "' is empty");
     const size_t slash = f.find_last_of('/');
-    texts.push_back({.name = slash == std::string::npos ? f : f.substr(slash + 1), .text = ss.str()});
+    texts.push_back(
+        {.name = slash == std::string::npos ? f : f.substr(slash + 1), .text = ss.str()});
   }
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());
@@ -114,19 +123,22 @@ int cmd_calibrate(int argc, char** argv) {
   o.prefill_block = static_cast<int>(prefill_block);
   const bool tty = !quiet && isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   double last_print = -1;
   o.progress = [&](const CalibProgress& pr) {
     if (quiet) return;
     const double s = elapsed();
-    if (tty ? s - last_print < 0.2 && pr.tokens_done < pr.tokens_total : s - last_print < 10) return;
+    if (tty ? s - last_print < 0.2 && pr.tokens_done < pr.tokens_total : s - last_print < 10)
+      return;
     last_print = s;
     const double rate = s > 0 ? pr.tokens_done / s : 0;
     const double eta = rate > 0 ? (pr.tokens_total - pr.tokens_done) / rate : 0;
-    std::fprintf(stderr, "%sdocument %d/%d %-7s %lld/%lld tokens  %.0f tok/s  elapsed %s  ETA %s%s", tty ? "\r" : "",
-                 pr.document + 1, pr.documents, pr.stage, static_cast<long long>(pr.tokens_done),
-                 static_cast<long long>(pr.tokens_total), rate, duration(s).c_str(), duration(eta).c_str(),
-                 tty ? "   " : "\n");
+    std::fprintf(stderr, "%sdocument %d/%d %-7s %lld/%lld tokens  %.0f tok/s  elapsed %s  ETA %s%s",
+                 tty ? "\r" : "", pr.document + 1, pr.documents, pr.stage,
+                 static_cast<long long>(pr.tokens_done), static_cast<long long>(pr.tokens_total),
+                 rate, duration(s).c_str(), duration(eta).c_str(), tty ? "   " : "\n");
     std::fflush(stderr);
   };
   auto idx = calibrate_indexer(*path, texts, o);
@@ -176,8 +188,8 @@ int cmd_calibrate(int argc, char** argv) {
   } else {
     int64_t tokens = 0;
     for (const CalibDocument& d : idx->settings.documents) tokens += d.tokens;
-    std::printf("%s: %zu documents, %lld tokens, %.1f s\n", path->c_str(), idx->settings.documents.size(),
-                static_cast<long long>(tokens), elapsed());
+    std::printf("%s: %zu documents, %lld tokens, %.1f s\n", path->c_str(),
+                idx->settings.documents.size(), static_cast<long long>(tokens), elapsed());
     print_calibration_table(*idx, stdout);
     std::printf("wrote %s\n", out_path.c_str());
   }

@@ -25,7 +25,8 @@ int fail(const std::string& msg) {
   return 1;
 }
 
-Json to_json(const DiagnoseReport& r, const DiagnoseOptions& o, const std::string& model, const std::string& indexer) {
+Json to_json(const DiagnoseReport& r, const DiagnoseOptions& o, const std::string& model,
+             const std::string& indexer) {
   Json j = Json::object();
   j["model"] = model;
   j["architecture"] = r.model.arch;
@@ -66,10 +67,13 @@ Json to_json(const DiagnoseReport& r, const DiagnoseOptions& o, const std::strin
 
 void print_table(const DiagnoseReport& r, const DiagnoseOptions& o) {
   std::printf("%lld tokens, %lld positions, k = %lld, W = %lld, sinks %lld; index queries: %s\n",
-              static_cast<long long>(r.tokens), static_cast<long long>(r.positions), static_cast<long long>(o.budget),
-              static_cast<long long>(o.window), static_cast<long long>(o.sink_pages),
+              static_cast<long long>(r.tokens), static_cast<long long>(r.positions),
+              static_cast<long long>(o.budget), static_cast<long long>(o.window),
+              static_cast<long long>(o.sink_pages),
               r.calibrated ? "calibrated indexer" : "mean of each group's query heads");
-  std::printf("dense mass on the attended pages (selection + window + current page), %% of the position's mass\n");
+  std::printf(
+      "dense mass on the attended pages (selection + window + current page), %% of the position's "
+      "mass\n");
   std::printf("layer  samples   CISA  oracle recency |");
   for (int64_t g : o.qshare) std::printf(" ret G%-3lld", static_cast<long long>(g));
   for (int64_t g : o.qshare) std::printf(" lost G%-3lld", static_cast<long long>(g));
@@ -77,13 +81,14 @@ void print_table(const DiagnoseReport& r, const DiagnoseOptions& o) {
   for (int64_t l : o.lags) std::printf(" ovl l%-3lld", static_cast<long long>(l));
   std::printf(" | window  +W idx +W orcl\n");
   for (const LayerDiagnostics& l : r.layers) {
-    std::printf("%5d  %7lld %6.2f %7.2f %7.2f |", l.layer, static_cast<long long>(l.samples), 100 * l.cisa_mass,
-                100 * l.oracle_mass, 100 * l.recency_mass);
+    std::printf("%5d  %7lld %6.2f %7.2f %7.2f |", l.layer, static_cast<long long>(l.samples),
+                100 * l.cisa_mass, 100 * l.oracle_mass, 100 * l.recency_mass);
     for (double v : l.qshare_retention) std::printf(" %7.2f", 100 * v);
     for (double v : l.qshare_mass_lost) std::printf(" %8.2f", 100 * v);
     std::printf(" |");
     for (double v : l.overlap) std::printf(" %7.2f", 100 * v);
-    std::printf(" | %6.2f %6.2f %7.2f\n", 100 * l.window_mass, 100 * l.extra_mass_index, 100 * l.extra_mass_oracle);
+    std::printf(" | %6.2f %6.2f %7.2f\n", 100 * l.window_mass, 100 * l.extra_mass_index,
+                100 * l.extra_mass_oracle);
   }
 }
 
@@ -93,23 +98,27 @@ std::string find_plot_script() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec)
-    for (auto p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) roots.push_back(p);
+    for (auto p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path())
+      roots.push_back(p);
   for (const auto& r : roots)
-    if (std::filesystem::exists(r / "scripts" / "plot_diagnose.py")) return (r / "scripts" / "plot_diagnose.py").string();
+    if (std::filesystem::exists(r / "scripts" / "plot_diagnose.py"))
+      return (r / "scripts" / "plot_diagnose.py").string();
   return "";
 }
 
 }  // namespace
 
 int cmd_diagnose(int argc, char** argv) {
-  ArgParser p("cisa diagnose", "CISA selection diagnostics on real activations, per global layer (SPEC section 9).");
+  ArgParser p("cisa diagnose",
+              "CISA selection diagnostics on real activations, per global layer (SPEC section 9).");
   std::string model_arg, indexer_path, text_path, plot_path;
   DiagnoseOptions o;
   int64_t budget = 0, window = -1, sinks = 0, positions = 32, seed = 1, threads = 0, max_tokens = 0;
   bool json = false, quiet = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
   p.alias("-m", "--model");
-  p.add_string("--indexer", &indexer_path, "indexer from cisa calibrate (default: mean of each group's heads)");
+  p.add_string("--indexer", &indexer_path,
+               "indexer from cisa calibrate (default: mean of each group's heads)");
   p.add_string("--file", &text_path, "text to run the model over", true);
   p.alias("-f", "--file");
   p.add_int("--budget", &budget, "chunk budget k (default: the indexer's, else 128)");
@@ -150,10 +159,11 @@ int cmd_diagnose(int argc, char** argv) {
   o.progress = [&](int64_t done, int64_t total) {
     if (quiet) return;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double eta = done > 0 ? s * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+    const double eta =
+        done > 0 ? s * static_cast<double>(total - done) / static_cast<double>(done) : 0;
     std::fprintf(stderr, "%sprefill %lld/%lld tokens  %.0f tok/s  ETA %.0fs%s", tty ? "\r" : "",
-                 static_cast<long long>(done), static_cast<long long>(total), s > 0 ? done / s : 0.0, eta,
-                 tty ? "   " : "\n");
+                 static_cast<long long>(done), static_cast<long long>(total),
+                 s > 0 ? done / s : 0.0, eta, tty ? "   " : "\n");
   };
   auto report = diagnose_model(*path, ss.str(), indexer_path.empty() ? nullptr : &idx, o);
   if (tty) std::fputc('\n', stderr);
@@ -161,7 +171,8 @@ int cmd_diagnose(int argc, char** argv) {
   const Json j = to_json(*report, o, *path, indexer_path);
   if (!plot_path.empty()) {
     const std::string script = find_plot_script();
-    if (script.empty()) return fail("--plot: scripts/plot_diagnose.py not found (run from the repository)");
+    if (script.empty())
+      return fail("--plot: scripts/plot_diagnose.py not found (run from the repository)");
     const std::string json_path = plot_path + ".json";
     std::ofstream jf(json_path);
     jf << j.dump(2) << "\n";
@@ -176,7 +187,8 @@ int cmd_diagnose(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_table(*report, o);
-    if (!plot_path.empty()) std::printf("plot: %s (data %s.json)\n", plot_path.c_str(), plot_path.c_str());
+    if (!plot_path.empty())
+      std::printf("plot: %s (data %s.json)\n", plot_path.c_str(), plot_path.c_str());
   }
   return 0;
 }
