@@ -147,10 +147,11 @@ struct EvalConfig {
   int64_t group = 4;       // G
   int64_t window = 128;    // W pages
   int64_t sinks = 0;
+  int64_t dense_layers = 0;  // the first N layers stay dense (AttentionOptions::dense_layers)
   QShareQuery query = QShareQuery::kMean;
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
-// compression), gN (G), wN (window pages), sN (sink pages), mean|last.
+// compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), mean|last.
 Result<EvalConfig> parse_config(std::string_view text);
 // The chunk budget for a prompt of `tokens` tokens and page size B.
 int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);

@@ -45,9 +45,9 @@ Result<EvalConfig> parse_config(std::string_view text) {
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string_view p = parts[i];
     auto bad = [&] {
-      return invalid_argument(
-          "config '" + c.name + "': bad option '" + std::string(p) +
-          "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, mean|last)");
+      return invalid_argument("config '" + c.name + "': bad option '" + std::string(p) +
+                              "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, dN "
+                              "dense layers, mean|last)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -76,6 +76,10 @@ Result<EvalConfig> parse_config(std::string_view text) {
       case 's':
         if (!parse_i64(v, &n) || n < 0) return bad();
         c.sinks = n;
+        break;
+      case 'd':
+        if (!parse_i64(v, &n) || n < 0) return bad();
+        c.dense_layers = n;
         break;
       case 'x': {
         const std::string s(v);
@@ -122,6 +126,7 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
   a.selection.qshare = c.group;
   a.selection.qshare_query = c.query;
   a.selection.sink_pages = c.sinks;
+  a.dense_layers = static_cast<int>(c.dense_layers);
   if (c.kind == ConfigKind::kQuest) *rep = RepKind::kQuest;
   if (c.kind == ConfigKind::kRecency) {
     // The same number of pages as CISA reads, all of them recent: no selection, window W + k.

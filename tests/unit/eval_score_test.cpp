@@ -125,13 +125,14 @@ TEST(EvalConfig, Parse) {
   auto d = parse_config("dense");
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->kind, ConfigKind::kDense);
-  auto c = parse_config("cisa:x8:g16:w32:s1:last");
+  auto c = parse_config("cisa:x8:g16:w32:s1:d2:last");
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->kind, ConfigKind::kCisa);
   EXPECT_EQ(c->compression, 8.0);
   EXPECT_EQ(c->group, 16);
   EXPECT_EQ(c->window, 32);
   EXPECT_EQ(c->sinks, 1);
+  EXPECT_EQ(c->dense_layers, 2);
   EXPECT_EQ(c->query, QShareQuery::kLast);
   auto q = parse_config("quest:k64");
   ASSERT_TRUE(q.ok());
@@ -162,6 +163,7 @@ TEST(EvalConfig, BudgetAndAttentionOptions) {
   EXPECT_EQ(rep, RepKind::kQuest);
   EXPECT_EQ(qa.selection.budget, 10);
   EXPECT_EQ(config_attention(*parse_config("dense"), 8192, 16, &rep)->mode, AttentionMode::kDense);
+  EXPECT_EQ(config_attention(*parse_config("cisa:k4:d3"), 8192, 16, &rep)->dense_layers, 3);
   EXPECT_FALSE(config_attention(*parse_config("oracle:x8"), 8192, 16, &rep).ok());
 }
 
