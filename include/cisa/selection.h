@@ -73,6 +73,9 @@ class SelectionWorkspace {
     std::vector<int32_t> top, tmp;
   };
   std::vector<Thread> threads;
+  // Decode (fewer lists than threads): index queries and scores of every list, scored in slices.
+  std::vector<float> list_qbar, list_scores;
+  std::vector<int64_t> score_offsets;
 };
 
 // The full selection step: query groups, index queries (mean or last over the group), scores,

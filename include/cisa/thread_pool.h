@@ -5,7 +5,8 @@
 //   cisa::ThreadPool pool(0);                        // 0: one thread per hardware thread
 //   pool.parallel_for(n_tasks, [&](int64_t task, int thread) { work(task, scratch[thread]); });
 //
-// parallel_for blocks until every task ran. Tasks are handed out dynamically (an atomic counter),
+// parallel_for blocks until every task ran. Idle workers spin for a few tens of microseconds before
+// sleeping, so the back-to-back loops of a decode step do not pay a wake-up each. Tasks are handed out dynamically (an atomic counter),
 // so uneven tasks balance. The calling thread takes part as thread 0. Not re-entrant: a task must
 // not call parallel_for on the same pool.
 #pragma once
@@ -51,9 +52,10 @@ class ThreadPool {
   Thunk thunk_ = nullptr;
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};
-  int active_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  // Written under mu_, read without it while spinning.
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace cisa

@@ -168,6 +168,47 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   if (ws->threads.size() < static_cast<size_t>(threads)) ws->threads.resize(static_cast<size_t>(threads));
   auto& scratch = ws->threads;
 
+  const int64_t num_lists = num_groups * H;
+  // The index query of list t: the mean over its group's positions, or its last position.
+  auto index_query = [&](int64_t t, float* qbar) {
+    const int g = static_cast<int>(t % H);
+    const auto& grp = out->groups[static_cast<size_t>(t / H)];
+    std::fill(qbar, qbar + d, 0.0f);
+    const int64_t r0 = p.qshare_query == QShareQuery::kMean ? grp.row : grp.row + (grp.last - grp.first);
+    const int64_t r1 = grp.row + (grp.last - grp.first);
+    for (int64_t r = r0; r <= r1; ++r) {
+      const float* q = index_q + (r * H + g) * d;
+      for (int k = 0; k < d; ++k) qbar[k] += q[k];
+    }
+    const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
+    for (int k = 0; k < d; ++k) qbar[k] *= inv;
+  };
+  auto eligible_of = [&](int64_t t) { return out->groups[static_cast<size_t>(t / H)].first / B - p.window - p.sink_pages; };
+
+  // With fewer lists than threads (decode), score every list in slices across the pool first.
+  const bool presplit = pool && num_lists < threads;
+  if (presplit) {
+    ws->score_offsets.assign(static_cast<size_t>(num_lists + 1), 0);
+    for (int64_t t = 0; t < num_lists; ++t)
+      ws->score_offsets[static_cast<size_t>(t + 1)] =
+          ws->score_offsets[static_cast<size_t>(t)] +
+          (out->groups[static_cast<size_t>(t / H)].dense ? 0 : eligible_of(t));
+    ws->list_qbar.resize(static_cast<size_t>(num_lists * d));
+    ws->list_scores.resize(static_cast<size_t>(ws->score_offsets.back()));
+    for (int64_t t = 0; t < num_lists; ++t)
+      if (!out->groups[static_cast<size_t>(t / H)].dense) index_query(t, ws->list_qbar.data() + t * d);
+    const int64_t slices = num_lists * threads;
+    pool->parallel_for(slices, [&](int64_t sl, int) {
+      const int64_t t = sl / threads, part = sl % threads;
+      const auto& grp = out->groups[static_cast<size_t>(t / H)];
+      if (grp.dense) return;
+      const int64_t n = eligible_of(t), lo = n * part / threads, hi = n * (part + 1) / threads;
+      auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
+      score_chunks(cache, layer, table, static_cast<int>(t % H), ws->list_qbar.data() + t * d,
+                   p.sink_pages + lo, hi - lo, ws->list_scores.data() + ws->score_offsets[static_cast<size_t>(t)] + lo);
+    });
+  }
+
   auto task = [&](int64_t t, int thread) {
     const int64_t i = t / H;
     const int g = static_cast<int>(t % H);
@@ -186,28 +227,27 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       return;
     }
     auto& s = scratch[static_cast<size_t>(thread)];
-    // Index query of the group: mean over its positions, or its last position.
-    s.qbar.assign(static_cast<size_t>(d), 0.0f);
-    const int64_t r0 = p.qshare_query == QShareQuery::kMean ? grp.row : grp.row + (grp.last - grp.first);
-    const int64_t r1 = grp.row + (grp.last - grp.first);
-    for (int64_t r = r0; r <= r1; ++r) {
-      const float* q = index_q + (r * H + g) * d;
-      for (int k = 0; k < d; ++k) s.qbar[static_cast<size_t>(k)] += q[k];
-    }
-    const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
-    for (auto& x : s.qbar) x *= inv;
     const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
-    s.scores.resize(static_cast<size_t>(end_eligible - first_eligible));
-    score_chunks(cache, layer, table, g, s.qbar.data(), first_eligible, end_eligible - first_eligible,
-                 s.scores.data());
-    select_topk(s.scores, p.budget, &s.top, &s.tmp);
+    std::span<const float> scores;
+    if (presplit) {
+      scores = {ws->list_scores.data() + ws->score_offsets[static_cast<size_t>(t)],
+                static_cast<size_t>(end_eligible - first_eligible)};
+    } else {
+      s.qbar.resize(static_cast<size_t>(d));
+      index_query(t, s.qbar.data());
+      s.scores.resize(static_cast<size_t>(end_eligible - first_eligible));
+      score_chunks(cache, layer, table, g, s.qbar.data(), first_eligible, end_eligible - first_eligible,
+                   s.scores.data());
+      scores = s.scores;
+    }
+    select_topk(scores, p.budget, &s.top, &s.tmp);
     for (int64_t j = 0; j < p.sink_pages; ++j) put(j);
     for (int32_t j : s.top) put(first_eligible + j);
     for (int64_t j = end_eligible; j <= cb; ++j) put(j);
     out->num_selected[static_cast<size_t>(t)] = static_cast<int32_t>(s.top.size());
   };
-  if (pool) pool->parallel_for(num_groups * H, task);
-  else for (int64_t t = 0; t < num_groups * H; ++t) task(t, 0);
+  if (pool) pool->parallel_for(num_lists, task);
+  else for (int64_t t = 0; t < num_lists; ++t) task(t, 0);
   return Status::Ok();
 }
 

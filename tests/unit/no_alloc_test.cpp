@@ -51,6 +51,19 @@ TEST(NoAllocation, SteadyDecodeStepAllocatesNothing) {
   step();
   g_counting = false;
   EXPECT_EQ(g_allocs.load(), 0);
+  // One sequence on a wider pool: selection scores in slices across threads.
+  ThreadPool wide(4);
+  std::vector<BatchEntry> one = {{a, 2999, 1}};
+  auto step_one = [&] {
+    ASSERT_TRUE(select_pages(*cache, 0, one, iq.data(), p, &wide, &lists, &sws).ok());
+    ASSERT_TRUE(attend(*cache, 0, one, lists, q.data(), 8, {}, out.data(), lse.data(), wide, &aws).ok());
+  };
+  step_one();
+  step_one();
+  g_counting = true;
+  step_one();
+  g_counting = false;
+  EXPECT_EQ(g_allocs.load(), 0);
   // The counter works: an allocation in the window is seen.
   g_counting = true;
   auto* probe = new std::vector<int>(10);

@@ -224,6 +224,26 @@ TEST(Selection, MeanQueryEqualsAveragedPerPositionScores) {
   EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + 16), std::vector<int32_t>(b.begin(), b.begin() + 16));
 }
 
+TEST(Selection, DecodeScoredInParallelSlicesEqualsSerial) {
+  std::mt19937 rng(17);
+  const int d = 64;
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
+    auto f = make_cache(3000, 1, d, rng, RepKind::kMean, dt);
+    std::vector<BatchEntry> batch = {{f.seq, 2999, 1}};  // one list: fewer lists than threads
+    auto iq = test::random_vec(rng, static_cast<size_t>(d));
+    SelectionParams p{.budget = 17, .window = 5, .qshare = 1, .sink_pages = 1};
+    PageLists serial, parallel;
+    ThreadPool pool(3);
+    SelectionWorkspace ws;
+    ASSERT_TRUE(select_pages(*f.cache, 0, batch, iq.data(), p, nullptr, &serial).ok());
+    ASSERT_TRUE(select_pages(*f.cache, 0, batch, iq.data(), p, &pool, &parallel, &ws).ok());
+    ASSERT_FALSE(ws.score_offsets.empty()) << "the sliced scoring path did not run";
+    EXPECT_EQ(serial.pages, parallel.pages);
+    EXPECT_EQ(serial.chunks, parallel.chunks);
+    EXPECT_EQ(parallel.num_selected[0], 17);
+  }
+}
+
 TEST(Selection, DenseFallbackWhenEligibleAtMostBudget) {
   std::mt19937 rng(15);
   auto f = make_cache(500, 1, 8, rng);
