@@ -23,7 +23,7 @@ namespace {
 
 constexpr int kRowTile = 64;          // rows of one task: fits Q and O tiles in L1/L2 at d = 128
 constexpr int64_t kMinSplitPages = 16; // a split reads at least this many pages
-constexpr int64_t kPrefetchPages = 3;  // how far ahead scattered pages are prefetched
+constexpr int64_t kPrefetchPages = 2;  // how far ahead scattered pages are prefetched
 using cpu::kNegInf;
 
 inline void axpy(float* y, float a, const float* x, int d) {
@@ -123,17 +123,20 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
     const int32_t page = pages[static_cast<size_t>(pi)];
     const T* kp = static_cast<const T*>(cache.k_page(layer, page, g));
     const T* vp = static_cast<const T*>(cache.v_page(layer, page, g));
-    // Selected pages are scattered over the pool, where the hardware prefetcher cannot follow:
-    // fetch a few pages ahead while this one is computed (skipped for a contiguous run).
+    // Pages whose data does not follow this page's in memory (selected pages scattered over the
+    // pool, or a KV group's pages interleaved with other groups') defeat the hardware
+    // prefetcher: fetch a few pages ahead while this one is computed.
     const int64_t ahead = pi + kPrefetchPages;
-    if (ahead < t.page1 && pages[static_cast<size_t>(ahead)] != page + kPrefetchPages) {
+    if (ahead < t.page1) {
       const int32_t next = pages[static_cast<size_t>(ahead)];
       const auto* nk = static_cast<const char*>(cache.k_page(layer, next, g));
-      const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g));
       const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));
-      for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(nk + off);
-        __builtin_prefetch(nv + off);
+      if (nk != reinterpret_cast<const char*>(kp) + kPrefetchPages * bytes) {
+        const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g));
+        for (int64_t off = 0; off < bytes; off += 64) {
+          __builtin_prefetch(nk + off);
+          __builtin_prefetch(nv + off);
+        }
       }
     }
     for (int r0 = 0; r0 < R; r0 += 4) {

@@ -28,7 +28,7 @@ namespace {
 struct Options {
   int64_t context = 65536, budget = 256, window = 32, qshare = 16, prefill = 512, head_dim = 128;
   int64_t repeats = 10, threads = 0;
-  std::string backend = "cpu", dtype = "bf16", geometry = "all";
+  std::string backend = "cpu", dtype = "bf16", geometry = "all", phase = "all";
 };
 
 struct Timing {
@@ -123,6 +123,7 @@ int bench_attention(int argc, char** argv) {
   a.add_int("--prefill-queries", &o.prefill, "queries in the terminal prefill block (default 512)");
   a.add_choice("--dtype", &o.dtype, {"bf16", "f32"}, "K/V storage (default bf16)");
   a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:8"}, "query:KV heads to run (default all)");
+  a.add_choice("--phase", &o.phase, {"all", "decode", "prefill"}, "phases to run (default all)");
   a.add_int("--repeats", &o.repeats, "timed runs per measurement; prefill dense uses a third (default 10)");
   a.add_int("--threads", &o.threads, "worker threads (default: all hardware threads)");
   a.add_string("--out", &out_file, "also write the JSON document to this file");
@@ -184,6 +185,7 @@ int bench_attention(int argc, char** argv) {
     PageLists lists;
     for (const char* phase : {"decode", "prefill"}) {
       const bool decode = std::string(phase) == "decode";
+      if (o.phase != "all" && o.phase != phase) continue;
       const int32_t nq = decode ? 1 : static_cast<int32_t>(o.prefill);
       std::vector<BatchEntry> batch = {{seq, o.context - nq, nq}};
       std::vector<float> q(static_cast<size_t>(nq) * geo.hq * d), iq(static_cast<size_t>(nq) * geo.hkv * d);
