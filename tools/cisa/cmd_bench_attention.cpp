@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,6 +105,22 @@ Work count_work(const PagedKvCache& c, const PageLists& lists, int hq, int64_t e
   }
   w.bytes += static_cast<double>(eligible_scored) * c.rep_width() * c.elem_bytes();
   return w;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// The processor's name as /proc/cpuinfo gives it ("unknown" elsewhere).
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
 }
 
 }  // namespace
@@ -233,6 +251,11 @@ int bench_attention(int argc, char** argv) {
 
   Json doc = Json::object();
   doc["benchmark"] = "attention";
+  std::string command = "cisa bench";
+  for (int i = 0; i < argc; ++i) command += std::string(" ") + argv[i];
+  doc["command"] = command;
+  doc["date_utc"] = utc_now();
+  doc["cpu"] = cpu_model();
   doc["backend"] = "cpu";
   doc["context"] = o.context;
   doc["budget"] = o.budget;
