@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "cisa/gguf.h"
 #include "cisa/model.h"
 #include "cisa/model_store.h"
+#include "cisa/quant.h"
 #include "cisa/sampling.h"
 #include "cisa/tokenizer.h"
 
@@ -264,6 +266,74 @@ TEST(ModelForward, CisaWithFullBudgetEqualsDense) {
     EXPECT_EQ(ss.global_pages_dense, sd.global_pages_dense) << name;
     for (float x : sparse) ASSERT_TRUE(std::isfinite(x)) << name;
   }
+}
+
+}  // namespace
+}  // namespace cisa
+
+namespace cisa {
+namespace {
+
+// The index-projection hook (issue 4's indexer): supplying, for every (global layer, KV group), the
+// element-wise mean of the group's query-head rows of W_q must reproduce the default index query
+// (the mean of the projected heads, equal by linearity), so the same pages are read and the logits
+// agree; supplying another projection (each group's first head) changes which pages are read.
+// Weights are widened to f32 so that both paths are exact products.
+TEST(ModelForward, SuppliedIndexProjectionIsUsed) {
+  const std::string path = model_path("smollm2-135m");
+  if (path.empty()) GTEST_SKIP() << "smollm2-135m is not downloaded";
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok());
+  auto hp = read_model_hparams(*file);
+  ASSERT_TRUE(hp.ok());
+  const int E = hp->n_embd, d = hp->head_dim, hg = hp->heads_per_group();
+  auto projections = [&](bool mean) {
+    std::vector<IndexProjection> out;
+    std::vector<float> row(static_cast<size_t>(E));
+    for (int l = 0; l < hp->n_layer; ++l) {
+      const GgufTensor* wq = file->find_tensor("blk." + std::to_string(l) + ".attn_q.weight");
+      for (int g = 0; g < hp->n_head_kv; ++g) {
+        IndexProjection p{.layer = l,
+                          .kv_group = g,
+                          .weight = std::vector<float>(static_cast<size_t>(d) * E, 0.0f)};
+        const int heads = mean ? hg : 1;
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < d; ++i) {
+            EXPECT_TRUE(
+                dequantize_row(wq->type, wq->row((g * hg + h) * d + i), row.data(), E).ok());
+            for (int c = 0; c < E; ++c)
+              p.weight[static_cast<size_t>(i) * E + c] += row[static_cast<size_t>(c)] / heads;
+          }
+        out.push_back(std::move(p));
+      }
+    }
+    return out;
+  };
+  const int n = 200;
+  std::vector<float> logits[3];
+  int64_t pages[3];
+  for (int mode = 0; mode < 3; ++mode) {
+    ModelOptions o{.threads = 2, .context = 256, .weights_f32 = true};
+    o.attention.mode = AttentionMode::kCisa;
+    o.attention.selection = {.budget = 2, .window = 1, .qshare = 4};
+    if (mode > 0) o.attention.index = projections(/*mean=*/mode == 1);
+    auto m = Model::load(path, o);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const auto ids = tokens(n, 10, (*m)->hparams().n_vocab, 9);
+    const SeqId s = *(*m)->add_sequence();
+    SequenceInput in{.seq = s, .tokens = ids, .outputs = OutputMode::kLast};
+    ASSERT_TRUE((*m)->forward({&in, 1}, &logits[mode]).ok());
+    pages[mode] = (*m)->stats().global_pages_read;
+  }
+  EXPECT_EQ(pages[0], pages[1]);
+  double max_diff = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i)
+    max_diff = std::max(max_diff, std::abs(double(logits[0][i]) - logits[1][i]));
+  EXPECT_LT(max_diff, 1e-2);
+  double other = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i)
+    other = std::max(other, std::abs(double(logits[0][i]) - logits[2][i]));
+  EXPECT_GT(other, 1e-2);  // the first head's projection selects other pages
 }
 
 }  // namespace
