@@ -1,6 +1,7 @@
 // The comparison loop of `cisa eval`: examples generated once, every configuration run on the
 // same token ids, one JSON line per (example, configuration) appended as it completes, resume by
 // skipping the (id, config) pairs already in the file, progress with an ETA on stderr.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -233,8 +234,10 @@ Status run_eval(const EvalPlan& plan) {
 
   for (const Work& w : work) {
     const int64_t n = static_cast<int64_t>(w.ids.size());
+    // Models are cached per (configuration, length) and reused by every example of the length,
+    // so the KV cache is sized for the longest: the length plus any task's generation limit.
     const int64_t context =
-        ((n + w.ex.max_new_tokens + 16 + page_size - 1) / page_size) * page_size;
+        ((std::max(w.spec.length, n) + 128 + page_size - 1) / page_size) * page_size;
     auto base_line = [&](const EvalConfig& c) {
       Json j = Json::object();
       j["id"] = w.ex.id;
