@@ -14,11 +14,12 @@ $cisa info gemma3-270m | head -20
 # A pass key stated early in ~16K tokens of the King James Bible, asked for at the end.
 prompt=$(mktemp)
 python3 scripts/long_prompt.py --tokens "${CISA_DEMO_TOKENS:-16000}" > "$prompt"
-for mode in dense cisa; do
-  echo "=== Gemma 3 270M, $mode attention ==="
-  $cisa run -m gemma3-270m -f "$prompt" -n 12 --greedy --attention "$mode"
-  echo
-done
+echo "=== Gemma 3 270M, dense attention ==="
+$cisa run -m gemma3-270m -f "$prompt" -n 12 --greedy --attention dense
+echo
+echo "=== Gemma 3 270M, CISA attention (calibrated indexer, global layers) ==="
+$cisa run -m gemma3-270m -f "$prompt" -n 12 --greedy --attention cisa --indexer indexers/gemma3-270m.cisaidx
+echo
 rm -f "$prompt"
 echo "=== one attention layer, dense vs CISA (N=65536, k=256, W=32, G=16) ==="
 $cisa bench attention --context 65536 --budget 256 --window 32 --qshare 16
