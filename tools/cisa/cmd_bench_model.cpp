@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cisa/gguf.h"
 #include "cisa/json.h"
 #include "cisa/model.h"
 #include "cisa/model_store.h"
@@ -107,6 +108,20 @@ int bench_model(int argc, char** argv) {
 
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());
+  // llamacpp_bench.py sizes llama.cpp's context to N + decode + 1; check that before an hour of
+  // prefill rather than after.
+  if (!no_anchor) {
+    auto f = GgufFile::open(*path);
+    if (!f.ok()) return fail(f.status().message());
+    auto hp = read_model_hparams(*f);
+    if (!hp.ok()) return fail(hp.status().message());
+    if (context + n_decode + 1 > hp->n_ctx_train)
+      return fail(
+          "--context " + std::to_string(context) + " + --decode " + std::to_string(n_decode) +
+          " leaves no token of the model's " + std::to_string(hp->n_ctx_train) +
+          "-token context for the llama.cpp anchor, which needs N + decode + 1: use --context " +
+          std::to_string(hp->n_ctx_train - n_decode - 1) + " or --no-anchor");
+  }
   auto mopt = to_model_options(mo);
   if (!mopt.ok()) return fail(mopt.status().message());
   mopt->context = context + n_decode;
