@@ -9,7 +9,7 @@ Reads RUN_DIR/results.jsonl of every run given (their lines are pooled) and writ
                           length, one line per configuration;
   kl_vs_budget.png        mean KL(dense || config) per token on the long documents against the
                           nominal remote compression x (budget k = E/x), one line per length and
-                          family (kind, G, query), log-scaled axes.
+                          family (kind, G, query; marker shape = length), log-scaled axes.
 """
 import argparse
 import collections
@@ -88,9 +88,10 @@ def main():
     acc = accuracy(recs)
     if acc:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for cfg in sorted(acc, key=lambda c: (c != "dense", c)):
+        colors = plt.get_cmap("tab20").colors
+        for i, cfg in enumerate(sorted(acc, key=lambda c: (c != "dense", c))):
             xs = sorted(acc[cfg])
-            style = dict(color="black", linewidth=2.5) if cfg == "dense" else {}
+            style = dict(color="black", linewidth=2.5) if cfg == "dense" else dict(color=colors[i % len(colors)])
             ax.plot(xs, [acc[cfg][x] for x in xs], marker="o", label=cfg, **style)
         ax.set_xscale("log", base=2)
         lengths = sorted({x for c in acc for x in acc[c]})
@@ -115,9 +116,13 @@ def main():
             x = compression_of(cfg)
             if x is not None:
                 series[(family_of(cfg), length)].append((x, v))
-        for (fam, length), pts in sorted(series.items()):
+        colors = plt.get_cmap("tab20").colors  # more series than the default 10-colour cycle
+        markers = "osD^v<>ph*"
+        lengths = sorted({length for _, length in series})
+        for i, ((fam, length), pts) in enumerate(sorted(series.items())):
             pts.sort()
-            ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], marker="o",
+            ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], color=colors[i % len(colors)],
+                    marker=markers[lengths.index(length) % len(markers)], markersize=7,
                     linestyle="-" if len(pts) > 1 else "none", label="%s @ %d" % (fam, length))
         ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
         ax.set_xscale("log", base=2)
