@@ -167,6 +167,17 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   if (!ws) ws = &local;
   if (ws->threads.size() < static_cast<size_t>(threads)) ws->threads.resize(static_cast<size_t>(threads));
   auto& scratch = ws->threads;
+  // Size every thread's scratch for the largest list up front: which thread takes which list
+  // varies from call to call, and a steady decode loop must not allocate.
+  int64_t max_eligible = 0;
+  for (const auto& grp : out->groups)
+    if (!grp.dense) max_eligible = std::max(max_eligible, grp.first / B - p.window - p.sink_pages);
+  for (auto& th : scratch) {
+    th.qbar.reserve(static_cast<size_t>(d));
+    th.scores.reserve(static_cast<size_t>(max_eligible));
+    th.tmp.reserve(static_cast<size_t>(max_eligible));
+    th.top.reserve(static_cast<size_t>(std::min(p.budget, max_eligible)));
+  }
 
   const int64_t num_lists = num_groups * H;
   // The index query of list t: the mean over its group's positions, or its last position.
