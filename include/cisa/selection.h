@@ -52,6 +52,11 @@ Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> 
 Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const SelectionParams& p,
                          PageLists* out);
 
+// Sizes the page lists of out->groups (from plan_query_groups) before they are filled: a dense
+// group's list holds pages 0 … c(last); a sparse one sinks + k + the window and tail pages.
+// Sets offsets and resizes pages, chunks and num_selected.
+void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out);
+
 // Scores of chunks [first_chunk, first_chunk + n) of one sequence for one KV group:
 // s_j = q·r_j/√d (mean representative) or Σ_i max(q_i·min_i, q_i·max_i)/√d (quest).
 // Chunks must be full pages of a representative layer. q: [head_dim] f32.

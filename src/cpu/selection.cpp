@@ -110,6 +110,23 @@ struct Better {
 
 }  // namespace
 
+void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out) {
+  const int64_t B = page_size, H = num_kv_heads;
+  const auto num_groups = static_cast<int64_t>(out->groups.size());
+  out->num_kv_heads = num_kv_heads;
+  out->offsets.assign(static_cast<size_t>(num_groups * H + 1), 0);
+  for (int64_t i = 0; i < num_groups; ++i) {
+    const auto& grp = out->groups[static_cast<size_t>(i)];
+    const int64_t ca = grp.first / B, cb = grp.last / B;
+    const int64_t n = grp.dense ? cb + 1 : p.sink_pages + p.budget + (cb - (ca - p.window) + 1);
+    for (int64_t g = 0; g < H; ++g) out->offsets[static_cast<size_t>(i * H + g + 1)] = n;
+  }
+  for (size_t i = 1; i < out->offsets.size(); ++i) out->offsets[i] += out->offsets[i - 1];
+  out->pages.resize(static_cast<size_t>(out->offsets.back()));
+  out->chunks.resize(out->pages.size());
+  out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
+}
+
 void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
                   int kv_head, const float* q, int64_t first_chunk, int64_t n, float* scores) {
   if (cache.config().dtype == KvDtype::kF32)
@@ -150,17 +167,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   out->num_kv_heads = H;
 
   // Sizes first (they do not depend on scores), so lists can be filled in parallel.
-  out->offsets.assign(static_cast<size_t>(num_groups * H + 1), 0);
-  for (int64_t i = 0; i < num_groups; ++i) {
-    const auto& grp = out->groups[static_cast<size_t>(i)];
-    const int64_t ca = grp.first / B, cb = grp.last / B;
-    const int64_t n = grp.dense ? cb + 1 : p.sink_pages + p.budget + (cb - (ca - p.window) + 1);
-    for (int g = 0; g < H; ++g) out->offsets[static_cast<size_t>(i * H + g + 1)] = n;
-  }
-  for (size_t i = 1; i < out->offsets.size(); ++i) out->offsets[i] += out->offsets[i - 1];
-  out->pages.resize(static_cast<size_t>(out->offsets.back()));
-  out->chunks.resize(out->pages.size());
-  out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
+  size_page_lists(cache.page_size(), H, p, out);
 
   const int threads = pool ? pool->num_threads() : 1;
   SelectionWorkspace local;

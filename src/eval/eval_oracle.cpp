@@ -35,17 +35,7 @@ Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const
   const int64_t B = cache.page_size();
   const auto num_groups = static_cast<int64_t>(out->groups.size());
   out->num_kv_heads = H;
-  out->offsets.assign(static_cast<size_t>(num_groups * H + 1), 0);
-  for (int64_t i = 0; i < num_groups; ++i) {
-    const auto& grp = out->groups[static_cast<size_t>(i)];
-    const int64_t ca = grp.first / B, cb = grp.last / B;
-    const int64_t n = grp.dense ? cb + 1 : p.sink_pages + p.budget + (cb - (ca - p.window) + 1);
-    for (int g = 0; g < H; ++g) out->offsets[static_cast<size_t>(i * H + g + 1)] = n;
-  }
-  for (size_t i = 1; i < out->offsets.size(); ++i) out->offsets[i] += out->offsets[i - 1];
-  out->pages.resize(static_cast<size_t>(out->offsets.back()));
-  out->chunks.resize(out->pages.size());
-  out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
+  size_page_lists(cache.page_size(), H, p, out);
 
   auto task = [&](int64_t t, int) {
     const int64_t i = t / H;
