@@ -57,6 +57,13 @@ Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const
 // Sets offsets and resizes pages, chunks and num_selected.
 void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out);
 
+// Fills list `list` (= group · num_kv_heads + KV group) of a sized PageLists: a dense group gets
+// pages 0 … c(last); a sparse one the sinks, then `selected` (absolute chunk indices, ascending,
+// within the eligible range), then the window and tail c(first) − W … c(last). Records how many
+// pages were selected. `table` is the sequence's block table.
+void write_page_list(std::span<const int32_t> table, int page_size, const SelectionParams& p,
+                     std::span<const int32_t> selected, int64_t list, PageLists* out);
+
 // Scores of chunks [first_chunk, first_chunk + n) of one sequence for one KV group:
 // s_j = q·r_j/√d (mean representative) or Σ_i max(q_i·min_i, q_i·max_i)/√d (quest).
 // Chunks must be full pages of a representative layer. q: [head_dim] f32.

@@ -127,6 +127,27 @@ void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, 
   out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
 }
 
+void write_page_list(std::span<const int32_t> table, int page_size, const SelectionParams& p,
+                     std::span<const int32_t> selected, int64_t list, PageLists* out) {
+  const auto& grp = out->groups[static_cast<size_t>(list / out->num_kv_heads)];
+  int32_t* pages = out->pages.data() + out->offsets[static_cast<size_t>(list)];
+  int32_t* chunks = out->chunks.data() + out->offsets[static_cast<size_t>(list)];
+  int64_t n = 0;
+  auto put = [&](int64_t j) {
+    pages[n] = table[static_cast<size_t>(j)];
+    chunks[n++] = static_cast<int32_t>(j);
+  };
+  const int64_t cb = grp.last / page_size;
+  if (grp.dense) {
+    for (int64_t j = 0; j <= cb; ++j) put(j);
+    return;
+  }
+  for (int64_t j = 0; j < p.sink_pages; ++j) put(j);
+  for (int32_t j : selected) put(j);
+  for (int64_t j = grp.first / page_size - p.window; j <= cb; ++j) put(j);
+  out->num_selected[static_cast<size_t>(list)] = static_cast<int32_t>(selected.size());
+}
+
 void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
                   int kv_head, const float* q, int64_t first_chunk, int64_t n, float* scores) {
   if (cache.config().dtype == KvDtype::kF32)
@@ -228,22 +249,11 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   }
 
   auto task = [&](int64_t t, int thread) {
-    const int64_t i = t / H;
     const int g = static_cast<int>(t % H);
-    const auto& grp = out->groups[static_cast<size_t>(i)];
+    const auto& grp = out->groups[static_cast<size_t>(t / H)];
     auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
-    int32_t* pages = out->pages.data() + out->offsets[static_cast<size_t>(t)];
-    int32_t* chunks = out->chunks.data() + out->offsets[static_cast<size_t>(t)];
-    int64_t n = 0;
-    auto put = [&](int64_t j) {
-      pages[n] = table[static_cast<size_t>(j)];
-      chunks[n++] = static_cast<int32_t>(j);
-    };
-    const int64_t ca = grp.first / B, cb = grp.last / B;
-    if (grp.dense) {
-      for (int64_t j = 0; j <= cb; ++j) put(j);
-      return;
-    }
+    if (grp.dense) return write_page_list(table, cache.page_size(), p, {}, t, out);
+    const int64_t ca = grp.first / B;
     auto& s = scratch[static_cast<size_t>(thread)];
     const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
     std::span<const float> scores;
@@ -259,10 +269,8 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       scores = s.scores;
     }
     select_topk(scores, p.budget, &s.top, &s.tmp);
-    for (int64_t j = 0; j < p.sink_pages; ++j) put(j);
-    for (int32_t j : s.top) put(first_eligible + j);
-    for (int64_t j = end_eligible; j <= cb; ++j) put(j);
-    out->num_selected[static_cast<size_t>(t)] = static_cast<int32_t>(s.top.size());
+    for (auto& j : s.top) j += static_cast<int32_t>(first_eligible);  // to absolute chunk indices
+    write_page_list(table, cache.page_size(), p, s.top, t, out);
   };
   if (pool) pool->parallel_for(num_lists, task);
   else for (int64_t t = 0; t < num_lists; ++t) task(t, 0);

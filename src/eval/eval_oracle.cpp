@@ -38,22 +38,11 @@ Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const
   size_page_lists(cache.page_size(), H, p, out);
 
   auto task = [&](int64_t t, int) {
-    const int64_t i = t / H;
     const int g = static_cast<int>(t % H);
-    const auto& grp = out->groups[static_cast<size_t>(i)];
+    const auto& grp = out->groups[static_cast<size_t>(t / H)];
     auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
-    int32_t* pages = out->pages.data() + out->offsets[static_cast<size_t>(t)];
-    int32_t* chunks = out->chunks.data() + out->offsets[static_cast<size_t>(t)];
-    int64_t n = 0;
-    auto put = [&](int64_t j) {
-      pages[n] = table[static_cast<size_t>(j)];
-      chunks[n++] = static_cast<int32_t>(j);
-    };
+    if (grp.dense) return write_page_list(table, cache.page_size(), p, {}, t, out);
     const int64_t ca = grp.first / B, cb = grp.last / B;
-    if (grp.dense) {
-      for (int64_t j = 0; j <= cb; ++j) put(j);
-      return;
-    }
     // True dense mass per chunk, summed over the group's positions and the KV group's heads.
     std::vector<double> mass(static_cast<size_t>(cb + 1), 0.0), logit;
     for (int64_t pos = grp.first; pos <= grp.last; ++pos) {
@@ -79,10 +68,7 @@ Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const
     }
     const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
     const std::vector<int32_t> top = oracle_topk(mass, first_eligible, end_eligible, p.budget);
-    for (int64_t j = 0; j < p.sink_pages; ++j) put(j);
-    for (int32_t j : top) put(j);
-    for (int64_t j = end_eligible; j <= cb; ++j) put(j);
-    out->num_selected[static_cast<size_t>(t)] = static_cast<int32_t>(top.size());
+    write_page_list(table, cache.page_size(), p, top, t, out);
   };
   if (pool)
     pool->parallel_for(num_groups * H, task);
