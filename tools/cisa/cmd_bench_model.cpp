@@ -6,6 +6,10 @@
 //            last row only); tokens/s = N / wall time.
 //   decode   with those N tokens cached, --decode more tokens one at a time (one row of logits
 //            each); tokens/s = count / wall time.
+//
+// With --attention cisa the same work also runs with dense attention first, in the same
+// invocation, and the speedups are set against the Amdahl ceiling 1 / (1 − s), where s is the
+// share of dense time spent in global-layer attention (the only part CISA changes).
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -79,6 +83,90 @@ std::string cpu_name() {
   return name;
 }
 
+
+struct Measurement {
+  std::vector<double> prefill_tok_s, decode_tok_s;  // one per timed run
+  ForwardStats prefill, total;                      // counters of the last timed run
+  Json attention;                                   // attention_summary of the last run
+  int threads = 0, batch = 0;
+  ModelArch arch{};
+  KvDtype kv_dtype{};
+};
+
+// Loads the model with `mo` and times `repeat` runs of a `context`-token prefill followed by
+// `n_decode` one-token steps over a fixed pseudo-random token sequence (speed does not depend on
+// content), after a short warm-up on a sequence that is then dropped.
+Status measure(const std::string& path, const ModelCliOptions& mo, int64_t context,
+               int64_t n_decode, int64_t repeat, Measurement* out) {
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(mo));
+  mopt.context = context + n_decode;
+  CISA_ASSIGN_OR_RETURN(std::unique_ptr<Model> loaded, Model::load(path, mopt));
+  Model& model = *loaded;
+  const int V = model.hparams().n_vocab;
+  const int batch = mopt.prefill_block;
+  std::vector<int32_t> tokens(static_cast<size_t>(context + n_decode));
+  uint64_t s = 0x2545F4914F6CDD1DULL;
+  for (auto& t : tokens) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    t = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(V));
+  }
+  std::vector<float> logits;
+  auto run = [&](SeqId seq, int64_t first, int64_t n) -> Status {
+    SequenceInput in{.seq = seq, .tokens = {tokens.data() + first, static_cast<size_t>(n)}};
+    return model.forward({&in, 1}, &logits);
+  };
+  {
+    CISA_ASSIGN_OR_RETURN(SeqId seq, model.add_sequence());
+    const int64_t w = std::min<int64_t>(32, context);
+    CISA_RETURN_IF_ERROR(run(seq, 0, w));
+    for (int i = 0; i < 4 && w + i + 1 <= context + n_decode; ++i)
+      CISA_RETURN_IF_ERROR(run(seq, w + i, 1));
+    CISA_RETURN_IF_ERROR(model.release_sequence(seq));
+  }
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const char* mode = attention_mode_name(mopt.attention.mode);
+  for (int64_t r = 0; r < repeat; ++r) {
+    CISA_ASSIGN_OR_RETURN(SeqId seq, model.add_sequence());
+    model.reset_stats();
+    const double t0 = now_s();
+    for (int64_t b0 = 0; b0 < context; b0 += batch) {
+      CISA_RETURN_IF_ERROR(run(seq, b0, std::min<int64_t>(batch, context - b0)));
+      if (tty)
+        print_progress(mode, std::min<int64_t>(b0 + batch, context), context, now_s() - t0);
+    }
+    const double t1 = now_s();
+    out->prefill = model.stats();
+    for (int64_t i = 0; i < n_decode; ++i) CISA_RETURN_IF_ERROR(run(seq, context + i, 1));
+    const double t2 = now_s();
+    out->total = model.stats();
+    out->prefill_tok_s.push_back(context / (t1 - t0));
+    out->decode_tok_s.push_back(n_decode / (t2 - t1));
+    if (tty) std::fputc('\n', stderr);
+    std::fprintf(stderr,
+                 "cisa %s run %lld/%lld: prefill %.1f tok/s (%.2f s), decode %.2f tok/s (%.2f s)\n",
+                 mode, static_cast<long long>(r + 1), static_cast<long long>(repeat),
+                 out->prefill_tok_s.back(), t1 - t0, out->decode_tok_s.back(), t2 - t1);
+    CISA_RETURN_IF_ERROR(model.release_sequence(seq));
+  }
+  out->attention = attention_summary(model, out->prefill, out->total);
+  out->threads = model.num_threads();
+  out->batch = batch;
+  out->arch = model.hparams().arch;
+  out->kv_dtype = mopt.kv_dtype;
+  return Status();
+}
+
+// Share of forward time spent in global-layer attention, prefill and decode parts of a run.
+double share_prefill(const Measurement& m) {
+  return m.prefill.seconds_total > 0
+             ? m.prefill.seconds_global_attention / m.prefill.seconds_total
+             : 0.0;
+}
+double share_decode(const Measurement& m) {
+  const double t = m.total.seconds_total - m.prefill.seconds_total;
+  return t > 0 ? (m.total.seconds_global_attention - m.prefill.seconds_global_attention) / t : 0.0;
+}
+
 }  // namespace
 
 int bench_model(int argc, char** argv) {
@@ -122,69 +210,28 @@ int bench_model(int argc, char** argv) {
           "-token context for the llama.cpp anchor, which needs N + decode + 1: use --context " +
           std::to_string(hp->n_ctx_train - n_decode - 1) + " or --no-anchor");
   }
-  auto mopt = to_model_options(mo);
-  if (!mopt.ok()) return fail(mopt.status().message());
-  mopt->context = context + n_decode;
-  auto loaded = Model::load(*path, *mopt);
-  if (!loaded.ok()) return fail(loaded.status().message());
-  Model& model = **loaded;
-  const int V = model.hparams().n_vocab;
-  const int batch = mopt->prefill_block;
-
-  // A fixed pseudo-random token sequence (speed does not depend on content).
-  std::vector<int32_t> tokens(static_cast<size_t>(context + n_decode));
-  uint64_t s = 0x2545F4914F6CDD1DULL;
-  for (auto& t : tokens) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    t = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(V));
-  }
-  std::vector<float> logits;
-  auto run = [&](SeqId seq, int64_t first, int64_t n) -> Status {
-    SequenceInput in{.seq = seq, .tokens = {tokens.data() + first, static_cast<size_t>(n)}};
-    return model.forward({&in, 1}, &logits);
-  };
-  // Warm-up: a short prompt and a few decode steps, then the sequence is dropped.
   {
-    auto seq = model.add_sequence();
-    if (!seq.ok()) return fail(seq.status().message());
-    const int64_t w = std::min<int64_t>(32, context);
-    Status st = run(*seq, 0, w);
-    for (int i = 0; st.ok() && i < 4 && w + i + 1 <= context + n_decode; ++i)
-      st = run(*seq, w + i, 1);
-    if (!st.ok()) return fail(st.message());
-    (void)model.release_sequence(*seq);
+    auto f = GgufFile::open(*path);
+    if (!f.ok()) return fail(f.status().message());
+    auto hp = read_model_hparams(*f);
+    if (!hp.ok()) return fail(hp.status().message());
+    scale_cisa_defaults(&mo, hp->n_ctx_train);
   }
-  const bool tty = isatty(STDERR_FILENO) != 0;
-  std::vector<double> pre, dec;
-  ForwardStats prefill_stats, total_stats;
-  for (int64_t r = 0; r < repeat; ++r) {
-    auto seq = model.add_sequence();
-    if (!seq.ok()) return fail(seq.status().message());
-    model.reset_stats();
-    const double t0 = now_s();
-    for (int64_t b0 = 0; b0 < context; b0 += batch) {
-      Status st = run(*seq, b0, std::min<int64_t>(batch, context - b0));
-      if (!st.ok()) return fail(st.message());
-      if (tty)
-        print_progress("prefill", std::min<int64_t>(b0 + batch, context), context, now_s() - t0);
-    }
-    const double t1 = now_s();
-    prefill_stats = model.stats();
-    for (int64_t i = 0; i < n_decode; ++i) {
-      Status st = run(*seq, context + i, 1);
-      if (!st.ok()) return fail(st.message());
-    }
-    const double t2 = now_s();
-    total_stats = model.stats();
-    pre.push_back(context / (t1 - t0));
-    dec.push_back(n_decode / (t2 - t1));
-    if (tty) std::fputc('\n', stderr);
-    std::fprintf(stderr,
-                 "cisa run %lld/%lld: prefill %.1f tok/s (%.2f s), decode %.2f tok/s (%.2f s)\n",
-                 static_cast<long long>(r + 1), static_cast<long long>(repeat), pre.back(), t1 - t0,
-                 dec.back(), t2 - t1);
-    (void)model.release_sequence(*seq);
+  const bool cisa = mo.attention == "cisa";
+  // With --attention cisa the same prefill and decode run dense first, in the same invocation.
+  Measurement dense_m, m;
+  if (cisa) {
+    ModelCliOptions dense_mo = mo;
+    dense_mo.attention = "dense";
+    dense_mo.indexer.clear();
+    if (Status st = measure(*path, dense_mo, context, n_decode, repeat, &dense_m); !st.ok())
+      return fail(st.message());
   }
+  if (Status st = measure(*path, mo, context, n_decode, repeat, &m); !st.ok())
+    return fail(st.message());
+  const std::vector<double>& pre = m.prefill_tok_s;
+  const std::vector<double>& dec = m.decode_tok_s;
+  const int batch = m.batch;
   const double our_pre = median(pre), our_dec = median(dec);
 
   // The anchor: llama.cpp through scripts/llamacpp_bench.py, after our runs (never concurrently).
@@ -203,7 +250,7 @@ int bench_model(int argc, char** argv) {
   } else {
     const std::string cmd = "python3 '" + script + "' -m '" + *path + "' --context " +
                             std::to_string(context) + " --decode " + std::to_string(n_decode) +
-                            " --threads " + std::to_string(model.num_threads()) + " --batch " +
+                            " --threads " + std::to_string(m.threads) + " --batch " +
                             std::to_string(batch) + " --repeat " + std::to_string(repeat) +
                             " --flash-attn " + anchor_fa + " --json";
     std::fprintf(stderr, "running llama.cpp: %s\n", cmd.c_str());
@@ -238,13 +285,13 @@ int bench_model(int argc, char** argv) {
   Json j = Json::object();
   j["benchmark"] = "model";
   j["model"] = *path;
-  j["architecture"] = model_arch_name(model.hparams().arch);
+  j["architecture"] = model_arch_name(m.arch);
   j["context"] = context;
   j["decode_tokens"] = n_decode;
   j["repeat"] = repeat;
-  j["threads"] = model.num_threads();
+  j["threads"] = m.threads;
   j["batch"] = batch;
-  j["kv_dtype"] = kv_dtype_name(mopt->kv_dtype);
+  j["kv_dtype"] = kv_dtype_name(m.kv_dtype);
   j["matmul_isa"] = matmul_isa();
   j["cpu"] = cpu_name();
   {
@@ -255,19 +302,40 @@ int bench_model(int argc, char** argv) {
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
     j["date"] = date;
   }
-  Json ours = Json::object();
-  ours["prefill_tok_s"] = our_pre;
-  ours["decode_tok_s"] = our_dec;
-  ours["prefill_tok_s_runs"] = Json::array();
-  ours["decode_tok_s_runs"] = Json::array();
-  for (double x : pre) ours["prefill_tok_s_runs"].push_back(x);
-  for (double x : dec) ours["decode_tok_s_runs"].push_back(x);
-  ours["attention"] = attention_summary(model, prefill_stats, total_stats);
-  ours["global_attention_share_prefill"] =
-      prefill_stats.seconds_total > 0
-          ? prefill_stats.seconds_global_attention / prefill_stats.seconds_total
-          : 0.0;
-  j["cisa"] = ours;
+  auto part = [](const Measurement& x) {
+    Json o = Json::object();
+    o["prefill_tok_s"] = median(x.prefill_tok_s);
+    o["decode_tok_s"] = median(x.decode_tok_s);
+    o["prefill_tok_s_runs"] = Json::array();
+    o["decode_tok_s_runs"] = Json::array();
+    for (double v : x.prefill_tok_s) o["prefill_tok_s_runs"].push_back(v);
+    for (double v : x.decode_tok_s) o["decode_tok_s_runs"].push_back(v);
+    o["attention"] = x.attention;
+    o["global_attention_share_prefill"] = share_prefill(x);
+    o["global_attention_share_decode"] = share_decode(x);
+    return o;
+  };
+  j["cisa"] = part(m);
+  // CISA against dense: measured speedups and the Amdahl ceilings 1 / (1 − s) from dense's share
+  // s of time in global attention (what the speedup would be if that attention cost nothing).
+  double sp_pre = NAN, sp_dec = NAN, ceil_pre = NAN, ceil_dec = NAN;
+  if (cisa) {
+    j["dense"] = part(dense_m);
+    sp_pre = our_pre / median(dense_m.prefill_tok_s);
+    sp_dec = our_dec / median(dense_m.decode_tok_s);
+    ceil_pre = 1.0 / (1.0 - share_prefill(dense_m));
+    ceil_dec = 1.0 / (1.0 - share_decode(dense_m));
+    Json v = Json::object();
+    v["prefill_speedup"] = sp_pre;
+    v["decode_speedup"] = sp_dec;
+    v["amdahl_ceiling_prefill"] = ceil_pre;
+    v["amdahl_ceiling_decode"] = ceil_dec;
+    v["fraction_of_ceiling_prefill"] = (sp_pre - 1) / (ceil_pre - 1);
+    v["fraction_of_ceiling_decode"] = (sp_dec - 1) / (ceil_dec - 1);
+    v["speedup_over_ceiling_prefill"] = sp_pre / ceil_pre;
+    v["speedup_over_ceiling_decode"] = sp_dec / ceil_dec;
+    j["cisa_vs_dense"] = v;
+  }
   j["llama_cpp"] = anchor;
   if (have_anchor) {
     j["prefill_ratio"] = our_pre / ll_pre;
@@ -278,13 +346,24 @@ int bench_model(int argc, char** argv) {
     return 0;
   }
   std::printf("%s, context %lld, %d threads, batch %d, KV %s\n", model_arg.c_str(),
-              static_cast<long long>(context), model.num_threads(), batch,
-              kv_dtype_name(mopt->kv_dtype));
-  std::printf("%-10s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
-  std::printf("%-10s %14.1f %14.2f\n", "cisa", our_pre, our_dec);
+              static_cast<long long>(context), m.threads, batch, kv_dtype_name(m.kv_dtype));
+  std::printf("%-16s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
+  if (cisa)
+    std::printf("%-16s %14.1f %14.2f\n", "cisa dense", median(dense_m.prefill_tok_s),
+                median(dense_m.decode_tok_s));
+  std::printf("%-16s %14.1f %14.2f\n", cisa ? "cisa cisa" : "cisa", our_pre, our_dec);
+  if (cisa) {
+    std::printf("%-16s %13.2fx %13.2fx\n", "cisa / dense", sp_pre, sp_dec);
+    std::printf("%-16s %13.2fx %13.2fx   (1 / (1 - s), s = dense share in global attention: "
+                "%.1f%% prefill, %.1f%% decode)\n",
+                "Amdahl ceiling", ceil_pre, ceil_dec, 100 * share_prefill(dense_m),
+                100 * share_decode(dense_m));
+    std::printf("%-16s %13.2f  %13.2f    (speedup / ceiling)\n", "of ceiling", sp_pre / ceil_pre,
+                sp_dec / ceil_dec);
+  }
   if (have_anchor) {
-    std::printf("%-10s %14.1f %14.2f\n", "llama.cpp", ll_pre, ll_dec);
-    std::printf("%-10s %13.2fx %13.2fx\n", "ratio", our_pre / ll_pre, our_dec / ll_dec);
+    std::printf("%-16s %14.1f %14.2f\n", "llama.cpp", ll_pre, ll_dec);
+    std::printf("%-16s %13.2fx %13.2fx\n", "cisa / llama.cpp", our_pre / ll_pre, our_dec / ll_dec);
   } else {
     std::printf("llama.cpp: %s\n", anchor_note.c_str());
   }

@@ -22,8 +22,8 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_choice("--kv-dtype", &o->kv_dtype, {"f32", "bf16"}, "KV cache element type (default f32)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},
                "attention on global layers (default dense)");
-  p.add_int("--budget", &o->budget, "CISA: chunks chosen by top-k (default 64)");
-  p.add_int("--window", &o->window, "CISA: recent pages always attended (default 32)");
+  p.add_int("--budget", &o->budget, "CISA: chunks chosen by top-k (default: model context / 256; 128 at 32K)");
+  p.add_int("--window", &o->window, "CISA: recent pages always attended (default: model context / 1024; 32 at 32K)");
   p.add_int("--qshare", &o->qshare, "CISA: prefill positions sharing one selection (default 16)");
   p.add_choice("--qshare-query", &o->qshare_query, {"mean", "last"},
                "CISA: the group's index query");
@@ -35,8 +35,15 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_flag("--quiet", &o->quiet, "no progress bar or summary on stderr");
 }
 
+void scale_cisa_defaults(ModelCliOptions* o, int64_t n_ctx_train) {
+  if (o->budget == ModelCliOptions::kUnset) o->budget = std::max<int64_t>(16, n_ctx_train / 256);
+  if (o->window == ModelCliOptions::kUnset) o->window = std::max<int64_t>(4, n_ctx_train / 1024);
+}
+
 Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   ModelOptions m;
+  if (o.attention == "cisa" && (o.budget == ModelCliOptions::kUnset || o.window == ModelCliOptions::kUnset))
+    return invalid_argument("CISA budget and window are unset (scale_cisa_defaults not called)");
   if (o.threads < 0 || o.threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
   m.threads = static_cast<int>(o.threads);
   m.context = o.context;
@@ -46,8 +53,8 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   CISA_ASSIGN_OR_RETURN(m.kv_dtype, parse_kv_dtype(o.kv_dtype));
   CISA_ASSIGN_OR_RETURN(m.rep, parse_rep_kind(o.rep));
   m.attention.mode = o.attention == "cisa" ? AttentionMode::kCisa : AttentionMode::kDense;
-  m.attention.selection.budget = o.budget;
-  m.attention.selection.window = o.window;
+  if (o.budget != ModelCliOptions::kUnset) m.attention.selection.budget = o.budget;
+  if (o.window != ModelCliOptions::kUnset) m.attention.selection.window = o.window;
   m.attention.selection.qshare = o.qshare;
   m.attention.selection.sink_pages = o.sink_pages;
   CISA_ASSIGN_OR_RETURN(m.attention.selection.qshare_query, parse_qshare_query(o.qshare_query));
@@ -60,14 +67,17 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
 }
 
 Result<LoadedModel> load_model_for(
-    const std::string& path, const ModelCliOptions& o,
+    const std::string& path, const ModelCliOptions& given,
     const std::function<std::vector<int32_t>(const Tokenizer&)>& encode, int64_t n_generate) {
-  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
+  ModelCliOptions o = given;
+  ModelOptions mopt;
   LoadedModel out;
   int64_t n_ctx_train = 0;
   {
     CISA_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(path));
     CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(f));
+    scale_cisa_defaults(&o, hp.n_ctx_train);
+    CISA_ASSIGN_OR_RETURN(mopt, to_model_options(o));
     CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(f));
     out.prompt = encode(tok);
     n_ctx_train = hp.n_ctx_train;

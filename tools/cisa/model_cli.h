@@ -22,7 +22,9 @@ struct ModelCliOptions {
   int64_t prefill_block = 512;
   std::string kv_dtype = "f32";
   std::string attention = "dense";
-  int64_t budget = 64, window = 32, qshare = 16, sink_pages = 0, dense_layers = 0;
+  // budget and window: kUnset until scale_cisa_defaults() sets them from the model's context.
+  static constexpr int64_t kUnset = INT64_MIN;
+  int64_t budget = kUnset, window = kUnset, qshare = 16, sink_pages = 0, dense_layers = 0;
   std::string qshare_query = "mean", rep = "mean";
   std::string indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
   bool quiet = false;
@@ -30,6 +32,12 @@ struct ModelCliOptions {
 
 // with_context: also offer --context (the KV cache size); `cisa bench model` uses that name itself.
 void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context = true);
+// CISA's defaults scale with the model's training context n (docs/design.md): k = n / 256 chunks
+// (at least 16) and W = n / 1024 pages (at least 4), i.e. k = 128, W = 32 at 32K (Gemma 3) and
+// k = 32, W = 8 at 8K (SmolLM2): the settings the committed indexers were calibrated with.
+// Leaves options the user gave alone.
+void scale_cisa_defaults(ModelCliOptions* o, int64_t n_ctx_train);
+// Needs scale_cisa_defaults() first when --attention cisa.
 Result<ModelOptions> to_model_options(const ModelCliOptions& o);
 
 struct LoadedModel {
