@@ -156,8 +156,8 @@ Result<EvalConfig> parse_config(std::string_view text);
 // The chunk budget for a prompt of `tokens` tokens and page size B.
 int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
 // Model attention options for the config at that prompt length: dense; cisa/quest (rep kind set
-// in `rep`); recency = budget 0 with the window widened by k pages (same pages read as CISA).
-// kUnimplemented for oracle (the model runtime has no page-selection hook; see docs/eval).
+// in `rep`); recency = budget 0 with the window widened by k pages (same pages read as CISA);
+// oracle = CISA's budget, G, window and sinks with oracle_page_selector() choosing the k chunks.
 Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size,
                                           RepKind* rep);
 
@@ -221,10 +221,17 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
 // each sparse group's k chunks are the eligible chunks with the largest true dense attention mass
 // (summed over the group's positions and the KV group's query heads; ties to the smaller chunk).
 // q: [rows][num_q_heads][head_dim], the queries attention uses (after q-norm and RoPE); scale
-// multiplies q·k. Costs a dense attention pass per group. Not yet reachable from `cisa eval`: the
-// model runtime calls select_pages itself and offers no hook to substitute these lists.
+// multiplies q·k. Costs a dense attention pass (logits only, in double) per sparse group.
 Status select_pages_oracle(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                            const float* q, int num_q_heads, float scale, const SelectionParams& p,
                            ThreadPool* pool, PageLists* out);
+
+// select_pages_oracle as the model's page selector (AttentionOptions::selector, model.h): every
+// CISA layer then attends to the oracle's pages, with the queries and scale the layer itself uses.
+//
+//   options.attention.mode = cisa::AttentionMode::kCisa;
+//   options.attention.selection = {.budget = 16, .window = 128, .qshare = 4};
+//   options.attention.selector = cisa::eval::oracle_page_selector();
+PageSelector oracle_page_selector();
 
 }  // namespace cisa::eval

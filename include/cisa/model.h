@@ -38,6 +38,7 @@
 namespace cisa {
 
 class GgufFile;
+class ThreadPool;
 class Tokenizer;
 
 enum class ModelArch { kGemma3, kLlama };
@@ -84,6 +85,26 @@ struct IndexProjection {
   std::vector<float> weight;
 };
 
+// What a page selector sees of one CISA layer in one forward step: the step's rows, the queries
+// attention will use, the index queries, and the cache after this step's K/V and full pages'
+// representatives were written.
+struct PageSelectorInput {
+  int layer = 0;
+  std::span<const BatchEntry> batch;  // the step's rows: sequences in order
+  const float* q = nullptr;           // [rows][num_q_heads][head_dim] after q-norm and RoPE
+  int num_q_heads = 0;
+  float scale = 0;                             // attention multiplies q·k by this
+  const float* index_q = nullptr;              // [rows][n_head_kv][head_dim] the CISA index queries
+  const SelectionParams* selection = nullptr;  // AttentionOptions::selection
+  const PagedKvCache* cache = nullptr;
+  ThreadPool* pool = nullptr;  // the model's workers (may be used with parallel_for)
+};
+// The planning half of a CISA layer's attention: writes the page list of every query group, laid
+// out as select_pages lays it out (the same groups, sinks, window and tail); attention then reads
+// exactly those pages. A selector holds whatever state it needs itself (nothing global); an error
+// stops forward() with that error.
+using PageSelector = std::function<Status(const PageSelectorInput&, PageLists* out)>;
+
 // Per-layer attention choice. CISA applies to global layers only (SPEC §7); sliding-window
 // layers and the first `dense_layers` layers stay dense.
 struct AttentionOptions {
@@ -95,6 +116,10 @@ struct AttentionOptions {
   // the element-wise mean of the group's query-head projections (a SPEC §6 candidate), computed
   // as the mean of the heads' projected queries (identical by linearity).
   std::vector<IndexProjection> index;
+  // Replaces select_pages (top-k of the index scores) on CISA layers, e.g. with the oracle top-k by
+  // true dense mass (eval.h, oracle_page_selector) for the upper bound of an evaluation. Empty:
+  // select_pages. Only consulted in AttentionMode::kCisa.
+  PageSelector selector;
 };
 
 struct ModelOptions {

@@ -115,10 +115,6 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
   AttentionOptions a;
   *rep = RepKind::kMean;
   if (c.kind == ConfigKind::kDense) return a;
-  if (c.kind == ConfigKind::kOracle)
-    return unimplemented("config '" + c.name +
-                         "': the oracle needs a page-selection hook in the model's attention "
-                         "path, which the runtime does not offer yet (docs/eval/README.md)");
   const int64_t k = config_budget(c, tokens, page_size);
   a.mode = AttentionMode::kCisa;
   a.selection.budget = k;
@@ -128,6 +124,8 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
   a.selection.sink_pages = c.sinks;
   a.dense_layers = static_cast<int>(c.dense_layers);
   if (c.kind == ConfigKind::kQuest) *rep = RepKind::kQuest;
+  // The upper bound: the same groups, window and budget, the k chunks by true dense mass.
+  if (c.kind == ConfigKind::kOracle) a.selector = oracle_page_selector();
   if (c.kind == ConfigKind::kRecency) {
     // The same number of pages as CISA reads, all of them recent: no selection, window W + k.
     a.selection.budget = 0;

@@ -15,6 +15,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A supplied selector's lists are checked for shape before anything indexes them (the traffic
+// count below and attend(), which checks groups and page ownership itself).
+Status check_selector_lists(const PageLists& l, int num_kv_heads) {
+  bool ok = l.num_kv_heads == num_kv_heads &&
+            l.offsets.size() == static_cast<size_t>(l.num_lists() + 1) && l.offsets[0] == 0 &&
+            l.offsets.back() == l.total_pages() && l.chunks.size() == l.pages.size();
+  for (size_t i = 1; ok && i < l.offsets.size(); ++i) ok = l.offsets[i] >= l.offsets[i - 1];
+  if (!ok)
+    return invalid_argument(
+        "page selector returned malformed page lists (KV heads, offsets or chunk array do not "
+        "match)");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Model::Impl::attention(int layer) {
@@ -127,8 +141,24 @@ Status Model::Impl::attention(int layer) {
     }
     lists = &st.global_lists;
     if (cisa) {
-      CISA_RETURN_IF_ERROR(select_pages(*cache, layer, st.batch, st.index_q.data(),
-                                        opt.attention.selection, &pool, &st.cisa_lists));
+      // Planning: CISA's own top-k of index scores, or the selector the options supply (the
+      // eval's oracle); either way attention below reads exactly the listed pages.
+      if (opt.attention.selector) {
+        CISA_RETURN_IF_ERROR(opt.attention.selector({.layer = layer,
+                                                     .batch = st.batch,
+                                                     .q = st.q.data(),
+                                                     .num_q_heads = Hq,
+                                                     .scale = hp.attn_scale,
+                                                     .index_q = st.index_q.data(),
+                                                     .selection = &opt.attention.selection,
+                                                     .cache = cache.get(),
+                                                     .pool = &pool},
+                                                    &st.cisa_lists));
+        CISA_RETURN_IF_ERROR(check_selector_lists(st.cisa_lists, Hkv));
+      } else {
+        CISA_RETURN_IF_ERROR(select_pages(*cache, layer, st.batch, st.index_q.data(),
+                                          opt.attention.selection, &pool, &st.cisa_lists));
+      }
       lists = &st.cisa_lists;
     }
     // Traffic per query position (SPEC §8): dense reads pages 0 … c(t); a CISA group's positions

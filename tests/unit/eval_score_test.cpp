@@ -164,7 +164,23 @@ TEST(EvalConfig, BudgetAndAttentionOptions) {
   EXPECT_EQ(qa.selection.budget, 10);
   EXPECT_EQ(config_attention(*parse_config("dense"), 8192, 16, &rep)->mode, AttentionMode::kDense);
   EXPECT_EQ(config_attention(*parse_config("cisa:k4:d3"), 8192, 16, &rep)->dense_layers, 3);
-  EXPECT_FALSE(config_attention(*parse_config("oracle:x8"), 8192, 16, &rep).ok());
+  // The oracle: CISA's budget, G, window and sinks, with a page selector; CISA has none.
+  EXPECT_FALSE(a->selector);
+  auto o = parse_config("oracle:x8:g4:w32:s1");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->kind, ConfigKind::kOracle);
+  EXPECT_EQ(config_budget(*o, 8192, 16), 60);  // E = 512 − 32 − 1 = 479 → ceil(479/8)
+  auto oa = config_attention(*o, 8192, 16, &rep);
+  ASSERT_TRUE(oa.ok()) << oa.status().message();
+  EXPECT_EQ(oa->mode, AttentionMode::kCisa);
+  EXPECT_EQ(rep, RepKind::kMean);
+  EXPECT_EQ(oa->selection.budget, 60);
+  EXPECT_EQ(oa->selection.window, 32);
+  EXPECT_EQ(oa->selection.qshare, 4);
+  EXPECT_EQ(oa->selection.sink_pages, 1);
+  EXPECT_TRUE(oa->selector);
+  EXPECT_FALSE(parse_config("oracle").ok());  // no budget
+  EXPECT_FALSE(parse_config("oracle:x8:z1").ok());
 }
 
 }  // namespace

@@ -40,7 +40,8 @@ int cmd_eval(int argc, char** argv) {
               "likelihood (doc). "
               "Configurations: dense | KIND[:OPT]... with KIND cisa, quest, recency (same pages, "
               "all recent) or "
-              "oracle, and OPT kN (budget in chunks), xR (nominal remote compression: k = E/R at "
+              "oracle (top-k by true dense mass: the upper bound; costs a dense pass), and OPT kN "
+              "(budget in chunks), xR (nominal remote compression: k = E/R at "
               "the length), "
               "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
   std::string model_arg, out_dir, texts_dir, kv = "f32";
@@ -114,11 +115,6 @@ int cmd_eval(int argc, char** argv) {
     for (const auto& c : configs) {
       auto cfg = eval::parse_config(c);
       if (!cfg.ok()) return fail(cfg.status().message());
-      if (cfg->kind == eval::ConfigKind::kOracle)
-        return fail(
-            "config '" + c +
-            "': the oracle top-k needs a page-selection hook in the model's attention path, "
-            "which the runtime does not offer yet (see docs/eval/README.md)");
       if (cfg->kind == eval::ConfigKind::kDense && c != "dense")
         return fail("write the dense configuration as 'dense'");
       if (c == "dense" && !plan.configs.empty())
