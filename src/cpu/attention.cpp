@@ -7,14 +7,22 @@
 // the running max, denominator and O += P·V are updated. When there are too few (list, tile)
 // pairs to occupy every thread (decode), the page list is split and the partial results are
 // merged by log-sum-exp, as flash-decoding does.
+// GCC 12's AVX-512 intrinsics initialise their "undefined" operands from themselves, which
+// -Wmaybe-uninitialized reports once they are inlined here (GCC bug 105593); it has to be off
+// before <immintrin.h> is first read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "cisa/attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
 #include "attention_page_kernel.h"
+#include "attention_tile_kernel.h"
 #include "cisa/bf16.h"
 
 namespace cisa {
@@ -60,6 +68,10 @@ struct AttentionRunner {
   template <class T>
   void walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp, float* m,
                   float* l, float* s) const;
+  template <class T>
+  void walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
+                        float* m, float* l, float* tile) const;
+  bool tiled(const Task& t) const;
 };
 
 Status AttentionRunner::validate() const {
@@ -150,16 +162,63 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
   }
 }
 
+// Prefill rows (batch entries of more than one position) use the AVX-512 tile kernel, which reads
+// each key block once for the whole tile; decode rows use the page kernel, which needs no
+// transposition. The choice depends on the batch entry alone, so dense and CISA lists over the
+// same entry run the same kernel (and a list holding every page gives dense attention's bits).
+bool AttentionRunner::tiled(const Task& t) const {
+#ifdef CISA_ATTENTION_AVX512
+  const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
+  return batch[static_cast<size_t>(grp.entry)].count > 1;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// The pages of one task, in order, in key blocks of up to 16 for the whole tile at once.
+template <class T>
+void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos,
+                                       float* const* accp, float* m, float* l, float* tile) const {
+#ifdef CISA_ATTENTION_AVX512
+  const int g = static_cast<int>(t.list % hkv);
+  const auto pages = lists.list_pages(t.list / hkv, g);
+  const auto chunks = lists.list_chunks(t.list / hkv, g);
+  const int R = t.rows;
+  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
+  float* kt = tile;  // [d][16], 64-byte aligned by the caller
+  float* p = kt + static_cast<int64_t>(d) * cpu::kKeyBlock;
+  float* c = p + static_cast<int64_t>(kRowTile) * cpu::kKeyBlock;
+  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
+    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
+    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
+    if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
+    const int32_t page = pages[static_cast<size_t>(pi)];
+    const T* kp = static_cast<const T*>(cache.k_page(layer, page, g));
+    const T* vp = static_cast<const T*>(cache.v_page(layer, page, g));
+    for (int j0 = 0; j0 < B; j0 += cpu::kKeyBlock) {
+      const int nk = std::min(cpu::kKeyBlock, B - j0);
+      cpu::tile_key_block(qrow, tpos, R, kp + static_cast<int64_t>(j0) * d, vp + static_cast<int64_t>(j0) * d,
+                          s0 + j0, nk, window, d, scale, kt, p, c, m, l, accp);
+    }
+  }
+#else
+  (void)t, (void)qrow, (void)tpos, (void)accp, (void)m, (void)l, (void)tile;
+#endif
+}
+
 // One row tile over one page range: online softmax, then either the final output or a partial.
 void AttentionRunner::run_task(const Task& t, float* scratch) const {
   const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
   const int g = static_cast<int>(t.list % hkv);
   const int R = t.rows;
-  // scratch layout: acc[R][d] | m[R] | l[R] | s[4][B]
+  // scratch layout: acc[R][d] | m[R] | l[R] | s[4][B] | tile kernel scratch (64-byte aligned)
   float* acc = scratch;
   float* m = acc + static_cast<int64_t>(kRowTile) * d;
   float* l = m + kRowTile;
   float* s = l + kRowTile;
+  float* tile = s + 4 * static_cast<int64_t>(B);
+  tile += (16 - (reinterpret_cast<uintptr_t>(tile) / sizeof(float)) % 16) % 16;
   std::fill(acc, acc + static_cast<int64_t>(R) * d, 0.0f);
   std::fill(m, m + R, kNegInf);
   std::fill(l, l + R, 0.0f);
@@ -174,10 +233,17 @@ void AttentionRunner::run_task(const Task& t, float* scratch) const {
   }
   float* accp[kRowTile];
   for (int r = 0; r < R; ++r) accp[r] = acc + static_cast<int64_t>(r) * d;
-  if (cache.config().dtype == KvDtype::kBF16)
+  const bool bf16 = cache.config().dtype == KvDtype::kBF16;
+  if (tiled(t)) {
+    if (bf16)
+      walk_pages_tiled<uint16_t>(t, qrow, tpos, accp, m, l, tile);
+    else
+      walk_pages_tiled<float>(t, qrow, tpos, accp, m, l, tile);
+  } else if (bf16) {
     walk_pages<uint16_t>(t, qrow, tpos, accp, m, l, s);
-  else
+  } else {
     walk_pages<float>(t, qrow, tpos, accp, m, l, s);
+  }
 
   for (int r = 0; r < R; ++r) {
     const int rr = t.row0 + r;
@@ -230,7 +296,10 @@ void AttentionRunner::run(ThreadPool& pool) {
   }
   ws->partial_out_.resize(static_cast<size_t>(partial_rows * d));
   ws->partial_lse_.resize(static_cast<size_t>(partial_rows));
-  const int64_t scratch_floats = static_cast<int64_t>(kRowTile) * d + 2 * kRowTile + 4 * static_cast<int64_t>(B);
+  int64_t scratch_floats = static_cast<int64_t>(kRowTile) * d + 2 * kRowTile + 4 * static_cast<int64_t>(B);
+#ifdef CISA_ATTENTION_AVX512
+  scratch_floats += cpu::tile_scratch_floats(kRowTile, d);
+#endif
   ws->thread_scratch_.resize(static_cast<size_t>(threads));
   for (auto& s : ws->thread_scratch_) s.resize(static_cast<size_t>(scratch_floats));
 
