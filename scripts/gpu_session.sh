@@ -41,6 +41,13 @@ else
   fi
 fi
 
+# The attention kernels' instructions: the wgmma kernel must show HGMMA (not only HMMA).
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --dump-sass build/gpu-session/tests/cuda_attention_test 2>/dev/null >"$OUT/sass.txt"
+  log "SASS: $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -c HMMA "$OUT/sass.txt") HMMA instructions"
+  rm -f "$OUT/sass.txt"
+fi
+
 if [ "$mode" != bench ]; then
   log "GPU tests"
   for t in cuda_select_test cuda_attention_test; do
@@ -58,6 +65,14 @@ if [ "$mode" != tests ]; then
     >"$OUT/layer_cisa.json" 2>"$OUT/layer_cisa.log"
   log "cisa bench rc=$?"
   tail -40 "$OUT/layer_cisa.log"
+  # AB_GEOMETRY=4:1 (or all, …): the same benchmark again with every attention launch on the
+  # mma.sync kernel (CISA_CUDA_ATTENTION=mma), for a same-session comparison with wgmma.
+  if [ -n "${AB_GEOMETRY:-}" ]; then
+    CISA_CUDA_ATTENTION=mma ./build/gpu-session/cisa bench layer --backend cuda --json --geometry "$AB_GEOMETRY" \
+      >"$OUT/layer_cisa_mma.json" 2>"$OUT/layer_cisa_mma.log"
+    log "cisa bench (mma.sync) rc=$?"
+    tail -14 "$OUT/layer_cisa_mma.log"
+  fi
   if [ "$mode" = cisa ]; then log "done (no anchors in mode cisa)"; exit 0; fi
   # ANCHOR_ARGS: extra options of bench/anchors_layer.py (e.g. --no-flex --gather-geometries 4:1
   # when device time is short).

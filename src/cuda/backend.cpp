@@ -2,10 +2,13 @@
 // decomposition (plan), and the launch sequences of the run step.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "attention.cuh"
+#include "attention_wgmma.cuh"
 #include "cisa/cuda_backend.h"
 #include "page_lists.cuh"
 #include "plan_impl.h"
@@ -170,6 +173,10 @@ Status plan_attention(Plan::Impl& P) {
   P.page_warps = 1;
   if (P.unions.empty() && P.warps == 4 && P.head_dim <= tiles::kPageSplitMaxHeadDim)
     P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
+  // CISA_CUDA_ATTENTION=mma keeps every launch on the mma.sync kernel (A/B measurements).
+  const char* force = std::getenv("CISA_CUDA_ATTENTION");
+  P.wgmma = detail::wgmma_attention_applies(P.head_dim, P.page_warps, !P.unions.empty()) &&
+            !(force && std::strcmp(force, "mma") == 0);
   int64_t pairs = static_cast<int64_t>(P.unions.size());
   for (size_t L = 0; L < P.lists.size(); ++L) {
     if (union_at[L] != -1) continue;
@@ -479,9 +486,11 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.window = P.lists.empty() ? 0 : P.lists[0].window;
   a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   auto s = static_cast<cudaStream_t>(stream);
-  CISA_RETURN_IF_ERROR(cuda_status(detail::launch_attention(a, static_cast<int64_t>(P.tasks.size()), P.warps, P.page_warps,
-                                                            !P.unions.empty(), s),
-                                   "cuda: attention"));
+  const auto n_tasks = static_cast<int64_t>(P.tasks.size());
+  CISA_RETURN_IF_ERROR(cuda_status(
+      P.wgmma ? detail::launch_attention_wgmma(a, n_tasks, P.warps, s)
+              : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
+      "cuda: attention"));
   return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), s), "cuda: split-KV merge");
 }
 

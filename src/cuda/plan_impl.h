@@ -52,6 +52,7 @@ struct Plan::Impl {
   std::vector<detail::MergeTask> merges;
   int warps = 4;
   int page_warps = 1;  // warps splitting a tile's pages (attention.cuh)
+  bool wgmma = false;  // attention on the wgmma kernel (attention_wgmma.cuh)
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
 
   DeviceBuffer d_lists, d_sel, d_streams, d_tasks, d_merges;

@@ -34,6 +34,18 @@ constexpr int kPageSplitMaxHeadDim = 128;
 constexpr int kBlocksPerSmTarget = 4;
 constexpr int kMinSplitPages = 64;
 
+// ---- attention on warpgroup MMA (attention_wgmma.cu, v4) ----
+// Full row tiles (64 or 128 rows, no unions, no page-split warps) at d = 128 run Q·Kᵀ and P·V as
+// wgmma (sm_90a): mma.sync peaked at ~236 TFLOP/s on prefill (v3); wgmma issues a 64-row
+// warpgroup's MMA at once from registers (Q, P) and shared memory (K, V). Off: every launch
+// uses the mma.sync kernel (also at run time: environment CISA_CUDA_ATTENTION=mma, for A/B runs).
+constexpr bool kWgmmaAttention = true;
+// Keys per tile: S = 64 × 64 f32 (32 registers per thread, one m64n64 accumulator), P·V as 4
+// k-steps of m64n128k16; one stage of K+V = 32 KB (no padding: core-matrix layout).
+constexpr int kWgTileTokens = 64;
+// Pipeline depth as the mma.sync kernel (3 × 32 KB = 96 KB), so a change in speed is the MMA's.
+constexpr int kWgStages = 3;
+
 // ---- scoring (score.cu) ----
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and
 // scored against up to 64 index queries at a time (4 chunks × 4 queries per thread: 8 shared

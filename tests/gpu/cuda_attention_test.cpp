@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #ifdef CISA_WITH_CUDA
+#include <algorithm>
 #include <cmath>
 
 #include "cisa/attention.h"
@@ -118,6 +119,8 @@ TEST(CudaAttention, DenseMatchesCpu) {
       SCOPED_TRACE("window " + std::to_string(window));
       cuda::Plan plan;
       ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, window, &plan).ok());
+      // 128-row prefill tiles at d = 128 run on the wgmma kernel (attention_wgmma.cu).
+      EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128);
       ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
       run_and_compare(w, m, plan, window);
     }
@@ -150,6 +153,7 @@ TEST(CudaAttention, SparseMatchesCpu) {
         cuda::Plan plan;
         ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, {.group_unions = unions}).ok());
         EXPECT_EQ(!plan.impl()->unions.empty(), unions && small);
+        EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128 && !(unions && small));
         auto* P = plan.impl();
         cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
         cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
@@ -193,6 +197,52 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
     diq.upload(iq);
     ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
     run_and_compare(w, m, plan, 0);
+  }
+}
+
+// The wgmma kernel (d = 128) and the mma.sync kernel on the same plans: tiles of one warpgroup
+// (33–64 rows) and of two (65–128 rows, the second warpgroup partly or wholly past the list's
+// rows), dense with and without a window, CISA at G = 16 and 32, GQA 4:1, 8:2 and 32:1. Both
+// must match the CPU; the plan must pick wgmma by default.
+TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 128}, Shape{1, 32, 128}}) {
+    const int hg = sh.hq / sh.hkv;
+    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq));
+    // Entry rows at h_g = 4: 64 (one full warpgroup), 36, 100 (second warpgroup partly active),
+    // 260 (a 4-row last tile); a decode entry (split-KV partials through the same kernel). All
+    // entries start past the CISA plans' dense prefix, so at G = 64 / h_g every tile has ≤ 64 rows
+    // (4 warps: one warpgroup per block); dense plans and G = 32 use two.
+    auto w = make_world(sh.hkv, sh.hq, sh.d, {6000, 2100, 4000, 1000, 3000},
+                        {{0, 5984, 16}, {1, 2091, 9}, {2, 3975, 25}, {3, 935, 65}, {4, 2999, 1}}, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 5);
+    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
+    DevVec<float> diq;
+    diq.upload(iq);
+    for (int variant = 0; variant < 4; ++variant) {
+      cuda::Plan plan;
+      int64_t window = 0;
+      if (variant < 2) {
+        window = variant == 0 ? 0 : 300;
+        ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, window, &plan).ok());
+        ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+      } else {
+        SelectionParams p{.budget = 48, .window = 6, .qshare = variant == 2 ? std::max(1, 64 / hg) : 32, .sink_pages = 1};
+        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
+        ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+      }
+      auto* P = plan.impl();
+      EXPECT_EQ(P->wgmma, cuda::tiles::kWgmmaAttention) << "variant " << variant;
+      EXPECT_EQ(P->warps, variant == 2 ? 4 : 8) << "variant " << variant;
+      for (bool wg : {true, false}) {
+        SCOPED_TRACE("variant " + std::to_string(variant) + (wg ? " wgmma" : " mma.sync") + " warps " +
+                     std::to_string(P->warps));
+        P->wgmma = wg;
+        run_and_compare(w, m, plan, window);
+      }
+    }
   }
 }
 

@@ -204,7 +204,12 @@ int bench_layer(int argc, char** argv) {
   doc["window"] = o.window;
   doc["prefill_queries"] = o.prefill;
   doc["iters"] = o.iters;
-  doc["kernels"] = "v3: cluster top-k, page-ID-first decode scoring, 3-stage attention, KV-outer unions for lists <= 16 rows";
+  doc["kernels"] = "v4: v3 (cluster top-k, page-ID-first decode scoring, 3-stage attention, KV-outer unions for lists <= "
+                   "16 rows) + wgmma attention mainloop for full prefill tiles at d = 128";
+  const char* attn_env = std::getenv("CISA_CUDA_ATTENTION");
+  const bool mma_only = attn_env && std::string(attn_env) == "mma";
+  doc["attention_mainloop"] = mma_only ? "mma.sync everywhere (CISA_CUDA_ATTENTION=mma)"
+                                       : "wgmma for full prefill tiles at d = 128, mma.sync elsewhere";
   doc["index_query_model"] = "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();
   std::mt19937 rng(42);

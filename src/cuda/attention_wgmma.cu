@@ -1,0 +1,269 @@
+// Paged attention mainloop on warpgroup MMA (sm_90a), head dim 128.
+//
+// Per block: rows [row0, row0 + rows) of one list (64 or 128 rows = 1 or 2 warpgroups); warp w
+// of warpgroup g owns rows 64g + 16w … +15, and each thread rows lane/4 and lane/4 + 8 of those
+// (the accumulator layout of wgmma.h). Per tile of kWgTileTokens keys and for each warpgroup:
+//   S (64 × NT)  = Q (64 × 128, registers) · Kᵀ   8 wgmma m64n64k16, K K-major in shared memory
+//   online softmax of S in f32 registers (exact masks, as in attention.cu)
+//   O (64 × 128) += P (bf16, registers) · V        NT/16 wgmma m64n128k16, V MN-major (trans)
+// K and V tiles come in by a kWgStages-deep cp.async pipeline, each 16-byte piece of a token
+// row written straight into its core matrix (8 tokens × 8 channels, 128 contiguous bytes), so one
+// shared layout serves K as a K-major B operand and V as an MN-major one. Pages past the block's
+// range are zero-filled and masked, like the mma.sync kernel.
+#include <cfloat>
+#include <climits>
+
+#include "attention_wgmma.cuh"
+#include "common.cuh"
+#include "tile_sizes.cuh"
+#include "wgmma.cuh"
+
+namespace cisa::cuda::detail {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kD = 128;
+constexpr uint32_t kCore = 128;              // bytes of one core matrix (8 rows × 16 bytes)
+constexpr uint32_t kGroup = kD / 8 * kCore;  // bytes of 8 tokens × kD channels
+constexpr int kTileBytes = tiles::kWgTileTokens * kD * 2;
+
+constexpr size_t wgmma_smem_bytes() {
+  return size_t{2} * tiles::kWgStages * kTileBytes + sizeof(int32_t) * 2 * tiles::kSegPages;
+}
+
+template <int WG>
+__global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const AttentionArgs a) {
+  constexpr int B = tiles::kPageSize;
+  constexpr int NT = tiles::kWgTileTokens;
+  constexpr int NP = NT / B;
+  constexpr int THREADS = WG * 128;
+  constexpr int ST = tiles::kWgStages;
+  constexpr int SEG = tiles::kSegPages;
+  static_assert(NT == 64, "the score tile is one m64n64 accumulator");
+  extern __shared__ __align__(128) uint8_t smem_w[];
+  uint8_t* ks = smem_w;                   // [ST][kTileBytes] core-matrix layout
+  uint8_t* vs = smem_w + ST * kTileBytes;  // same
+  int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);  // [kSegPages]
+  int32_t* cid_s = pid_s + SEG;                                        // [kSegPages]
+
+  const AttnTask t = a.tasks[blockIdx.x];
+  const ListDesc L = a.lists[t.list];
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, tq = lane & 3;
+  const int wg = warp / 4;
+  const int row_base = wg * 64 + (warp % 4) * 16;
+  const bool wg_active = wg * 64 < t.rows;
+
+  // The two rows of this thread (rows past the tile repeat its last row and are not written).
+  int32_t pos[2];
+  const uint16_t* qp[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = min(row_base + gr + 8 * h, t.rows - 1);
+    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    pos[h] = L.first_pos + p;
+    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(kD);
+  }
+  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
+
+  // Q as the register A operand, k-step kk = channels 16kk … 16kk + 15.
+  uint32_t qf[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
+  }
+
+  const int64_t n_pages = t.page1 - t.page0;
+  // Piece e of a tile: token 8·(e / 128) + e % 8, channels 8·((e / 8) % 16) … +7. Eight
+  // consecutive threads fill one core matrix (128 contiguous bytes: no bank conflict) and read
+  // 16 bytes of 8 consecutive token rows each (whole 32-byte sectors across the warp).
+  auto load_tile = [&](int stage, int tile, int seg_n) {
+    constexpr int CPR = kD / 8;
+#pragma unroll
+    for (int e = threadIdx.x; e < NT * CPR; e += THREADS) {
+      const int r8 = e % 8, c8 = (e / 8) % CPR, grp = e / (8 * CPR);
+      const int tok = grp * 8 + r8;
+      const int pi = tile * NP + tok / B;
+      const bool ok = pi < seg_n;
+      const int64_t phys = ok ? pid_s[pi] : 0;
+      const int64_t off = ((phys * a.num_kv_heads + L.kv) * B + tok % B) * kD + c8 * 8;
+      const uint32_t so = stage * kTileBytes + grp * kGroup + c8 * kCore + r8 * 16;
+      dev::cp_async16(ks + so, a.k + off, ok ? 16 : 0);
+      dev::cp_async16(vs + so, a.v + off, ok ? 16 : 0);
+    }
+  };
+
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sl2 = a.scale * kLog2e;
+
+  bool done = false;
+  for (int64_t seg0 = 0; seg0 < n_pages && !done; seg0 += SEG) {
+    const int seg_n = static_cast<int>(n_pages - seg0 < SEG ? n_pages - seg0 : SEG);
+    __syncthreads();  // the previous segment's IDs and stages are no longer read
+    for (int i = threadIdx.x; i < seg_n; i += THREADS) {
+      pid_s[i] = a.pages[t.page0 + seg0 + i];
+      cid_s[i] = a.chunks[t.page0 + seg0 + i];
+    }
+    __syncthreads();
+    const int n_tiles = (seg_n + NP - 1) / NP;
+#pragma unroll
+    for (int p = 0; p < ST - 1; ++p) {
+      if (p < n_tiles) load_tile(p, p, seg_n);
+      dev::cp_async_commit();
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+      dev::cp_async_wait<ST - 2>();
+      dev::fence_proxy_async();  // the landed tile is read by wgmma (async proxy)
+      __syncthreads();           // tile it visible; stage (it − 1) % ST free (its MMAs waited)
+      if (it + ST - 1 < n_tiles) load_tile((it + ST - 1) % ST, it + ST - 1, seg_n);
+      dev::cp_async_commit();
+      if (cid_s[it * NP] * B > tmax) {  // pages ascend: the rest is in the future of every row
+        done = true;
+        break;
+      }
+      if (!wg_active) continue;
+      const int stage = it % ST;
+      int32_t cstart[NP];
+#pragma unroll
+      for (int j = 0; j < NP; ++j) {
+        const int pi = it * NP + j;
+        cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
+      }
+      const uint8_t* kst = ks + stage * kTileBytes;
+      const uint8_t* vst = vs + stage * kTileBytes;
+
+      float s[NT / 2];
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) s[i] = 0.0f;
+      dev::fence_regs(s);
+      dev::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)  // K-major B: LBO steps channels, SBO tokens
+        dev::wgmma_m64n64k16<0>(s, qf[kk], dev::smem_desc(kst + kk * 2 * kCore, kCore, kGroup), kk > 0);
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();
+      dev::fence_regs(s);
+
+      // Mask by absolute position (causal, optional window), scale, online softmax. Column n of
+      // the tile is token 8j + 2tq + (e & 1) of accumulator chunk j: page j / 2 of the tile.
+      float mx[2] = {-INFINITY, -INFINITY};
+      const bool all_visible = a.window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
+      if (all_visible) {
+#pragma unroll
+        for (int i = 0; i < NT / 2; ++i) {
+          s[i] *= sl2;
+          mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1;
+            const int32_t sp = cstart[j / 2] + (j % 2) * 8 + tq * 2 + (e & 1);
+            const bool vis = sp <= pos[h] && (a.window == 0 || sp > pos[h] - a.window);
+            s[4 * j + e] = vis ? s[4 * j + e] * sl2 : -INFINITY;
+            mx[h] = fmaxf(mx[h], s[4 * j + e]);
+          }
+      }
+      float base[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m[h], mx[h]);
+        base[h] = m_new == -INFINITY ? 0.0f : m_new;
+        const float corr = exp2f(m[h] - base[h]);
+        l[h] *= corr;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          o[4 * j + 2 * h] *= corr;
+          o[4 * j + 2 * h + 1] *= corr;
+        }
+        m[h] = m_new;
+      }
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) {
+        s[i] = exp2f(s[i] - base[(i >> 1) & 1]);
+        l[(i >> 1) & 1] += s[i];
+      }
+      // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
+      uint32_t pa[NT / 16][4];
+#pragma unroll
+      for (int kt = 0; kt < NT / 16; ++kt) {
+        pa[kt][0] = dev::pack_bf16x2(s[8 * kt + 0], s[8 * kt + 1]);
+        pa[kt][1] = dev::pack_bf16x2(s[8 * kt + 2], s[8 * kt + 3]);
+        pa[kt][2] = dev::pack_bf16x2(s[8 * kt + 4], s[8 * kt + 5]);
+        pa[kt][3] = dev::pack_bf16x2(s[8 * kt + 6], s[8 * kt + 7]);
+      }
+      dev::fence_regs(o);
+      dev::wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < NT / 16; ++kt)  // MN-major B: LBO steps tokens, SBO channels
+        dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc(vst + kt * 2 * kGroup, kGroup, kCore), 1);
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();  // the stage is overwritten after the next barrier
+      dev::fence_regs(o);
+    }
+  }
+  dev::cp_async_wait<0>();
+  if (!wg_active) return;
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_base + gr + 8 * h;
+    if (r >= t.rows) continue;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    const float lse = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
+    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    float* dst;
+    const int64_t partial = __ldg(&a.tasks[blockIdx.x].partial);
+    if (partial < 0) {
+      const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
+      dst = a.out + hr * kD;
+      if (a.lse && tq == 0) a.lse[hr] = lse;
+    } else {
+      dst = a.partial_out + (partial + r) * kD;
+      if (tq == 0) a.partial_lse[partial + r] = lse;
+    }
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+  }
+}
+
+template <int WG>
+cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+  constexpr size_t smem = wgmma_smem_bytes();
+  cudaError_t err = cudaFuncSetAttribute(attention_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  attention_wgmma_kernel<WG><<<static_cast<unsigned>(num_tasks), WG * 128, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool wgmma_attention_applies(int head_dim, int page_warps, bool unions) {
+  return tiles::kWgmmaAttention && head_dim == kD && page_warps == 1 && !unions;
+}
+
+cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
+  if (num_tasks <= 0) return cudaSuccess;
+  if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
+  return warps == 8 ? launch_typed<2>(a, num_tasks, stream) : launch_typed<1>(a, num_tasks, stream);
+}
+
+}  // namespace cisa::cuda::detail

@@ -1,0 +1,22 @@
+// Paged attention on Hopper warpgroup MMA (wgmma, sm_90a) for full prefill row tiles: the same
+// tasks, page lists, masking, LSE output and split-KV partials as attention.cuh, with Q·Kᵀ and
+// P·V issued per warpgroup (64 query rows) instead of per warp. K/V pages are still read in place
+// by page ID (cp.async into a core-matrix shared layout, no gather). Head dim 128 only; other
+// head dims, union tasks and page-split decode keep the mma.sync kernel (attention.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention.cuh"
+
+namespace cisa::cuda::detail {
+
+// True when the wgmma kernel can run a plan of this shape (see above).
+bool wgmma_attention_applies(int head_dim, int page_warps, bool unions);
+
+// warps: 4 or 8 (row tile 64 or 128 = one or two warpgroups); same tasks as launch_attention.
+cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream);
+
+}  // namespace cisa::cuda::detail
