@@ -29,7 +29,7 @@ namespace cisa {
 
 namespace {
 
-constexpr int kRowTile = 64;          // rows of one task: fits Q and O tiles in L1/L2 at d = 128
+constexpr int kRowTile = 256;         // rows of one task (see run_task)
 constexpr int64_t kMinSplitPages = 16; // a split reads at least this many pages
 constexpr int64_t kPrefetchPages = 2;  // how far ahead scattered pages are prefetched
 using cpu::kNegInf;
@@ -196,6 +196,19 @@ void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, 
     const int32_t page = pages[static_cast<size_t>(pi)];
     const T* kp = static_cast<const T*>(cache.k_page(layer, page, g));
     const T* vp = static_cast<const T*>(cache.v_page(layer, page, g));
+    // The next page's K and V are fetched while this one is computed (tens of microseconds for
+    // a tile): the transposition reads K rows at a stride of d, which the hardware prefetcher
+    // does not follow well, and selected pages are scattered anyway.
+    if (pi + 1 < t.page1) {
+      const int32_t next = pages[static_cast<size_t>(pi + 1)];
+      const auto* nk = static_cast<const char*>(cache.k_page(layer, next, g));
+      const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g));
+      const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));
+      for (int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(nk + off);
+        __builtin_prefetch(nv + off);
+      }
+    }
     for (int j0 = 0; j0 < B; j0 += cpu::kKeyBlock) {
       const int nk = std::min(cpu::kKeyBlock, B - j0);
       cpu::tile_key_block(qrow, tpos, R, kp + static_cast<int64_t>(j0) * d, vp + static_cast<int64_t>(j0) * d,

@@ -117,8 +117,12 @@ inline void transpose_keys(const T* k, int nk, int d, float* kt) {
     const int nc = std::min(16, d - c0);
     const __mmask16 cm = static_cast<__mmask16>((1u << nc) - 1u);
     __m512 r[16];
-    for (int j = 0; j < 16; ++j)
-      r[j] = j < nk ? maskz_load16(cm, k + static_cast<int64_t>(j) * d + c0) : _mm512_setzero_ps();
+    if (nk == 16 && nc == 16) {
+      for (int j = 0; j < 16; ++j) r[j] = load16(k + static_cast<int64_t>(j) * d + c0);
+    } else {
+      for (int j = 0; j < 16; ++j)  // rows past nk: an empty mask reads nothing and gives zeros
+        r[j] = maskz_load16(j < nk ? cm : static_cast<__mmask16>(0), k + static_cast<int64_t>(std::min(j, nk - 1)) * d + c0);
+    }
     transpose16x16(r);
     for (int c = 0; c < nc; ++c) _mm512_store_ps(kt + static_cast<int64_t>(c0 + c) * 16, r[c]);
   }
@@ -138,33 +142,57 @@ inline void block_scores8(const float* const* q, int n, const float* kt, int d, 
   for (int r = 0; r < 8; ++r) s[r] = a[r];
 }
 
-// O_r = O_r·c_r + Σ_{j<nk} p_rj v_j for RB rows, channels [c0, c0 + 16·C) (the last chunk may
-// hold only 8: mask `last`). p: [rows][16], c: per-row rescale (exactly 1 when the max held).
+// O_r = O_r·c_r + Σ_{j<nk} p_rj v_j for RB rows, channels [c0, c0 + 16·C), C = 4 or 1 (a lone
+// chunk may hold only 8 channels: mask `last`). p: [rows][16], c: per-row rescale (exactly 1
+// when the row's max held, so multiplying is exact and skipping it when no row moved is too).
 template <int RB, int C, class T>
 inline void block_pv(float* const* acc, const float* p, const float* c, const T* v, int nk, int d, int c0,
                      __mmask16 last, bool rescale) {
-  __m512 a[RB][C];
-  for (int r = 0; r < RB; ++r)
-    for (int ch = 0; ch < C; ++ch) {
-      const __mmask16 m = ch == C - 1 ? last : static_cast<__mmask16>(0xffff);
-      a[r][ch] = _mm512_maskz_loadu_ps(m, acc[r] + c0 + 16 * ch);
-      if (rescale) a[r][ch] = _mm512_mul_ps(a[r][ch], _mm512_set1_ps(c[r]));
+  static_assert(C == 4 || C == 1);
+  __m512 a0[RB], a1[RB], a2[RB], a3[RB];
+  for (int r = 0; r < RB; ++r) {
+    float* o = acc[r] + c0;
+    if constexpr (C == 4) {
+      a0[r] = _mm512_loadu_ps(o), a1[r] = _mm512_loadu_ps(o + 16);
+      a2[r] = _mm512_loadu_ps(o + 32), a3[r] = _mm512_loadu_ps(o + 48);
+    } else {
+      a0[r] = _mm512_maskz_loadu_ps(last, o);
     }
-  for (int j = 0; j < nk; ++j) {
-    const T* vj = v + static_cast<int64_t>(j) * d + c0;
-    __m512 vv[C];
-    for (int ch = 0; ch < C; ++ch)
-      vv[ch] = ch == C - 1 ? maskz_load16(last, vj + 16 * ch) : load16(vj + 16 * ch);
-    for (int r = 0; r < RB; ++r) {
-      const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
-      for (int ch = 0; ch < C; ++ch) a[r][ch] = _mm512_fmadd_ps(pb, vv[ch], a[r][ch]);
+    if (rescale) {
+      const __m512 cr = _mm512_set1_ps(c[r]);
+      a0[r] = _mm512_mul_ps(a0[r], cr);
+      if constexpr (C == 4) a1[r] = _mm512_mul_ps(a1[r], cr), a2[r] = _mm512_mul_ps(a2[r], cr), a3[r] = _mm512_mul_ps(a3[r], cr);
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int ch = 0; ch < C; ++ch) {
-      const __mmask16 m = ch == C - 1 ? last : static_cast<__mmask16>(0xffff);
-      _mm512_mask_storeu_ps(acc[r] + c0 + 16 * ch, m, a[r][ch]);
+  for (int j = 0; j < nk; ++j) {
+    const T* vj = v + static_cast<int64_t>(j) * d + c0;
+    if constexpr (C == 4) {
+      __m512 v0 = load16(vj), v1 = load16(vj + 16), v2 = load16(vj + 32), v3 = load16(vj + 48);
+      // Keep v in registers: folded into each FMA as a memory operand it would be loaded RB
+      // times, and the loads, not the FMAs, would bound the loop.
+      __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));
+      for (int r = 0; r < RB; ++r) {
+        const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
+        a0[r] = _mm512_fmadd_ps(pb, v0, a0[r]);
+        a1[r] = _mm512_fmadd_ps(pb, v1, a1[r]);
+        a2[r] = _mm512_fmadd_ps(pb, v2, a2[r]);
+        a3[r] = _mm512_fmadd_ps(pb, v3, a3[r]);
+      }
+    } else {
+      __m512 v0 = maskz_load16(last, vj);
+      __asm__("" : "+v"(v0));
+      for (int r = 0; r < RB; ++r) a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * kKeyBlock + j]), v0, a0[r]);
     }
+  }
+  for (int r = 0; r < RB; ++r) {
+    float* o = acc[r] + c0;
+    if constexpr (C == 4) {
+      _mm512_storeu_ps(o, a0[r]), _mm512_storeu_ps(o + 16, a1[r]);
+      _mm512_storeu_ps(o + 32, a2[r]), _mm512_storeu_ps(o + 48, a3[r]);
+    } else {
+      _mm512_mask_storeu_ps(o, last, a0[r]);
+    }
+  }
 }
 
 // RB rows, every channel: 64-channel groups, then single chunks.
