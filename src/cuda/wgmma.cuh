@@ -7,23 +7,30 @@
 // d[4j + 2..3] the same columns of row 16w + lane/4 + 8 (per chunk the mma.m16n8 C layout).
 // A from registers (m64k16): each warp holds its 16 rows in the mma.m16n8k16 A-fragment layout.
 //
-// Shared-memory operands here use the layout without swizzling: "core matrices" of 8 rows ×
-// 16 bytes stored as 128 contiguous bytes. The descriptor gives the byte distance between core
-// matrices adjacent along K (LBO) and along M/N (SBO). For a K-major operand (K contiguous inside
-// a core-matrix row) a row is 8 K-elements; for an MN-major one (trans) it is 8 N-elements and
-// the 8 rows step along K.
+// Shared-memory operands use the 128-byte swizzle: an atom is 8 rows of 128 bytes (1,024 bytes,
+// 1,024-aligned) whose 16-byte chunk c of row r is stored at chunk c XOR (r mod 8), so the 8
+// rows' chunk c lie in 8 different bank groups. K-major operand (K contiguous in a row): a row
+// is 64 K-elements, SBO = distance between 8-row groups along M/N; a k16 step inside the atom
+// advances the start address by 32 bytes (the hardware swizzles on absolute address bits).
+// MN-major operand (trans): a row is 64 N-elements and the 8 rows step along K; LBO = distance
+// between 64-element blocks along N, SBO = distance between 8-row groups along K.
 #pragma once
 
 #include <cstdint>
 
 namespace cisa::cuda::dev {
 
-// Descriptor of a shared-memory operand without swizzle: bits 0–13 start address / 16,
-// 16–29 LBO / 16, 32–45 SBO / 16, base offset 0, swizzle mode 0 (bits 62–63).
-__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+// Descriptor of a shared-memory operand with 128-byte swizzle: bits 0–13 start address / 16,
+// 16–29 LBO / 16, 32–45 SBO / 16, base offset 0 (atoms 1,024-aligned), bits 62–63 = 1 (128 B).
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void* p, uint32_t lbo, uint32_t sbo) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   return static_cast<uint64_t>((s & 0x3ffffu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3fffu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32);
+         (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32) | (uint64_t{1} << 62);
+}
+
+// Byte offset of 16-byte chunk c (0–7) of row r in a 128-byte-swizzled region of 128-byte rows.
+__device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
+  return static_cast<uint32_t>(r) * 128u + (static_cast<uint32_t>(c ^ (r & 7)) << 4);
 }
 
 // Orders this thread's earlier register accesses before the following wgmma reads/writes them.
