@@ -32,12 +32,15 @@ struct AttentionParams {
 };
 
 namespace detail {
-// One unit of attention work: a row tile of one page list over a range of its pages.
+// One unit of attention work: a row tile of one page list over a range of its pages, or of
+// `groups` consecutive lists (every KV group of one query group) that hold the same pages, walked
+// together so that each page's blocks of all KV groups, adjacent in the pool, are read in order.
 struct AttentionTask {
-  int64_t list;          // query group · num_kv_heads + kv group
-  int32_t row0, rows;    // rows [row0, row0 + rows) of the list (row = position · h_g + head)
-  int64_t page0, page1;  // pages [page0, page1) of the list
+  int64_t list;          // query group · num_kv_heads + kv group (the first, when groups > 1)
+  int32_t row0, rows;    // rows [row0, row0 + rows) of each list (row = position · h_g + head)
+  int64_t page0, page1;  // pages [page0, page1) of the list(s)
   int64_t partial;       // −1: writes the output; else first row of its split-KV partial slot
+  int32_t groups = 1;    // lists covered; its rows are list-major: groups × rows in all
 };
 }  // namespace detail
 
@@ -55,6 +58,7 @@ class AttentionWorkspace {
   std::vector<float> partial_lse_;  // [tasks][rows]
   std::vector<detail::AttentionTask> tasks_;
   std::vector<size_t> merge_heads_;
+  std::vector<uint8_t> grouped_;  // per query group: one task walks all its KV groups' lists
   std::vector<int64_t> row_offsets_, covered_;  // validation scratch
 };
 

@@ -72,6 +72,8 @@ struct AttentionRunner {
   void walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
                         float* m, float* l, float* tile) const;
   bool tiled(const Task& t) const;
+  bool same_pages_all_groups(int64_t query_group) const;
+  int64_t head_row(const Task& t, int r) const;
 };
 
 Status AttentionRunner::validate() const {
@@ -119,47 +121,73 @@ Status AttentionRunner::validate() const {
   return Status::Ok();
 }
 
-// The pages of one task, in order, for each block of up to 4 rows of its tile.
+// The pages of one task, in order, for each block of up to 4 rows of its tile (of each of its
+// lists, for a task over several KV groups: those lists hold the same pages, so one page index
+// reads each group's block of that page, next to each other in the pool).
 template <class T>
 void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
                                  float* m, float* l, float* s) const {
-  const int g = static_cast<int>(t.list % hkv);
-  const auto pages = lists.list_pages(t.list / hkv, g);
-  const auto chunks = lists.list_chunks(t.list / hkv, g);
+  const int g0 = static_cast<int>(t.list % hkv);
+  const auto pages = lists.list_pages(t.list / hkv, g0);
+  const auto chunks = lists.list_chunks(t.list / hkv, g0);
   const int R = t.rows;
   const int64_t tmin = tpos[0], tmax = tpos[R - 1];
+  const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));  // one group's block
   for (int64_t pi = t.page0; pi < t.page1; ++pi) {
     const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
     if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
     if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
     const int32_t page = pages[static_cast<size_t>(pi)];
-    const T* kp = static_cast<const T*>(cache.k_page(layer, page, g));
-    const T* vp = static_cast<const T*>(cache.v_page(layer, page, g));
     // Pages whose data does not follow this page's in memory (selected pages scattered over the
     // pool, or a KV group's pages interleaved with other groups') defeat the hardware
     // prefetcher: fetch a few pages ahead while this one is computed.
+    const auto* kp0 = static_cast<const char*>(cache.k_page(layer, page, g0));
     const int64_t ahead = pi + kPrefetchPages;
     if (ahead < t.page1) {
       const int32_t next = pages[static_cast<size_t>(ahead)];
-      const auto* nk = static_cast<const char*>(cache.k_page(layer, next, g));
-      const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));
-      if (nk != reinterpret_cast<const char*>(kp) + kPrefetchPages * bytes) {
-        const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g));
-        for (int64_t off = 0; off < bytes; off += 64) {
+      const auto* nk = static_cast<const char*>(cache.k_page(layer, next, g0));
+      const int64_t span = bytes * t.groups;
+      if (nk != kp0 + kPrefetchPages * span) {
+        const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g0));
+        for (int64_t off = 0; off < span; off += 64) {
           __builtin_prefetch(nk + off);
           __builtin_prefetch(nv + off);
         }
       }
     }
-    for (int r0 = 0; r0 < R; r0 += 4) {
-      const int nr = std::min(4, R - r0);
-      const int64_t lo = tpos[r0], hi = tpos[r0 + nr - 1];
-      if (s0 > hi || (window > 0 && s0 + B - 1 <= lo - window)) continue;
-      const bool full = s0 + B - 1 <= lo && (window == 0 || s0 > hi - window);
-      const cpu::PageMask mask{s0, tpos + r0, window, full};
-      cpu::page_step(nr, qrow + r0, kp, vp, mask, B, d, scale, s, m + r0, l + r0, accp + r0);
+    for (int gi = 0; gi < t.groups; ++gi) {
+      const T* kp = static_cast<const T*>(cache.k_page(layer, page, g0 + gi));
+      const T* vp = static_cast<const T*>(cache.v_page(layer, page, g0 + gi));
+      const int base = gi * R;
+      for (int r0 = 0; r0 < R; r0 += 4) {
+        const int nr = std::min(4, R - r0);
+        const int64_t lo = tpos[r0], hi = tpos[r0 + nr - 1];
+        if (s0 > hi || (window > 0 && s0 + B - 1 <= lo - window)) continue;
+        const bool full = s0 + B - 1 <= lo && (window == 0 || s0 > hi - window);
+        const cpu::PageMask mask{s0, tpos + r0, window, full};
+        const int b = base + r0;
+        cpu::page_step(nr, qrow + b, kp, vp, mask, B, d, scale, s, m + b, l + b, accp + b);
+      }
     }
   }
+}
+
+// Output row (position · num_q_heads + head) of row r of a task (rows list-major).
+int64_t AttentionRunner::head_row(const Task& t, int r) const {
+  const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
+  const int g = static_cast<int>(t.list % hkv) + r / t.rows;
+  const int rr = t.row0 + r % t.rows;
+  return (grp.row + rr / hg) * hq + static_cast<int64_t>(g) * hg + rr % hg;
+}
+
+// Whether every KV group's list of a query group names the same pages (dense lists do).
+bool AttentionRunner::same_pages_all_groups(int64_t query_group) const {
+  const auto first = lists.list_pages(query_group, 0);
+  for (int g = 1; g < hkv; ++g) {
+    const auto other = lists.list_pages(query_group, g);
+    if (!std::equal(first.begin(), first.end(), other.begin(), other.end())) return false;
+  }
+  return true;
 }
 
 // Prefill rows (batch entries of more than one position) use the AVX-512 tile kernel, which reads
@@ -223,8 +251,7 @@ void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, 
 // One row tile over one page range: online softmax, then either the final output or a partial.
 void AttentionRunner::run_task(const Task& t, float* scratch) const {
   const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
-  const int g = static_cast<int>(t.list % hkv);
-  const int R = t.rows;
+  const int R = t.rows * t.groups;  // every row of the task, list-major
   // scratch layout: acc[R][d] | m[R] | l[R] | s[4][B] | tile kernel scratch (64-byte aligned)
   float* acc = scratch;
   float* m = acc + static_cast<int64_t>(kRowTile) * d;
@@ -239,10 +266,8 @@ void AttentionRunner::run_task(const Task& t, float* scratch) const {
   const float* qrow[kRowTile] = {};
   int64_t tpos[kRowTile] = {};
   for (int r = 0; r < R; ++r) {
-    const int rr = t.row0 + r;
-    const int64_t pi = rr / hg, hi = rr % hg;
-    tpos[r] = grp.first + pi;
-    qrow[r] = q + ((grp.row + pi) * hq + static_cast<int64_t>(g) * hg + hi) * d;
+    tpos[r] = grp.first + (t.row0 + r % t.rows) / hg;
+    qrow[r] = q + head_row(t, r) * d;
   }
   float* accp[kRowTile];
   for (int r = 0; r < R; ++r) accp[r] = acc + static_cast<int64_t>(r) * d;
@@ -259,16 +284,14 @@ void AttentionRunner::run_task(const Task& t, float* scratch) const {
   }
 
   for (int r = 0; r < R; ++r) {
-    const int rr = t.row0 + r;
-    const int64_t pi = rr / hg, hi = rr % hg;
     const float* ar = acc + static_cast<int64_t>(r) * d;
     const float lse_r = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
     float* o;
     if (t.partial < 0) {
-      const int64_t head_row = (grp.row + pi) * hq + static_cast<int64_t>(g) * hg + hi;
-      o = out + head_row * d;
-      if (lse) lse[head_row] = lse_r;
+      const int64_t hr = head_row(t, r);
+      o = out + hr * d;
+      if (lse) lse[hr] = lse_r;
     } else {
       o = ws->partial_out_.data() + (t.partial + r) * d;
       ws->partial_lse_[static_cast<size_t>(t.partial + r)] = lse_r;
@@ -279,18 +302,29 @@ void AttentionRunner::run_task(const Task& t, float* scratch) const {
 
 void AttentionRunner::run(ThreadPool& pool) {
   const int threads = pool.num_threads();
-  // Pass 1: (list, row tile) pairs; decide how many page splits each list gets.
+  // Pass 1: work units (a list, or every KV group's list of a decode query group when they hold
+  // the same pages), their row tiles, and how many page splits each unit gets.
   auto& tasks = ws->tasks_;  // rebuilt per call in reused storage
+  auto& grouped = ws->grouped_;
   tasks.clear();
+  const int64_t n_groups = static_cast<int64_t>(lists.groups.size());
+  grouped.assign(static_cast<size_t>(n_groups), 0);
   int64_t pairs = 0;
-  for (int64_t L = 0; L < lists.num_lists(); ++L) {
-    const auto& grp = lists.groups[static_cast<size_t>(L / hkv)];
-    pairs += ((grp.last - grp.first + 1) * hg + kRowTile - 1) / kRowTile;
+  for (int64_t qg = 0; qg < n_groups; ++qg) {
+    const auto& grp = lists.groups[static_cast<size_t>(qg)];
+    const int64_t rows = (grp.last - grp.first + 1) * hg;
+    const Task probe{qg * hkv, 0, 1, 0, 0, -1};
+    const bool all = hkv > 1 && !tiled(probe) && rows * hkv <= kRowTile && same_pages_all_groups(qg);
+    grouped[static_cast<size_t>(qg)] = all ? 1 : 0;
+    pairs += (all ? 1 : hkv) * ((rows + kRowTile - 1) / kRowTile);
   }
   const int64_t target = 4 * static_cast<int64_t>(threads);
   int64_t partial_rows = 0;
   for (int64_t L = 0; L < lists.num_lists(); ++L) {
-    const auto& grp = lists.groups[static_cast<size_t>(L / hkv)];
+    const int64_t qg = L / hkv;
+    const bool all = grouped[static_cast<size_t>(qg)] != 0;
+    if (all && L % hkv != 0) continue;  // covered by the task of KV group 0
+    const auto& grp = lists.groups[static_cast<size_t>(qg)];
     const int64_t rows = (grp.last - grp.first + 1) * hg;
     const int64_t n_pages = lists.offsets[static_cast<size_t>(L + 1)] - lists.offsets[static_cast<size_t>(L)];
     int64_t splits = pairs >= target ? 1 : (target + pairs - 1) / pairs;
@@ -298,10 +332,11 @@ void AttentionRunner::run(ThreadPool& pool) {
     for (int64_t r0 = 0; r0 < rows; r0 += kRowTile) {
       const auto R = static_cast<int32_t>(std::min<int64_t>(kRowTile, rows - r0));
       for (int64_t sp = 0; sp < splits; ++sp) {
-        Task t{L, static_cast<int32_t>(r0), R, n_pages * sp / splits, n_pages * (sp + 1) / splits, -1};
+        Task t{L, static_cast<int32_t>(r0), R, n_pages * sp / splits, n_pages * (sp + 1) / splits, -1,
+               all ? hkv : 1};
         if (splits > 1) {
           t.partial = partial_rows;
-          partial_rows += R;
+          partial_rows += static_cast<int64_t>(R) * t.groups;
         }
         tasks.push_back(t);
       }
@@ -321,7 +356,7 @@ void AttentionRunner::run(ThreadPool& pool) {
   });
   if (partial_rows == 0) return;
 
-  // Pass 2: merge the splits of each (list, row tile) by log-sum-exp.
+  // Pass 2: merge the splits of each (unit, row tile) by log-sum-exp.
   auto& heads = ws->merge_heads_;  // first task of each split run
   heads.clear();
   for (size_t i = 0; i < tasks.size(); ++i)
@@ -333,15 +368,12 @@ void AttentionRunner::run(ThreadPool& pool) {
            tasks[last].row0 == tasks[first].row0 && tasks[last].page0 != 0)
       ++last;
     const Task& t0 = tasks[first];
-    const auto& grp = lists.groups[static_cast<size_t>(t0.list / hkv)];
-    const int g = static_cast<int>(t0.list % hkv);
-    for (int r = 0; r < t0.rows; ++r) {
+    for (int r = 0; r < t0.rows * t0.groups; ++r) {
       float mx = kNegInf;
       for (size_t k = first; k < last; ++k)
         mx = std::max(mx, ws->partial_lse_[static_cast<size_t>(tasks[k].partial + r)]);
-      const int rr = t0.row0 + r;
-      const int64_t head_row = (grp.row + rr / hg) * hq + static_cast<int64_t>(g) * hg + rr % hg;
-      float* o = out + head_row * d;
+      const int64_t hr = head_row(t0, r);
+      float* o = out + hr * d;
       std::fill(o, o + d, 0.0f);
       float sum = 0.0f;
       if (mx != kNegInf) {
@@ -353,7 +385,7 @@ void AttentionRunner::run(ThreadPool& pool) {
         }
         for (int i = 0; i < d; ++i) o[i] /= sum;
       }
-      if (lse) lse[head_row] = mx == kNegInf ? kNegInf : mx + std::log(sum);
+      if (lse) lse[hr] = mx == kNegInf ? kNegInf : mx + std::log(sum);
     }
   });
 }

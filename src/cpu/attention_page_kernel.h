@@ -4,8 +4,8 @@
 // For rows r and keys j of the page:  s_rj = scale · q_r·k_j  (−∞ where masked)
 //   m_r' = max(m_r, max_j s_rj);  l_r = l_r·e^(m_r − m_r') + Σ_j e^(s_rj − m_r');
 //   acc_r = acc_r·e^(m_r − m_r') + Σ_j e^(s_rj − m_r') v_j
-// K and V are read in place (f32) or widened 8 lanes at a time (bf16). An AVX2+FMA version is
-// used where the compiler targets it; the portable loops below are its specification.
+// K and V are read in place (f32) or widened as they are loaded (bf16). AVX-512 and AVX2+FMA
+// versions are used where the compiler targets them; the portable loops are their specification.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "attention_tile_kernel.h"
 #include "cisa/bf16.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -84,10 +85,67 @@ inline __m256 hsum8x8(const __m256* v) {
 }
 #endif
 
+#ifdef CISA_ATTENTION_AVX512
+// The four sums of four vectors: lane x = Σ of v[x]'s lanes.
+inline __m128 hsum4x16(const __m512* v) {
+  __m256 y[4];
+  for (int x = 0; x < 4; ++x)
+    y[x] = _mm256_add_ps(_mm512_castps512_ps256(v[x]), _mm512_extractf32x8_ps(v[x], 1));
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(y[0], y[1]), _mm256_hadd_ps(y[2], y[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Scores of NR rows against B keys, four keys at a time: NR × 4 accumulators of 16 channels, so
+// each K vector loaded feeds NR FMAs and each query vector four.
+template <int NR, class T>
+inline void page_scores512(const float* const* q, const T* k, int B, int d, float scale, float* s) {
+  const int dm = d & ~15;  // channels in whole vectors; d − dm is 0 or 8
+  const __mmask16 tail = 0x00ff;
+  int j0 = 0;
+  for (; j0 + 4 <= B; j0 += 4) {
+    const T* kj = k + static_cast<int64_t>(j0) * d;
+    __m512 a[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int x = 0; x < 4; ++x) a[r][x] = _mm512_setzero_ps();
+    for (int i = 0; i < dm; i += 16) {
+      __m512 kv[4];
+      for (int x = 0; x < 4; ++x) kv[x] = load16(kj + static_cast<int64_t>(x) * d + i);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qv = _mm512_loadu_ps(q[r] + i);
+        for (int x = 0; x < 4; ++x) a[r][x] = _mm512_fmadd_ps(qv, kv[x], a[r][x]);
+      }
+    }
+    if (dm < d) {
+      __m512 kv[4];
+      for (int x = 0; x < 4; ++x) kv[x] = maskz_load16(tail, kj + static_cast<int64_t>(x) * d + dm);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qv = _mm512_maskz_loadu_ps(tail, q[r] + dm);
+        for (int x = 0; x < 4; ++x) a[r][x] = _mm512_fmadd_ps(qv, kv[x], a[r][x]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      _mm_storeu_ps(s + r * B + j0, _mm_mul_ps(hsum4x16(a[r]), _mm_set1_ps(scale)));
+  }
+  for (int j = j0; j < B; ++j) {
+    const T* kj = k + static_cast<int64_t>(j) * d;
+    __m512 a[NR];
+    for (int r = 0; r < NR; ++r) a[r] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+      const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xffff) : tail;
+      const __m512 kv = maskz_load16(m, kj + i);
+      for (int r = 0; r < NR; ++r) a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[r] + i), kv, a[r]);
+    }
+    for (int r = 0; r < NR; ++r) s[r * B + j] = _mm512_reduce_add_ps(a[r]) * scale;
+  }
+}
+#endif
+
 // Scores of NR rows against B keys: s[r·B + j].
 template <int NR, class T>
 inline void page_scores(const float* const* q, const T* k, int B, int d, float scale, float* s) {
-#ifdef CISA_ATTENTION_AVX2
+#if defined(CISA_ATTENTION_AVX512)
+  page_scores512<NR>(q, k, B, d, scale, s);
+#elif defined(CISA_ATTENTION_AVX2)
   int j0 = 0;
   if constexpr (NR == 4) {
     // Four rows × two keys: eight accumulators, one K load feeds four FMAs, one reduction.
@@ -176,7 +234,9 @@ inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d
   // be written yet, so they are not read at all (0·garbage could be NaN).
   const int jend = mask.full ? B : static_cast<int>(std::min<int64_t>(B, mask.tpos[NR - 1] - mask.s0 + 1));
   // acc_r += Σ_j p_rj v_j, 16 output channels at a time so the NR×2 accumulators stay in registers.
-#ifdef CISA_ATTENTION_AVX2
+#if defined(CISA_ATTENTION_AVX512)
+  rows_pv<NR>(acc, s, B, nullptr, v, jend, d, /*rescale=*/false);  // 64 channels × NR rows at a time
+#elif defined(CISA_ATTENTION_AVX2)
   int i = 0;
   for (; i + 16 <= d; i += 16) {
     __m256 a[NR][2];

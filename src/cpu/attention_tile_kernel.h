@@ -143,10 +143,10 @@ inline void block_scores8(const float* const* q, int n, const float* kt, int d, 
 }
 
 // O_r = O_r·c_r + Σ_{j<nk} p_rj v_j for RB rows, channels [c0, c0 + 16·C), C = 4 or 1 (a lone
-// chunk may hold only 8 channels: mask `last`). p: [rows][16], c: per-row rescale (exactly 1
+// chunk may hold only 8 channels: mask `last`). p: [rows][ps], c: per-row rescale (exactly 1
 // when the row's max held, so multiplying is exact and skipping it when no row moved is too).
 template <int RB, int C, class T>
-inline void block_pv(float* const* acc, const float* p, const float* c, const T* v, int nk, int d, int c0,
+inline void block_pv(float* const* acc, const float* p, int ps, const float* c, const T* v, int nk, int d, int c0,
                      __mmask16 last, bool rescale) {
   static_assert(C == 4 || C == 1);
   __m512 a0[RB], a1[RB], a2[RB], a3[RB];
@@ -172,7 +172,7 @@ inline void block_pv(float* const* acc, const float* p, const float* c, const T*
       // times, and the loads, not the FMAs, would bound the loop.
       __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));
       for (int r = 0; r < RB; ++r) {
-        const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
+        const __m512 pb = _mm512_set1_ps(p[r * ps + j]);
         a0[r] = _mm512_fmadd_ps(pb, v0, a0[r]);
         a1[r] = _mm512_fmadd_ps(pb, v1, a1[r]);
         a2[r] = _mm512_fmadd_ps(pb, v2, a2[r]);
@@ -181,7 +181,7 @@ inline void block_pv(float* const* acc, const float* p, const float* c, const T*
     } else {
       __m512 v0 = maskz_load16(last, vj);
       __asm__("" : "+v"(v0));
-      for (int r = 0; r < RB; ++r) a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * kKeyBlock + j]), v0, a0[r]);
+      for (int r = 0; r < RB; ++r) a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ps + j]), v0, a0[r]);
     }
   }
   for (int r = 0; r < RB; ++r) {
@@ -197,13 +197,14 @@ inline void block_pv(float* const* acc, const float* p, const float* c, const T*
 
 // RB rows, every channel: 64-channel groups, then single chunks.
 template <int RB, class T>
-inline void rows_pv(float* const* acc, const float* p, const float* c, const T* v, int nk, int d, bool rescale) {
+inline void rows_pv(float* const* acc, const float* p, int ps, const float* c, const T* v, int nk, int d,
+                    bool rescale) {
   const __mmask16 full = 0xffff;
   int c0 = 0;
-  for (; c0 + 64 <= d; c0 += 64) block_pv<RB, 4>(acc, p, c, v, nk, d, c0, full, rescale);
+  for (; c0 + 64 <= d; c0 += 64) block_pv<RB, 4>(acc, p, ps, c, v, nk, d, c0, full, rescale);
   for (; c0 < d; c0 += 16) {
     const __mmask16 last = d - c0 >= 16 ? full : static_cast<__mmask16>(0x00ff);
-    block_pv<RB, 1>(acc, p, c, v, nk, d, c0, last, rescale);
+    block_pv<RB, 1>(acc, p, ps, c, v, nk, d, c0, last, rescale);
   }
 }
 
@@ -255,10 +256,10 @@ inline void tile_key_block(const float* const* q, const int64_t* tpos, int R, co
   const int jend = static_cast<int>(std::min<int64_t>(nk, tpos[rb - 1] - s0 + 1));
   int r0 = ra;
   for (; r0 + 4 <= rb; r0 += 4)
-    rows_pv<4>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, c + r0, v, jend, d, rescale);
+    rows_pv<4>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d, rescale);
   for (; r0 + 2 <= rb; r0 += 2)
-    rows_pv<2>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, c + r0, v, jend, d, rescale);
-  if (r0 < rb) rows_pv<1>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, c + r0, v, jend, d, rescale);
+    rows_pv<2>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d, rescale);
+  if (r0 < rb) rows_pv<1>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d, rescale);
 }
 
 #endif  // CISA_ATTENTION_AVX512
