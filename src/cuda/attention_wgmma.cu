@@ -30,8 +30,10 @@ constexpr uint32_t kHalfBytes = tiles::kWgTileTokens * 128;  // one 64-channel h
 constexpr uint32_t kAtomBytes = 1024;                        // 8 token rows of 128 bytes
 
 // Stages first (1,024-aligned: the base is rounded up, hence the extra 1 KB), then the page IDs.
+template <int WG>
 constexpr size_t wgmma_smem_bytes() {
-  return size_t{2} * tiles::kWgStages * kTileBytes + sizeof(int32_t) * 2 * tiles::kSegPages + kAtomBytes;
+  constexpr int ST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
+  return size_t{2} * ST * kTileBytes + sizeof(int32_t) * 2 * tiles::kSegPages + kAtomBytes;
 }
 
 template <int WG>
@@ -40,7 +42,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   constexpr int NT = tiles::kWgTileTokens;
   constexpr int NP = NT / B;
   constexpr int THREADS = WG * 128;
-  constexpr int ST = tiles::kWgStages;
+  constexpr int ST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
+  static_assert(ST >= 3, "the pipeline reads tiles j and j + 1 while tile j + ST − 1 lands");
   constexpr int SEG = tiles::kSegPages;
   static_assert(NT == 64, "the score tile is one m64n64 accumulator");
   extern __shared__ __align__(128) uint8_t smem_w[];
@@ -103,7 +106,102 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
+  float s[NT / 2];             // scores of the tile being softmaxed
+  uint32_t pa[NT / 16][4];     // P of the tile whose P·V is issued (read by the wgmma in flight)
+  float pf[NT / 2];            // P of the next tile (f32), written while that P·V runs
+  float corr[2];
 
+  // S = Q·Kᵀ of the tile in `stage` (issued, not waited).
+  auto issue_s = [&](int stage) {
+    const uint8_t* kst = ks + stage * kTileBytes;
+    // K-major B: a k16 step is 32 bytes of a 128-byte row, SBO = 8 token rows.
+    auto desc = [&](int kk) { return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes); };
+    dev::wgmma_m64n64k16_init<0>(s, qf[0], desc(0));
+#pragma unroll
+    for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n64k16<0>(s, qf[kk], desc(kk), 1);
+  };
+  // O += P·V of the tile in `stage` (issued, not waited).
+  auto issue_pv = [&](int stage) {
+    const uint8_t* vst = vs + stage * kTileBytes;
+#pragma unroll
+    for (int kt = 0; kt < NT / 16; ++kt)  // MN-major B: LBO = channel half, SBO = 8 tokens
+      dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
+  };
+  // Online softmax of tile `tile` of the segment: masks by absolute position (causal, optional
+  // window), scales, updates m and l, writes P (f32) to pf and the factor for O to corr.
+  // Column n of the tile is token 8j + 2tq + (e & 1) of accumulator chunk j: page j / 2.
+  auto softmax = [&](int tile, int seg_n) {
+    int32_t cstart[NP];
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+      const int pi = tile * NP + j;
+      cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    const bool all_visible = a.window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
+    if (all_visible) {
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) {
+        s[i] *= sl2;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          const int32_t sp = cstart[j / 2] + (j % 2) * 8 + tq * 2 + (e & 1);
+          const bool vis = sp <= pos[h] && (a.window == 0 || sp > pos[h] - a.window);
+          s[4 * j + e] = vis ? s[4 * j + e] * sl2 : -INFINITY;
+          mx[h] = fmaxf(mx[h], s[4 * j + e]);
+        }
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      base[h] = m_new == -INFINITY ? 0.0f : m_new;
+      corr[h] = exp2f(m[h] - base[h]);
+      l[h] *= corr[h];
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) {
+      s[i] = exp2f(s[i] - base[(i >> 1) & 1]);
+      l[(i >> 1) & 1] += s[i];
+    }
+    // P stays f32 until the P·V in flight has finished: packing it into bf16 registers here let
+    // the compiler reuse pa's registers, and ptxas then serialised every wgmma (C7513).
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) pf[i] = s[i];
+  };
+  // After the P·V in flight has finished: O to the new maximum, next P becomes current.
+  auto rescale_and_advance = [&]() {
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      o[4 * j + 0] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
+    // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
+#pragma unroll
+    for (int kt = 0; kt < NT / 16; ++kt) {
+      pa[kt][0] = dev::pack_bf16x2(pf[8 * kt + 0], pf[8 * kt + 1]);
+      pa[kt][1] = dev::pack_bf16x2(pf[8 * kt + 2], pf[8 * kt + 3]);
+      pa[kt][2] = dev::pack_bf16x2(pf[8 * kt + 4], pf[8 * kt + 5]);
+      pa[kt][3] = dev::pack_bf16x2(pf[8 * kt + 6], pf[8 * kt + 7]);
+    }
+  };
+
+  // Software pipeline per warpgroup (FlashAttention-3's intra-warpgroup overlap): iteration j
+  // issues S of tile j + 1 and P·V of tile j back to back, softmaxes tile j + 1 while P·V of
+  // tile j runs on the tensor cores, then rescales O. Copies run kWgStages − 2 tiles ahead: the
+  // copy issued in iteration j goes to the stage of tile j − 1, whose P·V finished in iteration
+  // j − 1 (before this iteration's barrier); tiles j (V) and j + 1 (K) are being read.
   bool done = false;
   for (int64_t seg0 = 0; seg0 < n_pages && !done; seg0 += SEG) {
     const int seg_n = static_cast<int>(n_pages - seg0 < SEG ? n_pages - seg0 : SEG);
@@ -115,104 +213,62 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
     __syncthreads();
     const int n_tiles = (seg_n + NP - 1) / NP;
 #pragma unroll
-    for (int p = 0; p < ST - 1; ++p) {
+    for (int p = 0; p < ST - 1; ++p) {  // tiles 0 … ST − 2: one commit group each
       if (p < n_tiles) load_tile(p, p, seg_n);
       dev::cp_async_commit();
     }
-    for (int it = 0; it < n_tiles; ++it) {
-      dev::cp_async_wait<ST - 2>();
-      dev::fence_proxy_async();  // the landed tile is read by wgmma (async proxy)
-      __syncthreads();           // tile it visible; stage (it − 1) % ST free (its MMAs waited)
-      if (it + ST - 1 < n_tiles) load_tile((it + ST - 1) % ST, it + ST - 1, seg_n);
-      dev::cp_async_commit();
-      if (cid_s[it * NP] * B > tmax) {  // pages ascend: the rest is in the future of every row
-        done = true;
-        break;
-      }
-      if (!wg_active) continue;
-      const int stage = it % ST;
-      int32_t cstart[NP];
-#pragma unroll
-      for (int j = 0; j < NP; ++j) {
-        const int pi = it * NP + j;
-        cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
-      }
-      const uint8_t* kst = ks + stage * kTileBytes;
-      const uint8_t* vst = vs + stage * kTileBytes;
-
-      float s[NT / 2];
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) s[i] = 0.0f;
-      dev::fence_regs(s);
+    dev::cp_async_wait<ST - 2>();  // tile 0
+    dev::fence_proxy_async();      // landed tiles are read by wgmma (async proxy)
+    __syncthreads();
+    if (cid_s[0] * B > tmax) break;  // pages ascend: the rest is in the future of every row
+    if (wg_active) {
       dev::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)  // K-major B: k16 = 32 bytes of a row; SBO: 8 tokens
-        dev::wgmma_m64n64k16<0>(s, qf[kk], dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16,
-                                                                 kAtomBytes), kk > 0);
+      issue_s(0);
       dev::wgmma_commit();
       dev::wgmma_wait<0>();
       dev::fence_regs(s);
-
-      // Mask by absolute position (causal, optional window), scale, online softmax. Column n of
-      // the tile is token 8j + 2tq + (e & 1) of accumulator chunk j: page j / 2 of the tile.
-      float mx[2] = {-INFINITY, -INFINITY};
-      const bool all_visible = a.window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
-      if (all_visible) {
-#pragma unroll
-        for (int i = 0; i < NT / 2; ++i) {
-          s[i] *= sl2;
-          mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < NT / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1;
-            const int32_t sp = cstart[j / 2] + (j % 2) * 8 + tq * 2 + (e & 1);
-            const bool vis = sp <= pos[h] && (a.window == 0 || sp > pos[h] - a.window);
-            s[4 * j + e] = vis ? s[4 * j + e] * sl2 : -INFINITY;
-            mx[h] = fmaxf(mx[h], s[4 * j + e]);
-          }
+      softmax(0, seg_n);
+      rescale_and_advance();
+    }
+    int j = 0;
+    for (;; ++j) {
+      // Groups committed so far: tiles 0 … j + ST − 2; tile j + 1 must have landed.
+      dev::cp_async_wait<ST - 3>();
+      dev::fence_proxy_async();
+      __syncthreads();  // tile j + 1 visible to all; stage of tile j − 1 free
+      if (j + ST - 1 < n_tiles) load_tile((j + ST - 1) % ST, j + ST - 1, seg_n);
+      dev::cp_async_commit();
+      if (j + 1 == n_tiles) break;
+      if (cid_s[(j + 1) * NP] * B > tmax) {
+        done = true;
+        break;
       }
-      float base[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m[h], mx[h]);
-        base[h] = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = exp2f(m[h] - base[h]);
-        l[h] *= corr;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          o[4 * j + 2 * h] *= corr;
-          o[4 * j + 2 * h + 1] *= corr;
-        }
-        m[h] = m_new;
+      if (wg_active) {
+        dev::fence_regs(o);
+        dev::fence_regs(pa);  // O and P written before the MMAs that read them start
+        dev::wgmma_fence();
+        issue_s((j + 1) % ST);
+        dev::wgmma_commit();
+        issue_pv(j % ST);
+        dev::wgmma_commit();
+        dev::wgmma_wait<1>();  // S of tile j + 1 (P·V of tile j may still run)
+        dev::fence_regs(s);
+        softmax(j + 1, seg_n);
+        dev::wgmma_wait<0>();
+        dev::fence_regs(o);
+        dev::fence_regs(pa);  // pa was read by the P·V until here
+        rescale_and_advance();
       }
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) {
-        s[i] = exp2f(s[i] - base[(i >> 1) & 1]);
-        l[(i >> 1) & 1] += s[i];
-      }
-      // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
-      uint32_t pa[NT / 16][4];
-#pragma unroll
-      for (int kt = 0; kt < NT / 16; ++kt) {
-        pa[kt][0] = dev::pack_bf16x2(s[8 * kt + 0], s[8 * kt + 1]);
-        pa[kt][1] = dev::pack_bf16x2(s[8 * kt + 2], s[8 * kt + 3]);
-        pa[kt][2] = dev::pack_bf16x2(s[8 * kt + 4], s[8 * kt + 5]);
-        pa[kt][3] = dev::pack_bf16x2(s[8 * kt + 6], s[8 * kt + 7]);
-      }
+    }
+    if (wg_active) {  // P·V of the segment's last tile j (its stage is not overwritten)
       dev::fence_regs(o);
+      dev::fence_regs(pa);
       dev::wgmma_fence();
-#pragma unroll
-      for (int kt = 0; kt < NT / 16; ++kt)  // MN-major B: LBO = channel half, SBO = 8 tokens
-        dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
+      issue_pv(j % ST);
       dev::wgmma_commit();
-      dev::wgmma_wait<0>();  // the stage is overwritten after the next barrier
+      dev::wgmma_wait<0>();
       dev::fence_regs(o);
+      dev::fence_regs(pa);
     }
   }
   dev::cp_async_wait<0>();
@@ -248,7 +304,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
 
 template <int WG>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
-  constexpr size_t smem = wgmma_smem_bytes();
+  constexpr size_t smem = wgmma_smem_bytes<WG>();
   cudaError_t err = cudaFuncSetAttribute(attention_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;

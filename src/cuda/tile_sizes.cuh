@@ -43,8 +43,11 @@ constexpr bool kWgmmaAttention = true;
 // Keys per tile: S = 64 × 64 f32 (32 registers per thread, one m64n64 accumulator), P·V as 4
 // k-steps of m64n128k16; one stage of K+V = 32 KB (no padding: core-matrix layout).
 constexpr int kWgTileTokens = 64;
-// Pipeline depth as the mma.sync kernel (3 × 32 KB = 96 KB), so a change in speed is the MMA's.
-constexpr int kWgStages = 3;
+// Pipeline depth. The kernel reads two tiles at once (V of tile j, K of tile j + 1), so copies
+// run ST − 2 tiles ahead. Two warpgroups (one 256-thread block per SM at ~210 registers): 4
+// stages (128 KB). One warpgroup: 3 stages (97 KB), so two blocks share an SM.
+constexpr int kWgStages2 = 4;
+constexpr int kWgStages1 = 3;
 
 // ---- scoring (score.cu) ----
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and
