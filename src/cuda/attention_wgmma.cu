@@ -25,27 +25,30 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kD = 128;
-constexpr int kTileBytes = tiles::kWgTileTokens * kD * 2;
-constexpr uint32_t kHalfBytes = tiles::kWgTileTokens * 128;  // one 64-channel half of a tile
-constexpr uint32_t kAtomBytes = 1024;                        // 8 token rows of 128 bytes
+constexpr uint32_t kAtomBytes = 1024;  // 8 token rows of 128 bytes
+
+// Tile shape per warpgroup count: keys per tile and pipeline stages (tile_sizes.cuh).
+template <int WG> constexpr int kNT = WG == 2 ? tiles::kWgTileTokens2 : tiles::kWgTileTokens1;
+template <int WG> constexpr int kST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
 
 // Stages first (1,024-aligned: the base is rounded up, hence the extra 1 KB), then the page IDs.
 template <int WG>
 constexpr size_t wgmma_smem_bytes() {
-  constexpr int ST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
-  return size_t{2} * ST * kTileBytes + sizeof(int32_t) * 2 * tiles::kSegPages + kAtomBytes;
+  return size_t{2} * kST<WG> * kNT<WG> * kD * 2 + sizeof(int32_t) * 2 * tiles::kSegPages + kAtomBytes;
 }
 
 template <int WG>
 __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const AttentionArgs a) {
   constexpr int B = tiles::kPageSize;
-  constexpr int NT = tiles::kWgTileTokens;
+  constexpr int NT = kNT<WG>;
+  constexpr int kTileBytes = NT * kD * 2;
+  constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
   constexpr int NP = NT / B;
   constexpr int THREADS = WG * 128;
-  constexpr int ST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
+  constexpr int ST = kST<WG>;
   static_assert(ST >= 3, "the pipeline reads tiles j and j + 1 while tile j + ST − 1 lands");
   constexpr int SEG = tiles::kSegPages;
-  static_assert(NT == 64, "the score tile is one m64n64 accumulator");
+  static_assert(NT == 64 || NT == 128, "the score tile is one m64n64 or m64n128 accumulator");
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_w));
   uint8_t* ks = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);  // [ST][kTileBytes]
@@ -106,9 +109,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
-  float s[NT / 2];             // scores of the tile being softmaxed
+  float s[NT / 2];             // scores of the tile being softmaxed, then its P (f32)
   uint32_t pa[NT / 16][4];     // P of the tile whose P·V is issued (read by the wgmma in flight)
-  float pf[NT / 2];            // P of the next tile (f32), written while that P·V runs
   float corr[2];
 
   // S = Q·Kᵀ of the tile in `stage` (issued, not waited).
@@ -116,9 +118,15 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
     const uint8_t* kst = ks + stage * kTileBytes;
     // K-major B: a k16 step is 32 bytes of a 128-byte row, SBO = 8 token rows.
     auto desc = [&](int kk) { return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes); };
-    dev::wgmma_m64n64k16_init<0>(s, qf[0], desc(0));
+    if constexpr (NT == 64) {
+      dev::wgmma_m64n64k16_init<0>(s, qf[0], desc(0));
 #pragma unroll
-    for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n64k16<0>(s, qf[kk], desc(kk), 1);
+      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n64k16<0>(s, qf[kk], desc(kk), 1);
+    } else {
+      dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
+#pragma unroll
+      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
+    }
   };
   // O += P·V of the tile in `stage` (issued, not waited).
   auto issue_pv = [&](int stage) {
@@ -128,7 +136,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
       dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
   };
   // Online softmax of tile `tile` of the segment: masks by absolute position (causal, optional
-  // window), scales, updates m and l, writes P (f32) to pf and the factor for O to corr.
+  // window), scales, updates m and l, leaves P (f32) in s and the factor for O in corr.
   // Column n of the tile is token 8j + 2tq + (e & 1) of accumulator chunk j: page j / 2.
   auto softmax = [&](int tile, int seg_n) {
     int32_t cstart[NP];
@@ -173,10 +181,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
       s[i] = exp2f(s[i] - base[(i >> 1) & 1]);
       l[(i >> 1) & 1] += s[i];
     }
-    // P stays f32 until the P·V in flight has finished: packing it into bf16 registers here let
-    // the compiler reuse pa's registers, and ptxas then serialised every wgmma (C7513).
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) pf[i] = s[i];
+    // P stays in s (f32) until the P·V in flight has finished: packing it into bf16 registers
+    // here let the compiler reuse pa's registers, and ptxas then serialised every wgmma (C7513).
   };
   // After the P·V in flight has finished: O to the new maximum, next P becomes current.
   auto rescale_and_advance = [&]() {
@@ -190,10 +196,10 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
     // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
 #pragma unroll
     for (int kt = 0; kt < NT / 16; ++kt) {
-      pa[kt][0] = dev::pack_bf16x2(pf[8 * kt + 0], pf[8 * kt + 1]);
-      pa[kt][1] = dev::pack_bf16x2(pf[8 * kt + 2], pf[8 * kt + 3]);
-      pa[kt][2] = dev::pack_bf16x2(pf[8 * kt + 4], pf[8 * kt + 5]);
-      pa[kt][3] = dev::pack_bf16x2(pf[8 * kt + 6], pf[8 * kt + 7]);
+      pa[kt][0] = dev::pack_bf16x2(s[8 * kt + 0], s[8 * kt + 1]);
+      pa[kt][1] = dev::pack_bf16x2(s[8 * kt + 2], s[8 * kt + 3]);
+      pa[kt][2] = dev::pack_bf16x2(s[8 * kt + 4], s[8 * kt + 5]);
+      pa[kt][3] = dev::pack_bf16x2(s[8 * kt + 6], s[8 * kt + 7]);
     }
   };
 

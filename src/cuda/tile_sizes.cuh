@@ -40,13 +40,15 @@ constexpr int kMinSplitPages = 64;
 // warpgroup's MMA at once from registers (Q, P) and shared memory (K, V). Off: every launch
 // uses the mma.sync kernel (also at run time: environment CISA_CUDA_ATTENTION=mma, for A/B runs).
 constexpr bool kWgmmaAttention = true;
-// Keys per tile: S = 64 × 64 f32 (32 registers per thread, one m64n64 accumulator), P·V as 4
-// k-steps of m64n128k16; one stage of K+V = 32 KB (no padding: core-matrix layout).
-constexpr int kWgTileTokens = 64;
+// Keys per tile. Two warpgroups (128-row tiles, one 256-thread block per SM at ~230 registers):
+// 128 keys, S = 64 × 128 f32 per warpgroup (64 registers per thread, m64n128 for Q·Kᵀ as for
+// P·V), one stage of K+V = 64 KB; v4c ran 64 keys (m64n64) at 349 TFLOP/s dense. One warpgroup
+// (64-row tiles): 64 keys, 32 KB per stage, so two blocks share an SM.
+constexpr int kWgTileTokens2 = 128;
+constexpr int kWgTileTokens1 = 64;
 // Pipeline depth. The kernel reads two tiles at once (V of tile j, K of tile j + 1), so copies
-// run ST − 2 tiles ahead. Two warpgroups (one 256-thread block per SM at ~210 registers): 4
-// stages (128 KB). One warpgroup: 3 stages (97 KB), so two blocks share an SM.
-constexpr int kWgStages2 = 4;
+// run ST − 2 tiles ahead. Two warpgroups: 3 × 64 KB = 192 KB (of 227). One warpgroup: 3 × 32 KB.
+constexpr int kWgStages2 = 3;
 constexpr int kWgStages1 = 3;
 
 // ---- scoring (score.cu) ----
