@@ -72,7 +72,7 @@ void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t>
 
 // Indices (offsets into `scores`) of the k largest scores, larger score first, ties to the smaller
 // index; NaN ranks below every number. Returned in ascending index order. k ≥ n returns all.
-// `scratch` is reused across calls to avoid allocation.
+// `scratch` (2n entries: rank keys and candidates) is reused across calls to avoid allocation.
 void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>* out,
                  std::vector<int32_t>* scratch);
 

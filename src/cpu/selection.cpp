@@ -2,7 +2,9 @@
 #include "cisa/selection.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "cisa/bf16.h"
@@ -97,17 +99,6 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
   }
 }
 
-// Strict total order: larger score first, NaN after every number, then smaller index.
-struct Better {
-  const float* s;
-  bool operator()(int32_t a, int32_t b) const {
-    const bool na = std::isnan(s[a]), nb = std::isnan(s[b]);
-    if (na != nb) return nb;
-    if (!na && s[a] != s[b]) return s[a] > s[b];
-    return a < b;
-  }
-};
-
 }  // namespace
 
 void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out) {
@@ -156,6 +147,22 @@ void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t>
     score_typed<uint16_t>(cache, layer, block_table, kv_head, q, first_chunk, n, scores);
 }
 
+// Radix select. Each score becomes a 32-bit key whose unsigned order is the ranking (NaN → 0,
+// the lowest; −0 and +0 one key, as they compare equal): positive floats order as their bits with
+// the sign bit set, negative ones as their complemented bits. The k-th largest key T is found a
+// digit at a time, most significant first, from histograms of the keys that still share T's
+// higher digits (kept compacted at the front of the scratch). The answer is every key above T
+// and, to make up k, the keys equal to T with the smallest indices; one pass in index order
+// yields exactly that, already sorted.
+namespace {
+inline uint32_t rank_key(float f) {
+  uint32_t b = std::bit_cast<uint32_t>(f);
+  b = b == 0x80000000u ? 0u : b;                                          // −0 → +0
+  const uint32_t flip = static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u;
+  return (b & 0x7fffffffu) > 0x7f800000u ? 0u : b ^ flip;                 // NaN → 0
+}
+}  // namespace
+
 void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>* out,
                  std::vector<int32_t>* scratch) {
   const auto n = static_cast<int64_t>(scores.size());
@@ -165,11 +172,39 @@ void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>*
     for (int32_t i = 0; i < n; ++i) out->push_back(i);
     return;
   }
-  scratch->resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) (*scratch)[static_cast<size_t>(i)] = i;
-  std::nth_element(scratch->begin(), scratch->begin() + (k - 1), scratch->end(), Better{scores.data()});
-  out->assign(scratch->begin(), scratch->begin() + k);
-  std::sort(out->begin(), out->end());
+  scratch->resize(2 * static_cast<size_t>(n));  // keys, then the candidates for T
+  auto* keys = reinterpret_cast<uint32_t*>(scratch->data());
+  uint32_t* cand = keys + n;
+  for (int64_t i = 0; i < n; ++i) keys[i] = rank_key(scores[static_cast<size_t>(i)]);
+  // Digits of 11, 11 and 10 bits: the top 11 (sign, exponent, one mantissa bit) alone would leave
+  // most of a typical score distribution in one bin.
+  constexpr int kShift[3] = {21, 10, 0};
+  constexpr uint32_t kBins[3] = {2048, 2048, 1024};
+  uint32_t hist[2048];
+  int64_t need = k;  // how many of the keys sharing T's digits found so far are still wanted
+  const uint32_t* src = keys;
+  int64_t m = n;  // keys sharing those digits: all of them, then the candidates compacted in cand
+  uint32_t prefix = 0;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = kShift[level];
+    const uint32_t mask = kBins[level] - 1;
+    std::fill(hist, hist + kBins[level], 0u);
+    for (int64_t i = 0; i < m; ++i) ++hist[(src[i] >> shift) & mask];
+    uint32_t bin = mask;
+    for (; hist[bin] < need; --bin) need -= hist[bin];  // keys in higher bins are all taken
+    prefix |= bin << shift;
+    int64_t kept = 0;  // branch-free compaction: the boundary bin is often a large share
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t key = src[i];
+      cand[kept] = key;
+      kept += ((key >> shift) & mask) == bin ? 1 : 0;
+    }
+    m = kept;
+    src = cand;
+  }
+  const uint32_t t = prefix;  // the k-th largest key; `need` of the keys equal to it are taken
+  for (int64_t i = 0; i < n; ++i)
+    if (keys[i] >= t && (keys[i] > t || need-- > 0)) out->push_back(static_cast<int32_t>(i));
 }
 
 Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
@@ -203,7 +238,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   for (auto& th : scratch) {
     th.qbar.reserve(static_cast<size_t>(d));
     th.scores.reserve(static_cast<size_t>(max_eligible));
-    th.tmp.reserve(static_cast<size_t>(max_eligible));
+    th.tmp.reserve(2 * static_cast<size_t>(max_eligible));  // select_topk: keys and candidates
     th.top.reserve(static_cast<size_t>(std::min(p.budget, max_eligible)));
   }
 
