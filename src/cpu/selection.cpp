@@ -259,9 +259,13 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   };
   auto eligible_of = [&](int64_t t) { return out->groups[static_cast<size_t>(t / H)].first / B - p.window - p.sink_pages; };
 
-  // With fewer lists than threads (decode), score every list in slices across the pool first.
-  const bool presplit = pool && num_lists < threads;
+  // Score every list first, in slices of each query group's page range, when there are fewer
+  // lists than threads (decode) or several KV groups: a page's representatives of all KV groups
+  // are adjacent in the pool, so a slice walks its pages in blocks and scores every group's list
+  // in each block, instead of one list at a time reading every H-th representative.
+  const bool presplit = pool && (num_lists < threads || H > 1);
   if (presplit) {
+    constexpr int64_t kBlock = 16;  // pages per block: H·16 representatives, read once
     ws->score_offsets.assign(static_cast<size_t>(num_lists + 1), 0);
     for (int64_t t = 0; t < num_lists; ++t)
       ws->score_offsets[static_cast<size_t>(t + 1)] =
@@ -271,15 +275,20 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     ws->list_scores.resize(static_cast<size_t>(ws->score_offsets.back()));
     for (int64_t t = 0; t < num_lists; ++t)
       if (!out->groups[static_cast<size_t>(t / H)].dense) index_query(t, ws->list_qbar.data() + t * d);
-    const int64_t slices = num_lists * threads;
-    pool->parallel_for(slices, [&](int64_t sl, int) {
-      const int64_t t = sl / threads, part = sl % threads;
-      const auto& grp = out->groups[static_cast<size_t>(t / H)];
+    const int64_t parts = num_groups < threads ? threads : 1;
+    pool->parallel_for(num_groups * parts, [&](int64_t sl, int) {
+      const int64_t qg = sl / parts, part = sl % parts;
+      const auto& grp = out->groups[static_cast<size_t>(qg)];
       if (grp.dense) return;
-      const int64_t n = eligible_of(t), lo = n * part / threads, hi = n * (part + 1) / threads;
+      const int64_t n = eligible_of(qg * H), lo = n * part / parts, hi = n * (part + 1) / parts;
       auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
-      score_chunks(cache, layer, table, static_cast<int>(t % H), ws->list_qbar.data() + t * d,
-                   p.sink_pages + lo, hi - lo, ws->list_scores.data() + ws->score_offsets[static_cast<size_t>(t)] + lo);
+      for (int64_t j0 = lo; j0 < hi; j0 += kBlock)
+        for (int g = 0; g < H; ++g) {
+          const int64_t t = qg * H + g;
+          score_chunks(cache, layer, table, g, ws->list_qbar.data() + t * d, p.sink_pages + j0,
+                       std::min(kBlock, hi - j0),
+                       ws->list_scores.data() + ws->score_offsets[static_cast<size_t>(t)] + j0);
+        }
     });
   }
 

@@ -1,6 +1,8 @@
-// select_topk (radix select) against an independent full sort under the spec's tie rule, on
-// continuous scores with the values that stress an order-preserving bit encoding: +0 and −0 (equal),
-// NaN (below every number), ±∞, subnormals, and many exact ties.
+// The CPU selection's fast paths against simple references: select_topk (radix select) against a
+// full sort under the spec's tie rule, on continuous scores with the values that stress an
+// order-preserving bit encoding (+0 and −0 equal, NaN below every number, ±∞, subnormals, many
+// exact ties); and select_pages scoring page blocks across KV groups on a pool against scoring one
+// list at a time without one.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "cisa/selection.h"
+#include "test_util.h"
 
 namespace cisa {
 namespace {
@@ -75,6 +78,39 @@ TEST(TopKRadix, SignedZerosAreOneValueAndNanRanksLast) {
   EXPECT_EQ(got, (std::vector<int32_t>{1, 3}));
   select_topk(s, 3, &got, &scratch);
   EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 3}));
+}
+
+// With a pool and several KV groups, select_pages scores page blocks across the groups first; with
+// no pool it scores each list on its own. Same scores, so the same lists, entry for entry.
+TEST(SelectPagesPaths, BlockedScoringAcrossKvGroupsEqualsPerListScoring) {
+  std::mt19937 rng(78);
+  for (const int hkv : {2, 8}) {
+    auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = 64,
+                                                  .page_size = 16, .num_pages = 400, .dtype = KvDtype::kBF16}));
+    const SeqId a = *cache->add_sequence(), b = *cache->add_sequence();
+    for (int i = 0; i < 12; ++i) {  // interleaved appends scatter both sequences' pages
+      test::append_random(*cache, a, 1 + static_cast<int64_t>(rng() % 300), rng);
+      test::append_random(*cache, b, 1 + static_cast<int64_t>(rng() % 200), rng);
+    }
+    const int64_t la = *cache->length(a), lb = *cache->length(b);
+    for (const bool decode_only : {true, false}) {
+      std::vector<BatchEntry> batch = {{a, la - 1, 1}};
+      if (!decode_only) batch = {{a, la - 100, 100}, {b, lb - 1, 1}};
+      const int64_t rows = batch_row_offsets(batch).back();
+      const auto iq = test::random_vec(rng, static_cast<size_t>(rows * hkv * 64));
+      const SelectionParams sp{.budget = 7, .window = 2, .qshare = 16, .sink_pages = 1};
+      ThreadPool pool(2);
+      PageLists serial, pooled;
+      ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), sp, nullptr, &serial).ok());
+      ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), sp, &pool, &pooled).ok());
+      EXPECT_EQ(pooled.offsets, serial.offsets);
+      EXPECT_EQ(pooled.pages, serial.pages) << "hkv " << hkv << (decode_only ? " decode" : " mixed");
+      EXPECT_EQ(pooled.chunks, serial.chunks);
+      EXPECT_EQ(pooled.num_selected, serial.num_selected);
+      for (int32_t n : pooled.num_selected) EXPECT_LE(n, 7);
+      EXPECT_EQ(pooled.num_selected[0], 7);  // the decode list of `a` really ran top-k
+    }
+  }
 }
 
 }  // namespace
