@@ -150,8 +150,8 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
       if (nk != kp0 + kPrefetchPages * span) {
         const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g0));
         for (int64_t off = 0; off < span; off += 64) {
-          __builtin_prefetch(nk + off);
-          __builtin_prefetch(nv + off);
+          __builtin_prefetch(nk + off, 0, 1);
+          __builtin_prefetch(nv + off, 0, 1);
         }
       }
     }
@@ -233,8 +233,8 @@ void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, 
       const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g));
       const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));
       for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(nk + off);
-        __builtin_prefetch(nv + off);
+        __builtin_prefetch(nk + off, 0, 1);
+        __builtin_prefetch(nv + off, 0, 1);
       }
     }
     for (int j0 = 0; j0 < B; j0 += cpu::kKeyBlock) {
