@@ -145,14 +145,13 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
       const int pi = tile * NP + j;
       cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
     }
+    // Maxima of the raw scores: the scale is positive here (run_attention sends other scales to
+    // the mma.sync kernel), so it is folded into the exponent: one FFMA + EX2 per score.
     float mx[2] = {-INFINITY, -INFINITY};
     const bool all_visible = a.window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
     if (all_visible) {
 #pragma unroll
-      for (int i = 0; i < NT / 2; ++i) {
-        s[i] *= sl2;
-        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-      }
+      for (int i = 0; i < NT / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < NT / 8; ++j)
@@ -161,37 +160,40 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
           const int h = e >> 1;
           const int32_t sp = cstart[j / 2] + (j % 2) * 8 + tq * 2 + (e & 1);
           const bool vis = sp <= pos[h] && (a.window == 0 || sp > pos[h] - a.window);
-          s[4 * j + e] = vis ? s[4 * j + e] * sl2 : -INFINITY;
+          s[4 * j + e] = vis ? s[4 * j + e] : -INFINITY;
           mx[h] = fmaxf(mx[h], s[4 * j + e]);
         }
     }
-    float base[2];
+    float nbase[2];  // −(running maximum), in log2 units
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h]);
-      base[h] = m_new == -INFINITY ? 0.0f : m_new;
-      corr[h] = exp2f(m[h] - base[h]);
+      const float m_new = fmaxf(m[h], mx[h] * sl2);
+      nbase[h] = m_new == -INFINITY ? 0.0f : -m_new;
+      corr[h] = dev::fast_exp2(m[h] + nbase[h]);
       l[h] *= corr[h];
       m[h] = m_new;
     }
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) {
-      s[i] = exp2f(s[i] - base[(i >> 1) & 1]);
+      s[i] = dev::fast_exp2(fmaf(s[i], sl2, nbase[(i >> 1) & 1]));
       l[(i >> 1) & 1] += s[i];
     }
     // P stays in s (f32) until the P·V in flight has finished: packing it into bf16 registers
     // here let the compiler reuse pa's registers, and ptxas then serialised every wgmma (C7513).
   };
   // After the P·V in flight has finished: O to the new maximum, next P becomes current.
+  // Once a row's maximum has settled (most tiles of a long list) corr is 1: skip the multiplies.
   auto rescale_and_advance = [&]() {
+    if (corr[0] != 1.0f || corr[1] != 1.0f) {
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      o[4 * j + 0] *= corr[0];
-      o[4 * j + 1] *= corr[0];
-      o[4 * j + 2] *= corr[1];
-      o[4 * j + 3] *= corr[1];
+      for (int j = 0; j < kD / 8; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
     }
     // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
 #pragma unroll
@@ -204,10 +206,11 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   };
 
   // Software pipeline per warpgroup (FlashAttention-3's intra-warpgroup overlap): iteration j
-  // issues S of tile j + 1 and P·V of tile j back to back, softmaxes tile j + 1 while P·V of
-  // tile j runs on the tensor cores, then rescales O. Copies run kWgStages − 2 tiles ahead: the
-  // copy issued in iteration j goes to the stage of tile j − 1, whose P·V finished in iteration
-  // j − 1 (before this iteration's barrier); tiles j (V) and j + 1 (K) are being read.
+  // issues S of tile j + 1 and P·V of tile j back to back, then the copies of a later tile,
+  // softmaxes tile j + 1 while P·V of tile j runs on the tensor cores, then rescales O. Copies
+  // run ST − 2 tiles ahead: the copy issued in iteration j goes to the stage of tile j − 1, whose
+  // P·V finished in iteration j − 1 (before this iteration's barrier); tiles j (V) and j + 1 (K)
+  // are being read.
   bool done = false;
   for (int64_t seg0 = 0; seg0 < n_pages && !done; seg0 += SEG) {
     const int seg_n = static_cast<int>(n_pages - seg0 < SEG ? n_pages - seg0 : SEG);
@@ -242,12 +245,14 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
       dev::cp_async_wait<ST - 3>();
       dev::fence_proxy_async();
       __syncthreads();  // tile j + 1 visible to all; stage of tile j − 1 free
-      if (j + ST - 1 < n_tiles) load_tile((j + ST - 1) % ST, j + ST - 1, seg_n);
-      dev::cp_async_commit();
-      if (j + 1 == n_tiles) break;
-      if (cid_s[(j + 1) * NP] * B > tmax) {
-        done = true;
+      const bool more = j + 1 < n_tiles;
+      if (!more || cid_s[(j + 1) * NP] * B > tmax) {
+        done = more;  // the rest of the list is in the future of every row
         break;
+      }
+      if constexpr (WG == 2) {
+        if (j + ST - 1 < n_tiles) load_tile((j + ST - 1) % ST, j + ST - 1, seg_n);
+        dev::cp_async_commit();
       }
       if (wg_active) {
         dev::fence_regs(o);
@@ -257,6 +262,12 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
         dev::wgmma_commit();
         issue_pv(j % ST);
         dev::wgmma_commit();
+        // One warpgroup: the copies are issued while the tensor cores run (v4e: 64-row tiles
+        // −4 %, 128-row tiles +3 %, so two warpgroups issue them before the MMAs).
+        if constexpr (WG == 1) {
+          if (j + ST - 1 < n_tiles) load_tile((j + ST - 1) % ST, j + ST - 1, seg_n);
+          dev::cp_async_commit();
+        }
         dev::wgmma_wait<1>();  // S of tile j + 1 (P·V of tile j may still run)
         dev::fence_regs(s);
         softmax(j + 1, seg_n);
@@ -264,6 +275,9 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
         dev::fence_regs(o);
         dev::fence_regs(pa);  // pa was read by the P·V until here
         rescale_and_advance();
+      } else if constexpr (WG == 1) {
+        if (j + ST - 1 < n_tiles) load_tile((j + ST - 1) % ST, j + ST - 1, seg_n);
+        dev::cp_async_commit();
       }
     }
     if (wg_active) {  // P·V of the segment's last tile j (its stage is not overwritten)

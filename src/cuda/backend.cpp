@@ -487,8 +487,9 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   auto s = static_cast<cudaStream_t>(stream);
   const auto n_tasks = static_cast<int64_t>(P.tasks.size());
+  // The wgmma kernel folds the scale into its exponent, which needs it positive.
   CISA_RETURN_IF_ERROR(cuda_status(
-      P.wgmma ? detail::launch_attention_wgmma(a, n_tasks, P.warps, s)
+      P.wgmma && a.scale > 0.0f ? detail::launch_attention_wgmma(a, n_tasks, P.warps, s)
               : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
   return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), s), "cuda: split-KV merge");

@@ -18,6 +18,15 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// 2^x with one MUFU.EX2 (ex2.approx.ftz: ~2^-22 relative error, results below 2^-126 flush to
+// 0), for softmax weights that are rounded to bf16 (2^-9) right after. exp2f adds denormal
+// handling around the same instruction.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats → packed bf16x2 (low half = a), round to nearest even.
 __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
