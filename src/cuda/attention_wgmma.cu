@@ -184,16 +184,14 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
     // here let the compiler reuse pa's registers, and ptxas then serialised every wgmma (C7513).
   };
   // After the P·V in flight has finished: O to the new maximum, next P becomes current.
-  // Once a row's maximum has settled (most tiles of a long list) corr is 1: skip the multiplies.
+  // Unconditional: skipping the multiplies when corr is 1 (v4f) measured no different (v4h).
   auto rescale_and_advance = [&]() {
-    if (corr[0] != 1.0f || corr[1] != 1.0f) {
 #pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        o[4 * j + 0] *= corr[0];
-        o[4 * j + 1] *= corr[0];
-        o[4 * j + 2] *= corr[1];
-        o[4 * j + 3] *= corr[1];
-      }
+    for (int j = 0; j < kD / 8; ++j) {
+      o[4 * j + 0] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
     }
     // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
 #pragma unroll
@@ -271,7 +269,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
         dev::wgmma_wait<1>();  // S of tile j + 1 (P·V of tile j may still run)
         dev::fence_regs(s);
         softmax(j + 1, seg_n);
-        dev::wgmma_wait<0>();
+        dev::fence_regs(s);  // keeps the softmax above the wait in the PTX (ptxas may still move
+        dev::wgmma_wait<0>();  // the wait up: see docs/cuda-notes.md, v4g/v4h)
         dev::fence_regs(o);
         dev::fence_regs(pa);  // pa was read by the P·V until here
         rescale_and_advance();
