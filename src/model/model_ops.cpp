@@ -4,13 +4,18 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "cisa/quant.h"
 
 namespace cisa::ops {
 
 void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
+  // Squares rounded to f32, summed in double: llama.cpp's order (ggml_compute_forward_rms_norm).
   double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
   const float mean = static_cast<float>(ss / n);
   const float scale = 1.0f / std::sqrt(mean + eps);
   if (w) {
@@ -22,35 +27,35 @@ void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
 
 void rope_table(const int64_t* pos, int64_t n_pos, int n_rot, double base, float* cos_out,
                 float* sin_out) {
+  // llama.cpp's recurrence in f32 (ggml_rope_cache_init): θ_0 = p, θ_{i+1} = θ_i · s with
+  // s = powf(base, −2/n_rot), then cosf/sinf. Each step rounds, so θ_i drifts from the exact
+  // p·base^(−2i/n_rot) by up to ~2i ulps (~1e-3 rad at p = 8,000 for the fastest-turning pairs
+  // that drift most); reproducing the drift keeps our rotated keys equal to llama.cpp's.
   const int half = n_rot / 2;
-  // inv_freq_i = base^(−2i/n_rot); the angle p·inv_freq_i is formed in double so that positions
-  // in the tens of thousands keep their low-order bits.
-  double inv_freq[512];
-  for (int i = 0; i < half && i < 512; ++i) inv_freq[i] = std::pow(base, -2.0 * i / n_rot);
+  const float s = std::pow(static_cast<float>(base), -2.0f / static_cast<float>(n_rot));
   for (int64_t r = 0; r < n_pos; ++r) {
-    const double p = static_cast<double>(pos[r]);
+    float theta = static_cast<float>(pos[r]);
     for (int i = 0; i < half; ++i) {
-      const double a = p * inv_freq[i];
-      cos_out[r * half + i] = static_cast<float>(std::cos(a));
-      sin_out[r * half + i] = static_cast<float>(std::sin(a));
+      cos_out[r * half + i] = std::cos(theta);
+      sin_out[r * half + i] = std::sin(theta);
+      theta *= s;
     }
   }
 }
 
 void rope_apply(float* x, const float* cs, const float* sn, int n_rot, RopeStyle style) {
+  // The rotation is written with explicit fused multiply-adds, x_a cos − x_b sin as
+  // fma(x_a, cos, −(x_b sin)) and x_a sin + x_b cos as fma(x_a, sin, x_b cos): how llama.cpp's CPU
+  // build evaluates it (GCC contracts its expressions that way), so that our rotated queries and
+  // keys are bit-identical to its and round to the same f16 values in the cache.
   const int half = n_rot / 2;
-  if (style == RopeStyle::kNeox) {
-    for (int i = 0; i < half; ++i) {
-      const float a = x[i], b = x[i + half];
-      x[i] = a * cs[i] - b * sn[i];
-      x[i + half] = a * sn[i] + b * cs[i];
-    }
-  } else {
-    for (int i = 0; i < half; ++i) {
-      const float a = x[2 * i], b = x[2 * i + 1];
-      x[2 * i] = a * cs[i] - b * sn[i];
-      x[2 * i + 1] = a * sn[i] + b * cs[i];
-    }
+  const int stride = style == RopeStyle::kNeox ? 1 : 2;     // index of pair i's first element
+  const int offset = style == RopeStyle::kNeox ? half : 1;  // distance to its second element
+  for (int i = 0; i < half; ++i) {
+    float* pa = x + i * stride;
+    const float a = pa[0], b = pa[offset];
+    pa[0] = std::fma(a, cs[i], -(b * sn[i]));
+    pa[offset] = std::fma(a, sn[i], b * cs[i]);
   }
 }
 
@@ -84,19 +89,96 @@ inline float gelu_fast(float x) {
   return x / (1.0f + exp_approx(-u2));
 }
 
-inline float silu_fast(float x) { return x / (1.0f + exp_approx(-x)); }
+// e^x as llama.cpp's AVX-512 ggml_v_expf computes it: n = round(x / ln2) by the 1.5·2^23 trick,
+// b = x − n·ln2 in two parts, e^b ≈ 1 + b·P(b) (a degree-5 minimax polynomial), times 2^n. Its
+// error is ~1.5 ulp; the point is to round exactly as llama.cpp does, operation for operation.
+// Written without branches so that loops over it vectorise: for x > ~88.7 it returns +inf as
+// llama.cpp does; below 2^-126 (x < ~-87.3) it returns j·2^-126 instead of llama.cpp's
+// subnormal or 0, a difference no caller sees (they use it only as 1 + e^x, which is then 1).
+inline float exp_ggml(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  // 2^n for n clamped to the normal range: multiplying by it rounds once, as vscalefps does.
+  const int32_t bits = (static_cast<int32_t>(std::fmin(std::fmax(n, -126.0f), 127.0f)) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return n > 127.0f ? INFINITY : j * scale;
+}
+
+// llama.cpp's SiLU (ggml_v_silu): x / (1 + e^(−x)) with the exp above.
+inline float silu_ggml(float x) {
+  return x / (1.0f + exp_ggml(-x));
+}
+
+// llama.cpp evaluates GELU through a table of all 65,536 half-precision inputs: x is rounded to
+// f16, looked up, and the f16 result widened (|x| ≥ 10 bypasses the table: 0 or x). The table
+// holds f16(0.5 x (1 + tanhf(√(2/π) x (1 + 0.044715 x²)))), the expression llama.cpp tabulates.
+struct GeluTable {
+  uint16_t v[65536];
+  GeluTable() {
+    for (uint32_t h = 0; h < 65536; ++h) {
+      const float x = f16_to_f32(static_cast<uint16_t>(h));
+      v[h] = f32_to_f16(
+          0.5f * x *
+          (1.0f + std::tanh(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x))));
+    }
+  }
+};
+
+// The table is immutable and built once, on first use (thread-safe static initialisation).
+const GeluTable& gelu_table() {
+  static const GeluTable t;
+  return t;
+}
 
 }  // namespace
 
-float gelu_tanh(float x) { return gelu_fast(x); }
+float gelu_tanh(float x) {
+  return gelu_fast(x);
+}
 
-float silu(float x) { return silu_fast(x); }
+float gelu_tanh_f16(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  return f16_to_f32(gelu_table().v[f32_to_f16(x)]);
+}
+
+float silu(float x) {
+  return silu_ggml(x);
+}
 
 void gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t n) {
-  if (act == Activation::kGeluTanh) {
-    for (int64_t i = 0; i < n; ++i) out[i] = gelu_fast(gate[i]) * up[i];
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = silu_fast(gate[i]) * up[i];
+  if (act != Activation::kGeluTanh) {
+    for (int64_t i = 0; i < n; ++i) out[i] = silu_ggml(gate[i]) * up[i];
+    return;
+  }
+  const GeluTable& t = gelu_table();
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  // Eight at a time: hardware f32 -> f16 conversion (round to nearest even, like f32_to_f16),
+  // eight table lookups, f16 -> f32, then the |x| >= 10 cases blended in.
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(gate + i);
+    alignas(16) uint16_t h[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(h),
+                    _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (int k = 0; k < 8; ++k) h[k] = t.v[h[k]];
+    __m256 g = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+    g = _mm256_blendv_ps(g, x, _mm256_cmp_ps(x, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
+    g = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-10.0f), _CMP_LE_OQ), g);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(g, _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float x = gate[i];
+    const float g = x <= -10.0f ? 0.0f : x >= 10.0f ? x : f16_to_f32(t.v[f32_to_f16(x)]);
+    out[i] = g * up[i];
   }
 }
 

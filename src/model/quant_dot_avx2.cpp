@@ -1,12 +1,15 @@
 // quant_dot_avx2.cpp — AVX2 kernels for the quantised dot products (built when the compiler
 // targets AVX2 and FMA; AVX-512 VNNI's dpbusd replaces the maddubs/madd pair where available).
 //
-// Each 32-element weight type has a loader that turns a block into 32 unsigned codes u (one
-// byte each), a scale ws and an additive term a such that element i = ws * u[i] + a: offsets
-// such as Q4_0's "- 8" move into a (= -8 d), which multiplies the activation block's sum s
-// instead of touching the codes. Q8_0 codes are signed and
-// use the sign trick (|w| times x with w's sign). One activation block then costs a load, an
-// integer dot product of 32 byte pairs into 8 int32 lanes, a conversion and a fused multiply-add.
+// Each 32-element weight type has a loader that turns a block into 32 byte codes, a scale ws
+// and an additive term a. Types with a min (Q4_1, Q5_1) give unsigned codes u with
+// element i = ws * u[i] + a, and a multiplies the activation block's sum s (llama.cpp's Q8_1
+// "s"). Types with a code offset (Q4_0's - 8, Q5_0's - 16) and Q8_0 give signed codes w and use
+// the sign trick (|w| times x with w's sign). Either way each of the 8 int32 lanes of a block's
+// integer dot holds the sum over 4 consecutive elements, is converted to float and accumulated
+// with one fused multiply-add by ws * d_x; lanes are added at the end. That is the order of
+// llama.cpp's AVX2 kernels (ggml_vec_dot_*_q8_* and llamafile's tinyBLAS_Q0_AVX), so with the
+// activations quantised as theirs (quant_kernels.h) the products are bit-identical to its.
 // The math is the scalar kernel's (quant_dot_scalar.cpp), only the summation order differs.
 #include "quant_kernels.h"
 
@@ -54,15 +57,15 @@ struct NoPre {};
 
 struct LoadQ4_0 {
   static constexpr int kSubs = 1, kBytes = 18;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = true;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
-    const float d = f16(b);
     Sub s;
-    s.u = unpack_nibbles16(b + 2);
-    s.ws = _mm256_set1_ps(d);
-    s.a = -8.0f * d;
+    s.sgn = _mm256_sub_epi8(unpack_nibbles16(b + 2), _mm256_set1_epi8(8));
+    s.u = _mm256_abs_epi8(s.sgn);
+    s.ws = _mm256_set1_ps(f16(b));
+    s.a = 0.0f;
     return s;
   }
 };
@@ -81,10 +84,13 @@ struct LoadQ4_1 {
   }
 };
 
+// Q5_0 codes are used signed (code - 16), like Q4_0's (code - 8) above, so that each lane of
+// the integer dot holds exactly the partial sum llama.cpp's kernels form; Q5_1 keeps its
+// unsigned codes and its min, which multiplies the activation block's sum s.
 template <bool kMin>
 struct LoadQ5 {
   static constexpr int kSubs = 1, kBytes = kMin ? 24 : 22;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = !kMin;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -93,9 +99,16 @@ struct LoadQ5 {
     uint32_t qh;
     std::memcpy(&qh, p, 4);
     Sub s;
-    s.u = _mm256_or_si256(unpack_nibbles16(p + 4), bit4_from_bits(qh));
+    const __m256i u = _mm256_or_si256(unpack_nibbles16(p + 4), bit4_from_bits(qh));
+    if constexpr (kMin) {
+      s.u = u;
+      s.a = f16(b + 2);
+    } else {
+      s.sgn = _mm256_sub_epi8(u, _mm256_set1_epi8(16));
+      s.u = _mm256_abs_epi8(s.sgn);
+      s.a = 0.0f;
+    }
     s.ws = _mm256_set1_ps(d);
-    s.a = kMin ? f16(b + 2) : -16.0f * d;
     return s;
   }
 };
@@ -204,13 +217,6 @@ inline __m256i pack_codes(__m256i a, __m256i b, __m256i c, __m256i d) {
                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-inline int hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 // max |x| over n floats (n a multiple of 8).
 inline float abs_max(const float* x, int n) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -235,34 +241,34 @@ inline __m256i codes32(const float* x, __m256 id, int* sum_lo, int* sum_hi) {
 
 }  // namespace
 
-void quantize_x_fast(const float* x, BlockX* out, int64_t k) {
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
   for (int64_t b = 0; b < k / kBlockX; ++b) {
     const float* xb = x + b * kBlockX;
-    const float d = abs_max(xb, 32) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float amax = abs_max(xb, 32);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int sum0, sum1;
     const __m256i q = codes32(xb, _mm256_set1_ps(id), &sum0, &sum1);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), q);
-    out[b].d = d;
-    out[b].s0 = d * static_cast<float>(sum0);
-    out[b].s1 = d * static_cast<float>(sum1);
-    out[b].s = out[b].s0 + out[b].s1;
+    const float sum = static_cast<float>(sum0 + sum1);
+    out[b].d = f16_to_f32(f32_to_f16(d));
+    out[b].s = sum_kind == XSum::kQ8_1 ? f16_to_f32(f32_to_f16(d * sum)) : out[b].d * sum;
   }
 }
 
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k) {
   for (int64_t b = 0; b < k / kBlockXK; ++b) {
     const float* xb = x + b * kBlockXK;
-    const float d = abs_max(xb, 256) / 127.0f;
-    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const float amax = abs_max(xb, 256);
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int c = 0; c < 8; ++c) {
       int lo, hi;
-      const __m256i q = codes32(xb + 32 * c, id, &lo, &hi);
+      const __m256i q = codes32(xb + 32 * c, _mm256_set1_ps(id), &lo, &hi);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q + 32 * c), q);
       out[b].bsum[2 * c] = static_cast<int16_t>(lo);
       out[b].bsum[2 * c + 1] = static_cast<int16_t>(hi);
     }
-    out[b].d = d;
+    out[b].d = amax != 0.0f ? 1.0f / id : 0.0f;
   }
 }
 
@@ -291,8 +297,8 @@ namespace cisa::quant {
 TileKernel tile_kernel_avx2(GgmlType) {
   return nullptr;
 }
-void quantize_x_fast(const float* x, BlockX* out, int64_t k) {
-  quantize_x(x, out, k);
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum) {
+  quantize_x(x, out, k, sum);
 }
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k) {
   quantize_xk(x, out, k);

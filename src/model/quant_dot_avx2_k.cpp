@@ -13,6 +13,8 @@
 #include "quant_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
+#include <cmath>
+
 #include "quant_avx2_util.h"
 
 namespace cisa::quant {
@@ -45,12 +47,22 @@ inline void q4k_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
   std::memcpy(mn + 4, &mn_hi, 4);
 }
 
+// Float order. llama.cpp multiplies every Q4_K matrix with a multiple of 8 rows through its
+// repacked kernels: a batch's first n - n % 4 tokens go through ggml_gemm_q4_K_8x8_q8_K, which
+// converts the integer sum of each pair of sub-blocks (64 elements) to float and accumulates it
+// with one fused multiply-add by d_w d_x; the last n % 4 tokens (and every decode step) through
+// ggml_gemv_q4_K_8x8_q8_K, which does the same once per super-block. The min terms go to a
+// second accumulator subtracted at the end. We follow the same order: groups of 4 and 8 tokens
+// (kPairs = true) per pair, the remainder per super-block. matmul's token tiles are multiples
+// of 4 except the last, so the remainder is the call's last n % 4 tokens, as in llama.cpp.
+// Integer sums are exact, so the results are bit-identical to its.
 template <int NR, int NT>
 void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
               int64_t ldy) {
-  __m256 acc[NR][NT];
+  constexpr bool kPairs = NT >= 4;
+  float acc[NR][NT], acc_min[NR][NT];
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[r][t] = acc_min[r][t] = 0.0f;
   for (int64_t blk = 0; blk < nb; ++blk) {
     const uint8_t* b[NR];
     float d[NR], dmin[NR];
@@ -67,9 +79,11 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
       const __m128i m = _mm_cvtsi64_si128(static_cast<int64_t>(m8));
       mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
     }
-    __m256i sumi[NR][NT];
+    // sumi: the whole super-block's lanes (kPairs = false); pair[t]: hadd of the lane vectors of
+    // pairs 0 and 1, then of 0..3, so that 4 pair sums come out of one final reduction.
+    __m256i sumi[NR][NT], pair01[NR][NT];
     for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) sumi[r][t] = _mm256_setzero_si256();
+      for (int t = 0; t < NT; ++t) sumi[r][t] = pair01[r][t] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
       __m256i ulo[NR], uhi[NR], slo[NR], shi[NR];
       for (int r = 0; r < NR; ++r) {
@@ -82,26 +96,52 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
       for (int t = 0; t < NT; ++t) {
         const int8_t* xs = xq[t * nb + blk].q + 64 * c;
         const __m256i xlo = load256(xs), xhi = load256(xs + 32);
-        for (int r = 0; r < NR; ++r)
-          sumi[r][t] = _mm256_add_epi32(
-              sumi[r][t],
-              _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]), scaled_dot(uhi[r], xhi, shi[r])));
+        for (int r = 0; r < NR; ++r) {
+          const __m256i p =
+              _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]), scaled_dot(uhi[r], xhi, shi[r]));
+          if constexpr (!kPairs) {
+            sumi[r][t] = _mm256_add_epi32(sumi[r][t], p);
+          } else if (c == 0 || c == 2) {
+            sumi[r][t] = p;  // held until its partner pair
+          } else if (c == 1) {
+            pair01[r][t] = _mm256_hadd_epi32(sumi[r][t], p);
+          } else {
+            sumi[r][t] = _mm256_hadd_epi32(pair01[r][t], _mm256_hadd_epi32(sumi[r][t], p));
+          }
+        }
       }
     }
     for (int t = 0; t < NT; ++t) {
       const BlockXK& bx = xq[t * nb + blk];
       const __m256i bsum = load256(bx.bsum);
       for (int r = 0; r < NR; ++r) {
+        // Lane j of msum: m_j (bsum_2j + bsum_2j+1), the min term of sub-block j.
         const __m256i msum = _mm256_madd_epi16(mins16[r], bsum);
-        acc[r][t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
-        acc[r][t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin[r] * bx.d), acc[r][t]);
+        const float dd = d[r] * bx.d, dm = dmin[r] * bx.d;
+        if constexpr (!kPairs) {
+          acc[r][t] = std::fma(static_cast<float>(hsum_i32(sumi[r][t])), dd, acc[r][t]);
+          acc_min[r][t] = std::fma(static_cast<float>(hsum_i32(msum)), dm, acc_min[r][t]);
+        } else {
+          // sumi lanes (0..3) + (4..7) are the 4 pair sums; msum's pairs are adjacent lanes.
+          const __m256i& h = sumi[r][t];
+          const __m128i ps =
+              _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+          const __m256i mh = _mm256_hadd_epi32(msum, msum);
+          const __m128i ms =
+              _mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
+          alignas(16) int pi[4], mi[4];
+          _mm_store_si128(reinterpret_cast<__m128i*>(pi), ps);
+          _mm_store_si128(reinterpret_cast<__m128i*>(mi), ms);
+          for (int c = 0; c < 4; ++c) {
+            acc[r][t] = std::fma(static_cast<float>(pi[c]), dd, acc[r][t]);
+            acc_min[r][t] = std::fma(static_cast<float>(mi[c]), dm, acc_min[r][t]);
+          }
+        }
       }
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum(acc[r][t]);
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = acc[r][t] - acc_min[r][t];
 }
 
 // Q6_K quarter Q of a half: 6-bit codes from the nibbles of ql (low for Q < 2) and 2 bits of qh.
@@ -132,6 +172,10 @@ inline void q6k_quarter(const __m256i (&ql0)[NR], const __m256i (&ql1)[NR], cons
   }
 }
 
+// Lane k of sumi holds elements 4k..4k+3 of every 32-element chunk times their scale, minus
+// 32 sc bsum for the 16-element groups 2k and 2k + 1; converted to float per super-block and
+// accumulated with one fused multiply-add by d_w d_x, lanes added at the end: exactly the lanes and
+// order of llama.cpp's ggml_vec_dot_q6_K_q8_K (AVX2), hence bit-identical results.
 template <int NR, int NT>
 void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
               int64_t ldy) {

@@ -2,34 +2,38 @@
 //
 // For a weight sub-block of 32 with element i = s[i/16] * w[i] + a and an activation block
 // x[i] = d * q[i], the dot product is
-//   sum_i x[i] (s[i/16] w[i] + a) = d * (s[0] * sum_{i<16} w q + s[1] * sum_{i>=16} w q) + a * (s0
-//   + s1)
-// where s0, s1 are the activation's half sums (BlockX). The integer sums are exact; floats enter
-// once per half block. The AVX2 kernels compute the same quantities with vector instructions.
+//   sum_i x[i] (s[i/16] w[i] + a) = d * (s[0] * sum_{i<16} w q + s[1] * sum_{i>=16} w q) + a * s
+// where s = d * sum q is the activation block's sum (BlockX). The integer sums are exact; floats
+// enter once per half block. The AVX2 kernels compute the same quantities with vector instructions.
 #include <cmath>
 
+#include "cisa/quant.h"
 #include "quant_kernels.h"
 
 namespace cisa::quant {
 
-void quantize_x(const float* x, BlockX* out, int64_t k) {
+namespace {
+float round_f16(float v) {
+  return f16_to_f32(f32_to_f16(v));
+}
+}  // namespace
+void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
   for (int64_t b = 0; b < k / kBlockX; ++b) {
     const float* xb = x + b * kBlockX;
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum0 = 0, sum1 = 0;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
     for (int i = 0; i < 32; ++i) {
       // nearbyint rounds half to even, as the vector conversion (_mm256_cvtps_epi32) does.
       const int q = static_cast<int>(std::nearbyint(xb[i] * id));
       out[b].q[i] = static_cast<int8_t>(q);
-      (i < 16 ? sum0 : sum1) += q;
+      sum += q;
     }
-    out[b].d = d;
-    out[b].s0 = d * static_cast<float>(sum0);
-    out[b].s1 = d * static_cast<float>(sum1);
-    out[b].s = out[b].s0 + out[b].s1;
+    out[b].d = round_f16(d);
+    out[b].s = sum_kind == XSum::kQ8_1 ? round_f16(d * static_cast<float>(sum))
+                                       : out[b].d * static_cast<float>(sum);
   }
 }
 
@@ -38,8 +42,7 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k) {
     const float* xb = x + b * kBlockXK;
     float amax = 0.0f;
     for (int i = 0; i < 256; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int g = 0; g < 16; ++g) {
       int sum = 0;
       for (int i = 16 * g; i < 16 * g + 16; ++i) {
@@ -49,8 +52,12 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k) {
       }
       out[b].bsum[g] = static_cast<int16_t>(sum);
     }
-    out[b].d = d;
+    out[b].d = amax != 0.0f ? 1.0f / id : 0.0f;
   }
+}
+
+XSum activation_sum_kind(GgmlType type) {
+  return type == GgmlType::Q4_1 || type == GgmlType::Q5_1 ? XSum::kQ8_1 : XSum::kQ8_0;
 }
 
 bool uses_block256(GgmlType type) {
@@ -70,7 +77,7 @@ void quantize_activations(GgmlType type, const float* x, void* out, int64_t k) {
   if (uses_block256(type))
     quantize_xk(x, static_cast<BlockXK*>(out), k);
   else
-    quantize_x(x, static_cast<BlockX*>(out), k);
+    quantize_x(x, static_cast<BlockX*>(out), k, activation_sum_kind(type));
 }
 
 float activation_value(GgmlType type, const void* xq, int64_t i) {
@@ -110,7 +117,7 @@ void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const voi
             for (int i = 16; i < 32; ++i) hi += sb.w[i] * bx.q[i];
             acc[t] += bx.d * (sb.scale[0] * static_cast<float>(lo) +
                               sb.scale[1] * static_cast<float>(hi)) +
-                      sb.add * (bx.s0 + bx.s1);
+                      sb.add * bx.s;
           }
         }
       }

@@ -10,22 +10,34 @@
 
 namespace cisa::quant {
 
-// Activations quantised to blocks of 32: x[i] ~= d * q[i]. s0 and s1 are d * sum(q) over the
-// first and second 16 elements and s = s0 + s1; they carry the weights' additive terms (the min
-// of Q4_1/Q4_K, the code offset of Q4_0/Q5_0/Q6_K) without touching the codes again.
+// Activations quantised to blocks of 32 the way llama.cpp's CPU backend does it (its Q8_0 and
+// Q8_1 activation blocks), so that our products see the same 8-bit inputs as its:
+//   id = 127 / max|x|,  q[i] = round_half_even(x[i] * id),  d = fp16(max|x| / 127),
+// i.e. the codes come from the f32 ratio but the stored scale is rounded to half precision
+// (x[i] ~= d * q[i] with that fp16 d). s carries the weights' additive terms (the min of
+// Q4_1/Q5_1, the code offset of Q4_0/Q5_0) without touching the codes again:
+//   Q8_1 (for Q4_1, Q5_1 weights):        s = fp16(max|x|/127 * sum q), as llama.cpp stores it;
+//   Q8_0 (for Q4_0, Q5_0, Q8_0 weights):   s = d * sum q (exact: 11 x 13 significant bits).
 struct BlockX {
   float d;
-  float s0, s1, s;
+  float s;
   int8_t q[32];
 };
 constexpr int64_t kBlockX = 32;
 
-// Quantises k floats (k a multiple of 32) into k/32 blocks: d = max|x| / 127, q = round(x / d).
-void quantize_x(const float* x, BlockX* out, int64_t k);
+// Which sum a weight type's products need (above).
+enum class XSum { kQ8_0, kQ8_1 };
+XSum activation_sum_kind(GgmlType type);
 
-// Activations for the K-quant weights (Q4_K, Q6_K): blocks of 256 with one scale, so that a
+// Quantises k floats (k a multiple of 32) into k/32 blocks as described above.
+void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum);
+
+// Activations for the K-quant weights (Q4_K, Q6_K): blocks of 256 with one f32 scale, so that a
 // whole weight super-block is summed in integers (its 6-/8-bit sub-block scales applied with
-// integer multiplies) and converted to float once. bsum[g] = sum of q over elements 16g..16g+15
+// integer multiplies) and converted to float once. As llama.cpp's Q8_K:
+//   id = 127 / max|x|,  q[i] = round_half_even(x[i] * id),  d = 1 / id
+// (llama.cpp divides by the signed extreme value, which flips the signs of both d and q and
+// leaves every product d * q bit-identical). bsum[g] = sum of q over elements 16g..16g+15
 // carries the mins and code offsets.
 struct BlockXK {
   float d;
@@ -37,7 +49,7 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k);
 
 // The same quantisations with AVX2 (bit-identical results: the same float operations, and
 // conversion rounds to nearest even like nearbyint); the scalar ones where AVX2 is absent.
-void quantize_x_fast(const float* x, BlockX* out, int64_t k);
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum);
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k);
 
 // Which activation blocks a weight type is multiplied with, and their size for k inputs.

@@ -4,12 +4,16 @@
 // docstring) holds llama.cpp's token IDs for prompts of about 100, 2,000 and 8,000 tokens of Jane
 // Austen and, at up to 256 positions of each, llama.cpp's top-20 logits and the log-sum-exp of
 // all its logits. We run the same token IDs and require, per prompt:
+//  - bit-identical logits at position 0 (with the default f16 KV rounding): everything but
+//    attention rounds exactly as llama.cpp's CPU build (docs/models-runtime.md, "Numerics");
 //  - the same top-1 token at >= 90% of the stored positions (kTop1Floor). The model-runtime issue
-//    asks for 99%, which no engine that rounds differently from llama.cpp can reach: llama.cpp
-//    against itself with an f16 instead of an f32 KV cache agrees at only 94% (SmolLM2, p100,
-//    KL 6.2e-3), because both round every matmul input to 8 bits. The 99% target is printed and
-//    reported, not asserted; exactness is asserted instead by ExactForwardMatchesFp64Reference below against an
-//    independent fp64 forward pass (100% top-1, KL ~1e-11);
+//    asks for 99%. Both engines round every matmul input to 8 bits, which makes the forward pass
+//    chaotic: any last-bit difference upstream flips some roundings downstream, and agreement
+//    drops to ~95% (llama.cpp against itself with an f32 instead of an f16 KV cache: 94%). Only
+//    bit-identical numerics reach 99%; ours are, except attention, whose softmax weights
+//    llama.cpp rounds to f16 (see the docs). The 99% target is printed, not asserted;
+//    ExactForwardMatchesFp64Reference below checks the architecture against an independent fp64
+//    forward pass instead;
 //  - mean KL(llama.cpp || ours) < 0.01, with KL taken over 21 outcomes: the 20 tokens llama.cpp
 //    ranks highest and "any other token" (both sides' full-vocabulary probabilities, so this is
 //    the exact KL of that coarse-graining of the two next-token distributions).
@@ -172,6 +176,17 @@ void score_row(const FixturePrompt& p, size_t j, uint32_t top_k, const float* ou
   a->kl_max = std::max(a->kl_max, kl);
 }
 
+// True when our logits for llama.cpp's 20 highest-ranked tokens at fixture row j are the very
+// same floats as llama.cpp's.
+bool top_logits_bit_identical(const FixturePrompt& p, size_t j, uint32_t top_k, const float* ours) {
+  for (uint32_t t = 0; t < top_k; ++t) {
+    const float theirs = p.top_logits[j * top_k + t];
+    const float mine = ours[p.top_ids[j * top_k + t]];
+    if (std::memcmp(&theirs, &mine, sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
 struct ModelCase {
   const char* name;
 };
@@ -243,13 +258,28 @@ TEST_P(ModelGolden, PromptLogitsMatchLlamaCpp) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Agreement a;
-    for (size_t j = 0; j < pos.size(); ++j)
+    size_t exact_prefix = 0;  // leading stored positions whose top-20 logits are bit-identical
+    for (size_t j = 0; j < pos.size(); ++j) {
       score_row(p, j, fixture_.top_k, logits.data() + j * V, V, &a);
+      if (exact_prefix == j &&
+          top_logits_bit_identical(p, j, fixture_.top_k, logits.data() + j * V))
+        ++exact_prefix;
+    }
     std::printf(
         "[ %-8s ] %s %s: %zu tokens in %.1f s (%.0f tok/s), %lld positions: top-1 %.2f%%, mean KL "
-        "%.2e, max KL %.2e\n",
+        "%.2e, max KL %.2e; leading positions bit-identical to llama.cpp: %zu of %zu\n",
         "golden", GetParam().name, p.name.c_str(), p.ids.size(), secs, p.ids.size() / secs,
-        static_cast<long long>(a.n), 100 * a.top1_rate(), a.kl_mean(), a.kl_max);
+        static_cast<long long>(a.n), 100 * a.top1_rate(), a.kl_mean(), a.kl_max, exact_prefix,
+        pos.size());
+    // Position 0 attends only to itself (softmax weight exactly 1), so it checks every other
+    // operation's rounding: the 8-bit activations with their f16 scales, the integer dot
+    // products' lanes and float order, RMSNorm, the GELU table, SiLU, the f16 cache rounding of
+    // V. All of it reproduces llama.cpp's CPU build, so the logits must be the same floats.
+    if (round_kv_f16_) {
+      ASSERT_EQ(pos[0], 0);
+      EXPECT_TRUE(top_logits_bit_identical(p, 0, fixture_.top_k, logits.data()))
+          << p.name << ": position 0's logits differ from llama.cpp's in the last bits";
+    }
     EXPECT_GE(a.top1_rate(), kTop1Floor) << p.name;
     if (a.top1_rate() < kTop1Target)
       std::printf("[ golden   ] %s: top-1 %.2f%% is below the issue's 99%% target (not asserted)\n",

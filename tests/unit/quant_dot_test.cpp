@@ -2,6 +2,7 @@
 // dequantize_row (itself checked against the gguf package in tests/golden/quant_golden_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -110,41 +111,74 @@ TEST(Half, KnownValues) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3C00);
 }
 
-TEST(QuantizeX, ErrorWithinHalfAStep) {
+float round_half(float v) {
+  return f16_to_f32(f32_to_f16(v));
+}  // checked above vs F16C
+
+// The activation quantisations must be llama.cpp's (its AVX2 quantize_row_q8_0 / q8_1 and
+// quantize_row_q8_K), written out here from its definition: codes round(x * 127 / max|x|) half
+// to even, scale f16(max|x| / 127) for blocks of 32 (sum f16(max|x|/127 * sum q) for Q8_1) and
+// 1 / (127 / max|x|) in f32 for blocks of 256; plus the error bound that follows from them.
+TEST(QuantizeX, MatchesLlamaCppDefinitionAndErrorBound) {
   std::mt19937 rng(1);
-  std::vector<float> x = random_floats(256, rng, 3.0f);
-  x[40] = 0.0f;
-  for (int i = 64; i < 96; ++i) x[i] = 0.0f;  // an all-zero block
-  std::vector<quant::BlockX> q(8);
-  quant::quantize_x(x.data(), q.data(), 256);
-  for (int b = 0; b < 8; ++b) {
-    int s0 = 0, s1 = 0;
-    for (int i = 0; i < 32; ++i) {
-      const float xi = x[b * 32 + i];
-      EXPECT_LE(std::fabs(xi - q[b].d * q[b].q[i]), 0.5f * q[b].d * 1.0001f + 1e-30f);
-      EXPECT_LE(std::abs(q[b].q[i]), 127);
-      (i < 16 ? s0 : s1) += q[b].q[i];
+  for (float spread : {1e-4f, 3.0f, 400.0f}) {
+    std::vector<float> x = random_floats(256, rng, spread);
+    x[40] = 0.0f;
+    for (int i = 64; i < 96; ++i) x[i] = 0.0f;  // an all-zero block
+    x[100] = 2.5f * spread;                     // a block whose extreme is positive ...
+    x[130] = -2.5f * spread;                    // ... and one whose extreme is negative
+    for (quant::XSum kind : {quant::XSum::kQ8_0, quant::XSum::kQ8_1}) {
+      std::vector<quant::BlockX> q(8);
+      quant::quantize_x(x.data(), q.data(), 256, kind);
+      for (int b = 0; b < 8; ++b) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        const float id = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; ++i) {
+          const float xi = x[b * 32 + i];
+          ASSERT_EQ(q[b].q[i], static_cast<int>(std::nearbyint(xi * id))) << b << " " << i;
+          sum += q[b].q[i];
+          // |x - d q| <= half a step plus 127 times the f16 rounding of the scale: 2^-11
+          // relative, or 2^-25 absolute once the scale is an f16 subnormal (below 2^-14).
+          const float step = amax / 127.0f;
+          const float d_err = std::max(step * 0x1p-11f, 0x1p-25f);
+          EXPECT_LE(std::fabs(xi - q[b].d * q[b].q[i]),
+                    (0.5f * step + 127.0f * d_err) * 1.0001f + 1e-30f);
+        }
+        EXPECT_EQ(q[b].d, round_half(amax / 127.0f)) << b;
+        if (kind == quant::XSum::kQ8_1)
+          EXPECT_EQ(q[b].s, round_half(amax / 127.0f * static_cast<float>(sum))) << b;
+        else
+          EXPECT_EQ(q[b].s, q[b].d * static_cast<float>(sum)) << b;
+      }
+      EXPECT_EQ(q[2].d, 0.0f);
+      EXPECT_EQ(q[2].s, 0.0f);
     }
-    EXPECT_FLOAT_EQ(q[b].s0, q[b].d * s0);
-    EXPECT_FLOAT_EQ(q[b].s1, q[b].d * s1);
   }
-  EXPECT_EQ(q[2].d, 0.0f);
 }
 
-// Every kernel, every type, token counts hitting each tail case: the result must equal the fp64
-// dot of the dequantised weights with the dequantised activations up to float rounding.
-TEST(QuantizeXK, ErrorWithinHalfAStepAndGroupSums) {
+TEST(QuantizeXK, MatchesLlamaCppDefinitionAndGroupSums) {
   std::mt19937 rng(2);
-  std::vector<float> x = random_floats(512, rng, 2.0f);
+  std::vector<float> x = random_floats(768, rng, 2.0f);
   for (int i = 256; i < 512; ++i) x[i] = 0.0f;
-  std::vector<quant::BlockXK> q(2);
-  quant::quantize_xk(x.data(), q.data(), 512);
-  for (int i = 0; i < 256; ++i)
-    EXPECT_LE(std::fabs(x[i] - q[0].d * q[0].q[i]), 0.5f * q[0].d * 1.0001f);
-  for (int g = 0; g < 16; ++g) {
-    int sum = 0;
-    for (int i = 0; i < 16; ++i) sum += q[0].q[16 * g + i];
-    EXPECT_EQ(q[0].bsum[g], sum);
+  x[600] = -9.0f;  // negative extreme (llama.cpp then divides by a negative max: same products)
+  std::vector<quant::BlockXK> q(3);
+  quant::quantize_xk(x.data(), q.data(), 768);
+  for (int b : {0, 2}) {
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[b * 256 + i]));
+    const float id = 127.0f / amax;
+    EXPECT_EQ(q[b].d, 1.0f / id);
+    for (int i = 0; i < 256; ++i) {
+      ASSERT_EQ(q[b].q[i], static_cast<int>(std::nearbyint(x[b * 256 + i] * id))) << i;
+      EXPECT_LE(std::fabs(x[b * 256 + i] - q[b].d * q[b].q[i]), 0.5f * q[b].d * 1.0001f);
+    }
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += q[b].q[16 * g + i];
+      EXPECT_EQ(q[b].bsum[g], sum);
+    }
   }
   EXPECT_EQ(q[1].d, 0.0f);
 }
@@ -154,10 +188,12 @@ TEST(QuantizeFast, BitIdenticalToScalar) {
   for (float spread : {1e-3f, 1.0f, 50.0f}) {
     std::vector<float> x = random_floats(1024, rng, spread);
     for (int i = 0; i < 64; ++i) x[i] = 0.0f;  // a zero block
-    std::vector<quant::BlockX> a(32), b(32);
-    quant::quantize_x(x.data(), a.data(), 1024);
-    quant::quantize_x_fast(x.data(), b.data(), 1024);
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(quant::BlockX) * a.size()), 0) << spread;
+    for (quant::XSum kind : {quant::XSum::kQ8_0, quant::XSum::kQ8_1}) {
+      std::vector<quant::BlockX> a(32), b(32);
+      quant::quantize_x(x.data(), a.data(), 1024, kind);
+      quant::quantize_x_fast(x.data(), b.data(), 1024, kind);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(quant::BlockX) * a.size()), 0) << spread;
+    }
     std::vector<quant::BlockXK> c(4), d(4);
     quant::quantize_xk(x.data(), c.data(), 1024);
     quant::quantize_xk_fast(x.data(), d.data(), 1024);
@@ -210,6 +246,22 @@ TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
               ref_raw += static_cast<double>(wr[c]) * x[t * cols + c];
               mag += std::fabs(static_cast<double>(wr[c]) * xd);
               qerr += std::fabs(wr[c] * (x[t * cols + c] - xd));
+            }
+            // Q8_1 activations (Q4_1, Q5_1 weights) carry their block sum as llama.cpp stores
+            // it, f16(d_f32 * sum q) rather than d * sum q: the min m of each weight block
+            // multiplies that stored sum.
+            if (quant::activation_sum_kind(type) == quant::XSum::kQ8_1) {
+              const auto* bx = static_cast<const quant::BlockX*>(xt);
+              for (int64_t b = 0; b < cols / 32; ++b) {
+                quant::SubBlock sb;
+                quant::decode_sub_block(type, w.data() + r * rb + b * ggml_block_bytes(type), 0,
+                                        &sb);
+                int qsum = 0;
+                for (int i = 0; i < 32; ++i) qsum += bx[b].q[i];
+                const double dev = double(sb.add) * (double(bx[b].s) - double(bx[b].d) * qsum);
+                ref += dev;
+                qerr += std::fabs(dev);
+              }
             }
             const double got = y[t * ldy + r];
             ASSERT_FALSE(std::isnan(got));
