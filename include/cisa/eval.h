@@ -149,9 +149,11 @@ struct EvalConfig {
   int64_t sinks = 0;
   int64_t dense_layers = 0;  // the first N layers stay dense (AttentionOptions::dense_layers)
   QShareQuery query = QShareQuery::kMean;
+  bool calibrated = false;  // index projections from the run's indexer file (EvalPlan::index)
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
-// compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), mean|last.
+// compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), mean|last,
+// cal (the calibrated index projections of `cisa eval --indexer`; otherwise each group's mean).
 Result<EvalConfig> parse_config(std::string_view text);
 // The chunk budget for a prompt of `tokens` tokens and page size B.
 int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
@@ -206,6 +208,10 @@ struct EvalPlan {
   int threads = 0;
   int prefill_block = 512;
   KvDtype kv_dtype = KvDtype::kF32;
+  // Index projections of every global layer from an indexer file (cisa calibrate), used by the
+  // configurations with the `cal` option; empty when none was given.
+  std::vector<IndexProjection> index;
+  std::string indexer_path;  // recorded in the report
   std::string command_line;  // recorded in the report
 };
 Status run_eval(const EvalPlan& plan);

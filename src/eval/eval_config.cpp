@@ -47,7 +47,7 @@ Result<EvalConfig> parse_config(std::string_view text) {
     auto bad = [&] {
       return invalid_argument("config '" + c.name + "': bad option '" + std::string(p) +
                               "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, dN "
-                              "dense layers, mean|last)");
+                              "dense layers, mean|last, cal)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -55,6 +55,11 @@ Result<EvalConfig> parse_config(std::string_view text) {
     }
     if (p == "last") {
       c.query = QShareQuery::kLast;
+      continue;
+    }
+    if (p == "cal") {
+      if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) return bad();
+      c.calibrated = true;
       continue;
     }
     if (p.size() < 2) return bad();

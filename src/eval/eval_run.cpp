@@ -71,6 +71,12 @@ class ModelCache {
     o.prefill_block = plan_.prefill_block;
     o.kv_dtype = plan_.kv_dtype;
     CISA_ASSIGN_OR_RETURN(o.attention, config_attention(c, length, page_size, &o.rep));
+    if (c.calibrated) {
+      if (plan_.index.empty())
+        return invalid_argument("configuration '" + c.name +
+                                "' uses calibrated projections (cal) but no indexer was given");
+      o.attention.index = plan_.index;
+    }
     CISA_ASSIGN_OR_RETURN(auto m, Model::load(plan_.model_path, o));
     Model* raw = m.get();
     models_[c.name] = std::move(m);
@@ -163,6 +169,7 @@ Status run_eval(const EvalPlan& plan) {
     meta["arch"] = model_arch_name(hp.arch);
     meta["n_ctx_train"] = hp.n_ctx_train;
     meta["command"] = plan.command_line;
+    if (!plan.indexer_path.empty()) meta["indexer"] = plan.indexer_path;
     meta["examples"] = plan.examples;
     meta["seed"] = static_cast<int64_t>(plan.seed);
     Json cfgs = Json::array();

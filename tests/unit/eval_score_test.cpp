@@ -134,9 +134,18 @@ TEST(EvalConfig, Parse) {
   EXPECT_EQ(c->sinks, 1);
   EXPECT_EQ(c->dense_layers, 2);
   EXPECT_EQ(c->query, QShareQuery::kLast);
+  EXPECT_FALSE(c->calibrated);
   auto q = parse_config("quest:k64");
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->budget, 64);
+  // `cal`: the run's calibrated index projections, for the configs that score with them.
+  auto cal = parse_config("cisa:x8:g4:s1:cal");
+  ASSERT_TRUE(cal.ok()) << cal.status().message();
+  EXPECT_TRUE(cal->calibrated);
+  EXPECT_EQ(cal->sinks, 1);
+  EXPECT_TRUE(parse_config("quest:k8:cal").ok());
+  EXPECT_FALSE(parse_config("recency:x8:cal").ok());
+  EXPECT_FALSE(parse_config("oracle:x8:cal").ok());
   for (const char* bad :
        {"sparse", "dense:k4", "cisa", "cisa:k4:x8", "cisa:x0.5", "cisa:g0", "cisa:k4:q", "cisa:kx"})
     EXPECT_FALSE(parse_config(bad).ok()) << bad;

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "cisa/eval.h"
+#include "cisa/gguf.h"
+#include "cisa/indexer.h"
 #include "cisa/json.h"
 #include "cisa/model_store.h"
 #include "cli_args.h"
@@ -44,7 +46,7 @@ int cmd_eval(int argc, char** argv) {
               "(budget in chunks), xR (nominal remote compression: k = E/R at "
               "the length), "
               "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
-  std::string model_arg, out_dir, texts_dir, kv = "f32";
+  std::string model_arg, out_dir, texts_dir, kv = "f32", indexer_path;
   std::vector<std::string> task_args, length_args, config_args;
   int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000;
   bool resume = false, summary_only = false, json = false;
@@ -67,6 +69,8 @@ int cmd_eval(int argc, char** argv) {
   p.add_flag("--summary-only", &summary_only, "only (re)write summary.md from results.jsonl");
   p.add_string("--texts", &texts_dir,
                "haystack texts from scripts/eval_texts.py (default SOURCE/.cache/eval_texts)");
+  p.add_string("--indexer", &indexer_path,
+               "indexer file from cisa calibrate, for configurations with the 'cal' option");
   p.add_int("--threads", &threads, "worker threads (default: all)");
   p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
   p.add_choice("--kv-dtype", &kv, {"f32", "bf16"}, "KV cache storage (default f32)");
@@ -128,6 +132,28 @@ int cmd_eval(int argc, char** argv) {
     plan.threads = static_cast<int>(threads);
     plan.prefill_block = static_cast<int>(prefill_block);
     plan.kv_dtype = kv == "bf16" ? KvDtype::kBF16 : KvDtype::kF32;
+    bool any_cal = false;
+    for (const auto& c : plan.configs) any_cal = any_cal || c.calibrated;
+    if (any_cal && indexer_path.empty()) return fail("a configuration uses 'cal': give --indexer FILE");
+    if (!indexer_path.empty()) {
+      // Projections for every global layer; a config's dense layers simply do not use theirs.
+      auto f = GgufFile::open(plan.model_path);
+      if (!f.ok()) return fail(f.status().message());
+      auto hp = read_model_hparams(*f);
+      if (!hp.ok()) return fail(hp.status().message());
+      auto idx = load_indexer(indexer_path);
+      if (!idx.ok()) return fail(idx.status().message());
+      auto id = model_identity(*f);
+      if (!id.ok()) return fail(id.status().message());
+      if (Status s = check_indexer_matches(*idx, *id); !s.ok())
+        return fail(indexer_path + ": " + s.message());
+      std::vector<bool> global(static_cast<size_t>(hp->n_layer));
+      for (int l = 0; l < hp->n_layer; ++l) global[static_cast<size_t>(l)] = hp->is_global(l);
+      auto proj = indexer_projections(*idx, *f, *hp, global);
+      if (!proj.ok()) return fail(proj.status().message());
+      plan.index = std::move(*proj);
+      plan.indexer_path = indexer_path;
+    }
     std::string cmd = "cisa";
     for (int i = 0; i < argc; ++i) cmd += std::string(" ") + argv[i];
     plan.command_line = cmd;
