@@ -4,14 +4,18 @@
 // its rows are the group's positions × the KV group's query heads (row = position·h_g + head),
 // so one page read serves every query that shares the selection. A row tile walks its pages in
 // order with an online softmax: per page, S = scale·Q·Kᵀ (masked by absolute position), then
-// the running max, denominator and O += P·V are updated. When there are too few (list, tile)
-// pairs to occupy every thread (decode), the page list is split and the partial results are
-// merged by log-sum-exp, as flash-decoding does.
+// the running max, denominator and O += P·V are updated. Prefill rows go through the tile kernel
+// (attention_tile_kernel.h: each 16-key block transposed once for up to 256 rows), decode rows
+// through the page kernel (attention_page_kernel.h). When there are too few (list, tile) pairs
+// to occupy every thread (decode), the page list is split and the partial results are merged by
+// log-sum-exp, as flash-decoding does; and a decode query group whose KV groups' lists hold the
+// same pages is one task over all of them, so that it reads the pool in address order.
 // GCC 12's AVX-512 intrinsics initialise their "undefined" operands from themselves, which
-// -Wmaybe-uninitialized reports once they are inlined here (GCC bug 105593); it has to be off
-// before <immintrin.h> is first read.
+// -W(maybe-)uninitialized reports once they are inlined here (GCC bug 105593; "maybe" at -O3,
+// plain at the sanitizer build's -O1); it has to be off before <immintrin.h> is first read.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "cisa/attention.h"
 
@@ -29,7 +33,9 @@ namespace cisa {
 
 namespace {
 
-constexpr int kRowTile = 256;         // rows of one task (see run_task)
+// Rows of one task. Large, so the tile kernel transposes each key block once for many rows; Q and
+// O of a full tile (2 × 256 KiB at d = 256) stay in a 1 MiB L2.
+constexpr int kRowTile = 256;
 constexpr int64_t kMinSplitPages = 16; // a split reads at least this many pages
 constexpr int64_t kPrefetchPages = 2;  // how far ahead scattered pages are prefetched
 using cpu::kNegInf;

@@ -7,9 +7,9 @@
 // so a row's scores s_r = scale · Σ_i q_r[i] · Kᵀ[i][:] are d broadcast-FMAs into one register,
 // with no horizontal sums. Eight rows share each Kᵀ load (eight independent FMA chains), and the
 // transposition is paid once per block for the whole tile. The softmax of a row is then one
-// vector: mask by absolute position, m' = max(m, max_j s_rj), p = e^(s − m'), l = l·e^(m − m') + Σ p.
-// O += P·V runs 4 rows × 64 channels at a time (16 accumulators): each V vector loaded feeds four
-// FMAs, each broadcast p_rj four more, and the rescale e^(m − m') is folded into loading the
+// vector: mask by absolute position, m' = max(m, max_j s_rj), p = e^(s − m'), l = l·e^(m − m') + Σ
+// p. O += P·V runs 4 rows × 64 channels at a time (16 accumulators): each V vector loaded feeds
+// four FMAs, each broadcast p_rj four more, and the rescale e^(m − m') is folded into loading the
 // accumulators.
 //
 // Every row's arithmetic (order of its FMAs, of its reductions) is the same whatever rows share
@@ -47,12 +47,16 @@ inline uint32_t visible_lanes(int64_t s0, int nk, int64_t t, int64_t window) {
 
 inline constexpr int kKeyBlock = 16;  // keys per transposed block: one vector of lanes
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
 inline __m512 load16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline __m512 maskz_load16(__mmask16 k, const float* p) { return _mm512_maskz_loadu_ps(k, p); }
+inline __m512 maskz_load16(__mmask16 k, const float* p) {
+  return _mm512_maskz_loadu_ps(k, p);
+}
 inline __m512 maskz_load16(__mmask16 k, const uint16_t* p) {
   const __m256i h = _mm256_maskz_loadu_epi16(k, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -76,7 +80,8 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
 }
 
@@ -99,7 +104,8 @@ inline void transpose16x16(__m512* r) {
   }
   // Column 4b + w = [u[w].b, u[4+w].b, u[8+w].b, u[12+w].b] (128-bit blocks).
   for (int w = 0; w < 4; ++w) {
-    const __m512 v0 = _mm512_shuffle_f32x4(u[w], u[4 + w], 0x88), v1 = _mm512_shuffle_f32x4(u[w], u[4 + w], 0xdd);
+    const __m512 v0 = _mm512_shuffle_f32x4(u[w], u[4 + w], 0x88),
+                 v1 = _mm512_shuffle_f32x4(u[w], u[4 + w], 0xdd);
     const __m512 x0 = _mm512_shuffle_f32x4(u[8 + w], u[12 + w], 0x88);
     const __m512 x1 = _mm512_shuffle_f32x4(u[8 + w], u[12 + w], 0xdd);
     r[w] = _mm512_shuffle_f32x4(v0, x0, 0x88);       // block 0
@@ -121,7 +127,8 @@ inline void transpose_keys(const T* k, int nk, int d, float* kt) {
       for (int j = 0; j < 16; ++j) r[j] = load16(k + static_cast<int64_t>(j) * d + c0);
     } else {
       for (int j = 0; j < 16; ++j)  // rows past nk: an empty mask reads nothing and gives zeros
-        r[j] = maskz_load16(j < nk ? cm : static_cast<__mmask16>(0), k + static_cast<int64_t>(std::min(j, nk - 1)) * d + c0);
+        r[j] = maskz_load16(j < nk ? cm : static_cast<__mmask16>(0),
+                            k + static_cast<int64_t>(std::min(j, nk - 1)) * d + c0);
     }
     transpose16x16(r);
     for (int c = 0; c < nc; ++c) _mm512_store_ps(kt + static_cast<int64_t>(c0 + c) * 16, r[c]);
@@ -146,8 +153,8 @@ inline void block_scores8(const float* const* q, int n, const float* kt, int d, 
 // chunk may hold only 8 channels: mask `last`). p: [rows][ps], c: per-row rescale (exactly 1
 // when the row's max held, so multiplying is exact and skipping it when no row moved is too).
 template <int RB, int C, class T>
-inline void block_pv(float* const* acc, const float* p, int ps, const float* c, const T* v, int nk, int d, int c0,
-                     __mmask16 last, bool rescale) {
+inline void block_pv(float* const* acc, const float* p, int ps, const float* c, const T* v, int nk,
+                     int d, int c0, __mmask16 last, bool rescale) {
   static_assert(C == 4 || C == 1);
   __m512 a0[RB], a1[RB], a2[RB], a3[RB];
   for (int r = 0; r < RB; ++r) {
@@ -161,7 +168,9 @@ inline void block_pv(float* const* acc, const float* p, int ps, const float* c, 
     if (rescale) {
       const __m512 cr = _mm512_set1_ps(c[r]);
       a0[r] = _mm512_mul_ps(a0[r], cr);
-      if constexpr (C == 4) a1[r] = _mm512_mul_ps(a1[r], cr), a2[r] = _mm512_mul_ps(a2[r], cr), a3[r] = _mm512_mul_ps(a3[r], cr);
+      if constexpr (C == 4)
+        a1[r] = _mm512_mul_ps(a1[r], cr), a2[r] = _mm512_mul_ps(a2[r], cr),
+        a3[r] = _mm512_mul_ps(a3[r], cr);
     }
   }
   for (int j = 0; j < nk; ++j) {
@@ -181,7 +190,8 @@ inline void block_pv(float* const* acc, const float* p, int ps, const float* c, 
     } else {
       __m512 v0 = maskz_load16(last, vj);
       __asm__("" : "+v"(v0));
-      for (int r = 0; r < RB; ++r) a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ps + j]), v0, a0[r]);
+      for (int r = 0; r < RB; ++r)
+        a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ps + j]), v0, a0[r]);
     }
   }
   for (int r = 0; r < RB; ++r) {
@@ -197,8 +207,8 @@ inline void block_pv(float* const* acc, const float* p, int ps, const float* c, 
 
 // RB rows, every channel: 64-channel groups, then single chunks.
 template <int RB, class T>
-inline void rows_pv(float* const* acc, const float* p, int ps, const float* c, const T* v, int nk, int d,
-                    bool rescale) {
+inline void rows_pv(float* const* acc, const float* p, int ps, const float* c, const T* v, int nk,
+                    int d, bool rescale) {
   const __mmask16 full = 0xffff;
   int c0 = 0;
   for (; c0 + 64 <= d; c0 += 64) block_pv<RB, 4>(acc, p, ps, c, v, nk, d, c0, full, rescale);
@@ -217,9 +227,9 @@ inline int64_t tile_scratch_floats(int rows, int d) {
 // positions tpos are ascending. kt, p, c: scratch (kt 64-byte aligned); m, l, acc: the rows'
 // online-softmax state.
 template <class T>
-inline void tile_key_block(const float* const* q, const int64_t* tpos, int R, const T* k, const T* v,
-                           int64_t s0, int nk, int64_t window, int d, float scale, float* kt, float* p,
-                           float* c, float* m, float* l, float* const* acc) {
+inline void tile_key_block(const float* const* q, const int64_t* tpos, int R, const T* k,
+                           const T* v, int64_t s0, int nk, int64_t window, int d, float scale,
+                           float* kt, float* p, float* c, float* m, float* l, float* const* acc) {
   // Rows that see any key of the block form one run [ra, rb): positions ascend, and a later
   // position sees later keys only.
   int ra = 0, rb = R;
@@ -227,7 +237,8 @@ inline void tile_key_block(const float* const* q, const int64_t* tpos, int R, co
   while (rb > ra && visible_lanes(s0, nk, tpos[rb - 1], window) == 0) --rb;
   if (ra == rb) return;
   transpose_keys(k, nk, d, kt);
-  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 vscale = _mm512_set1_ps(scale),
+               ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   bool rescale = false;
   for (int r0 = ra; r0 < rb; r0 += 8) {
     const int n = std::min(8, rb - r0);
@@ -256,10 +267,14 @@ inline void tile_key_block(const float* const* q, const int64_t* tpos, int R, co
   const int jend = static_cast<int>(std::min<int64_t>(nk, tpos[rb - 1] - s0 + 1));
   int r0 = ra;
   for (; r0 + 4 <= rb; r0 += 4)
-    rows_pv<4>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d, rescale);
+    rows_pv<4>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d,
+               rescale);
   for (; r0 + 2 <= rb; r0 += 2)
-    rows_pv<2>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d, rescale);
-  if (r0 < rb) rows_pv<1>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d, rescale);
+    rows_pv<2>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d,
+               rescale);
+  if (r0 < rb)
+    rows_pv<1>(acc + r0, p + static_cast<int64_t>(r0) * kKeyBlock, kKeyBlock, c + r0, v, jend, d,
+               rescale);
 }
 
 #endif  // CISA_ATTENTION_AVX512

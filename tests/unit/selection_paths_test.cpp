@@ -23,7 +23,8 @@ std::vector<int32_t> reference_topk(const std::vector<float>& s, int64_t k) {
   std::vector<int32_t> idx(s.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-    const bool na = std::isnan(s[static_cast<size_t>(a)]), nb = std::isnan(s[static_cast<size_t>(b)]);
+    const bool na = std::isnan(s[static_cast<size_t>(a)]),
+               nb = std::isnan(s[static_cast<size_t>(b)]);
     if (na || nb) return !na && nb;
     return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)];
   });
@@ -34,16 +35,26 @@ std::vector<int32_t> reference_topk(const std::vector<float>& s, int64_t k) {
 
 float special(std::mt19937& rng, std::normal_distribution<float>& nd) {
   switch (rng() % 12) {
-    case 0: return 0.0f;
-    case 1: return -0.0f;
-    case 2: return std::numeric_limits<float>::quiet_NaN();
-    case 3: return std::numeric_limits<float>::infinity();
-    case 4: return -std::numeric_limits<float>::infinity();
-    case 5: return std::numeric_limits<float>::denorm_min() * static_cast<float>(rng() % 5);
-    case 6: return -std::numeric_limits<float>::denorm_min() * static_cast<float>(rng() % 5);
-    case 7: return std::numeric_limits<float>::max();
-    case 8: return std::numeric_limits<float>::lowest();
-    default: return std::round(nd(rng) * 4.0f) / 4.0f;  // coarse values: exact ties
+    case 0:
+      return 0.0f;
+    case 1:
+      return -0.0f;
+    case 2:
+      return std::numeric_limits<float>::quiet_NaN();
+    case 3:
+      return std::numeric_limits<float>::infinity();
+    case 4:
+      return -std::numeric_limits<float>::infinity();
+    case 5:
+      return std::numeric_limits<float>::denorm_min() * static_cast<float>(rng() % 5);
+    case 6:
+      return -std::numeric_limits<float>::denorm_min() * static_cast<float>(rng() % 5);
+    case 7:
+      return std::numeric_limits<float>::max();
+    case 8:
+      return std::numeric_limits<float>::lowest();
+    default:
+      return std::round(nd(rng) * 4.0f) / 4.0f;  // coarse values: exact ties
   }
 }
 
@@ -85,8 +96,12 @@ TEST(TopKRadix, SignedZerosAreOneValueAndNanRanksLast) {
 TEST(SelectPagesPaths, BlockedScoringAcrossKvGroupsEqualsPerListScoring) {
   std::mt19937 rng(78);
   for (const int hkv : {2, 8}) {
-    auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = 64,
-                                                  .page_size = 16, .num_pages = 400, .dtype = KvDtype::kBF16}));
+    auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                  .num_kv_heads = hkv,
+                                                  .head_dim = 64,
+                                                  .page_size = 16,
+                                                  .num_pages = 400,
+                                                  .dtype = KvDtype::kBF16}));
     const SeqId a = *cache->add_sequence(), b = *cache->add_sequence();
     for (int i = 0; i < 12; ++i) {  // interleaved appends scatter both sequences' pages
       test::append_random(*cache, a, 1 + static_cast<int64_t>(rng() % 300), rng);
@@ -104,7 +119,8 @@ TEST(SelectPagesPaths, BlockedScoringAcrossKvGroupsEqualsPerListScoring) {
       ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), sp, nullptr, &serial).ok());
       ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), sp, &pool, &pooled).ok());
       EXPECT_EQ(pooled.offsets, serial.offsets);
-      EXPECT_EQ(pooled.pages, serial.pages) << "hkv " << hkv << (decode_only ? " decode" : " mixed");
+      EXPECT_EQ(pooled.pages, serial.pages)
+          << "hkv " << hkv << (decode_only ? " decode" : " mixed");
       EXPECT_EQ(pooled.chunks, serial.chunks);
       EXPECT_EQ(pooled.num_selected, serial.num_selected);
       for (int32_t n : pooled.num_selected) EXPECT_LE(n, 7);
