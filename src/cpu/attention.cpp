@@ -161,20 +161,29 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
         }
       }
     }
-    for (int gi = 0; gi < t.groups; ++gi) {
-      const T* kp = static_cast<const T*>(cache.k_page(layer, page, g0 + gi));
-      const T* vp = static_cast<const T*>(cache.v_page(layer, page, g0 + gi));
-      const int base = gi * R;
-      for (int r0 = 0; r0 < R; r0 += 4) {
-        const int nr = std::min(4, R - r0);
-        const int64_t lo = tpos[r0], hi = tpos[r0 + nr - 1];
-        if (s0 > hi || (window > 0 && s0 + B - 1 <= lo - window)) continue;
-        const bool full = s0 + B - 1 <= lo && (window == 0 || s0 > hi - window);
-        const cpu::PageMask mask{s0, tpos + r0, window, full};
-        const int b = base + r0;
-        cpu::page_step(nr, qrow + b, kp, vp, mask, B, d, scale, s, m + b, l + b, accp + b);
+    // Every group's scores first, then every group's update: K of all groups, then V of all
+    // groups, each a contiguous run of the pool when the task covers several groups. Each row's
+    // arithmetic is page_step's, in the same order.
+    for (int pass = 0; pass < 2; ++pass)
+      for (int gi = 0; gi < t.groups; ++gi) {
+        const int base = gi * R;
+        for (int r0 = 0; r0 < R; r0 += 4) {
+          const int nr = std::min(4, R - r0);
+          const int64_t lo = tpos[r0], hi = tpos[r0 + nr - 1];
+          if (s0 > hi || (window > 0 && s0 + B - 1 <= lo - window)) continue;
+          const int b = base + r0;
+          float* sb = s + static_cast<int64_t>(b) * B;  // this block's scores: [nr][B]
+          if (pass == 0) {
+            cpu::page_step_scores(nr, qrow + b, static_cast<const T*>(cache.k_page(layer, page, g0 + gi)), B, d,
+                                  scale, sb);
+          } else {
+            const bool full = s0 + B - 1 <= lo && (window == 0 || s0 > hi - window);
+            const cpu::PageMask mask{s0, tpos + r0, window, full};
+            cpu::page_step_update(nr, static_cast<const T*>(cache.v_page(layer, page, g0 + gi)), mask, B, d, sb,
+                                  m + b, l + b, accp + b);
+          }
+        }
       }
-    }
   }
 }
 
@@ -258,12 +267,12 @@ void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, 
 void AttentionRunner::run_task(const Task& t, float* scratch) const {
   const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
   const int R = t.rows * t.groups;  // every row of the task, list-major
-  // scratch layout: acc[R][d] | m[R] | l[R] | s[4][B] | tile kernel scratch (64-byte aligned)
+  // scratch layout: acc[R][d] | m[R] | l[R] | s[R][B] | tile kernel scratch (64-byte aligned)
   float* acc = scratch;
   float* m = acc + static_cast<int64_t>(kRowTile) * d;
   float* l = m + kRowTile;
   float* s = l + kRowTile;
-  float* tile = s + 4 * static_cast<int64_t>(B);
+  float* tile = s + static_cast<int64_t>(kRowTile) * B;
   tile += (16 - (reinterpret_cast<uintptr_t>(tile) / sizeof(float)) % 16) % 16;
   std::fill(acc, acc + static_cast<int64_t>(R) * d, 0.0f);
   std::fill(m, m + R, kNegInf);
@@ -350,7 +359,7 @@ void AttentionRunner::run(ThreadPool& pool) {
   }
   ws->partial_out_.resize(static_cast<size_t>(partial_rows * d));
   ws->partial_lse_.resize(static_cast<size_t>(partial_rows));
-  int64_t scratch_floats = static_cast<int64_t>(kRowTile) * d + 2 * kRowTile + 4 * static_cast<int64_t>(B);
+  int64_t scratch_floats = static_cast<int64_t>(kRowTile) * (d + 2 + B);
 #ifdef CISA_ATTENTION_AVX512
   scratch_floats += cpu::tile_scratch_floats(kRowTile, d);
 #endif

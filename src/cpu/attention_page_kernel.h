@@ -289,4 +289,25 @@ inline void page_step(int nr, const float* const* q, const T* k, const T* v, con
   }
 }
 
+// The two halves of page_step, for callers that score several pages before updating with them.
+template <class T>
+inline void page_step_scores(int nr, const float* const* q, const T* k, int B, int d, float scale, float* s) {
+  switch (nr) {
+    case 4: page_scores<4>(q, k, B, d, scale, s); break;
+    case 3: page_scores<3>(q, k, B, d, scale, s); break;
+    case 2: page_scores<2>(q, k, B, d, scale, s); break;
+    default: page_scores<1>(q, k, B, d, scale, s); break;
+  }
+}
+template <class T>
+inline void page_step_update(int nr, const T* v, const PageMask& mask, int B, int d, float* s, float* m, float* l,
+                             float* const* acc) {
+  switch (nr) {
+    case 4: page_update<4>(mask, s, v, B, d, m, l, acc); break;
+    case 3: page_update<3>(mask, s, v, B, d, m, l, acc); break;
+    case 2: page_update<2>(mask, s, v, B, d, m, l, acc); break;
+    default: page_update<1>(mask, s, v, B, d, m, l, acc); break;
+  }
+}
+
 }  // namespace cisa::cpu
