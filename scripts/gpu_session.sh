@@ -8,7 +8,8 @@
 # benchmark and anchors without tests; all: everything.
 #
 # Build: an explicit CMake configure of only the targets this needs (cisa_cuda, the GPU tests,
-# the cisa CLI), sm_90a, Release, in build/gpu-session.
+# the cisa CLI), sm_90a, Release, in build/gpu-session. Options (environment): CISA_PREBUILT,
+# AB_GEOMETRY, AB_PREBUILT, STOP_ON_TEST_FAIL, ANCHOR_ARGS (see where each is used below).
 set -uo pipefail
 mode=${1:-all}
 OUT=${OUT:-$PWD/gpu-out}
@@ -54,7 +55,10 @@ if [ "$mode" != bench ]; then
     ./build/gpu-session/tests/$t >"$OUT/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')" | tee -a "$OUT/session.log"
     grep -B3 -A12 "Failure" "$OUT/$t.log" | head -60
+    grep -q '^\[  PASSED ' "$OUT/$t.log" && ! grep -q '^\[  FAILED ' "$OUT/$t.log" || tests_failed=1
   done
+  # STOP_ON_TEST_FAIL=1: no benchmark after a failed test (saves device time).
+  if [ -n "${STOP_ON_TEST_FAIL:-}" ] && [ -n "${tests_failed:-}" ]; then log "tests failed: stopping"; exit 1; fi
 fi
 
 if [ "$mode" != tests ]; then
@@ -72,6 +76,14 @@ if [ "$mode" != tests ]; then
       >"$OUT/layer_cisa_mma.json" 2>"$OUT/layer_cisa_mma.log"
     log "cisa bench (mma.sync) rc=$?"
     tail -14 "$OUT/layer_cisa_mma.log"
+  fi
+  # AB_PREBUILT=dir (with AB_PREBUILT_GEOMETRY, default 4:1): the same benchmark with the cisa
+  # binary of an earlier build, for a same-session comparison of a change outside attention.
+  if [ -n "${AB_PREBUILT:-}" ]; then
+    "$AB_PREBUILT"/cisa bench layer --backend cuda --json --geometry "${AB_PREBUILT_GEOMETRY:-4:1}" \
+      >"$OUT/layer_cisa_prev.json" 2>"$OUT/layer_cisa_prev.log"
+    log "cisa bench (binary from $AB_PREBUILT) rc=$?"
+    tail -14 "$OUT/layer_cisa_prev.log"
   fi
   if [ "$mode" = cisa ]; then log "done (no anchors in mode cisa)"; exit 0; fi
   # ANCHOR_ARGS: extra options of bench/anchors_layer.py (e.g. --no-flex --gather-geometries 4:1

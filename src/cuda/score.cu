@@ -1,8 +1,9 @@
 // Scoring kernels. The score kernel gives each block kScoreChunks consecutive eligible chunks of
 // one (entry, KV group) stream: their representatives are read from global memory once (16-byte
 // loads, widened to f32 in shared memory) and scored against every list of the stream,
-// 16·QA index queries at a time, with a 4 chunks × QA queries register tile per thread; streams
-// of few lists (decode) take a warp-per-chunk kernel instead.
+// 16·QA index queries at a time, with a 4 chunks × QA queries register tile per thread (quest
+// representatives and d = 256); mean representatives at d ≤ 128 take a kernel that keeps them in
+// registers (score_regs_kernel); streams of few lists (decode) take a warp-per-chunk kernel.
 #include <cmath>
 
 #include "common.cuh"
@@ -221,6 +222,112 @@ score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
   }
 }
 
+// Streams of many lists with mean representatives at d ≤ 128 (prefill: 16–128 QShare groups per
+// stream). The tile kernel above kept representatives and queries in shared memory and paid 5
+// shared loads per 4 FMAs at 16 lists (G = 32: 0.47 ms where the 0.27 GB of representatives take
+// ~0.085 ms). Here the representatives stay in registers: four lanes (a quad) own four chunks,
+// lane s holding channels 16j + 4s … 16j + 4s + 3 (j < D/16) of all four as packed bf16 (D/2
+// registers), loaded straight from global memory, all at once, after one page-ID load per lane.
+// The index queries are staged in shared memory; one 16-byte broadcast load (4 channels of one
+// query, the quad's 4 addresses contiguous) feeds 16 FMAs (4 chunks × 4 channels). Each lane ends
+// with partial sums over its quarter of the channels; a reduce-scatter of 3 shuffles per query
+// leaves lane s with the full score of chunk s, so a warp writes 32 consecutive scores.
+// Summation order: per lane sequential over its channels, then (p0 + p2) + (p1 + p3) for every
+// chunk (commutative adds), so equal representatives give bit-equal scores wherever they sit.
+template <int D>
+__global__ void __launch_bounds__(tiles::kScoreThreads, 2)
+score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                  const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+  constexpr int C = 4;                          // chunks per quad = lanes per quad
+  constexpr int J = D / 16;                     // 16-channel steps, 4 channels per lane each
+  constexpr int QG = 4;                         // queries per register pass
+  constexpr int QP = tiles::kScoreRegsQueries;  // queries staged in shared memory at once
+  constexpr int NCB = tiles::kScoreThreads;     // chunks per block: one written per lane
+  static_assert(D % 16 == 0 && QP % QG == 0, "tile shape");
+  __shared__ __align__(16) float q_s[QP * D];
+  __shared__ int32_t end_s[QP];
+  __shared__ int64_t out_s[QP];
+  const ScoreStream S = streams[blockIdx.y];
+  const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
+  if (c0 >= S.elig_end_max) return;
+  const int lane = threadIdx.x % 32, s = lane % C;
+  const int32_t mine = c0 + static_cast<int32_t>(threadIdx.x);  // the chunk this lane writes
+  const int32_t my_page = mine < S.elig_end_max ? block_pages[S.table_begin + mine] : -1;
+
+  uint2 rv[C][J];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int32_t page = __shfl_sync(0xffffffffu, my_page, (lane & ~(C - 1)) + c);
+    const uint16_t* r = reps + (static_cast<int64_t>(page < 0 ? 0 : page) * num_kv_heads + S.kv) * D + 4 * s;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      rv[c][j] = page >= 0 ? __ldg(reinterpret_cast<const uint2*>(r + 16 * j)) : make_uint2(0, 0);
+  }
+
+  for (int q0 = 0; q0 < S.num_lists; q0 += QP) {
+    const int nq = min(QP, S.num_lists - q0);
+    const int nq_pad = (nq + QG - 1) / QG * QG;  // rows read by the last register pass
+    __syncthreads();                             // q_s free (later passes)
+    for (int e = threadIdx.x; e < nq_pad * (D / 4); e += blockDim.x) {
+      const int qi = e / (D / 4), i4 = e % (D / 4);
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (qi < nq)
+        v = reinterpret_cast<const float4*>(qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D)[i4];
+      reinterpret_cast<float4*>(q_s)[e] = v;
+    }
+    for (int qi = threadIdx.x; qi < nq; qi += blockDim.x) {
+      const ListDesc& L = lists[S.first_list + (q0 + qi) * S.list_stride];
+      end_s[qi] = L.elig_end;
+      out_s[qi] = L.score_begin - L.elig_begin;
+    }
+    __syncthreads();
+    for (int a0 = 0; a0 < nq; a0 += QG) {
+      float acc[QG][C] = {};
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        // Widened here, per query pass: the empty volatile asm stops the compiler from hoisting
+        // all D/2 · 4 widened floats out of the a0 loop (that spilled: 128 f32 + 64 packed).
+        float r[C][4];
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          uint32_t x = rv[c][j].x, y = rv[c][j].y;
+          asm volatile("" : "+r"(x), "+r"(y));
+          r[c][0] = __uint_as_float(x << 16);
+          r[c][1] = __uint_as_float(x & 0xffff0000u);
+          r[c][2] = __uint_as_float(y << 16);
+          r[c][3] = __uint_as_float(y & 0xffff0000u);
+        }
+#pragma unroll
+        for (int a = 0; a < QG; ++a) {
+          const float4 q = *reinterpret_cast<const float4*>(q_s + (a0 + a) * D + 16 * j + 4 * s);
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            acc[a][c] = fmaf(q.x, r[c][0], acc[a][c]);
+            acc[a][c] = fmaf(q.y, r[c][1], acc[a][c]);
+            acc[a][c] = fmaf(q.z, r[c][2], acc[a][c]);
+            acc[a][c] = fmaf(q.w, r[c][3], acc[a][c]);
+          }
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < QG; ++a) {
+        // Reduce-scatter over the quad: lane s keeps the chunks of its half (bit 1 of s), adds its
+        // xor-2 partner's halves, then keeps chunk s and adds its xor-1 partner's sum of it.
+        const bool hi2 = (s & 2) != 0, hi1 = (s & 1) != 0;
+        float k0 = hi2 ? acc[a][2] : acc[a][0], k1 = hi2 ? acc[a][3] : acc[a][1];
+        const float t0 = hi2 ? acc[a][0] : acc[a][2], t1 = hi2 ? acc[a][1] : acc[a][3];
+        k0 += __shfl_xor_sync(0xffffffffu, t0, 2);
+        k1 += __shfl_xor_sync(0xffffffffu, t1, 2);
+        float tot = hi1 ? k1 : k0;
+        tot += __shfl_xor_sync(0xffffffffu, hi1 ? k0 : k1, 1);
+        const int qi = a0 + a;
+        if (qi < nq && mine < end_s[qi]) scores[out_s[qi] + mine] = tot * inv_sqrt_d;
+      }
+    }
+  }
+}
+
 template <int D, bool kQuest>
 void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
                 const int32_t* block_pages, const uint16_t* reps, const float* qbar, int num_kv_heads,
@@ -276,6 +383,17 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
   }
     CISA_FEW(64) CISA_FEW(128) CISA_FEW(256)
 #undef CISA_FEW
+    return cudaGetLastError();
+  }
+  if (!quest && (head_dim == 64 || head_dim == 128)) {
+    const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreThreads - 1) / tiles::kScoreThreads),
+                    static_cast<unsigned>(num_streams));
+    if (head_dim == 64)
+      score_regs_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
+                                                                       num_kv_heads, inv_sqrt_d, scores);
+    else
+      score_regs_kernel<128><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
+                                                                        num_kv_heads, inv_sqrt_d, scores);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),

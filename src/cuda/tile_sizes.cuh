@@ -68,6 +68,12 @@ constexpr int kScoreFewLists = 8;
 // chunk; 512 chunks at d = 128 are 128 KB of representatives, 4 rounds of 8 loads per lane.
 constexpr int kScoreFewChunks = 512;
 
+// Streams of more lists with mean representatives at d ≤ 128 (prefill) use score_regs_kernel:
+// one chunk written per thread (kScoreThreads chunks per block), representatives held in
+// registers (4 lanes × 4 chunks, D/2 registers per lane), index queries staged in shared memory
+// this many at a time (32 KB at d = 128; 64 covers G = 8 and up in one pass, G = 4 in two).
+constexpr int kScoreRegsQueries = 64;
+
 // ---- top-k (topk.cu) ----
 // A cluster of kTopkCluster blocks per list, each owning 1/kTopkCluster of its scores (≤ 256 KB
 // per list, L2-resident), 4 radix passes plus a count and an ordered compaction over its slice.

@@ -177,6 +177,9 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
       {2, 64, RepKind::kMean, {.budget = 20, .window = 4, .qshare = 4, .sink_pages = 2}},
       {2, 128, RepKind::kQuest, {.budget = 40, .window = 8, .qshare = 32, .qshare_query = QShareQuery::kLast}},
       {1, 256, RepKind::kMean, {.budget = 64, .window = 16, .qshare = 1}},
+      // Mean representatives at d ≤ 128 with more than 8 lists per stream take score_regs_kernel;
+      // G = 3 gives streams of ~70 lists: two shared-memory query passes, the second partial.
+      {2, 128, RepKind::kMean, {.budget = 48, .window = 8, .qshare = 3}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " G=" + std::to_string(c.p.qshare));
