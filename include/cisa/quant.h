@@ -1,20 +1,22 @@
 // cisa/quant.h — quantised tensor types: dequantisation and the fused quantised matrix products.
 //
 // Weights stay in their GGUF block format. A product y = W x first quantises the activations x to
-// 8-bit blocks of 32 (one fp32 scale each), then multiplies integer codes with integer dot
-// products (AVX2, or AVX-512 VNNI where the compiler targets it; a portable scalar path
-// otherwise) and applies the weight and activation scales once per block. docs/gguf.md gives the
-// block layouts; tests/golden/quant_golden_test.cpp checks dequantisation against the `gguf`
-// Python package on the real model files.
+// 8-bit blocks (32 elements with an f16 scale, or 256 with an f32 scale for the K-quants), then
+// multiplies integer codes with integer dot products (AVX2, or AVX-512 VNNI where the compiler
+// targets it; a portable scalar path otherwise) and applies the weight and activation scales once
+// per block. Quantisation, summation order and float operations are llama.cpp's CPU backend's, so
+// on AVX2 the results are bit-identical to its (docs/models-runtime.md, "Numerics"). docs/gguf.md
+// gives the block layouts; tests/golden/quant_golden_test.cpp checks dequantisation against the
+// `gguf` Python package on the real model files.
 //
 //   cisa::ThreadPool pool(0);
 //   CISA_ASSIGN_OR_RETURN(cisa::WeightView w,
-//   cisa::WeightView::of(*file.find_tensor("blk.0.ffn_up.weight"))); std::vector<float> y(n_tok *
-//   w.n_rows); CISA_RETURN_IF_ERROR(cisa::matmul(w, x.data(), y.data(), n_tok, pool));   // x:
-//   [n_tok][w.n_cols]
+//                         cisa::WeightView::of(*file.find_tensor("blk.0.ffn_up.weight")));
+//   std::vector<float> y(n_tok * w.n_rows);                 // x: [n_tok][w.n_cols]
+//   CISA_RETURN_IF_ERROR(cisa::matmul(w, x.data(), y.data(), n_tok, pool));
 //
-//   std::vector<float> row(w.n_cols);                                           // one row, as
-//   floats CISA_RETURN_IF_ERROR(cisa::dequantize_row(w.type, w.row(17), row.data(), w.n_cols));
+//   std::vector<float> row(w.n_cols);                       // one row, as floats
+//   CISA_RETURN_IF_ERROR(cisa::dequantize_row(w.type, w.row(17), row.data(), w.n_cols));
 #pragma once
 
 #include <cstdint>

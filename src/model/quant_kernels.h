@@ -62,7 +62,9 @@ float activation_value(GgmlType type, const void* xq, int64_t i);
 
 // Computes y[t * ldy + r] = dot(W row r, x_t) for r < n_rows and t < n_tok, where W row r is at
 // w + r * row_bytes and x_t is the nb activation blocks (BlockX, or BlockXK for K-quants) at
-// xq + t * nb blocks.
+// xq + t * nb blocks. The float order may depend on a token's place in the call: the AVX2 Q4_K
+// kernel treats its last n_tok % 4 tokens as llama.cpp treats a batch's last n % 4 (matmul hands
+// it tiles of a multiple of 4 tokens except the last, so that is the whole product's last n % 4).
 using TileKernel = void (*)(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xq,
                             int64_t nb, int64_t n_tok, float* y, int64_t ldy);
 
