@@ -4,8 +4,10 @@
 // Each 32-element weight type has a loader that turns a block into 32 byte codes, a scale ws
 // and an additive term a. Types with a min (Q4_1, Q5_1) give unsigned codes u with
 // element i = ws * u[i] + a, and a multiplies the activation block's sum s (llama.cpp's Q8_1
-// "s"). Types with a code offset (Q4_0's - 8, Q5_0's - 16) and Q8_0 give signed codes w and use
-// the sign trick (|w| times x with w's sign). Either way each of the 8 int32 lanes of a block's
+// "s"). Q8_0 gives signed codes w and uses the sign trick (|w| times x with w's sign). Types with
+// a code offset c (Q4_0's 8, Q5_0's 16) give unsigned codes u and start the integer dot from the
+// activation block's lane offsets -c sum q (BlockX.off), so that each lane ends up holding the
+// signed codes' sum, as in llama.cpp's kernels. Either way each of the 8 int32 lanes of a block's
 // integer dot holds the sum over 4 consecutive elements, is converted to float and accumulated
 // with one fused multiply-add by ws * d_x; lanes are added at the end. That is the order of
 // llama.cpp's AVX2 kernels (ggml_vec_dot_*_q8_* and llamafile's tinyBLAS_Q0_AVX), so with the
@@ -57,13 +59,12 @@ struct NoPre {};
 
 struct LoadQ4_0 {
   static constexpr int kSubs = 1, kBytes = 18;
-  static constexpr bool kSigned = true;
+  static constexpr bool kSigned = false, kLaneOffset = true;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
     Sub s;
-    s.sgn = _mm256_sub_epi8(unpack_nibbles16(b + 2), _mm256_set1_epi8(8));
-    s.u = _mm256_abs_epi8(s.sgn);
+    s.u = unpack_nibbles16(b + 2);
     s.ws = _mm256_set1_ps(f16(b));
     s.a = 0.0f;
     return s;
@@ -72,7 +73,7 @@ struct LoadQ4_0 {
 
 struct LoadQ4_1 {
   static constexpr int kSubs = 1, kBytes = 20;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = false, kLaneOffset = false;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -84,13 +85,13 @@ struct LoadQ4_1 {
   }
 };
 
-// Q5_0 codes are used signed (code - 16), like Q4_0's (code - 8) above, so that each lane of
-// the integer dot holds exactly the partial sum llama.cpp's kernels form; Q5_1 keeps its
-// unsigned codes and its min, which multiplies the activation block's sum s.
+// Q5_0 codes (u - 16) enter as unsigned u with the activation block's lane offsets (BlockX.off),
+// like Q4_0's (u - 8); Q5_1 keeps its unsigned codes and its min, which multiplies the
+// activation block's sum s.
 template <bool kMin>
 struct LoadQ5 {
   static constexpr int kSubs = 1, kBytes = kMin ? 24 : 22;
-  static constexpr bool kSigned = !kMin;
+  static constexpr bool kSigned = false, kLaneOffset = !kMin;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -99,23 +100,16 @@ struct LoadQ5 {
     uint32_t qh;
     std::memcpy(&qh, p, 4);
     Sub s;
-    const __m256i u = _mm256_or_si256(unpack_nibbles16(p + 4), bit4_from_bits(qh));
-    if constexpr (kMin) {
-      s.u = u;
-      s.a = f16(b + 2);
-    } else {
-      s.sgn = _mm256_sub_epi8(u, _mm256_set1_epi8(16));
-      s.u = _mm256_abs_epi8(s.sgn);
-      s.a = 0.0f;
-    }
+    s.u = _mm256_or_si256(unpack_nibbles16(p + 4), bit4_from_bits(qh));
     s.ws = _mm256_set1_ps(d);
+    s.a = kMin ? f16(b + 2) : 0.0f;
     return s;
   }
 };
 
 struct LoadQ8_0 {
   static constexpr int kSubs = 1, kBytes = 34;
-  static constexpr bool kSigned = true;
+  static constexpr bool kSigned = true, kLaneOffset = false;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -158,10 +152,13 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
           __m256i isum;
           if constexpr (L::kSigned)
             isum = dot_us(s.u, _mm256_sign_epi8(qx, s.sgn));
+          else if constexpr (L::kLaneOffset)
+            isum =
+                dot_us_acc(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bx.off)), s.u, qx);
           else
             isum = dot_us(s.u, qx);
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.ws, dx), acc[r][t]);
-          if constexpr (!L::kSigned) add[r][t] += s.a * bx.s;
+          if constexpr (!L::kSigned && !L::kLaneOffset) add[r][t] += s.a * bx.s;
         }
       }
     }
@@ -241,7 +238,7 @@ inline __m256i codes32(const float* x, __m256 id, int* sum_lo, int* sum_hi) {
 
 }  // namespace
 
-void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind, int code_offset) {
   for (int64_t b = 0; b < k / kBlockX; ++b) {
     const float* xb = x + b * kBlockX;
     const float amax = abs_max(xb, 32);
@@ -253,6 +250,10 @@ void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
     const float sum = static_cast<float>(sum0 + sum1);
     out[b].d = f16_to_f32(f32_to_f16(d));
     out[b].s = sum_kind == XSum::kQ8_1 ? f16_to_f32(f32_to_f16(d * sum)) : out[b].d * sum;
+    // Lane sums of 4 codes, times -code_offset (dot_us with the offset in every byte).
+    const __m256i lanes = dot_us(_mm256_set1_epi8(static_cast<char>(code_offset)), q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].off),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), lanes));
   }
 }
 
@@ -297,8 +298,8 @@ namespace cisa::quant {
 TileKernel tile_kernel_avx2(GgmlType) {
   return nullptr;
 }
-void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum) {
-  quantize_x(x, out, k, sum);
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum, int code_offset) {
+  quantize_x(x, out, k, sum, code_offset);
 }
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k) {
   quantize_xk(x, out, k);

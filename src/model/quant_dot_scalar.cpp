@@ -17,7 +17,7 @@ float round_f16(float v) {
   return f16_to_f32(f32_to_f16(v));
 }
 }  // namespace
-void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
+void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind, int code_offset) {
   for (int64_t b = 0; b < k / kBlockX; ++b) {
     const float* xb = x + b * kBlockX;
     float amax = 0.0f;
@@ -34,6 +34,9 @@ void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
     out[b].d = round_f16(d);
     out[b].s = sum_kind == XSum::kQ8_1 ? round_f16(d * static_cast<float>(sum))
                                        : out[b].d * static_cast<float>(sum);
+    for (int l = 0; l < 8; ++l)
+      out[b].off[l] = -code_offset * (out[b].q[4 * l] + out[b].q[4 * l + 1] + out[b].q[4 * l + 2] +
+                                      out[b].q[4 * l + 3]);
   }
 }
 
@@ -54,6 +57,10 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k) {
     }
     out[b].d = amax != 0.0f ? 1.0f / id : 0.0f;
   }
+}
+
+int activation_code_offset(GgmlType type) {
+  return type == GgmlType::Q4_0 ? 8 : type == GgmlType::Q5_0 ? 16 : 0;
 }
 
 XSum activation_sum_kind(GgmlType type) {
@@ -77,7 +84,8 @@ void quantize_activations(GgmlType type, const float* x, void* out, int64_t k) {
   if (uses_block256(type))
     quantize_xk(x, static_cast<BlockXK*>(out), k);
   else
-    quantize_x(x, static_cast<BlockX*>(out), k, activation_sum_kind(type));
+    quantize_x(x, static_cast<BlockX*>(out), k, activation_sum_kind(type),
+               activation_code_offset(type));
 }
 
 float activation_value(GgmlType type, const void* xq, int64_t i) {

@@ -18,10 +18,14 @@ namespace cisa::quant {
 // Q4_1/Q5_1, the code offset of Q4_0/Q5_0) without touching the codes again:
 //   Q8_1 (for Q4_1, Q5_1 weights):        s = fp16(max|x|/127 * sum q), as llama.cpp stores it;
 //   Q8_0 (for Q4_0, Q5_0, Q8_0 weights):   s = d * sum q (exact: 11 x 13 significant bits).
+// off[k] = -c * (q[4k] + ... + q[4k+3]) for a weight type whose codes carry an offset c (8 for
+// Q4_0, 16 for Q5_0; 0 otherwise): added to lane k of the unsigned codes' integer dot, it gives
+// the lane of the signed codes' dot, which is what llama.cpp converts to float.
 struct BlockX {
   float d;
   float s;
   int8_t q[32];
+  int32_t off[8];
 };
 constexpr int64_t kBlockX = 32;
 
@@ -29,8 +33,10 @@ constexpr int64_t kBlockX = 32;
 enum class XSum { kQ8_0, kQ8_1 };
 XSum activation_sum_kind(GgmlType type);
 
+int activation_code_offset(GgmlType type);  // c above
+
 // Quantises k floats (k a multiple of 32) into k/32 blocks as described above.
-void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum);
+void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum, int code_offset = 0);
 
 // Activations for the K-quant weights (Q4_K, Q6_K): blocks of 256 with one f32 scale, so that a
 // whole weight super-block is summed in integers (its 6-/8-bit sub-block scales applied with
@@ -49,7 +55,7 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k);
 
 // The same quantisations with AVX2 (bit-identical results: the same float operations, and
 // conversion rounds to nearest even like nearbyint); the scalar ones where AVX2 is absent.
-void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum);
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum, int code_offset = 0);
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k);
 
 // Which activation blocks a weight type is multiplied with, and their size for k inputs.

@@ -128,8 +128,9 @@ TEST(QuantizeX, MatchesLlamaCppDefinitionAndErrorBound) {
     x[100] = 2.5f * spread;                     // a block whose extreme is positive ...
     x[130] = -2.5f * spread;                    // ... and one whose extreme is negative
     for (quant::XSum kind : {quant::XSum::kQ8_0, quant::XSum::kQ8_1}) {
+      const int offset = kind == quant::XSum::kQ8_0 ? 16 : 0;  // Q5_0's code offset, or none
       std::vector<quant::BlockX> q(8);
-      quant::quantize_x(x.data(), q.data(), 256, kind);
+      quant::quantize_x(x.data(), q.data(), 256, kind, offset);
       for (int b = 0; b < 8; ++b) {
         float amax = 0.0f;
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
@@ -147,6 +148,9 @@ TEST(QuantizeX, MatchesLlamaCppDefinitionAndErrorBound) {
                     (0.5f * step + 127.0f * d_err) * 1.0001f + 1e-30f);
         }
         EXPECT_EQ(q[b].d, round_half(amax / 127.0f)) << b;
+        for (int l = 0; l < 8; ++l)  // lane offsets: -c times each lane's 4 codes
+          EXPECT_EQ(q[b].off[l], -offset * (q[b].q[4 * l] + q[b].q[4 * l + 1] + q[b].q[4 * l + 2] +
+                                            q[b].q[4 * l + 3]));
         if (kind == quant::XSum::kQ8_1)
           EXPECT_EQ(q[b].s, round_half(amax / 127.0f * static_cast<float>(sum))) << b;
         else
@@ -188,10 +192,11 @@ TEST(QuantizeFast, BitIdenticalToScalar) {
   for (float spread : {1e-3f, 1.0f, 50.0f}) {
     std::vector<float> x = random_floats(1024, rng, spread);
     for (int i = 0; i < 64; ++i) x[i] = 0.0f;  // a zero block
-    for (quant::XSum kind : {quant::XSum::kQ8_0, quant::XSum::kQ8_1}) {
+    for (auto [kind, offset] : {std::pair{quant::XSum::kQ8_0, 8}, std::pair{quant::XSum::kQ8_0, 16},
+                                std::pair{quant::XSum::kQ8_1, 0}}) {
       std::vector<quant::BlockX> a(32), b(32);
-      quant::quantize_x(x.data(), a.data(), 1024, kind);
-      quant::quantize_x_fast(x.data(), b.data(), 1024, kind);
+      quant::quantize_x(x.data(), a.data(), 1024, kind, offset);
+      quant::quantize_x_fast(x.data(), b.data(), 1024, kind, offset);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(quant::BlockX) * a.size()), 0) << spread;
     }
     std::vector<quant::BlockXK> c(4), d(4);
