@@ -328,6 +328,135 @@ score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __res
   }
 }
 
+// True when either bf16 half of a packed pair is ±inf or NaN (exponent bits all ones).
+__device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
+  return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+}
+
+// bf16 tensor-core scoring (mma.sync m16n8k16, f32 accumulation) for the same streams as
+// score_regs_kernel. A = representatives (16 chunks × 16 channels, exact bf16, the packed words
+// as loaded: no widening), B = index queries split exactly into three bf16 terms q = hi + mid + lo
+// (each product exact in f32; 3 × 8 mantissa bits cover f32's 24), so the only error against the
+// f32 dot product is the order and rounding of the f32 accumulation (well inside the tests'
+// d·2^-24·Σ|q_i r_i| bound). A warp owns 32 chunks (two m16 tiles); lane (g, t) holds words
+// 16b + 4t … + 3 of chunks g and g + 8 of each tile (one 16-byte load per b) and uses word
+// 16b + 4t + 2h (k-slot t) and + 1 (k-slot 4 + t) in k-step (b, h): a permutation of k that is the
+// same for the queries, whose staged rows the lane reads with the same 16-byte offsets.
+// 0 × inf is NaN on the tensor cores where the f32 path gives ±inf: a chunk with a non-finite
+// representative value is scored by the sequential f32 loop instead (same result as the CPU's
+// order of operations up to rounding; NaN stays NaN).
+template <int D>
+__global__ void __launch_bounds__(tiles::kScoreThreads, 2)
+score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                 const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                 const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+  constexpr int NB = D / 32;                   // 16-word blocks of a representative row
+  constexpr int QP = tiles::kScoreMmaQueries;  // queries staged per pass
+  constexpr int QW = D / 2 + 4;                // words per staged query row (+16 B spreads banks)
+  constexpr int NCB = tiles::kScoreThreads;    // chunks per block: 32 per warp
+  static_assert(D % 32 == 0 && QP % 8 == 0, "tile shape");
+  __shared__ __align__(16) uint32_t q_s[3][QP * QW];  // lo, mid, hi terms as bf16 pairs
+  __shared__ int32_t end_s[QP];
+  __shared__ int64_t out_s[QP];
+  const ScoreStream S = streams[blockIdx.y];
+  const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
+  if (c0 >= S.elig_end_max) return;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int32_t wbase = c0 + static_cast<int32_t>(threadIdx.x / 32) * 32;
+  const int32_t my_page = wbase + lane < S.elig_end_max ? block_pages[S.table_begin + wbase + lane] : -1;
+
+  uint4 rv[2][2][NB];  // [m tile][row g / g + 8][b]
+  int32_t page[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      page[mt][r] = __shfl_sync(0xffffffffu, my_page, mt * 16 + g + 8 * r);
+      const int64_t pg = page[mt][r] < 0 ? 0 : page[mt][r];
+      const uint16_t* base = reps + (pg * num_kv_heads + S.kv) * D + 8 * t;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        rv[mt][r][b] = page[mt][r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(base + 32 * b)) : make_uint4(0, 0, 0, 0);
+    }
+  bool bad[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      bool f = false;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        f = f || nonfinite_pair(rv[mt][r][b].x) || nonfinite_pair(rv[mt][r][b].y) ||
+            nonfinite_pair(rv[mt][r][b].z) || nonfinite_pair(rv[mt][r][b].w);
+      f = __shfl_xor_sync(0xffffffffu, f, 1) || f;  // the 4 lanes of a row hold its 4 quarters
+      f = __shfl_xor_sync(0xffffffffu, f, 2) || f;
+      bad[mt][r] = f;
+    }
+
+  for (int q0 = 0; q0 < S.num_lists; q0 += QP) {
+    const int nq = min(QP, S.num_lists - q0);
+    const int nq_pad = (nq + 7) / 8 * 8;
+    __syncthreads();  // q_s free (later passes)
+    for (int e = threadIdx.x; e < nq_pad * (D / 2); e += blockDim.x) {
+      const int qi = e / (D / 2), w = e % (D / 2);
+      float2 v = make_float2(0.0f, 0.0f);
+      if (qi < nq)
+        v = reinterpret_cast<const float2*>(qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D)[w];
+      // Exact split: x − bf16(x) is exact in f32, and so is the next remainder.
+      const float hx = __bfloat162float(__float2bfloat16_rn(v.x)), hy = __bfloat162float(__float2bfloat16_rn(v.y));
+      const float rx = v.x - hx, ry = v.y - hy;
+      const float mx = __bfloat162float(__float2bfloat16_rn(rx)), my = __bfloat162float(__float2bfloat16_rn(ry));
+      q_s[2][qi * QW + w] = dev::pack_bf16x2(hx, hy);
+      q_s[1][qi * QW + w] = dev::pack_bf16x2(mx, my);
+      q_s[0][qi * QW + w] = dev::pack_bf16x2(rx - mx, ry - my);
+    }
+    for (int qi = threadIdx.x; qi < nq; qi += blockDim.x) {
+      const ListDesc& L = lists[S.first_list + (q0 + qi) * S.list_stride];
+      end_s[qi] = L.elig_end;
+      out_s[qi] = L.score_begin - L.elig_begin;
+    }
+    __syncthreads();
+    for (int n0 = 0; n0 < nq; n0 += 8) {
+      float acc[2][4] = {};
+#pragma unroll
+      for (int p = 0; p < 3; ++p)  // smallest term first
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          const uint4 bq = *reinterpret_cast<const uint4*>(&q_s[p][(n0 + g) * QW + 16 * b + 4 * t]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t b0 = h ? bq.z : bq.x, b1 = h ? bq.w : bq.y;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              const uint32_t a[4] = {h ? rv[mt][0][b].z : rv[mt][0][b].x, h ? rv[mt][1][b].z : rv[mt][1][b].x,
+                                     h ? rv[mt][0][b].w : rv[mt][0][b].y, h ? rv[mt][1][b].w : rv[mt][1][b].y};
+              dev::mma_bf16_16816(acc[mt], a, b0, b1);
+            }
+          }
+        }
+      // Lane (g, t) holds chunks g and g + 8 of each tile for queries n0 + 2t and n0 + 2t + 1.
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int qi = n0 + 2 * t + j;
+            const int32_t chunk = wbase + mt * 16 + g + 8 * r;
+            if (qi >= nq || chunk >= end_s[qi]) continue;
+            float v = acc[mt][2 * r + j];
+            if (bad[mt][r]) {
+              const uint16_t* rp = reps + (static_cast<int64_t>(page[mt][r]) * num_kv_heads + S.kv) * D;
+              const float* qp = qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D;
+              v = 0.0f;
+              for (int i = 0; i < D; ++i) v = fmaf(qp[i], dev::bf16_to_f32(rp[i]), v);
+            }
+            scores[out_s[qi] + chunk] = v * inv_sqrt_d;
+          }
+    }
+  }
+}
+
 template <int D, bool kQuest>
 void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
                 const int32_t* block_pages, const uint16_t* reps, const float* qbar, int num_kv_heads,
@@ -388,7 +517,13 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
   if (!quest && (head_dim == 64 || head_dim == 128)) {
     const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreThreads - 1) / tiles::kScoreThreads),
                     static_cast<unsigned>(num_streams));
-    if (head_dim == 64)
+    if (tiles::kScoreMma && head_dim == 64)
+      score_mma_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
+                                                                      num_kv_heads, inv_sqrt_d, scores);
+    else if (tiles::kScoreMma)
+      score_mma_kernel<128><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
+                                                                       num_kv_heads, inv_sqrt_d, scores);
+    else if (head_dim == 64)
       score_regs_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
                                                                        num_kv_heads, inv_sqrt_d, scores);
     else

@@ -73,6 +73,12 @@ constexpr int kScoreFewChunks = 512;
 // registers (4 lanes × 4 chunks, D/2 registers per lane), index queries staged in shared memory
 // this many at a time (32 KB at d = 128; 64 covers G = 8 and up in one pass, G = 4 in two).
 constexpr int kScoreRegsQueries = 64;
+// The same streams on bf16 tensor cores (score_mma_kernel, mma.sync with the index query split
+// into three exact bf16 terms): the FMA kernel above is issue-bound at ~180 instructions per
+// query per warp of 32 chunks (measured v5: G = 4 1.24 ms, G = 32 0.21 ms). Off: score_regs_kernel.
+constexpr bool kScoreMma = true;
+// Queries staged per pass, as three bf16 terms with 16 bytes of row padding: 26 KB at d = 128.
+constexpr int kScoreMmaQueries = 32;
 
 // ---- top-k (topk.cu) ----
 // A cluster of kTopkCluster blocks per list, each owning 1/kTopkCluster of its scores (≤ 256 KB

@@ -254,7 +254,8 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
 }
 
 // Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both
-// engines; a few pages hold NaN keys (NaN scores). The lists must equal the CPU's, entry by entry.
+// engines; a few pages hold NaN keys (NaN scores), a few an infinite channel (±inf scores). The
+// lists must equal the CPU's, entry by entry.
 TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(5);
@@ -271,16 +272,20 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
     const int pat = static_cast<int>((page * 7) % 3);
     for (int i = 0; i < d; ++i)
       k[static_cast<size_t>(t * d + i)] =
-          page % 37 == 5 ? std::numeric_limits<float>::quiet_NaN() : patterns[static_cast<size_t>(pat * d + i)];
+          page % 37 == 5 ? std::numeric_limits<float>::quiet_NaN()
+          : page % 41 == 7 && i == 3 ? std::numeric_limits<float>::infinity()  // ±inf scores
+                                     : patterns[static_cast<size_t>(pat * d + i)];
   }
   ASSERT_TRUE(cache->append(0, seq, n, k.data(), v.data()).ok());
   Inputs s;
   s.cache = std::move(cache);
-  s.index_q = random_vec(rng, static_cast<size_t>(64 * d));
+  s.index_q = random_vec(rng, static_cast<size_t>(160 * d));
   DeviceMirror m;
   m.build(*s.cache, 0, 1);
-  // 64 queries in groups of 16 (4 lists per score stream), then one decode query (one list).
-  for (int64_t count : {64, 1})
+  // 64 queries in groups of 16 (4 lists per score stream: few-lists kernel), 160 (10 lists: the
+  // prefill kernel, tensor cores with its f32 path for non-finite representatives), then one
+  // decode query (one list).
+  for (int64_t count : {64, 160, 1})
   for (int64_t budget : {10, 97, 150}) {
     SCOPED_TRACE("queries " + std::to_string(count));
     s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
