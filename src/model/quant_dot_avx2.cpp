@@ -6,7 +6,7 @@
 // element i = ws * u[i] + a, and a multiplies the activation block's sum s (llama.cpp's Q8_1
 // "s"). Q8_0 gives signed codes w and uses the sign trick (|w| times x with w's sign). Types with
 // a code offset c (Q4_0's 8, Q5_0's 16) give unsigned codes u and start the integer dot from the
-// activation block's lane offsets -c sum q (BlockX.off), so that each lane ends up holding the
+// activation block's lane offsets -c sum q (BlockXO.off), so that each lane ends up holding the
 // signed codes' sum, as in llama.cpp's kernels. Either way each of the 8 int32 lanes of a block's
 // integer dot holds the sum over 4 consecutive elements, is converted to float and accumulated
 // with one fused multiply-add by ws * d_x; lanes are added at the end. That is the order of
@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "cisa/quant.h"
 #include "quant_avx2_util.h"
@@ -45,6 +46,13 @@ inline __m256i bit4_from_bits(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+inline const BlockX& block_x(const BlockX& b) {
+  return b;
+}
+inline const BlockX& block_x(const BlockXO& b) {
+  return b.x;
+}
+
 struct Sub {
   __m256i u;    // codes (unsigned), or |w| for signed types
   __m256i sgn;  // signed types: the codes themselves (their signs are applied to x)
@@ -60,6 +68,7 @@ struct NoPre {};
 struct LoadQ4_0 {
   static constexpr int kSubs = 1, kBytes = 18;
   static constexpr bool kSigned = false, kLaneOffset = true;
+  using XBlock = BlockXO;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -74,6 +83,7 @@ struct LoadQ4_0 {
 struct LoadQ4_1 {
   static constexpr int kSubs = 1, kBytes = 20;
   static constexpr bool kSigned = false, kLaneOffset = false;
+  using XBlock = BlockX;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -85,13 +95,14 @@ struct LoadQ4_1 {
   }
 };
 
-// Q5_0 codes (u - 16) enter as unsigned u with the activation block's lane offsets (BlockX.off),
+// Q5_0 codes (u - 16) enter as unsigned u with the activation block's lane offsets (BlockXO.off),
 // like Q4_0's (u - 8); Q5_1 keeps its unsigned codes and its min, which multiplies the
 // activation block's sum s.
 template <bool kMin>
 struct LoadQ5 {
   static constexpr int kSubs = 1, kBytes = kMin ? 24 : 22;
   static constexpr bool kSigned = false, kLaneOffset = !kMin;
+  using XBlock = std::conditional_t<kMin, BlockX, BlockXO>;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -110,6 +121,7 @@ struct LoadQ5 {
 struct LoadQ8_0 {
   static constexpr int kSubs = 1, kBytes = 34;
   static constexpr bool kSigned = true, kLaneOffset = false;
+  using XBlock = BlockX;
   using Pre = NoPre;
   static void prepare(const uint8_t*, Pre*) {}
   static Sub sub(const uint8_t* b, int, const Pre&) {
@@ -126,7 +138,7 @@ struct LoadQ8_0 {
 // Each weight sub-block is decoded once per tile and each activation block loaded once per
 // tile; the NR * NT accumulators are independent, which hides the fused multiply-add latency.
 template <class L, int NR, int NT>
-void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, float* y,
+void tile(const uint8_t* w, uint64_t row_bytes, const typename L::XBlock* xq, int64_t nb, float* y,
           int64_t ldy) {
   const int64_t n_blocks = nb / L::kSubs;
   typename L::Pre pre[NR];
@@ -144,7 +156,8 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
       Sub sub[NR];
       for (int r = 0; r < NR; ++r) sub[r] = L::sub(w + r * row_bytes + blk * L::kBytes, j, pre[r]);
       for (int t = 0; t < NT; ++t) {
-        const BlockX& bx = xq[t * nb + blk * L::kSubs + j];
+        const auto& xb = xq[t * nb + blk * L::kSubs + j];
+        const BlockX& bx = block_x(xb);
         const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bx.q));
         const __m256 dx = _mm256_set1_ps(bx.d);
         for (int r = 0; r < NR; ++r) {
@@ -154,7 +167,7 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
             isum = dot_us(s.u, _mm256_sign_epi8(qx, s.sgn));
           else if constexpr (L::kLaneOffset)
             isum =
-                dot_us_acc(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bx.off)), s.u, qx);
+                dot_us_acc(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.off)), s.u, qx);
           else
             isum = dot_us(s.u, qx);
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.ws, dx), acc[r][t]);
@@ -169,8 +182,8 @@ void tile(const uint8_t* w, uint64_t row_bytes, const BlockX* xq, int64_t nb, fl
 
 // All rows against NT tokens: tiles of NR rows, then single rows for the remainder.
 template <class L, int NT>
-void rows_times_tokens(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const BlockX* xq,
-                       int64_t nb, float* y, int64_t ldy) {
+void rows_times_tokens(const uint8_t* w, uint64_t row_bytes, int64_t n_rows,
+                       const typename L::XBlock* xq, int64_t nb, float* y, int64_t ldy) {
   // One row per tile, measured on Zen 4: interleaving 4 rows was 7% faster on cache-resident
   // matrices but 3x slower streaming the 178 MB output matrix from memory (prefetch streams).
   constexpr int NR = 1;
@@ -183,7 +196,7 @@ void rows_times_tokens(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, con
 template <class L>
 void tile_avx2(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
                int64_t n_tok, float* y, int64_t ldy) {
-  const BlockX* xq = static_cast<const BlockX*>(xv);
+  const auto* xq = static_cast<const typename L::XBlock*>(xv);
   int64_t t = 0;
   // Groups of 8 tokens reuse each decoded sub-block 8 times (measured ~10% faster than 4 with
   // AVX-512VL's 32 vector registers), then 4, then the remainder.
@@ -238,7 +251,7 @@ inline __m256i codes32(const float* x, __m256 id, int* sum_lo, int* sum_hi) {
 
 }  // namespace
 
-void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind, int code_offset) {
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
   for (int64_t b = 0; b < k / kBlockX; ++b) {
     const float* xb = x + b * kBlockX;
     const float amax = abs_max(xb, 32);
@@ -250,7 +263,14 @@ void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum_kind, int 
     const float sum = static_cast<float>(sum0 + sum1);
     out[b].d = f16_to_f32(f32_to_f16(d));
     out[b].s = sum_kind == XSum::kQ8_1 ? f16_to_f32(f32_to_f16(d * sum)) : out[b].d * sum;
+  }
+}
+
+void quantize_xo_fast(const float* x, BlockXO* out, int64_t k, int code_offset) {
+  for (int64_t b = 0; b < k / kBlockX; ++b) {
+    quantize_x_fast(x + b * kBlockX, &out[b].x, kBlockX, XSum::kQ8_0);
     // Lane sums of 4 codes, times -code_offset (dot_us with the offset in every byte).
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out[b].x.q));
     const __m256i lanes = dot_us(_mm256_set1_epi8(static_cast<char>(code_offset)), q);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].off),
                         _mm256_sub_epi32(_mm256_setzero_si256(), lanes));
@@ -298,8 +318,11 @@ namespace cisa::quant {
 TileKernel tile_kernel_avx2(GgmlType) {
   return nullptr;
 }
-void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum, int code_offset) {
-  quantize_x(x, out, k, sum, code_offset);
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum) {
+  quantize_x(x, out, k, sum);
+}
+void quantize_xo_fast(const float* x, BlockXO* out, int64_t k, int code_offset) {
+  quantize_xo(x, out, k, code_offset);
 }
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k) {
   quantize_xk(x, out, k);

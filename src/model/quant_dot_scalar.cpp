@@ -6,6 +6,7 @@
 // where s = d * sum q is the activation block's sum (BlockX). The integer sums are exact; floats
 // enter once per half block. The AVX2 kernels compute the same quantities with vector instructions.
 #include <cmath>
+#include <type_traits>
 
 #include "cisa/quant.h"
 #include "quant_kernels.h"
@@ -17,7 +18,7 @@ float round_f16(float v) {
   return f16_to_f32(f32_to_f16(v));
 }
 }  // namespace
-void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind, int code_offset) {
+void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind) {
   for (int64_t b = 0; b < k / kBlockX; ++b) {
     const float* xb = x + b * kBlockX;
     float amax = 0.0f;
@@ -34,9 +35,15 @@ void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum_kind, int code_
     out[b].d = round_f16(d);
     out[b].s = sum_kind == XSum::kQ8_1 ? round_f16(d * static_cast<float>(sum))
                                        : out[b].d * static_cast<float>(sum);
+  }
+}
+
+void quantize_xo(const float* x, BlockXO* out, int64_t k, int code_offset) {
+  for (int64_t b = 0; b < k / kBlockX; ++b) {
+    quantize_x(x + b * kBlockX, &out[b].x, kBlockX, XSum::kQ8_0);
+    const int8_t* q = out[b].x.q;
     for (int l = 0; l < 8; ++l)
-      out[b].off[l] = -code_offset * (out[b].q[4 * l] + out[b].q[4 * l + 1] + out[b].q[4 * l + 2] +
-                                      out[b].q[4 * l + 3]);
+      out[b].off[l] = -code_offset * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
   }
 }
 
@@ -76,16 +83,19 @@ int64_t activation_blocks(GgmlType type, int64_t k) {
 }
 
 size_t activation_bytes(GgmlType type, int64_t k) {
-  return static_cast<size_t>(activation_blocks(type, k)) *
-         (uses_block256(type) ? sizeof(BlockXK) : sizeof(BlockX));
+  const size_t block = uses_block256(type)                ? sizeof(BlockXK)
+                       : activation_code_offset(type) > 0 ? sizeof(BlockXO)
+                                                          : sizeof(BlockX);
+  return static_cast<size_t>(activation_blocks(type, k)) * block;
 }
 
 void quantize_activations(GgmlType type, const float* x, void* out, int64_t k) {
   if (uses_block256(type))
     quantize_xk(x, static_cast<BlockXK*>(out), k);
+  else if (const int c = activation_code_offset(type); c > 0)
+    quantize_xo(x, static_cast<BlockXO*>(out), k, c);
   else
-    quantize_x(x, static_cast<BlockX*>(out), k, activation_sum_kind(type),
-               activation_code_offset(type));
+    quantize_x(x, static_cast<BlockX*>(out), k, activation_sum_kind(type));
 }
 
 float activation_value(GgmlType type, const void* xq, int64_t i) {
@@ -93,17 +103,30 @@ float activation_value(GgmlType type, const void* xq, int64_t i) {
     const BlockXK& b = static_cast<const BlockXK*>(xq)[i / kBlockXK];
     return b.d * static_cast<float>(b.q[i % kBlockXK]);
   }
-  const BlockX& b = static_cast<const BlockX*>(xq)[i / kBlockX];
+  const BlockX& b = activation_code_offset(type) > 0
+                        ? static_cast<const BlockXO*>(xq)[i / kBlockX].x
+                        : static_cast<const BlockX*>(xq)[i / kBlockX];
   return b.d * static_cast<float>(b.q[i % kBlockX]);
 }
 
 namespace {
 
-// 32-element types against BlockX activations.
+// 32-element types against BlockX activations (BlockXO for offset-coded types, whose lane
+// offsets this kernel does not need: its codes are already signed).
+inline const BlockX& block_x(const BlockX& b) {
+  return b;
+}
+inline const BlockX& block_x(const BlockXO& b) {
+  return b.x;
+}
+template <GgmlType kType>
+using XBlockOf =
+    std::conditional_t<kType == GgmlType::Q4_0 || kType == GgmlType::Q5_0, BlockXO, BlockX>;
+
 template <GgmlType kType>
 void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const void* xv, int64_t nb,
                  int64_t n_tok, float* y, int64_t ldy) {
-  const BlockX* xq = static_cast<const BlockX*>(xv);
+  const auto* xq = static_cast<const XBlockOf<kType>*>(xv);
   constexpr int kMaxTok = 8;
   const int subs = sub_blocks_per_block(kType);
   const int64_t block_bytes = ggml_block_bytes(kType);
@@ -119,7 +142,7 @@ void tile_scalar(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, const voi
           decode_sub_block(kType, row + blk * block_bytes, j, &sb);
           const int64_t xb = blk * subs + j;
           for (int t = 0; t < nt; ++t) {
-            const BlockX& bx = xq[(t0 + t) * nb + xb];
+            const BlockX& bx = block_x(xq[(t0 + t) * nb + xb]);
             int lo = 0, hi = 0;
             for (int i = 0; i < 16; ++i) lo += sb.w[i] * bx.q[i];
             for (int i = 16; i < 32; ++i) hi += sb.w[i] * bx.q[i];

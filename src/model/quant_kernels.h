@@ -18,14 +18,10 @@ namespace cisa::quant {
 // Q4_1/Q5_1, the code offset of Q4_0/Q5_0) without touching the codes again:
 //   Q8_1 (for Q4_1, Q5_1 weights):        s = fp16(max|x|/127 * sum q), as llama.cpp stores it;
 //   Q8_0 (for Q4_0, Q5_0, Q8_0 weights):   s = d * sum q (exact: 11 x 13 significant bits).
-// off[k] = -c * (q[4k] + ... + q[4k+3]) for a weight type whose codes carry an offset c (8 for
-// Q4_0, 16 for Q5_0; 0 otherwise): added to lane k of the unsigned codes' integer dot, it gives
-// the lane of the signed codes' dot, which is what llama.cpp converts to float.
 struct BlockX {
   float d;
   float s;
   int8_t q[32];
-  int32_t off[8];
 };
 constexpr int64_t kBlockX = 32;
 
@@ -33,10 +29,19 @@ constexpr int64_t kBlockX = 32;
 enum class XSum { kQ8_0, kQ8_1 };
 XSum activation_sum_kind(GgmlType type);
 
-int activation_code_offset(GgmlType type);  // c above
-
 // Quantises k floats (k a multiple of 32) into k/32 blocks as described above.
-void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum, int code_offset = 0);
+void quantize_x(const float* x, BlockX* out, int64_t k, XSum sum);
+
+// For weight types whose codes carry an offset c (Q4_0's 8, Q5_0's 16; activation_code_offset
+// gives c, 0 for the others): a Q8_0 block plus off[k] = -c (q[4k] + ... + q[4k+3]). Added to lane
+// k of the unsigned codes' integer dot, it gives the lane of the signed codes' dot, which is what
+// llama.cpp converts to float. A separate type keeps BlockX at 40 bytes for the other types.
+struct BlockXO {
+  BlockX x;
+  int32_t off[8];
+};
+int activation_code_offset(GgmlType type);
+void quantize_xo(const float* x, BlockXO* out, int64_t k, int code_offset);
 
 // Activations for the K-quant weights (Q4_K, Q6_K): blocks of 256 with one f32 scale, so that a
 // whole weight super-block is summed in integers (its 6-/8-bit sub-block scales applied with
@@ -55,10 +60,12 @@ void quantize_xk(const float* x, BlockXK* out, int64_t k);
 
 // The same quantisations with AVX2 (bit-identical results: the same float operations, and
 // conversion rounds to nearest even like nearbyint); the scalar ones where AVX2 is absent.
-void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum, int code_offset = 0);
+void quantize_x_fast(const float* x, BlockX* out, int64_t k, XSum sum);
+void quantize_xo_fast(const float* x, BlockXO* out, int64_t k, int code_offset);
 void quantize_xk_fast(const float* x, BlockXK* out, int64_t k);
 
-// Which activation blocks a weight type is multiplied with, and their size for k inputs.
+// Which activation blocks a weight type is multiplied with (BlockX, BlockXO or BlockXK), and
+// their size for k inputs.
 bool uses_block256(GgmlType type);
 int64_t activation_blocks(GgmlType type, int64_t k);  // blocks per token
 size_t activation_bytes(GgmlType type, int64_t k);    // bytes per token
@@ -67,7 +74,7 @@ void quantize_activations(GgmlType type, const float* x, void* out, int64_t k);
 float activation_value(GgmlType type, const void* xq, int64_t i);
 
 // Computes y[t * ldy + r] = dot(W row r, x_t) for r < n_rows and t < n_tok, where W row r is at
-// w + r * row_bytes and x_t is the nb activation blocks (BlockX, or BlockXK for K-quants) at
+// w + r * row_bytes and x_t is the nb activation blocks (BlockX, BlockXO, BlockXK by type) at
 // xq + t * nb blocks. The float order may depend on a token's place in the call: the AVX2 Q4_K
 // kernel treats its last n_tok % 4 tokens as llama.cpp treats a batch's last n % 4 (matmul hands
 // it tiles of a multiple of 4 tokens except the last, so that is the whole product's last n % 4).

@@ -128,9 +128,8 @@ TEST(QuantizeX, MatchesLlamaCppDefinitionAndErrorBound) {
     x[100] = 2.5f * spread;                     // a block whose extreme is positive ...
     x[130] = -2.5f * spread;                    // ... and one whose extreme is negative
     for (quant::XSum kind : {quant::XSum::kQ8_0, quant::XSum::kQ8_1}) {
-      const int offset = kind == quant::XSum::kQ8_0 ? 16 : 0;  // Q5_0's code offset, or none
       std::vector<quant::BlockX> q(8);
-      quant::quantize_x(x.data(), q.data(), 256, kind, offset);
+      quant::quantize_x(x.data(), q.data(), 256, kind);
       for (int b = 0; b < 8; ++b) {
         float amax = 0.0f;
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
@@ -148,9 +147,6 @@ TEST(QuantizeX, MatchesLlamaCppDefinitionAndErrorBound) {
                     (0.5f * step + 127.0f * d_err) * 1.0001f + 1e-30f);
         }
         EXPECT_EQ(q[b].d, round_half(amax / 127.0f)) << b;
-        for (int l = 0; l < 8; ++l)  // lane offsets: -c times each lane's 4 codes
-          EXPECT_EQ(q[b].off[l], -offset * (q[b].q[4 * l] + q[b].q[4 * l + 1] + q[b].q[4 * l + 2] +
-                                            q[b].q[4 * l + 3]));
         if (kind == quant::XSum::kQ8_1)
           EXPECT_EQ(q[b].s, round_half(amax / 127.0f * static_cast<float>(sum))) << b;
         else
@@ -158,6 +154,20 @@ TEST(QuantizeX, MatchesLlamaCppDefinitionAndErrorBound) {
       }
       EXPECT_EQ(q[2].d, 0.0f);
       EXPECT_EQ(q[2].s, 0.0f);
+    }
+    // Offset-coded weights (Q4_0: c = 8, Q5_0: c = 16): the same Q8_0 block plus lane offsets
+    // -c times the sum of each lane's 4 codes.
+    for (int c : {8, 16}) {
+      std::vector<quant::BlockX> plain(8);
+      std::vector<quant::BlockXO> xo(8);
+      quant::quantize_x(x.data(), plain.data(), 256, quant::XSum::kQ8_0);
+      quant::quantize_xo(x.data(), xo.data(), 256, c);
+      for (int b = 0; b < 8; ++b) {
+        EXPECT_EQ(std::memcmp(&xo[b].x, &plain[b], sizeof(quant::BlockX)), 0);
+        const int8_t* q = plain[b].q;
+        for (int l = 0; l < 8; ++l)
+          EXPECT_EQ(xo[b].off[l], -c * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]));
+      }
     }
   }
 }
@@ -192,12 +202,17 @@ TEST(QuantizeFast, BitIdenticalToScalar) {
   for (float spread : {1e-3f, 1.0f, 50.0f}) {
     std::vector<float> x = random_floats(1024, rng, spread);
     for (int i = 0; i < 64; ++i) x[i] = 0.0f;  // a zero block
-    for (auto [kind, offset] : {std::pair{quant::XSum::kQ8_0, 8}, std::pair{quant::XSum::kQ8_0, 16},
-                                std::pair{quant::XSum::kQ8_1, 0}}) {
+    for (quant::XSum kind : {quant::XSum::kQ8_0, quant::XSum::kQ8_1}) {
       std::vector<quant::BlockX> a(32), b(32);
-      quant::quantize_x(x.data(), a.data(), 1024, kind, offset);
-      quant::quantize_x_fast(x.data(), b.data(), 1024, kind, offset);
+      quant::quantize_x(x.data(), a.data(), 1024, kind);
+      quant::quantize_x_fast(x.data(), b.data(), 1024, kind);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(quant::BlockX) * a.size()), 0) << spread;
+    }
+    for (int c : {8, 16}) {
+      std::vector<quant::BlockXO> a(32), b(32);
+      quant::quantize_xo(x.data(), a.data(), 1024, c);
+      quant::quantize_xo_fast(x.data(), b.data(), 1024, c);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(quant::BlockXO) * a.size()), 0) << spread;
     }
     std::vector<quant::BlockXK> c(4), d(4);
     quant::quantize_xk(x.data(), c.data(), 1024);
