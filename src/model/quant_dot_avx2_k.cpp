@@ -53,32 +53,16 @@ inline void q4k_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
 // with one fused multiply-add by d_w d_x; the last n % 4 tokens (and every decode step) through
 // ggml_gemv_q4_K_8x8_q8_K, which does the same once per super-block. The min terms go to a
 // second accumulator subtracted at the end. We follow the same order: groups of 4 and 8 tokens
-// (kPairs) per pair, the remainder per super-block. matmul's token tiles are multiples
-// of 4 except the last, so the remainder is the call's last n % 4 tokens, as in llama.cpp.
-// Integer sums are exact, so the results are bit-identical to its.
-// a, b, c, d (4 int32 each) -> out[i] = (a_i, b_i, c_i, d_i).
-inline void transpose4(__m128i a, __m128i b, __m128i c, __m128i d, __m128i out[4]) {
-  const __m128i ab_lo = _mm_unpacklo_epi32(a, b), cd_lo = _mm_unpacklo_epi32(c, d);
-  const __m128i ab_hi = _mm_unpackhi_epi32(a, b), cd_hi = _mm_unpackhi_epi32(c, d);
-  out[0] = _mm_unpacklo_epi64(ab_lo, cd_lo);
-  out[1] = _mm_unpackhi_epi64(ab_lo, cd_lo);
-  out[2] = _mm_unpacklo_epi64(ab_hi, cd_hi);
-  out[3] = _mm_unpackhi_epi64(ab_hi, cd_hi);
-}
-
+// per pair (tile_q4k_pairs), the remainder per super-block (tile_q4k). matmul's token tiles are
+// multiples of 4 except the last, so the remainder is the call's last n % 4 tokens, as in
+// llama.cpp. Integer sums are exact, so the results are bit-identical to its. The super-block order
+// (the remainder tokens, and decode).
 template <int NR, int NT>
 void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
               int64_t ldy) {
-  constexpr bool kPairs = NT % 4 == 0;
-  constexpr int NG = kPairs ? NT / 4 : 1;  // groups of 4 tokens, one float lane each
-  // Per super-block order: scalar accumulators; pair order: 4 tokens per vector, one lane each
-  // (every lane still a sequential chain of fused multiply-adds over pairs and super-blocks).
   float acc[NR][NT], acc_min[NR][NT];
-  __m128 acc4[NR][NG], acc4_min[NR][NG];
-  for (int r = 0; r < NR; ++r) {
+  for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = acc_min[r][t] = 0.0f;
-    for (int g = 0; g < NG; ++g) acc4[r][g] = acc4_min[r][g] = _mm_setzero_ps();
-  }
   for (int64_t blk = 0; blk < nb; ++blk) {
     const uint8_t* b[NR];
     float d[NR], dmin[NR];
@@ -95,13 +79,9 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
       const __m128i m = _mm_cvtsi64_si128(static_cast<int64_t>(m8));
       mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
     }
-    // sumi: the whole super-block's lanes (per super-block order); in pair order, the lane
-    // vectors of pairs 0 and 1 are hadd-ed into pair01, those of 2 and 3 likewise, and the two
-    // hadd-ed again, so that each 128-bit half holds one partial sum of each of the 4 pairs.
-    __m256i sumi[NR][NT], pair01[NR][NT];
+    __m256i sumi[NR][NT];
     for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) sumi[r][t] = pair01[r][t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) sumi[r][t] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
       __m256i ulo[NR], uhi[NR], slo[NR], shi[NR];
       for (int r = 0; r < NR; ++r) {
@@ -114,78 +94,116 @@ void tile_q4k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
       for (int t = 0; t < NT; ++t) {
         const int8_t* xs = xq[t * nb + blk].q + 64 * c;
         const __m256i xlo = load256(xs), xhi = load256(xs + 32);
-        for (int r = 0; r < NR; ++r) {
-          const __m256i p =
-              _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]), scaled_dot(uhi[r], xhi, shi[r]));
-          if constexpr (!kPairs) {
-            sumi[r][t] = _mm256_add_epi32(sumi[r][t], p);
-          } else if (c == 0 || c == 2) {
-            sumi[r][t] = p;  // held until its partner pair
-          } else if (c == 1) {
-            pair01[r][t] = _mm256_hadd_epi32(sumi[r][t], p);
-          } else {
-            sumi[r][t] = _mm256_hadd_epi32(pair01[r][t], _mm256_hadd_epi32(sumi[r][t], p));
-          }
-        }
+        for (int r = 0; r < NR; ++r)
+          sumi[r][t] = _mm256_add_epi32(
+              sumi[r][t],
+              _mm256_add_epi32(scaled_dot(ulo[r], xlo, slo[r]), scaled_dot(uhi[r], xhi, shi[r])));
       }
     }
-    if constexpr (!kPairs) {
-      for (int t = 0; t < NT; ++t) {
-        const BlockXK& bx = xq[t * nb + blk];
-        const __m256i bsum = load256(bx.bsum);
-        for (int r = 0; r < NR; ++r) {
-          // Lane j of the madd: m_j (bsum_2j + bsum_2j+1), the min term of sub-block j.
-          const int isum = hsum_i32(sumi[r][t]);
-          const int imin = hsum_i32(_mm256_madd_epi16(mins16[r], bsum));
-          acc[r][t] = std::fma(static_cast<float>(isum), d[r] * bx.d, acc[r][t]);
-          acc_min[r][t] = std::fma(static_cast<float>(imin), dmin[r] * bx.d, acc_min[r][t]);
-        }
+    for (int t = 0; t < NT; ++t) {
+      const BlockXK& bx = xq[t * nb + blk];
+      const __m256i bsum = load256(bx.bsum);
+      for (int r = 0; r < NR; ++r) {
+        // Lane j of the madd: m_j (bsum_2j + bsum_2j+1), the min term of sub-block j.
+        const int isum = hsum_i32(sumi[r][t]);
+        const int imin = hsum_i32(_mm256_madd_epi16(mins16[r], bsum));
+        acc[r][t] = std::fma(static_cast<float>(isum), d[r] * bx.d, acc[r][t]);
+        acc_min[r][t] = std::fma(static_cast<float>(imin), dmin[r] * bx.d, acc_min[r][t]);
       }
-    } else {
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = acc[r][t] - acc_min[r][t];
+}
+
+// The pair order for groups of 4 tokens, reduced as it is computed: for each pair c the 4 tokens'
+// lane vectors go through one hadd tree, whose result holds the 4 tokens' pair sums in token
+// order (lane = token), converted and accumulated at once; the min terms likewise per pair.
+template <int NR, int NT>
+void tile_q4k_pairs(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
+                    int64_t ldy) {
+  static_assert(NT % 4 == 0);
+  constexpr int NG = NT / 4;
+  __m128 acc[NR][NG], acc_min[NR][NG];
+  for (int r = 0; r < NR; ++r)
+    for (int g = 0; g < NG; ++g) acc[r][g] = acc_min[r][g] = _mm_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const uint8_t* b[NR];
+    float d[NR], dmin[NR];
+    uint8_t sc[NR][8], mn[NR][8];
+    __m256i mins16[NR];
+    for (int r = 0; r < NR; ++r) {
+      b[r] = w + r * row_bytes + blk * 144;
+      d[r] = f16(b[r]);
+      dmin[r] = f16(b[r] + 2);
+      q4k_scales(b[r] + 4, sc[r], mn[r]);
+      uint64_t m8;
+      std::memcpy(&m8, mn[r], 8);
+      const __m128i m = _mm_cvtsi64_si128(static_cast<int64_t>(m8));
+      mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+    }
+    __m128 dx[NG];
+    for (int g = 0; g < NG; ++g) {
+      const BlockXK* bx = xq + (4 * g) * nb + blk;  // token 4g + k at bx[k * nb]
+      dx[g] = _mm_setr_ps(bx[0].d, bx[nb].d, bx[2 * nb].d, bx[3 * nb].d);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+      __m256i ulo[NR], uhi[NR], slo[NR], shi[NR];
+      for (int r = 0; r < NR; ++r) {
+        const __m256i q = load256(b[r] + 16 + 32 * c);
+        ulo[r] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+        uhi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F));
+        slo[r] = _mm256_set1_epi16(sc[r][2 * c]);
+        shi[r] = _mm256_set1_epi16(sc[r][2 * c + 1]);
+      }
       for (int g = 0; g < NG; ++g) {
-        const BlockXK* bx = xq + (4 * g) * nb + blk;  // token 4g + k at bx[k * nb]
-        const __m128 dx = _mm_setr_ps(bx[0].d, bx[nb].d, bx[2 * nb].d, bx[3 * nb].d);
         for (int r = 0; r < NR; ++r) {
-          __m128i ps[4], pc[4], mc[4];
+          __m256i p[4];
           for (int k = 0; k < 4; ++k) {
-            const __m256i& h = sumi[r][4 * g + k];
-            ps[k] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            const int8_t* xs = xq[(4 * g + k) * nb + blk].q + 64 * c;
+            p[k] = _mm256_add_epi32(scaled_dot(ulo[r], load256(xs), slo[r]),
+                                    scaled_dot(uhi[r], load256(xs + 32), shi[r]));
           }
-          transpose4(ps[0], ps[1], ps[2], ps[3], pc);  // pc[c]: pair c of the 4 tokens
-          // Min terms: lane j of a madd is m_j (bsum_2j + bsum_2j+1), sub-block j's; hadd of two
-          // tokens' gives [t0: pairs 0 1, t1: pairs 0 1 | t0: pairs 2 3, t1: pairs 2 3].
-          auto mins = [&](int k) { return _mm256_madd_epi16(mins16[r], load256(bx[k * nb].bsum)); };
-          const __m256i m01 = _mm256_hadd_epi32(mins(0), mins(1));
-          const __m256i m23 = _mm256_hadd_epi32(mins(2), mins(3));
-          const __m128 lo01 = _mm_castsi128_ps(_mm256_castsi256_si128(m01));
-          const __m128 lo23 = _mm_castsi128_ps(_mm256_castsi256_si128(m23));
-          const __m128 hi01 = _mm_castsi128_ps(_mm256_extracti128_si256(m01, 1));
-          const __m128 hi23 = _mm_castsi128_ps(_mm256_extracti128_si256(m23, 1));
-          mc[0] = _mm_castps_si128(_mm_shuffle_ps(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0)));
-          mc[1] = _mm_castps_si128(_mm_shuffle_ps(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1)));
-          mc[2] = _mm_castps_si128(_mm_shuffle_ps(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0)));
-          mc[3] = _mm_castps_si128(_mm_shuffle_ps(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1)));
-          const __m128 dd = _mm_mul_ps(_mm_set1_ps(d[r]), dx);
-          const __m128 dm = _mm_mul_ps(_mm_set1_ps(dmin[r]), dx);
-          for (int c = 0; c < 4; ++c) {
-            acc4[r][g] = _mm_fmadd_ps(_mm_cvtepi32_ps(pc[c]), dd, acc4[r][g]);
-            acc4_min[r][g] = _mm_fmadd_ps(_mm_cvtepi32_ps(mc[c]), dm, acc4_min[r][g]);
-          }
+          // [t0 t1 t2 t3 | t0 t1 t2 t3] partial sums, then the two halves added.
+          const __m256i h =
+              _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+          const __m128i s4 =
+              _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+          acc[r][g] =
+              _mm_fmadd_ps(_mm_cvtepi32_ps(s4), _mm_mul_ps(_mm_set1_ps(d[r]), dx[g]), acc[r][g]);
         }
       }
     }
-  }
-  for (int r = 0; r < NR; ++r) {
-    if constexpr (kPairs) {
-      for (int g = 0; g < NG; ++g) {
-        alignas(16) float v[4];
-        _mm_store_ps(v, _mm_sub_ps(acc4[r][g], acc4_min[r][g]));
-        for (int k = 0; k < 4; ++k) y[(4 * g + k) * ldy + r] = v[k];
+    for (int g = 0; g < NG; ++g) {
+      const BlockXK* bx = xq + (4 * g) * nb + blk;
+      for (int r = 0; r < NR; ++r) {
+        // Lane j of a madd: m_j (bsum_2j + bsum_2j+1), sub-block j's min term; hadd of two
+        // tokens' gives [t0: pairs 0 1, t1: pairs 0 1 | t0: pairs 2 3, t1: pairs 2 3].
+        auto mins = [&](int k) { return _mm256_madd_epi16(mins16[r], load256(bx[k * nb].bsum)); };
+        const __m256i m01 = _mm256_hadd_epi32(mins(0), mins(1));
+        const __m256i m23 = _mm256_hadd_epi32(mins(2), mins(3));
+        const __m128 lo01 = _mm_castsi128_ps(_mm256_castsi256_si128(m01));
+        const __m128 lo23 = _mm_castsi128_ps(_mm256_castsi256_si128(m23));
+        const __m128 hi01 = _mm_castsi128_ps(_mm256_extracti128_si256(m01, 1));
+        const __m128 hi23 = _mm_castsi128_ps(_mm256_extracti128_si256(m23, 1));
+        const __m128i mc[4] = {
+            _mm_castps_si128(_mm_shuffle_ps(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0))),
+            _mm_castps_si128(_mm_shuffle_ps(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1))),
+            _mm_castps_si128(_mm_shuffle_ps(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0))),
+            _mm_castps_si128(_mm_shuffle_ps(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1)))};
+        const __m128 dm = _mm_mul_ps(_mm_set1_ps(dmin[r]), dx[g]);
+        for (int c = 0; c < 4; ++c)
+          acc_min[r][g] = _mm_fmadd_ps(_mm_cvtepi32_ps(mc[c]), dm, acc_min[r][g]);
       }
-    } else {
-      for (int t = 0; t < NT; ++t) y[t * ldy + r] = acc[r][t] - acc_min[r][t];
     }
   }
+  for (int r = 0; r < NR; ++r)
+    for (int g = 0; g < NG; ++g) {
+      alignas(16) float v[4];
+      _mm_store_ps(v, _mm_sub_ps(acc[r][g], acc_min[r][g]));
+      for (int k = 0; k < 4; ++k) y[(4 * g + k) * ldy + r] = v[k];
+    }
 }
 
 // Q6_K quarter Q of a half: 6-bit codes from the nibbles of ql (low for Q < 2) and 2 bits of qh.
@@ -304,7 +322,10 @@ template <int NR, int NT>
 struct TileQ4K {
   static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y,
                   int64_t ldy) {
-    tile_q4k<NR, NT>(w, rb, xq, nb, y, ldy);
+    if constexpr (NT % 4 == 0)
+      tile_q4k_pairs<NR, NT>(w, rb, xq, nb, y, ldy);
+    else
+      tile_q4k<NR, NT>(w, rb, xq, nb, y, ldy);
   }
 };
 template <int NR, int NT>
