@@ -2,8 +2,9 @@
 // one (entry, KV group) stream: their representatives are read from global memory once (16-byte
 // loads, widened to f32 in shared memory) and scored against every list of the stream,
 // 16·QA index queries at a time, with a 4 chunks × QA queries register tile per thread (quest
-// representatives and d = 256); mean representatives at d ≤ 128 take a kernel that keeps them in
-// registers (score_regs_kernel); streams of few lists (decode) take a warp-per-chunk kernel.
+// representatives and d = 256); mean representatives at d ≤ 128 go to bf16 tensor cores
+// (score_mma_kernel) or, with tiles::kScoreMma off, to an FMA kernel that keeps them in registers
+// (score_regs_kernel); streams of few lists (decode) take a warp-per-chunk kernel.
 #include <cmath>
 
 #include "common.cuh"
