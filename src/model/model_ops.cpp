@@ -155,7 +155,35 @@ float silu(float x) {
 
 void gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t n) {
   if (act != Activation::kGeluTanh) {
-    for (int64_t i = 0; i < n; ++i) out[i] = silu_ggml(gate[i]) * up[i];
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    // exp_ggml and silu_ggml eight at a time: the same IEEE operations lane by lane, so the same
+    // results (GCC does not vectorise the scalar loop).
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(gate + i);
+      const __m256 e = _mm256_sub_ps(_mm256_setzero_ps(), x);  // the exponent, -x
+      const __m256 r = _mm256_set1_ps(0x1.8p23f);
+      const __m256 nn = _mm256_sub_ps(_mm256_fmadd_ps(e, _mm256_set1_ps(0x1.715476p+0f), r), r);
+      const __m256 b = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                        _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), e));
+      const __m256 u = _mm256_mul_ps(b, b);
+      const __m256 j = _mm256_fmadd_ps(
+          _mm256_fmadd_ps(
+              _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+              _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+          u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+      const __m256 nc =
+          _mm256_min_ps(_mm256_max_ps(nn, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+      const __m256i bits =
+          _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(nc), _mm256_set1_epi32(127)), 23);
+      __m256 ex = _mm256_mul_ps(j, _mm256_castsi256_ps(bits));
+      ex = _mm256_blendv_ps(ex, _mm256_set1_ps(INFINITY),
+                            _mm256_cmp_ps(nn, _mm256_set1_ps(127.0f), _CMP_GT_OQ));
+      const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ex));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; ++i) out[i] = silu_ggml(gate[i]) * up[i];
     return;
   }
   const GeluTable& t = gelu_table();
