@@ -119,6 +119,23 @@ TEST(ModelOps, RopeDotProductDependsOnlyOnDistance) {
   EXPECT_NEAR(rotated_dot(7, 7), rotated_dot(20000, 20000), 1e-3);
 }
 
+// The vectorised gated SiLU is the scalar one lane by lane (same operations, same rounding), over
+// a sweep through both tails (exp overflow to inf, results below 2^-126).
+TEST(ModelOps, GatedSiluEqualsScalarSiluBitForBit) {
+  std::vector<float> g, u;
+  for (float x = -120.0f; x <= 120.0f; x += 0.00731f) g.push_back(x);
+  g.push_back(0.0f), g.push_back(-0.0f), g.push_back(88.7f), g.push_back(-88.8f);
+  while (g.size() % 8) g.push_back(1.0f);
+  u.assign(g.size(), 1.0f);
+  std::vector<float> y(g.size());
+  ops::gated_activation(Activation::kSilu, g.data(), u.data(), y.data(),
+                        static_cast<int64_t>(g.size()));
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float want = ops::silu(g[i]);
+    EXPECT_TRUE(want == y[i] || (std::isnan(want) && std::isnan(y[i]))) << "x=" << g[i];
+  }
+}
+
 // GELU as llama.cpp evaluates it: the input rounded to f16, GELU(tanh) of that in f32, the result
 // rounded to f16 (its lookup table), 0 below -10 and the identity above 10. The f16 roundings are
 // done here with the compiler's _Float16 (independent of our f32_to_f16). Against fp64 GELU the
