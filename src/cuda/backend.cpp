@@ -299,6 +299,8 @@ Status finish_plan(Plan::Impl& P) {
   CISA_RETURN_IF_ERROR(P.d_scores.reserve(std::max<int64_t>(1, score) * sizeof(float), "cuda plan: scores"));
   CISA_RETURN_IF_ERROR(P.d_qbar.reserve(std::max<size_t>(1, P.lists.size()) * P.head_dim * sizeof(float),
                                         "cuda plan: index queries"));
+  CISA_RETURN_IF_ERROR(P.d_qsplit.reserve(std::max<size_t>(1, P.lists.size()) * 3 * P.head_dim * sizeof(uint16_t),
+                                          "cuda plan: index queries as bf16 terms"));
   CISA_RETURN_IF_ERROR(P.d_partial_out.reserve(std::max<int64_t>(1, P.partial_rows) * P.head_dim * sizeof(float),
                                                "cuda plan: split-KV partials"));
   CISA_RETURN_IF_ERROR(P.d_partial_lse.reserve(std::max<int64_t>(1, P.partial_rows) * sizeof(float),
@@ -426,11 +428,11 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
       CISA_RETURN_IF_ERROR(cuda_status(
           detail::launch_index_queries(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
                                        static_cast<int64_t>(P.sel.size()), index_q, P.num_kv_heads, P.head_dim,
-                                       P.d_qbar.as<float>(), s),
+                                       P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), s),
           "cuda: index queries"));
       return cuda_status(detail::launch_score(P.d_streams.as<ScoreStream>(), static_cast<int64_t>(P.streams.size()),
                                               P.max_score_span, P.max_stream_lists, P.d_lists.as<ListDesc>(), P.block_pages, layer.reps,
-                                              P.d_qbar.as<float>(), P.num_kv_heads, P.head_dim, P.quest,
+                                              P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), P.num_kv_heads, P.head_dim, P.quest,
                                               P.d_scores.as<float>(), s),
                          "cuda: scoring");
     case SelectStage::kTopK:

@@ -56,7 +56,7 @@ struct Plan::Impl {
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
 
   DeviceBuffer d_lists, d_sel, d_streams, d_tasks, d_merges;
-  DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_partial_out, d_partial_lse;
+  DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_qsplit, d_partial_out, d_partial_lse;
   DeviceBuffer d_unions, d_upages, d_uchunks, d_umask, d_ucounts;
 };
 

@@ -14,10 +14,18 @@
 namespace cisa::cuda::detail {
 namespace {
 
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(x);
+  return *reinterpret_cast<const uint16_t*>(&h);
+}
+
 // Sequential sum in row order, then one multiply: the CPU's exact arithmetic (bit-identical q̄).
+// Also q̄ as three bf16 terms for the tensor-core scoring: hi = bf16(q), mid = bf16(q − hi),
+// lo = q − hi − mid. q − hi is exact in f32 and has at most 16 significant bits, its remainder
+// after mid at most 8, so lo is exact in bf16 and hi + mid + lo = q exactly.
 __global__ void index_query_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                                    const float* __restrict__ index_q, int num_kv_heads, int head_dim,
-                                   float* __restrict__ qbar) {
+                                   float* __restrict__ qbar, uint16_t* __restrict__ qsplit) {
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
   const float inv = 1.0f / static_cast<float>(L.qbar_row1 - L.qbar_row0 + 1);
@@ -25,7 +33,15 @@ __global__ void index_query_kernel(const ListDesc* __restrict__ lists, const int
     float acc = 0.0f;
     for (int64_t r = L.qbar_row0; r <= L.qbar_row1; ++r)
       acc = __fadd_rn(acc, index_q[(r * num_kv_heads + L.kv) * head_dim + i]);
-    qbar[static_cast<int64_t>(li) * head_dim + i] = __fmul_rn(acc, inv);
+    const float q = __fmul_rn(acc, inv);
+    qbar[static_cast<int64_t>(li) * head_dim + i] = q;
+    const uint16_t hi = bf16_bits(q);
+    const float r1 = q - dev::bf16_to_f32(hi);
+    const uint16_t mid = bf16_bits(r1);
+    uint16_t* out = qsplit + static_cast<int64_t>(li) * 3 * head_dim + i;
+    out[0] = bf16_bits(r1 - dev::bf16_to_f32(mid));
+    out[head_dim] = mid;
+    out[2 * head_dim] = hi;
   }
 }
 
@@ -337,7 +353,7 @@ __device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
 // bf16 tensor-core scoring (mma.sync m16n8k16, f32 accumulation) for the same streams as
 // score_regs_kernel. A = representatives (16 chunks × 16 channels, exact bf16, the packed words
 // as loaded: no widening), B = index queries split exactly into three bf16 terms q = hi + mid + lo
-// (each product exact in f32; 3 × 8 mantissa bits cover f32's 24), so the only error against the
+// (by index_query_kernel; each product exact in f32; 3 × 8 mantissa bits cover f32's 24), so the only error against the
 // f32 dot product is the order and rounding of the f32 accumulation (well inside the tests'
 // d·2^-24·Σ|q_i r_i| bound). A warp owns 32 chunks (two m16 tiles); lane (g, t) holds words
 // 16b + 4t … + 3 of chunks g and g + 8 of each tile (one 16-byte load per b) and uses word
@@ -347,14 +363,15 @@ __device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
 // representative value is scored by the sequential f32 loop instead (same result as the CPU's
 // order of operations up to rounding; NaN stays NaN).
 template <int D>
-__global__ void __launch_bounds__(tiles::kScoreThreads, 2)
+__global__ void __launch_bounds__(tiles::kScoreMmaThreads, 4)
 score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                 const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+                 const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit, int num_kv_heads,
+                 float inv_sqrt_d, float* __restrict__ scores) {
   constexpr int NB = D / 32;                   // 16-word blocks of a representative row
   constexpr int QP = tiles::kScoreMmaQueries;  // queries staged per pass
   constexpr int QW = D / 2 + 4;                // words per staged query row (+16 B spreads banks)
-  constexpr int NCB = tiles::kScoreThreads;    // chunks per block: 32 per warp
+  constexpr int NCB = tiles::kScoreMmaThreads;  // chunks per block: 32 per warp
   static_assert(D % 32 == 0 && QP % 8 == 0, "tile shape");
   __shared__ __align__(16) uint32_t q_s[3][QP * QW];  // lo, mid, hi terms as bf16 pairs
   __shared__ int32_t end_s[QP];
@@ -398,18 +415,14 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
     const int nq = min(QP, S.num_lists - q0);
     const int nq_pad = (nq + 7) / 8 * 8;
     __syncthreads();  // q_s free (later passes)
-    for (int e = threadIdx.x; e < nq_pad * (D / 2); e += blockDim.x) {
-      const int qi = e / (D / 2), w = e % (D / 2);
-      float2 v = make_float2(0.0f, 0.0f);
+    // The three terms of each query (split once by index_query_kernel), 16 bytes at a time.
+    for (int e = threadIdx.x; e < nq_pad * 3 * (D / 8); e += blockDim.x) {
+      const int qi = e / (3 * (D / 8)), p = e / (D / 8) % 3, c4 = e % (D / 8);
+      uint4 v = make_uint4(0, 0, 0, 0);
       if (qi < nq)
-        v = reinterpret_cast<const float2*>(qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D)[w];
-      // Exact split: x − bf16(x) is exact in f32, and so is the next remainder.
-      const float hx = __bfloat162float(__float2bfloat16_rn(v.x)), hy = __bfloat162float(__float2bfloat16_rn(v.y));
-      const float rx = v.x - hx, ry = v.y - hy;
-      const float mx = __bfloat162float(__float2bfloat16_rn(rx)), my = __bfloat162float(__float2bfloat16_rn(ry));
-      q_s[2][qi * QW + w] = dev::pack_bf16x2(hx, hy);
-      q_s[1][qi * QW + w] = dev::pack_bf16x2(mx, my);
-      q_s[0][qi * QW + w] = dev::pack_bf16x2(rx - mx, ry - my);
+        v = reinterpret_cast<const uint4*>(
+            qsplit + (static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * 3 + p) * (D / 2))[c4];
+      *reinterpret_cast<uint4*>(&q_s[p][qi * QW + 4 * c4]) = v;
     }
     for (int qi = threadIdx.x; qi < nq; qi += blockDim.x) {
       const ListDesc& L = lists[S.first_list + (q0 + qi) * S.list_stride];
@@ -489,17 +502,17 @@ cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* 
 
 cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                  const float* index_q, int num_kv_heads, int head_dim, float* qbar,
-                                 cudaStream_t stream) {
+                                 uint16_t* qsplit, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   index_query_kernel<<<static_cast<unsigned>(num_sel), head_dim, 0, stream>>>(lists, sel_lists, index_q,
-                                                                             num_kv_heads, head_dim, qbar);
+                                                                             num_kv_heads, head_dim, qbar, qsplit);
   return cudaGetLastError();
 }
 
 cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span, int32_t max_lists,
                          const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
-                         const float* qbar, int num_kv_heads, int head_dim, bool quest, float* scores,
-                         cudaStream_t stream) {
+                         const float* qbar, const uint16_t* qsplit, int num_kv_heads, int head_dim, bool quest,
+                         float* scores, cudaStream_t stream) {
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;
@@ -518,12 +531,15 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
   if (!quest && (head_dim == 64 || head_dim == 128)) {
     const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreThreads - 1) / tiles::kScoreThreads),
                     static_cast<unsigned>(num_streams));
+    const auto* qs = reinterpret_cast<const uint32_t*>(qsplit);
+    const dim3 mgrid(static_cast<unsigned>((max_span + tiles::kScoreMmaThreads - 1) / tiles::kScoreMmaThreads),
+                     static_cast<unsigned>(num_streams));
     if (tiles::kScoreMma && head_dim == 64)
-      score_mma_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                      num_kv_heads, inv_sqrt_d, scores);
+      score_mma_kernel<64><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar, qs,
+                                                                          num_kv_heads, inv_sqrt_d, scores);
     else if (tiles::kScoreMma)
-      score_mma_kernel<128><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                       num_kv_heads, inv_sqrt_d, scores);
+      score_mma_kernel<128><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar, qs,
+                                                                           num_kv_heads, inv_sqrt_d, scores);
     else if (head_dim == 64)
       score_regs_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
                                                                        num_kv_heads, inv_sqrt_d, scores);

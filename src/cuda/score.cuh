@@ -11,16 +11,17 @@
 
 namespace cisa::cuda::detail {
 
-// index_q: [rows][num_kv_heads][head_dim] f32; qbar: [num_lists][head_dim] f32 (written for the
-// lists in sel_lists [num_sel]).
+// index_q: [rows][num_kv_heads][head_dim] f32; qbar: [num_lists][head_dim] f32 and qsplit:
+// [num_lists][3][head_dim] bf16, the exact terms lo, mid, hi with qbar = hi + mid + lo (both
+// written for the lists in sel_lists [num_sel]).
 cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                  const float* index_q, int num_kv_heads, int head_dim, float* qbar,
-                                 cudaStream_t stream);
+                                 uint16_t* qsplit, cudaStream_t stream);
 
 // reps: [num_pages][num_kv_heads][rep_width] bf16; scores: written at each list's score_begin.
 cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span, int32_t max_lists,
                          const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
-                         const float* qbar, int num_kv_heads, int head_dim, bool quest, float* scores,
-                         cudaStream_t stream);
+                         const float* qbar, const uint16_t* qsplit, int num_kv_heads, int head_dim, bool quest,
+                         float* scores, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

@@ -79,6 +79,10 @@ constexpr int kScoreRegsQueries = 64;
 constexpr bool kScoreMma = true;
 // Queries staged per pass, as three bf16 terms with 16 bytes of row padding: 26 KB at d = 128.
 constexpr int kScoreMmaQueries = 32;
+// Threads (and chunks) per block of the tensor-core kernel. Each block loads all of its
+// representatives, then computes; v5 ran 256 (2 blocks/SM at 128 registers) and its load phases
+// were not hidden (G = 32: 2.0 TB/s); 128 gives 4 smaller blocks per SM whose phases interleave.
+constexpr int kScoreMmaThreads = 128;
 
 // ---- top-k (topk.cu) ----
 // A cluster of kTopkCluster blocks per list, each owning 1/kTopkCluster of its scores (≤ 256 KB
