@@ -125,7 +125,11 @@ Status matmul(const WeightView& w, const float* x, float* y, int64_t n_tok, Thre
     return Status::Ok();
   }
 
-  const quant::TileKernel kernel = pick_kernel(w.type);
+  // llama.cpp multiplies K-quants by batches of 8 or more tokens in another float order
+  // (quant_kernels.h); follow it so that results stay bit-identical to its.
+  quant::TileKernel kernel =
+      n_tok >= quant::kBatchTokens ? quant::tile_kernel_avx2_k_batch(w.type) : nullptr;
+  if (!kernel) kernel = pick_kernel(w.type);
   if (!kernel) return unimplemented(std::string("matmul: no kernel for ") + ggml_type_name(w.type));
   // Activations: blocks of 32 (BlockX) or, for the K-quants, of 256 (BlockXK); see quant_kernels.h.
   const int64_t nb = quant::activation_blocks(w.type, w.n_cols);

@@ -238,7 +238,7 @@ inline void q6k_quarter(const __m256i (&ql0)[NR], const __m256i (&ql1)[NR], cons
 // 32 sc bsum for the 16-element groups 2k and 2k + 1; converted to float per super-block and
 // accumulated with one fused multiply-add by d_w d_x, lanes added at the end: exactly the lanes and
 // order of llama.cpp's ggml_vec_dot_q6_K_q8_K (AVX2), hence bit-identical results.
-template <int NR, int NT>
+template <int NR, int NT, bool kTiled = false>
 void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t nb, float* y,
               int64_t ldy) {
   __m256 acc[NR][NT];
@@ -277,13 +277,24 @@ void tile_q6k(const uint8_t* w, uint64_t row_bytes, const BlockXK* xq, int64_t n
         // Codes are stored +32: subtract 32 * sum_g sc_g bsum_g.
         const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], bsum), 5);
         const __m256i total = _mm256_sub_epi32(sumi[r][t], offset);
-        acc[r][t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
+        if constexpr (!kTiled) {
+          acc[r][t] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d[r] * bx.d), acc[r][t]);
+        } else {
+          // llama.cpp's tiled path (batches of >= 8 tokens, ggml-cpu/tiled, AVX-512 epilogue):
+          // the super-block's integer total times d_w, then buf = fma(that, d_x, buf) (its
+          // mul + add intrinsics, which GCC contracts). The running sum sits in lane 0 of acc.
+          const __m128 f = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_i32(total));
+          acc[r][t] =
+              _mm256_castps128_ps256(_mm_fmadd_ss(_mm_mul_ss(f, _mm_set_ss(d[r])), _mm_set_ss(bx.d),
+                                                  _mm256_castps256_ps128(acc[r][t])));
+        }
       }
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum(acc[r][t]);
+    for (int t = 0; t < NT; ++t)
+      y[t * ldy + r] = kTiled ? _mm256_cvtss_f32(acc[r][t]) : hsum(acc[r][t]);
 }
 
 // Rows in tiles of NR (single rows for the remainder), tokens in groups of 8, 4, then the rest.
@@ -335,8 +346,19 @@ struct TileQ6K {
     tile_q6k<NR, NT>(w, rb, xq, nb, y, ldy);
   }
 };
+template <int NR, int NT>
+struct TileQ6KTiled {
+  static void run(const uint8_t* w, uint64_t rb, const BlockXK* xq, int64_t nb, float* y,
+                  int64_t ldy) {
+    tile_q6k<NR, NT, true>(w, rb, xq, nb, y, ldy);
+  }
+};
 
 }  // namespace
+
+TileKernel tile_kernel_avx2_k_batch(GgmlType type) {
+  return type == GgmlType::Q6_K ? tile_k<TileQ6KTiled> : nullptr;
+}
 
 TileKernel tile_kernel_avx2_k(GgmlType type) {
   switch (type) {
@@ -355,6 +377,9 @@ TileKernel tile_kernel_avx2_k(GgmlType type) {
 
 namespace cisa::quant {
 TileKernel tile_kernel_avx2_k(GgmlType) {
+  return nullptr;
+}
+TileKernel tile_kernel_avx2_k_batch(GgmlType) {
   return nullptr;
 }
 }  // namespace cisa::quant

@@ -86,6 +86,10 @@ using TileKernel = void (*)(const uint8_t* w, uint64_t row_bytes, int64_t n_rows
 TileKernel tile_kernel_scalar(GgmlType type);
 TileKernel tile_kernel_avx2(GgmlType type);
 TileKernel tile_kernel_avx2_k(GgmlType type);  // Q4_K and Q6_K (quant_dot_avx2_k.cpp)
+// The same products in the float order llama.cpp uses for products of >= kBatchTokens tokens
+// (its "tiled" kernels; Q6_K here: our other types' batch order does not change), else nullptr.
+TileKernel tile_kernel_avx2_k_batch(GgmlType type);
+constexpr int64_t kBatchTokens = 8;
 
 // Decodes 32-element sub-block j of a quantised block into signed integer codes and scales so
 // that element i equals scale[i / 16] * w[i] + add. Shared by the scalar kernel and the tests.

@@ -231,7 +231,8 @@ struct KernelCase {
 TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
   const KernelCase cases[] = {{"scalar", quant::tile_kernel_scalar},
                               {"avx2", quant::tile_kernel_avx2},
-                              {"avx2_k", quant::tile_kernel_avx2_k}};
+                              {"avx2_k", quant::tile_kernel_avx2_k},
+                              {"avx2_k_batch", quant::tile_kernel_avx2_k_batch}};
   std::mt19937 rng(7);
   int ran = 0;
   for (const KernelCase& kc : cases) {
@@ -300,7 +301,7 @@ TEST(QuantKernels, MatchFp64ReferenceOnQuantisedActivations) {
     }
   }
 #if defined(__AVX2__) && defined(__FMA__)
-  EXPECT_EQ(ran, 14);  // 7 scalar, 5 avx2, 2 avx2_k
+  EXPECT_EQ(ran, 15);  // 7 scalar, 5 avx2, 2 avx2_k, 1 avx2_k_batch
 #endif
 }
 
