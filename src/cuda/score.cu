@@ -363,7 +363,7 @@ __device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
 // representative value is scored by the sequential f32 loop instead (same result as the CPU's
 // order of operations up to rounding; NaN stays NaN).
 template <int D>
-__global__ void __launch_bounds__(tiles::kScoreMmaThreads, 4)
+__global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMmaThreads)
 score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                  const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit, int num_kv_heads,

@@ -79,10 +79,11 @@ constexpr int kScoreRegsQueries = 64;
 constexpr bool kScoreMma = true;
 // Queries staged per pass, as three bf16 terms with 16 bytes of row padding: 26 KB at d = 128.
 constexpr int kScoreMmaQueries = 32;
-// Threads (and chunks) per block of the tensor-core kernel. Each block loads all of its
-// representatives, then computes; v5 ran 256 (2 blocks/SM at 128 registers) and its load phases
-// were not hidden (G = 32: 2.0 TB/s); 128 gives 4 smaller blocks per SM whose phases interleave.
-constexpr int kScoreMmaThreads = 128;
+// Threads (and chunks) per block of the tensor-core kernel (blocks per SM: 512 / this, at 128
+// registers). Measured (v5b, with the query split moved out of the blocks): 128-thread blocks,
+// meant to interleave the blocks' load phases, were slower than 256 at G = 4 (score 0.73 → 0.84
+// ms) and equal at G = 32 (0.167 / 0.165).
+constexpr int kScoreMmaThreads = 256;
 
 // ---- top-k (topk.cu) ----
 // A cluster of kTopkCluster blocks per list, each owning 1/kTopkCluster of its scores (≤ 256 KB
