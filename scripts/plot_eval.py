@@ -9,7 +9,8 @@ Reads RUN_DIR/results.jsonl of every run given (their lines are pooled) and writ
                           length, one line per configuration;
   kl_vs_budget.png        mean KL(dense || config) per token on the long documents against the
                           nominal remote compression x (budget k = E/x), one line per length and
-                          family (kind, G, query; marker shape = length), log-scaled axes.
+                          family (kind, G, query; marker shape = length), log-scaled axes;
+  kl_vs_length.png        the same KL against prompt length, one line per configuration.
 """
 import argparse
 import collections
@@ -134,6 +135,32 @@ def main():
         ax.set_title("Long-document KL against budget")
         fig.tight_layout()
         path = os.path.join(out, "kl_vs_budget.png")
+        fig.savefig(path, dpi=120)
+        written.append(path)
+
+    if kl:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        colors = plt.get_cmap("tab20").colors
+        by_cfg = collections.defaultdict(list)
+        for (cfg, length), v in kl.items():
+            by_cfg[cfg].append((length, v))
+        for i, cfg in enumerate(sorted(by_cfg)):
+            pts = sorted(by_cfg[cfg])
+            ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], color=colors[i % len(colors)],
+                    marker="o", label=cfg)
+        ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
+        lengths = sorted({length for _, length in kl})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([("%dK" % (x // 1024)) if x % 1024 == 0 else str(x) for x in lengths])
+        ax.set_yscale("log")
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel("mean KL(dense || config), nats/token")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        ax.set_title("Long-document KL against length")
+        fig.tight_layout()
+        path = os.path.join(out, "kl_vs_length.png")
         fig.savefig(path, dpi=120)
         written.append(path)
 
