@@ -17,8 +17,10 @@ python3 scripts/long_prompt.py --tokens "${CISA_DEMO_TOKENS:-16000}" > "$prompt"
 echo "=== Gemma 3 270M, dense attention ==="
 $cisa run -m gemma3-270m -f "$prompt" -n 12 --greedy --attention dense
 echo
-echo "=== Gemma 3 270M, CISA attention (calibrated indexer, global layers) ==="
-$cisa run -m gemma3-270m -f "$prompt" -n 12 --greedy --attention cisa --indexer indexers/gemma3-270m.cisaidx
+# Defaults at Gemma's 32K context: k = 128 chunks, W = 32 pages, G = 16; plus page 0 (BOS) always
+# attended, which docs/eval/results.md found to matter most for quality.
+echo "=== Gemma 3 270M, CISA attention (calibrated indexer, global layers, 1 sink page) ==="
+$cisa run -m gemma3-270m -f "$prompt" -n 12 --greedy --attention cisa --sink-pages 1 --indexer indexers/gemma3-270m.cisaidx
 echo
 rm -f "$prompt"
 echo "=== one attention layer, dense vs CISA (N=65536, k=256, W=32, G=16) ==="
