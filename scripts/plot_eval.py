@@ -70,6 +70,26 @@ def mean_kl(recs):
     return {k: sum(v) / len(v) for k, v in per.items()}
 
 
+def length_axis(ax, lengths):
+    """Log2 x axis of prompt lengths labelled 4K, 8K, ..."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths)
+    ax.set_xticklabels([("%dK" % (x // 1024)) if x % 1024 == 0 else str(x) for x in lengths])
+    ax.set_xlabel("prompt length (tokens)")
+
+
+def finish_kl(fig, ax, title, path):
+    """The goal line, log KL axis, legend and file shared by the KL plots."""
+    ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
+    ax.set_yscale("log")
+    ax.set_ylabel("mean KL(dense || config), nats/token")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dirs", nargs="+")
@@ -94,11 +114,7 @@ def main():
             xs = sorted(acc[cfg])
             style = dict(color="black", linewidth=2.5) if cfg == "dense" else dict(color=colors[i % len(colors)])
             ax.plot(xs, [acc[cfg][x] for x in xs], marker="o", label=cfg, **style)
-        ax.set_xscale("log", base=2)
-        lengths = sorted({x for c in acc for x in acc[c]})
-        ax.set_xticks(lengths)
-        ax.set_xticklabels([("%dK" % (x // 1024)) if x % 1024 == 0 else str(x) for x in lengths])
-        ax.set_xlabel("prompt length (tokens)")
+        length_axis(ax, sorted({x for c in acc for x in acc[c]}))
         ax.set_ylabel("task accuracy (points)")
         ax.set_ylim(-2, 102)
         ax.grid(alpha=0.3)
@@ -125,17 +141,10 @@ def main():
             ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], color=colors[i % len(colors)],
                     marker=markers[lengths.index(length) % len(markers)], markersize=7,
                     linestyle="-" if len(pts) > 1 else "none", label="%s @ %d" % (fam, length))
-        ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xlabel("nominal remote compression x (k = E / x)")
-        ax.set_ylabel("mean KL(dense || config), nats/token")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-        ax.set_title("Long-document KL against budget")
-        fig.tight_layout()
         path = os.path.join(out, "kl_vs_budget.png")
-        fig.savefig(path, dpi=120)
+        finish_kl(fig, ax, "Long-document KL against budget", path)
         written.append(path)
 
     if kl:
@@ -148,20 +157,9 @@ def main():
             pts = sorted(by_cfg[cfg])
             ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], color=colors[i % len(colors)],
                     marker="o", label=cfg)
-        ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
-        lengths = sorted({length for _, length in kl})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths)
-        ax.set_xticklabels([("%dK" % (x // 1024)) if x % 1024 == 0 else str(x) for x in lengths])
-        ax.set_yscale("log")
-        ax.set_xlabel("prompt length (tokens)")
-        ax.set_ylabel("mean KL(dense || config), nats/token")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-        ax.set_title("Long-document KL against length")
-        fig.tight_layout()
+        length_axis(ax, sorted({length for _, length in kl}))
         path = os.path.join(out, "kl_vs_length.png")
-        fig.savefig(path, dpi=120)
+        finish_kl(fig, ax, "Long-document KL against length", path)
         written.append(path)
 
     for p in written:
