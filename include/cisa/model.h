@@ -122,6 +122,11 @@ struct AttentionOptions {
   PageSelector selector;
 };
 
+// The arithmetic of attention. kLlamaCpp runs every layer (dense and CISA alike, on the same page
+// lists) through attend_llamacpp (attention_llamacpp.h): llama.cpp's CPU rounding order with an f16
+// KV cache, for conformance checks against its logits. Several times slower than kDefault.
+enum class AttentionNumerics { kDefault, kLlamaCpp };
+
 struct ModelOptions {
   int threads = 0;          // 0: one per hardware thread
   int64_t context = 0;      // tokens per sequence; 0: the model's training context
@@ -134,6 +139,7 @@ struct ModelOptions {
   // Widen every quantised matrix to f32 at load and multiply in f32 (no 8-bit activations): the
   // exact function of the stored weights, for reference checks; ~4x the memory, much slower.
   bool weights_f32 = false;
+  AttentionNumerics attention_numerics = AttentionNumerics::kDefault;
   RepKind rep = RepKind::kMean;
   AttentionOptions attention;
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "cisa/attention_llamacpp.h"
 #include "cisa/selection.h"
 #include "model_impl.h"
 #include "model_ops.h"
@@ -41,6 +42,7 @@ Status Model::Impl::attention(int layer) {
   const bool want_index = cisa || tapped;  // a tap sees the index queries of dense layers too
   const int table = swa ? 1 : 0;
   const int half = d / 2;
+  const bool llamacpp_numerics = opt.attention_numerics == AttentionNumerics::kLlamaCpp;
 
   CISA_RETURN_IF_ERROR(matmul(L.wq, st.xn.data(), st.q.data(), rows, pool, &mm));
   CISA_RETURN_IF_ERROR(matmul(L.wk, st.xn.data(), st.k.data(), rows, pool, &mm));
@@ -86,7 +88,8 @@ Status Model::Impl::attention(int layer) {
       float* x = st.q.data() + (r * Hq + h) * d;
       if (qn) ops::rms_norm(x, qn, x, d, hp.rms_eps);
       ops::rope_apply(x, cs, sn, d, hp.rope_style);
-      if (opt.round_kv_f16) ops::round_to_f16(x, d);
+      // (llama.cpp numerics round the query themselves, after Gemma's scaling: not twice.)
+      if (opt.round_kv_f16 && !llamacpp_numerics) ops::round_to_f16(x, d);
     }
     for (int h = 0; h < Hkv; ++h) {
       float* x = st.k.data() + (r * Hkv + h) * d;
@@ -184,9 +187,20 @@ Status Model::Impl::attention(int layer) {
     stats.global_pages_dense += dense_pages;
     stats.global_pages_read += read_pages;
   }
-  const AttentionParams ap{.scale = hp.attn_scale, .sliding_window = swa ? hp.sliding_window : 0};
-  CISA_RETURN_IF_ERROR(attend(*cache, layer, st.batch, *lists, st.q.data(), Hq, ap, st.att.data(),
-                              nullptr, pool, &aws));
+  if (llamacpp_numerics) {
+    // llama.cpp's Gemma graphs multiply the queries by the attention scale before attention (and
+    // then attend with scale 1); its Llama graphs scale the q·k products.
+    const LlamaCppAttentionParams lp{.scale = hp.attn_scale,
+                                     .sliding_window = swa ? hp.sliding_window : 0,
+                                     .scale_queries = hp.arch == ModelArch::kGemma3};
+    CISA_RETURN_IF_ERROR(attend_llamacpp(*cache, layer, st.batch, *lists, st.q.data(), Hq, lp,
+                                         st.att.data(), pool));
+  } else {
+    const AttentionParams ap{.scale = hp.attn_scale,
+                             .sliding_window = swa ? hp.sliding_window : 0};
+    CISA_RETURN_IF_ERROR(attend(*cache, layer, st.batch, *lists, st.q.data(), Hq, ap,
+                                st.att.data(), nullptr, pool, &aws));
+  }
   const double dt = seconds_since(t0) - tap_seconds;
   stats.seconds_attention += dt;
   if (!swa) stats.seconds_global_attention += dt;

@@ -1,0 +1,268 @@
+// Attention over page lists with llama.cpp's CPU numerics (attention_llamacpp.h).
+//
+// llama.cpp without flash attention computes, per KV head, KQ = K·Q (f16 K from the cache, the
+// query converted to f16 for the f16 matrix product), then a row softmax over every cell of the
+// cache (masked cells hold −inf and give exactly 0), then KQV = V·P with the probabilities P
+// converted to f16 for the f16 product. Its f16 products run in 16-lane fused multiply-add
+// accumulators over the reduction index, added by one fixed tree at the end; its softmax sums
+// 16 exponentials at a time into an fp64 total. Cells are the absolute positions of a single
+// sequence filled from position 0, so "cell mod 16" is "position mod 16" below. Reproducing each
+// rounding in the same order gives the same floats; any reordering would not.
+#include "cisa/attention_llamacpp.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cisa/bf16.h"
+
+namespace cisa {
+namespace llamacpp {
+
+float round_f16(float x) {
+  if (!std::isfinite(x)) return x;
+  const float a = std::fabs(x);
+  float r;
+  if (a >= 65520.0f) {
+    r = INFINITY;  // past the largest half (65504) by at least half an ulp
+  } else if (a < 0x1p-14f) {
+    // Subnormal halves are multiples of 2^-24: scaling by 2^24 is exact, so rounding the scaled
+    // value to an integer (ties to even, the default mode) is the half rounding.
+    r = std::nearbyint(a * 0x1p24f) * 0x1p-24f;
+  } else {
+    // A normal half keeps 11 significant bits, the float 24: drop 13 with ties to even. A carry
+    // out of the mantissa correctly bumps the exponent.
+    uint32_t u = std::bit_cast<uint32_t>(a);
+    u += 0xFFFu + ((u >> 13) & 1u);
+    u &= ~0x1FFFu;
+    r = std::bit_cast<float>(u);
+  }
+  return std::signbit(x) ? -r : r;
+}
+
+float exp(float x) {
+  // exp(x) = 2^n · e^b with n = round(x / ln 2) (found by adding 1.5·2^23, which leaves the
+  // rounded integer in the low mantissa bits), b = x − n·ln 2 (ln 2 split in a high and a low
+  // part), and e^b by a degree-5 minimax polynomial evaluated as llama.cpp's kernel does.
+  const float shift = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, shift);
+  const float n = z - shift;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float hi = std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                            std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f));
+  const float j = std::fma(hi, u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  if (!(std::fabs(n) <= 192.0f)) return n <= 0.0f ? 0.0f : INFINITY;  // also x = −inf (n NaN)
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+float tree_sum16(const float* l) {
+  // Halve the width three times (upper half added to lower half), then ((0+2) + (1+3)).
+  float a[8], b[4];
+  for (int i = 0; i < 8; ++i) a[i] = l[i + 8] + l[i];
+  for (int i = 0; i < 4; ++i) b[i] = a[i + 4] + a[i];
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+float dot16(const float* a, const float* b, int n) {
+  float l[16] = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) l[j] = std::fma(a[i + j], b[i + j], l[j]);
+  for (int j = 0; i < n; ++i, ++j) l[j] = std::fma(a[i], b[i], l[j]);
+  return tree_sum16(l);
+}
+
+}  // namespace llamacpp
+
+namespace {
+
+using llamacpp::round_f16;
+
+struct Runner {
+  const PagedKvCache& cache;
+  int layer;
+  std::span<const BatchEntry> batch;
+  const PageLists& lists;
+  const float* q;
+  int hq, hkv, hg, d, B;
+  LlamaCppAttentionParams p;
+  float* out;
+  std::vector<int64_t> row_group;  // packed row → query group
+
+  // Scratch of one thread.
+  struct Scratch {
+    std::vector<int64_t> pos;      // the keys this row attends to, ascending
+    std::vector<const void*> kptr, vptr;
+    std::vector<float> score;      // [hg][keys]
+    std::vector<float> qs, krow;   // [hg][d], [d]
+    std::vector<float> acc;        // [hg][16][d]
+  };
+
+  void load_row(const void* src, float* dst) const {
+    if (cache.elem_bytes() == 4) {
+      const float* s = static_cast<const float*>(src);
+      for (int i = 0; i < d; ++i) dst[i] = round_f16(s[i]);
+    } else {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int i = 0; i < d; ++i) dst[i] = round_f16(bf16_to_f32(s[i]));
+    }
+  }
+
+  void run_row(int64_t r, Scratch& s) const {
+    const int64_t gi = row_group[static_cast<size_t>(r)];
+    const QueryGroup& g = lists.groups[static_cast<size_t>(gi)];
+    const int64_t t = g.first + (r - g.row);
+    const size_t eb = static_cast<size_t>(cache.elem_bytes());
+    for (int kv = 0; kv < hkv; ++kv) {
+      // The keys: listed pages in logical order, within the causal mask and the window.
+      s.pos.clear();
+      s.kptr.clear();
+      s.vptr.clear();
+      const auto pages = lists.list_pages(gi, kv);
+      const auto chunks = lists.list_chunks(gi, kv);
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const auto* kp = static_cast<const uint8_t*>(cache.k_page(layer, pages[i], kv));
+        const auto* vp = static_cast<const uint8_t*>(cache.v_page(layer, pages[i], kv));
+        for (int slot = 0; slot < B; ++slot) {
+          const int64_t pos = static_cast<int64_t>(chunks[i]) * B + slot;
+          if (pos > t) break;
+          if (p.sliding_window > 0 && pos <= t - p.sliding_window) continue;
+          s.pos.push_back(pos);
+          s.kptr.push_back(kp + static_cast<size_t>(slot) * d * eb);
+          s.vptr.push_back(vp + static_cast<size_t>(slot) * d * eb);
+        }
+      }
+      const size_t n = s.pos.size();
+      s.score.resize(static_cast<size_t>(hg) * n);
+      // Queries in f16 (scaled first when the graph scales them), then the scores.
+      for (int h = 0; h < hg; ++h) {
+        const float* src = q + (r * hq + kv * hg + h) * d;
+        float* dst = s.qs.data() + h * d;
+        for (int i = 0; i < d; ++i) dst[i] = round_f16(p.scale_queries ? src[i] * p.scale : src[i]);
+      }
+      for (size_t j = 0; j < n; ++j) {
+        load_row(s.kptr[j], s.krow.data());
+        for (int h = 0; h < hg; ++h) {
+          const float dot = llamacpp::dot16(s.qs.data() + h * d, s.krow.data(), d);
+          s.score[h * n + j] = p.scale_queries ? dot : dot * p.scale;
+        }
+      }
+      // Softmax per head: whole-row max, exponentials summed per aligned 16-position block into
+      // an fp64 total, then P = half(e · f32(1/total)).
+      for (int h = 0; h < hg; ++h) {
+        float* sc = s.score.data() + h * n;
+        float mx = -INFINITY;
+        for (size_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+        double total = 0;
+        float lanes[16] = {};
+        for (size_t j = 0; j < n; ++j) {
+          sc[j] = llamacpp::exp(sc[j] - mx);
+          lanes[s.pos[j] % 16] = sc[j];
+          if (j + 1 == n || s.pos[j + 1] / 16 != s.pos[j] / 16) {
+            total += static_cast<double>(llamacpp::tree_sum16(lanes));
+            std::fill(lanes, lanes + 16, 0.0f);
+          }
+        }
+        const float inv = static_cast<float>(1.0 / total);
+        for (size_t j = 0; j < n; ++j) sc[j] = round_f16(sc[j] * inv);
+      }
+      // O = P·V in 16 lanes by key position, each lane accumulating in ascending position.
+      std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+      for (size_t j = 0; j < n; ++j) {
+        load_row(s.vptr[j], s.krow.data());
+        const int lane = static_cast<int>(s.pos[j] % 16);
+        for (int h = 0; h < hg; ++h) {
+          const float pj = s.score[h * n + j];
+          float* a = s.acc.data() + (static_cast<size_t>(h) * 16 + lane) * d;
+          for (int i = 0; i < d; ++i) a[i] = std::fma(pj, s.krow[i], a[i]);
+        }
+      }
+      for (int h = 0; h < hg; ++h) {
+        float* o = out + (r * hq + kv * hg + h) * d;
+        const float* a = s.acc.data() + static_cast<size_t>(h) * 16 * d;
+        float lanes[16];
+        for (int i = 0; i < d; ++i) {
+          for (int l = 0; l < 16; ++l) lanes[l] = a[l * d + i];
+          o[i] = llamacpp::tree_sum16(lanes);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                       const PageLists& lists, const float* q, int num_q_heads,
+                       const LlamaCppAttentionParams& p, float* out, ThreadPool& pool) {
+  CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
+  const int hkv = cache.num_kv_heads(), d = cache.head_dim();
+  if (!q || !out) return invalid_argument("attend_llamacpp: null query or output pointer");
+  if (num_q_heads <= 0 || num_q_heads % hkv != 0)
+    return invalid_argument("query head count " + std::to_string(num_q_heads) +
+                            " is not a positive multiple of the cache's " + std::to_string(hkv) +
+                            " KV heads");
+  if (p.sliding_window < 0) return invalid_argument("negative sliding window");
+  if (lists.num_kv_heads != hkv)
+    return invalid_argument("page lists were built for " + std::to_string(lists.num_kv_heads) +
+                            " KV heads, the cache has " + std::to_string(hkv));
+  if (lists.offsets.size() != static_cast<size_t>(lists.num_lists() + 1) ||
+      lists.offsets.front() != 0 || lists.offsets.back() != lists.total_pages() ||
+      lists.chunks.size() != lists.pages.size())
+    return invalid_argument("page lists are malformed (offsets do not match the page array)");
+  for (size_t i = 1; i < lists.offsets.size(); ++i)
+    if (lists.offsets[i] < lists.offsets[i - 1])
+      return invalid_argument("page lists are malformed (offsets decrease)");
+
+  std::vector<int64_t> first_row(batch.size() + 1, 0);
+  for (size_t e = 0; e < batch.size(); ++e) first_row[e + 1] = first_row[e] + batch[e].count;
+  const int64_t rows = first_row.back();
+  Runner run{.cache = cache, .layer = layer, .batch = batch, .lists = lists, .q = q,
+             .hq = num_q_heads, .hkv = hkv, .hg = num_q_heads / hkv, .d = d,
+             .B = cache.page_size(), .p = p, .out = out,
+             .row_group = std::vector<int64_t>(static_cast<size_t>(rows), -1)};
+  if (run.p.scale == 0.0f) run.p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t pool_pages = cache.num_pages();
+  for (size_t i = 0; i < lists.groups.size(); ++i) {
+    const QueryGroup& g = lists.groups[i];
+    if (g.entry < 0 || static_cast<size_t>(g.entry) >= batch.size())
+      return invalid_argument("query group " + std::to_string(i) + " names batch entry " +
+                              std::to_string(g.entry) + " of " + std::to_string(batch.size()));
+    const BatchEntry& e = batch[static_cast<size_t>(g.entry)];
+    if (g.first < e.first || g.last < g.first || g.last >= e.first + e.count ||
+        g.row != first_row[static_cast<size_t>(g.entry)] + (g.first - e.first))
+      return invalid_argument("query group " + std::to_string(i) +
+                              " does not lie inside its batch entry");
+    for (int64_t r = g.row; r <= g.row + (g.last - g.first); ++r) {
+      if (run.row_group[static_cast<size_t>(r)] >= 0)
+        return invalid_argument("query row " + std::to_string(r) + " is in two query groups");
+      run.row_group[static_cast<size_t>(r)] = static_cast<int64_t>(i);
+    }
+    for (int kv = 0; kv < hkv; ++kv)
+      for (int32_t page : lists.list_pages(static_cast<int64_t>(i), kv))
+        if (page < 0 || page >= pool_pages || cache.page_owner(page) != e.seq)
+          return invalid_argument("page list of group " + std::to_string(i) + " names page " +
+                                  std::to_string(page) + ", which sequence " +
+                                  std::to_string(e.seq) + " does not own");
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    if (run.row_group[static_cast<size_t>(r)] < 0)
+      return invalid_argument("query row " + std::to_string(r) + " is in no query group");
+
+  std::vector<Runner::Scratch> scratch(static_cast<size_t>(pool.num_threads()));
+  for (auto& s : scratch) {
+    s.qs.resize(static_cast<size_t>(run.hg) * d);
+    s.krow.resize(static_cast<size_t>(d));
+    s.acc.resize(static_cast<size_t>(run.hg) * 16 * d);
+  }
+  pool.parallel_for(rows, [&](int64_t r, int thread) {
+    run.run_row(r, scratch[static_cast<size_t>(thread)]);
+  });
+  return Status::Ok();
+}
+
+}  // namespace cisa
