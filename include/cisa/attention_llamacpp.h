@@ -1,4 +1,5 @@
-// cisa/attention_llamacpp.h — attention over page lists with llama.cpp's CPU numerics (conformance).
+// cisa/attention_llamacpp.h — attention over page lists with llama.cpp's CPU numerics
+// (conformance).
 //
 // The same function as attend() (attention.h): every query head attends to the tokens of its
 // list's pages, read in place, under the causal mask by absolute position and an optional sliding
@@ -9,7 +10,8 @@
 //    the scale in f32 before its rounding (llama.cpp's Gemma graphs), else the f16 dot product is;
 //  - q·k and p·v are accumulated in 16 fused multiply-add lanes (lane = dimension mod 16 for q·k,
 //    absolute key position mod 16 for p·v), then the lanes are added in a fixed tree;
-//  - the softmax spans the whole row: one max, exp by llama.cpp's polynomial, the denominator summed
+//  - the softmax spans the whole row: one max, exp by llama.cpp's polynomial, the denominator
+//  summed
 //    in fp64 over aligned 16-position blocks (each block's lanes added by the same tree), and the
 //    probabilities multiplied by the f32 reciprocal of the sum and rounded to half.
 // It is scalar code the compiler vectorises, a few times slower than attend(); use it for checks.
@@ -33,22 +35,24 @@ namespace cisa {
 struct LlamaCppAttentionParams {
   float scale = 0.0f;          // multiplies q·k; 0 means 1/√head_dim
   int64_t sliding_window = 0;  // 0: none
-  bool scale_queries = false;  // scale the f32 query before rounding it (instead of the dot product)
+  bool scale_queries =
+      false;  // scale the f32 query before rounding it (instead of the dot product)
 };
 
-// Errors (kInvalidArgument): the batch fails validate_batch, the head counts do not match the cache,
-// the lists are malformed, name a page the query's sequence does not own, or do not cover every
-// query row exactly once.
+// Errors: validate_batch's for the batch; kInvalidArgument when the head counts do not match the
+// cache, or the lists are malformed, name a page the query's sequence does not own, or do not
+// cover every query row exactly once.
 Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                        const PageLists& lists, const float* q, int num_q_heads,
                        const LlamaCppAttentionParams& p, float* out, ThreadPool& pool);
 
 namespace llamacpp {
 // The building blocks, exposed for the unit tests.
-float round_f16(float x);               // nearest IEEE half (ties to even), as a float
-float exp(float x);                     // llama.cpp's vectorised expf, one lane
-float tree_sum16(const float* lanes);   // the fixed addition tree over 16 lanes
-float dot16(const float* a, const float* b, int n);  // 16 fma lanes (lane = i mod 16), then the tree
+float round_f16(float x);              // nearest IEEE half (ties to even), as a float
+float exp(float x);                    // llama.cpp's vectorised expf, one lane
+float tree_sum16(const float* lanes);  // the fixed addition tree over 16 lanes
+float dot16(const float* a, const float* b,
+            int n);  // 16 fma lanes (lane = i mod 16), then the tree
 }  // namespace llamacpp
 
 }  // namespace cisa

@@ -95,11 +95,11 @@ struct Runner {
 
   // Scratch of one thread.
   struct Scratch {
-    std::vector<int64_t> pos;      // the keys this row attends to, ascending
+    std::vector<int64_t> pos;  // the keys this row attends to, ascending
     std::vector<const void*> kptr, vptr;
-    std::vector<float> score;      // [hg][keys]
-    std::vector<float> qs, krow;   // [hg][d], [d]
-    std::vector<float> acc;        // [hg][16][d]
+    std::vector<float> score;     // [hg][keys]
+    std::vector<float> qs, krow;  // [hg][d], [d]
+    std::vector<float> acc;       // [hg][16][d]
   };
 
   void load_row(const void* src, float* dst) const {
@@ -221,9 +221,18 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
   std::vector<int64_t> first_row(batch.size() + 1, 0);
   for (size_t e = 0; e < batch.size(); ++e) first_row[e + 1] = first_row[e] + batch[e].count;
   const int64_t rows = first_row.back();
-  Runner run{.cache = cache, .layer = layer, .batch = batch, .lists = lists, .q = q,
-             .hq = num_q_heads, .hkv = hkv, .hg = num_q_heads / hkv, .d = d,
-             .B = cache.page_size(), .p = p, .out = out,
+  Runner run{.cache = cache,
+             .layer = layer,
+             .batch = batch,
+             .lists = lists,
+             .q = q,
+             .hq = num_q_heads,
+             .hkv = hkv,
+             .hg = num_q_heads / hkv,
+             .d = d,
+             .B = cache.page_size(),
+             .p = p,
+             .out = out,
              .row_group = std::vector<int64_t>(static_cast<size_t>(rows), -1)};
   if (run.p.scale == 0.0f) run.p.scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t pool_pages = cache.num_pages();
@@ -259,9 +268,8 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
     s.krow.resize(static_cast<size_t>(d));
     s.acc.resize(static_cast<size_t>(run.hg) * 16 * d);
   }
-  pool.parallel_for(rows, [&](int64_t r, int thread) {
-    run.run_row(r, scratch[static_cast<size_t>(thread)]);
-  });
+  pool.parallel_for(
+      rows, [&](int64_t r, int thread) { run.run_row(r, scratch[static_cast<size_t>(thread)]); });
   return Status::Ok();
 }
 
