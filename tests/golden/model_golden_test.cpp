@@ -3,22 +3,27 @@
 // tests/golden/fixtures/logits_<model>.bin (scripts/make_llamacpp_fixtures.py, format in its
 // docstring) holds llama.cpp's token IDs for prompts of about 100, 2,000 and 8,000 tokens of Jane
 // Austen and, at up to 256 positions of each, llama.cpp's top-20 logits and the log-sum-exp of
-// all its logits. We run the same token IDs and require, per prompt:
-//  - bit-identical logits at position 0 (with the default f16 KV rounding): everything but
-//    attention rounds exactly as llama.cpp's CPU build (docs/models-runtime.md, "Numerics");
-//  - the same top-1 token at >= 90% of the stored positions (kTop1Floor). The model-runtime issue
-//    asks for 99%. Both engines round every matmul input to 8 bits, which makes the forward pass
-//    chaotic: any last-bit difference upstream flips some roundings downstream, and agreement
-//    drops to ~95% (llama.cpp against itself with an f32 instead of an f16 KV cache: 94%). Only
-//    bit-identical numerics reach 99%; ours are, except attention, whose softmax weights
-//    llama.cpp rounds to f16 (see the docs). The 99% target is printed, not asserted;
-//    ExactForwardMatchesFp64Reference below checks the architecture against an independent fp64
-//    forward pass instead;
+// all its logits. Both engines round every matmul input to 8 bits, which makes the forward pass
+// chaotic: any last-bit difference upstream flips some roundings downstream, and agreement drops
+// to ~95% of positions (llama.cpp against itself with an f32 instead of an f16 KV cache: 94%).
+// Only bit-identical numerics reach the model-runtime issue's 99%. Everything outside attention
+// rounds as llama.cpp's CPU build does (docs/models-runtime.md, "Numerics"), and the opt-in
+// attention mode AttentionNumerics::kLlamaCpp (attention_llamacpp.h) rounds attention as it does.
+// With that mode we run the same token IDs in one batch, as llama.cpp did, and require per prompt:
+//  - logits bit-identical to llama.cpp's (its top 20) at every stored position (with the AVX2 /
+//    AVX-512 matmul kernels; the portable scalar ones sum in another order);
+//  - the same top-1 token at >= 99% of the stored positions (the issue's bar);
 //  - mean KL(llama.cpp || ours) < 0.01, with KL taken over 21 outcomes: the 20 tokens llama.cpp
 //    ranks highest and "any other token" (both sides' full-vocabulary probabilities, so this is
 //    the exact KL of that coarse-graining of the two next-token distributions).
 // The 100-token prompt is also run in awkward blocks (7 tokens) and then one token at a time, so
-// the decode path and multi-block prefill are held to the same reference.
+// the decode path and multi-block prefill are held to the same reference. llama.cpp's own Q4_K
+// products depend on the batch's token count (its repacked gemm / gemv split, which our kernels
+// reproduce), so Gemma's blocked run is not the fixture's single-batch function: there KL < 0.01
+// and a measured top-1 floor are asserted and the 99% target printed. The default (fast) attention
+// is held to the looser bars it meets (DefaultAttentionStaysClose);
+// ExactForwardMatchesFp64Reference checks the architecture against an independent fp64 forward
+// pass.
 // $CISA_MODEL_GOLDEN_MAX_TOKENS limits the prompt length checked (for slow machines);
 // $CISA_GOLDEN_FIXTURES reads the fixtures from another directory.
 #include <gtest/gtest.h>
@@ -39,8 +44,12 @@
 #include "cisa/quant.h"
 
 namespace {
-constexpr double kTop1Floor = 0.90;   // asserted: a regression guard (see above)
-constexpr double kTop1Target = 0.99;  // the issue's target: reported
+constexpr double kTop1Target = 0.99;  // the issue's bar
+constexpr double kKlBar = 0.01;       // the issue's bar on the mean KL
+// The default attention (online softmax in f32, not llama.cpp's rounding): regression guards at
+// what it measures (2026-11-30: top-1 >= 90.0%, mean KL <= 1.03e-2 over p100 and p2000).
+constexpr double kDefaultTop1Floor = 0.90;
+constexpr double kDefaultKlCeiling = 0.02;
 }  // namespace
 
 namespace cisa {
@@ -190,11 +199,14 @@ bool top_logits_bit_identical(const FixturePrompt& p, size_t j, uint32_t top_k, 
 
 struct ModelCase {
   const char* name;
+  // Top-1 floor of the blocked prefill + decode run with llama.cpp numerics: 99% where reached;
+  // Gemma measured 97% (its Q4_K products depend on the batch size, see above).
+  double blocked_top1_floor;
 };
 void PrintTo(const ModelCase& m, std::ostream* os) {
   *os << m.name;
 }
-const ModelCase kModels[] = {{"gemma3-270m"}, {"smollm2-135m"}};
+const ModelCase kModels[] = {{"gemma3-270m", 0.95}, {"smollm2-135m", 0.99}};
 
 class ModelGolden : public ::testing::TestWithParam<ModelCase> {
  protected:
@@ -217,11 +229,13 @@ class ModelGolden : public ::testing::TestWithParam<ModelCase> {
       max_tokens_ = std::atoll(e);
   }
 
-  std::unique_ptr<Model> load(int64_t context, int prefill_block) {
+  std::unique_ptr<Model> load(int64_t context, int prefill_block,
+                              AttentionNumerics numerics = AttentionNumerics::kLlamaCpp) {
     ModelOptions o;
     o.context = (context + 255) / 256 * 256;
     o.prefill_block = prefill_block;
     o.round_kv_f16 = round_kv_f16_;
+    o.attention_numerics = numerics;
     auto m = Model::load(path_, o);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     return m.ok() ? std::move(*m) : nullptr;
@@ -230,20 +244,26 @@ class ModelGolden : public ::testing::TestWithParam<ModelCase> {
   std::string path_;
   Fixture fixture_;
   int64_t max_tokens_ = 0;
+  // Only the default attention reads this: llama.cpp numerics round K/V to f16 themselves.
   bool round_kv_f16_ = std::getenv("CISA_GOLDEN_F32_KV") == nullptr;
+
+  // Runs every fixture prompt (up to max_tokens, 0: all) in one batch, as llama.cpp did, and
+  // checks it against the bars of `numerics`.
+  void run_prompts(AttentionNumerics numerics, int64_t max_tokens);
 };
 
-TEST_P(ModelGolden, PromptLogitsMatchLlamaCpp) {
+void ModelGolden::run_prompts(AttentionNumerics numerics, int64_t max_tokens) {
+  const bool llamacpp = numerics == AttentionNumerics::kLlamaCpp;
   ASSERT_GE(fixture_.prompts.size(), 3u);
   int64_t longest = 0;
   for (const auto& p : fixture_.prompts)
     longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
-  auto model = load(longest, 512);
+  auto model = load(longest, 512, numerics);
   ASSERT_TRUE(model);
   ASSERT_EQ(static_cast<uint32_t>(model->hparams().n_vocab), fixture_.n_vocab);
   const int V = model->hparams().n_vocab;
   for (const FixturePrompt& p : fixture_.prompts) {
-    if (max_tokens_ && static_cast<int64_t>(p.ids.size()) > max_tokens_) {
+    if (max_tokens && static_cast<int64_t>(p.ids.size()) > max_tokens) {
       std::printf("[ skipped  ] %s: %zu tokens > CISA_MODEL_GOLDEN_MAX_TOKENS\n", p.name.c_str(),
                   p.ids.size());
       continue;
@@ -267,28 +287,52 @@ TEST_P(ModelGolden, PromptLogitsMatchLlamaCpp) {
         ++exact_prefix;
     }
     std::printf(
-        "[ %-8s ] %s %s: %zu tokens in %.1f s (%.0f tok/s), %lld positions: top-1 %.2f%%, mean KL "
-        "%.2e, max KL %.2e; leading positions bit-identical to llama.cpp: %zu of %zu\n",
-        "golden", GetParam().name, p.name.c_str(), p.ids.size(), secs, p.ids.size() / secs,
-        static_cast<long long>(a.n), 100 * a.top1_rate(), a.kl_mean(), a.kl_max, exact_prefix,
-        pos.size());
-    // Position 0 attends only to itself (softmax weight exactly 1), so it checks every other
-    // operation's rounding: the 8-bit activations with their f16 scales, the integer dot
-    // products' lanes and float order, RMSNorm, the GELU table, SiLU, the f16 cache rounding of
-    // V. All of it reproduces llama.cpp's CPU build, so the logits must be the same floats.
-    // (The portable scalar kernels sum in another order: only the AVX2 ones are llama.cpp's.)
-    if (round_kv_f16_ && std::string(matmul_isa()) != "scalar") {
+        "[ %-8s ] %s %s, %s attention: %zu tokens in %.1f s (%.0f tok/s), %lld positions: top-1 "
+        "%.2f%%, mean KL %.2e, max KL %.2e; leading positions bit-identical to llama.cpp: %zu of "
+        "%zu\n",
+        "golden", GetParam().name, p.name.c_str(), llamacpp ? "llama.cpp-numerics" : "default",
+        p.ids.size(), secs, p.ids.size() / secs, static_cast<long long>(a.n), 100 * a.top1_rate(),
+        a.kl_mean(), a.kl_max, exact_prefix, pos.size());
+    // Position 0 attends only to itself (softmax weight exactly 1), so in either mode it checks
+    // every other operation's rounding: the 8-bit activations with their f16 scales, the integer
+    // dot products' lanes and float order, RMSNorm, the GELU table, SiLU, the f16 cache rounding
+    // of V. All of it reproduces llama.cpp's CPU build, so the logits must be the same floats;
+    // with llama.cpp's attention numerics, at every position. (The portable scalar kernels sum
+    // in another order: only the AVX2 ones are llama.cpp's.)
+    if ((llamacpp || round_kv_f16_) && std::string(matmul_isa()) != "scalar") {
       ASSERT_EQ(pos[0], 0);
       EXPECT_TRUE(top_logits_bit_identical(p, 0, fixture_.top_k, logits.data()))
           << p.name << ": position 0's logits differ from llama.cpp's in the last bits";
+      if (llamacpp) {
+        EXPECT_EQ(exact_prefix, pos.size())
+            << p.name << ": logits first differ from llama.cpp's at stored position "
+            << (exact_prefix < pos.size() ? pos[exact_prefix] : -1);
+      }
     }
-    EXPECT_GE(a.top1_rate(), kTop1Floor) << p.name;
-    if (a.top1_rate() < kTop1Target)
-      std::printf("[ golden   ] %s: top-1 %.2f%% is below the issue's 99%% target (not asserted)\n",
-                  p.name.c_str(), 100 * a.top1_rate());
-    EXPECT_LT(a.kl_mean(), 0.01) << p.name;
+    if (llamacpp) {
+      EXPECT_GE(a.top1_rate(), kTop1Target) << p.name;
+      EXPECT_LT(a.kl_mean(), kKlBar) << p.name;
+    } else {
+      EXPECT_GE(a.top1_rate(), kDefaultTop1Floor) << p.name;
+      EXPECT_LT(a.kl_mean(), kDefaultKlCeiling) << p.name;
+      if (a.top1_rate() < kTop1Target || a.kl_mean() >= kKlBar)
+        std::printf(
+            "[ golden   ] %s, default attention: top-1 %.2f%%, KL %.2e against the issue's 99%% "
+            "and 0.01 (met by the llama.cpp-numerics mode; not asserted here)\n",
+            p.name.c_str(), 100 * a.top1_rate(), a.kl_mean());
+    }
     ASSERT_TRUE(model->release_sequence(*seq).ok());
   }
+}
+
+TEST_P(ModelGolden, PromptLogitsMatchLlamaCpp) {
+  run_prompts(AttentionNumerics::kLlamaCpp, max_tokens_);
+}
+
+// The fast attention users run, on the prompts up to 2,000 tokens: looser bars (see the top).
+TEST_P(ModelGolden, DefaultAttentionStaysClose) {
+  run_prompts(AttentionNumerics::kDefault,
+              max_tokens_ ? std::min<int64_t>(max_tokens_, 3000) : 3000);
 }
 
 // The shortest prompt through the other code paths: blocks of 7 rows (steps that end mid-page),
@@ -327,12 +371,13 @@ TEST_P(ModelGolden, BlockedPrefillAndDecodeMatchLlamaCpp) {
   }
   EXPECT_EQ(*model->sequence_length(*seq), n);
   std::printf(
-      "[ %-8s ] %s %s blocked+decode: %lld positions: top-1 %.2f%%, mean KL %.2e, max KL %.2e\n",
+      "[ %-8s ] %s %s blocked+decode, llama.cpp-numerics attention: %lld positions: top-1 %.2f%% "
+      "(floor %.0f%%, issue's target 99%%), mean KL %.2e, max KL %.2e\n",
       "golden", GetParam().name, p.name.c_str(), static_cast<long long>(a.n), 100 * a.top1_rate(),
-      a.kl_mean(), a.kl_max);
+      100 * GetParam().blocked_top1_floor, a.kl_mean(), a.kl_max);
   EXPECT_EQ(a.n, static_cast<int64_t>(p.positions.size()));
-  EXPECT_GE(a.top1_rate(), kTop1Floor);
-  EXPECT_LT(a.kl_mean(), 0.01);
+  EXPECT_GE(a.top1_rate(), GetParam().blocked_top1_floor);
+  EXPECT_LT(a.kl_mean(), kKlBar);
 }
 
 // The exact function of the stored weights: with every matrix widened to f32 (no 8-bit
