@@ -23,24 +23,20 @@ namespace cisa {
 namespace llamacpp {
 
 float round_f16(float x) {
-  if (!std::isfinite(x)) return x;
+  // Branch-free, so that loops over rows vectorise.
   const float a = std::fabs(x);
-  float r;
-  if (a >= 65520.0f) {
-    r = INFINITY;  // past the largest half (65504) by at least half an ulp
-  } else if (a < 0x1p-14f) {
-    // Subnormal halves are multiples of 2^-24: scaling by 2^24 is exact, so rounding the scaled
-    // value to an integer (ties to even, the default mode) is the half rounding.
-    r = std::nearbyint(a * 0x1p24f) * 0x1p-24f;
-  } else {
-    // A normal half keeps 11 significant bits, the float 24: drop 13 with ties to even. A carry
-    // out of the mantissa correctly bumps the exponent.
-    uint32_t u = std::bit_cast<uint32_t>(a);
-    u += 0xFFFu + ((u >> 13) & 1u);
-    u &= ~0x1FFFu;
-    r = std::bit_cast<float>(u);
-  }
-  return std::signbit(x) ? -r : r;
+  // A normal half keeps 11 significant bits, the float 24: drop 13 with ties to even (a carry out
+  // of the mantissa correctly bumps the exponent).
+  uint32_t u = std::bit_cast<uint32_t>(a);
+  u = (u + 0xFFFu + ((u >> 13) & 1u)) & ~0x1FFFu;
+  float r = std::bit_cast<float>(u);
+  // Subnormal halves are the multiples of 2^-24, the spacing of floats in [0.5, 1): adding and
+  // removing 0.5 rounds to them (ties to even, the default mode).
+  if (a < 0x1p-14f) r = (a + 0.5f) - 0.5f;
+  if (a >= 65520.0f) r = INFINITY;  // past the largest half (65504) by half an ulp or more
+  if (a != a) r = a;                // NaN stays NaN
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(r) |
+                              (std::bit_cast<uint32_t>(x) & 0x80000000u));
 }
 
 float exp(float x) {
@@ -80,7 +76,9 @@ float dot16(const float* a, const float* b, int n) {
 
 namespace {
 
-using llamacpp::round_f16;
+// Rows of one task: consecutive positions of one query group, which share every key load (each
+// key and value row is read and rounded once per tile, not once per query).
+constexpr int kTileRows = 16;
 
 struct Runner {
   const PagedKvCache& cache;
@@ -95,30 +93,35 @@ struct Runner {
 
   // Scratch of one thread.
   struct Scratch {
-    std::vector<int64_t> pos;  // the keys this row attends to, ascending
+    std::vector<int64_t> pos;  // the keys some row of the tile attends to, ascending
     std::vector<const void*> kptr, vptr;
-    std::vector<float> score;     // [hg][keys]
-    std::vector<float> qs, krow;  // [hg][d], [d]
-    std::vector<float> acc;       // [hg][16][d]
+    std::vector<float> score;    // [tile rows · hg][keys]: scores, then probabilities
+    std::vector<float> qs, row;  // [tile rows · hg][d], [d]
+    std::vector<float> acc;      // [tile rows · hg][16 lanes][d]
   };
 
   void load_row(const void* src, float* dst) const {
     if (cache.elem_bytes() == 4) {
       const float* s = static_cast<const float*>(src);
-      for (int i = 0; i < d; ++i) dst[i] = round_f16(s[i]);
+      for (int i = 0; i < d; ++i) dst[i] = llamacpp::round_f16(s[i]);
     } else {
       const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (int i = 0; i < d; ++i) dst[i] = round_f16(bf16_to_f32(s[i]));
+      for (int i = 0; i < d; ++i) dst[i] = llamacpp::round_f16(bf16_to_f32(s[i]));
     }
   }
+  bool visible(int64_t s, int64_t t) const {
+    return s <= t && (p.sliding_window == 0 || s > t - p.sliding_window);
+  }
 
-  void run_row(int64_t r, Scratch& s) const {
-    const int64_t gi = row_group[static_cast<size_t>(r)];
+  // Rows [r0, r0 + nr) of one query group.
+  void run_tile(int64_t r0, int nr, Scratch& s) const {
+    const int64_t gi = row_group[static_cast<size_t>(r0)];
     const QueryGroup& g = lists.groups[static_cast<size_t>(gi)];
-    const int64_t t = g.first + (r - g.row);
+    const int64_t t0 = g.first + (r0 - g.row), t1 = t0 + nr - 1;
     const size_t eb = static_cast<size_t>(cache.elem_bytes());
+    const int nq = nr * hg;  // queries of the tile per KV group: row-major, then head
     for (int kv = 0; kv < hkv; ++kv) {
-      // The keys: listed pages in logical order, within the causal mask and the window.
+      // The keys: listed pages in logical order, visible to at least one row of the tile.
       s.pos.clear();
       s.kptr.clear();
       s.vptr.clear();
@@ -129,32 +132,43 @@ struct Runner {
         const auto* vp = static_cast<const uint8_t*>(cache.v_page(layer, pages[i], kv));
         for (int slot = 0; slot < B; ++slot) {
           const int64_t pos = static_cast<int64_t>(chunks[i]) * B + slot;
-          if (pos > t) break;
-          if (p.sliding_window > 0 && pos <= t - p.sliding_window) continue;
+          if (pos > t1) break;
+          if (p.sliding_window > 0 && pos <= t0 - p.sliding_window) continue;  // seen by none
           s.pos.push_back(pos);
           s.kptr.push_back(kp + static_cast<size_t>(slot) * d * eb);
           s.vptr.push_back(vp + static_cast<size_t>(slot) * d * eb);
         }
       }
       const size_t n = s.pos.size();
-      s.score.resize(static_cast<size_t>(hg) * n);
-      // Queries in f16 (scaled first when the graph scales them), then the scores.
-      for (int h = 0; h < hg; ++h) {
-        const float* src = q + (r * hq + kv * hg + h) * d;
-        float* dst = s.qs.data() + h * d;
-        for (int i = 0; i < d; ++i) dst[i] = round_f16(p.scale_queries ? src[i] * p.scale : src[i]);
-      }
-      for (size_t j = 0; j < n; ++j) {
-        load_row(s.kptr[j], s.krow.data());
+      s.score.resize(static_cast<size_t>(nq) * n);
+      // Queries in f16 (scaled first when the graph scales them), then the scores; a key a row
+      // does not see scores −inf, as llama.cpp's mask makes it (its exponential is exactly 0).
+      for (int r = 0; r < nr; ++r)
         for (int h = 0; h < hg; ++h) {
-          const float dot = llamacpp::dot16(s.qs.data() + h * d, s.krow.data(), d);
-          s.score[h * n + j] = p.scale_queries ? dot : dot * p.scale;
+          const float* src = q + ((r0 + r) * hq + kv * hg + h) * d;
+          float* dst = s.qs.data() + (r * hg + h) * d;
+          for (int i = 0; i < d; ++i)
+            dst[i] = llamacpp::round_f16(p.scale_queries ? src[i] * p.scale : src[i]);
+        }
+      for (size_t j = 0; j < n; ++j) {
+        load_row(s.kptr[j], s.row.data());
+        for (int r = 0; r < nr; ++r) {
+          const bool vis = visible(s.pos[j], t0 + r);
+          for (int h = 0; h < hg; ++h) {
+            const int qi = r * hg + h;
+            float sc = -INFINITY;
+            if (vis) {
+              const float dot = llamacpp::dot16(s.qs.data() + qi * d, s.row.data(), d);
+              sc = p.scale_queries ? dot : dot * p.scale;
+            }
+            s.score[qi * n + j] = sc;
+          }
         }
       }
-      // Softmax per head: whole-row max, exponentials summed per aligned 16-position block into
+      // Softmax per query: whole-row max, exponentials summed per aligned 16-position block into
       // an fp64 total, then P = half(e · f32(1/total)).
-      for (int h = 0; h < hg; ++h) {
-        float* sc = s.score.data() + h * n;
+      for (int qi = 0; qi < nq; ++qi) {
+        float* sc = s.score.data() + qi * n;
         float mx = -INFINITY;
         for (size_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
         double total = 0;
@@ -168,28 +182,30 @@ struct Runner {
           }
         }
         const float inv = static_cast<float>(1.0 / total);
-        for (size_t j = 0; j < n; ++j) sc[j] = round_f16(sc[j] * inv);
+        for (size_t j = 0; j < n; ++j) sc[j] = llamacpp::round_f16(sc[j] * inv);
       }
-      // O = P·V in 16 lanes by key position, each lane accumulating in ascending position.
-      std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+      // O = P·V in 16 lanes by key position, each lane accumulating in ascending position (a
+      // masked key adds 0·v, exactly nothing, as in llama.cpp).
+      std::fill(s.acc.begin(), s.acc.begin() + static_cast<ptrdiff_t>(nq) * 16 * d, 0.0f);
       for (size_t j = 0; j < n; ++j) {
-        load_row(s.vptr[j], s.krow.data());
+        load_row(s.vptr[j], s.row.data());
         const int lane = static_cast<int>(s.pos[j] % 16);
+        for (int qi = 0; qi < nq; ++qi) {
+          const float pj = s.score[qi * n + j];
+          float* a = s.acc.data() + (static_cast<size_t>(qi) * 16 + lane) * d;
+          for (int i = 0; i < d; ++i) a[i] = std::fma(pj, s.row[i], a[i]);
+        }
+      }
+      for (int r = 0; r < nr; ++r)
         for (int h = 0; h < hg; ++h) {
-          const float pj = s.score[h * n + j];
-          float* a = s.acc.data() + (static_cast<size_t>(h) * 16 + lane) * d;
-          for (int i = 0; i < d; ++i) a[i] = std::fma(pj, s.krow[i], a[i]);
+          float* o = out + ((r0 + r) * hq + kv * hg + h) * d;
+          const float* a = s.acc.data() + static_cast<size_t>(r * hg + h) * 16 * d;
+          float lanes[16];
+          for (int i = 0; i < d; ++i) {
+            for (int l = 0; l < 16; ++l) lanes[l] = a[l * d + i];
+            o[i] = llamacpp::tree_sum16(lanes);
+          }
         }
-      }
-      for (int h = 0; h < hg; ++h) {
-        float* o = out + (r * hq + kv * hg + h) * d;
-        const float* a = s.acc.data() + static_cast<size_t>(h) * 16 * d;
-        float lanes[16];
-        for (int i = 0; i < d; ++i) {
-          for (int l = 0; l < 16; ++l) lanes[l] = a[l * d + i];
-          o[i] = llamacpp::tree_sum16(lanes);
-        }
-      }
     }
   }
 };
@@ -262,14 +278,23 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
     if (run.row_group[static_cast<size_t>(r)] < 0)
       return invalid_argument("query row " + std::to_string(r) + " is in no query group");
 
+  // Tasks: tiles of up to kTileRows rows of one query group.
+  std::vector<std::pair<int64_t, int>> tiles;
+  for (const QueryGroup& g : lists.groups)
+    for (int64_t r = g.row; r <= g.row + (g.last - g.first); r += kTileRows)
+      tiles.emplace_back(
+          r, static_cast<int>(std::min<int64_t>(kTileRows, g.row + (g.last - g.first) + 1 - r)));
   std::vector<Runner::Scratch> scratch(static_cast<size_t>(pool.num_threads()));
+  const size_t nq = static_cast<size_t>(kTileRows) * run.hg;
   for (auto& s : scratch) {
-    s.qs.resize(static_cast<size_t>(run.hg) * d);
-    s.krow.resize(static_cast<size_t>(d));
-    s.acc.resize(static_cast<size_t>(run.hg) * 16 * d);
+    s.qs.resize(nq * d);
+    s.row.resize(static_cast<size_t>(d));
+    s.acc.resize(nq * 16 * d);
   }
-  pool.parallel_for(
-      rows, [&](int64_t r, int thread) { run.run_row(r, scratch[static_cast<size_t>(thread)]); });
+  pool.parallel_for(static_cast<int64_t>(tiles.size()), [&](int64_t i, int thread) {
+    const auto [r0, nr] = tiles[static_cast<size_t>(i)];
+    run.run_tile(r0, nr, scratch[static_cast<size_t>(thread)]);
+  });
   return Status::Ok();
 }
 
