@@ -337,9 +337,13 @@ int bench_model(int argc, char** argv) {
     j["cisa_vs_dense"] = v;
   }
   j["llama_cpp"] = anchor;
-  if (have_anchor) {
+  if (have_anchor) {  // the requested attention (CISA with --attention cisa) against llama.cpp
     j["prefill_ratio"] = our_pre / ll_pre;
     j["decode_ratio"] = our_dec / ll_dec;
+    if (cisa) {
+      j["dense_prefill_ratio"] = median(dense_m.prefill_tok_s) / ll_pre;
+      j["dense_decode_ratio"] = median(dense_m.decode_tok_s) / ll_dec;
+    }
   }
   if (json) {
     std::printf("%s\n", j.dump(2).c_str());
