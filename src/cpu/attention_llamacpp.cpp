@@ -51,8 +51,17 @@ float exp(float x) {
   const float hi = std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
                             std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f));
   const float j = std::fma(hi, u, std::fma(0x1.ffffecp-1f, b, 1.0f));
-  if (!(std::fabs(n) <= 192.0f)) return n <= 0.0f ? 0.0f : INFINITY;  // also x = −inf (n NaN)
-  return std::ldexp(j, static_cast<int>(n));
+  // j · 2^n, rounded once (as AVX-512's scalef does), without branches so that loops vectorise:
+  // first by 2^n1 with n1 = clamp(n, −125, 127), exact since j ∈ [0.7, 1.5) keeps the product
+  // normal, then by 2^(n − n1) ∈ [2^−67, 2^65], the one rounding (into subnormals, or overflow).
+  const float nc = std::fmin(std::fmax(n, -192.0f), 192.0f);  // also x = −inf (n = −inf)
+  const int ni = static_cast<int>(nc);
+  const int n1 = std::min(std::max(ni, -125), 127);
+  const float s1 = std::bit_cast<float>(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = std::bit_cast<float>(static_cast<uint32_t>(ni - n1 + 127) << 23);
+  const float res = (j * s1) * s2;
+  const float alt = n <= 0.0f ? 0.0f : INFINITY;  // |n| > 192: underflow or overflow outright
+  return std::fabs(n) > 192.0f ? alt : res;
 }
 
 float tree_sum16(const float* l) {
@@ -97,6 +106,7 @@ struct Runner {
     std::vector<const void*> kptr, vptr;
     std::vector<float> score;    // [tile rows · hg][keys]: scores, then probabilities
     std::vector<float> qs, row;  // [tile rows · hg][d], [d]
+    std::vector<float> kt;       // [d][16]: a block of 16 rounded keys, transposed
     std::vector<float> acc;      // [tile rows · hg][16 lanes][d]
   };
 
@@ -150,19 +160,34 @@ struct Runner {
           for (int i = 0; i < d; ++i)
             dst[i] = llamacpp::round_f16(p.scale_queries ? src[i] * p.scale : src[i]);
         }
-      for (size_t j = 0; j < n; ++j) {
-        load_row(s.kptr[j], s.row.data());
-        for (int r = 0; r < nr; ++r) {
-          const bool vis = visible(s.pos[j], t0 + r);
-          for (int h = 0; h < hg; ++h) {
-            const int qi = r * hg + h;
-            float sc = -INFINITY;
-            if (vis) {
-              const float dot = llamacpp::dot16(s.qs.data() + qi * d, s.row.data(), d);
-              sc = p.scale_queries ? dot : dot * p.scale;
-            }
-            s.score[qi * n + j] = sc;
+      // Scores 16 keys at a time: the block's rounded keys transposed ([d][16]), so that the 16
+      // dimension lanes of q·k (llamacpp::dot16) run for all 16 keys at once, then the same tree.
+      for (size_t j0 = 0; j0 < n; j0 += 16) {
+        const int nk = static_cast<int>(std::min<size_t>(16, n - j0));
+        for (int kk = 0; kk < 16; ++kk) {
+          if (kk < nk) load_row(s.kptr[j0 + kk], s.row.data());
+          for (int i = 0; i < d; ++i)
+            s.kt[static_cast<size_t>(i) * 16 + kk] = kk < nk ? s.row[i] : 0.0f;
+        }
+        for (int qi = 0; qi < nq; ++qi) {
+          const float* qv = s.qs.data() + qi * d;
+          float lanes[16][16] = {};  // [dimension lane][key]
+          for (int i = 0; i < d; ++i) {
+            const float* kti = s.kt.data() + static_cast<size_t>(i) * 16;
+            float* l = lanes[i & 15];
+            for (int kk = 0; kk < 16; ++kk) l[kk] = std::fma(qv[i], kti[kk], l[kk]);
           }
+          float a[8][16], b[4][16], dot[16];
+          for (int i = 0; i < 8; ++i)
+            for (int kk = 0; kk < 16; ++kk) a[i][kk] = lanes[i + 8][kk] + lanes[i][kk];
+          for (int i = 0; i < 4; ++i)
+            for (int kk = 0; kk < 16; ++kk) b[i][kk] = a[i + 4][kk] + a[i][kk];
+          for (int kk = 0; kk < 16; ++kk) dot[kk] = (b[0][kk] + b[2][kk]) + (b[1][kk] + b[3][kk]);
+          const int64_t t = t0 + qi / hg;
+          for (int kk = 0; kk < nk; ++kk)
+            s.score[qi * n + j0 + kk] = !visible(s.pos[j0 + kk], t) ? -INFINITY
+                                        : p.scale_queries           ? dot[kk]
+                                                                    : dot[kk] * p.scale;
         }
       }
       // Softmax per query: whole-row max, exponentials summed per aligned 16-position block into
@@ -173,8 +198,8 @@ struct Runner {
         for (size_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
         double total = 0;
         float lanes[16] = {};
+        for (size_t j = 0; j < n; ++j) sc[j] = llamacpp::exp(sc[j] - mx);
         for (size_t j = 0; j < n; ++j) {
-          sc[j] = llamacpp::exp(sc[j] - mx);
           lanes[s.pos[j] % 16] = sc[j];
           if (j + 1 == n || s.pos[j + 1] / 16 != s.pos[j] / 16) {
             total += static_cast<double>(llamacpp::tree_sum16(lanes));
@@ -289,6 +314,7 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
   for (auto& s : scratch) {
     s.qs.resize(nq * d);
     s.row.resize(static_cast<size_t>(d));
+    s.kt.resize(static_cast<size_t>(d) * 16);
     s.acc.resize(nq * 16 * d);
   }
   pool.parallel_for(static_cast<int64_t>(tiles.size()), [&](int64_t i, int thread) {
