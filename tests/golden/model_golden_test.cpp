@@ -317,9 +317,9 @@ void ModelGolden::run_prompts(AttentionNumerics numerics, int64_t max_tokens) {
       EXPECT_LT(a.kl_mean(), kDefaultKlCeiling) << p.name;
       if (a.top1_rate() < kTop1Target || a.kl_mean() >= kKlBar)
         std::printf(
-            "[ golden   ] %s, default attention: top-1 %.2f%%, KL %.2e against the issue's 99%% "
+            "[ golden   ] %s %s, default attention: top-1 %.2f%%, KL %.2e against the issue's 99%% "
             "and 0.01 (met by the llama.cpp-numerics mode; not asserted here)\n",
-            p.name.c_str(), 100 * a.top1_rate(), a.kl_mean());
+            GetParam().name, p.name.c_str(), 100 * a.top1_rate(), a.kl_mean());
     }
     ASSERT_TRUE(model->release_sequence(*seq).ok());
   }
