@@ -32,6 +32,8 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
   p.add_string("--indexer", &o->indexer,
                "CISA: indexer file from cisa calibrate (default: mean of each group's query heads)");
+  p.add_flag("--llamacpp-numerics", &o->llamacpp_numerics,
+             "attention with llama.cpp's CPU rounding (f16 K/V, its exp; conformance, slower)");
   p.add_flag("--quiet", &o->quiet, "no progress bar or summary on stderr");
 }
 
@@ -61,6 +63,7 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (o.dense_layers < 0 || o.dense_layers > 100000)
     return invalid_argument("--dense-layers must be >= 0");
   m.attention.dense_layers = static_cast<int>(o.dense_layers);
+  if (o.llamacpp_numerics) m.attention_numerics = AttentionNumerics::kLlamaCpp;
   if (m.attention.mode == AttentionMode::kCisa)
     CISA_RETURN_IF_ERROR(validate_selection_params(m.attention.selection));
   return m;

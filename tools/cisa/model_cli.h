@@ -27,6 +27,7 @@ struct ModelCliOptions {
   int64_t budget = kUnset, window = kUnset, qshare = 16, sink_pages = 0, dense_layers = 0;
   std::string qshare_query = "mean", rep = "mean";
   std::string indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
+  bool llamacpp_numerics = false;  // attention rounded exactly as llama.cpp's CPU code (slower)
   bool quiet = false;
 };
 
