@@ -196,25 +196,19 @@ int bench_model(int argc, char** argv) {
 
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());
-  // llamacpp_bench.py sizes llama.cpp's context to N + decode + 1; check that before an hour of
-  // prefill rather than after.
-  if (!no_anchor) {
-    auto f = GgufFile::open(*path);
-    if (!f.ok()) return fail(f.status().message());
-    auto hp = read_model_hparams(*f);
-    if (!hp.ok()) return fail(hp.status().message());
-    if (context + n_decode + 1 > hp->n_ctx_train)
-      return fail(
-          "--context " + std::to_string(context) + " + --decode " + std::to_string(n_decode) +
-          " leaves no token of the model's " + std::to_string(hp->n_ctx_train) +
-          "-token context for the llama.cpp anchor, which needs N + decode + 1: use --context " +
-          std::to_string(hp->n_ctx_train - n_decode - 1) + " or --no-anchor");
-  }
   {
     auto f = GgufFile::open(*path);
     if (!f.ok()) return fail(f.status().message());
     auto hp = read_model_hparams(*f);
     if (!hp.ok()) return fail(hp.status().message());
+    // llamacpp_bench.py sizes llama.cpp's context to N + decode + 1; check that before an hour of
+    // prefill rather than after.
+    if (!no_anchor && context + n_decode + 1 > hp->n_ctx_train)
+      return fail(
+          "--context " + std::to_string(context) + " + --decode " + std::to_string(n_decode) +
+          " leaves no token of the model's " + std::to_string(hp->n_ctx_train) +
+          "-token context for the llama.cpp anchor, which needs N + decode + 1: use --context " +
+          std::to_string(hp->n_ctx_train - n_decode - 1) + " or --no-anchor");
     scale_cisa_defaults(&mo, hp->n_ctx_train);
   }
   const bool cisa = mo.attention == "cisa";
@@ -233,6 +227,8 @@ int bench_model(int argc, char** argv) {
   const std::vector<double>& dec = m.decode_tok_s;
   const int batch = m.batch;
   const double our_pre = median(pre), our_dec = median(dec);
+  const double dense_pre = cisa ? median(dense_m.prefill_tok_s) : NAN;
+  const double dense_dec = cisa ? median(dense_m.decode_tok_s) : NAN;
 
   // The anchor: llama.cpp through scripts/llamacpp_bench.py, after our runs (never concurrently).
   Json anchor = Json::object();
@@ -321,8 +317,8 @@ int bench_model(int argc, char** argv) {
   double sp_pre = NAN, sp_dec = NAN, ceil_pre = NAN, ceil_dec = NAN;
   if (cisa) {
     j["dense"] = part(dense_m);
-    sp_pre = our_pre / median(dense_m.prefill_tok_s);
-    sp_dec = our_dec / median(dense_m.decode_tok_s);
+    sp_pre = our_pre / dense_pre;
+    sp_dec = our_dec / dense_dec;
     ceil_pre = 1.0 / (1.0 - share_prefill(dense_m));
     ceil_dec = 1.0 / (1.0 - share_decode(dense_m));
     Json v = Json::object();
@@ -341,8 +337,8 @@ int bench_model(int argc, char** argv) {
     j["prefill_ratio"] = our_pre / ll_pre;
     j["decode_ratio"] = our_dec / ll_dec;
     if (cisa) {
-      j["dense_prefill_ratio"] = median(dense_m.prefill_tok_s) / ll_pre;
-      j["dense_decode_ratio"] = median(dense_m.decode_tok_s) / ll_dec;
+      j["dense_prefill_ratio"] = dense_pre / ll_pre;
+      j["dense_decode_ratio"] = dense_dec / ll_dec;
     }
   }
   if (json) {
@@ -353,8 +349,7 @@ int bench_model(int argc, char** argv) {
               static_cast<long long>(context), m.threads, batch, kv_dtype_name(m.kv_dtype));
   std::printf("%-16s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
   if (cisa)
-    std::printf("%-16s %14.1f %14.2f\n", "cisa dense", median(dense_m.prefill_tok_s),
-                median(dense_m.decode_tok_s));
+    std::printf("%-16s %14.1f %14.2f\n", "cisa dense", dense_pre, dense_dec);
   std::printf("%-16s %14.1f %14.2f\n", cisa ? "cisa cisa" : "cisa", our_pre, our_dec);
   if (cisa) {
     std::printf("%-16s %13.2fx %13.2fx\n", "cisa / dense", sp_pre, sp_dec);

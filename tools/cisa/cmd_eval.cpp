@@ -7,11 +7,11 @@
 
 #include "cisa/eval.h"
 #include "cisa/gguf.h"
-#include "cisa/indexer.h"
 #include "cisa/json.h"
 #include "cisa/model_store.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "model_cli.h"
 
 namespace cisa::cli {
 namespace {
@@ -141,15 +141,7 @@ int cmd_eval(int argc, char** argv) {
       if (!f.ok()) return fail(f.status().message());
       auto hp = read_model_hparams(*f);
       if (!hp.ok()) return fail(hp.status().message());
-      auto idx = load_indexer(indexer_path);
-      if (!idx.ok()) return fail(idx.status().message());
-      auto id = model_identity(*f);
-      if (!id.ok()) return fail(id.status().message());
-      if (Status s = check_indexer_matches(*idx, *id); !s.ok())
-        return fail(indexer_path + ": " + s.message());
-      std::vector<bool> global(static_cast<size_t>(hp->n_layer));
-      for (int l = 0; l < hp->n_layer; ++l) global[static_cast<size_t>(l)] = hp->is_global(l);
-      auto proj = indexer_projections(*idx, *f, *hp, global);
+      auto proj = load_index_projections(indexer_path, *f, *hp, /*dense_layers=*/0);
       if (!proj.ok()) return fail(proj.status().message());
       plan.index = std::move(*proj);
       plan.indexer_path = indexer_path;

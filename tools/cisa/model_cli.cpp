@@ -69,6 +69,20 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   return m;
 }
 
+Result<std::vector<IndexProjection>> load_index_projections(const std::string& indexer_path,
+                                                            const GgufFile& file,
+                                                            const ModelHparams& hp,
+                                                            int dense_layers) {
+  CISA_ASSIGN_OR_RETURN(Indexer idx, load_indexer(indexer_path));
+  CISA_ASSIGN_OR_RETURN(ModelIdentity id, model_identity(file));
+  if (Status s = check_indexer_matches(idx, id); !s.ok())
+    return Status(s.code(), indexer_path + ": " + s.message());
+  std::vector<bool> cisa_layers(static_cast<size_t>(hp.n_layer));
+  for (int l = 0; l < hp.n_layer; ++l)
+    cisa_layers[static_cast<size_t>(l)] = hp.is_global(l) && l >= dense_layers;
+  return indexer_projections(idx, file, hp, cisa_layers);
+}
+
 Result<LoadedModel> load_model_for(
     const std::string& path, const ModelCliOptions& given,
     const std::function<std::vector<int32_t>(const Tokenizer&)>& encode, int64_t n_generate) {
@@ -86,14 +100,10 @@ Result<LoadedModel> load_model_for(
     n_ctx_train = hp.n_ctx_train;
     if (!o.indexer.empty()) {
       // The calibrated index projections of the layers that run CISA (SPEC §2, §6).
-      if (mopt.attention.mode != AttentionMode::kCisa) return invalid_argument("--indexer needs --attention cisa");
-      CISA_ASSIGN_OR_RETURN(Indexer idx, load_indexer(o.indexer));
-      CISA_ASSIGN_OR_RETURN(ModelIdentity id, model_identity(f));
-      if (Status s = check_indexer_matches(idx, id); !s.ok()) return Status(s.code(), o.indexer + ": " + s.message());
-      std::vector<bool> cisa_layers(static_cast<size_t>(hp.n_layer));
-      for (int l = 0; l < hp.n_layer; ++l)
-        cisa_layers[static_cast<size_t>(l)] = hp.is_global(l) && l >= mopt.attention.dense_layers;
-      CISA_ASSIGN_OR_RETURN(mopt.attention.index, indexer_projections(idx, f, hp, cisa_layers));
+      if (mopt.attention.mode != AttentionMode::kCisa)
+        return invalid_argument("--indexer needs --attention cisa");
+      CISA_ASSIGN_OR_RETURN(mopt.attention.index,
+                            load_index_projections(o.indexer, f, hp, mopt.attention.dense_layers));
     }
   }
   const int64_t n_prompt = static_cast<int64_t>(out.prompt.size());

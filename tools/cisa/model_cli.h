@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cisa/gguf.h"
 #include "cisa/json.h"
 #include "cisa/model.h"
 #include "cisa/status.h"
@@ -38,6 +39,12 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context = tru
 // k = 32, W = 8 at 8K (SmolLM2): the settings the committed indexers were calibrated with.
 // Leaves options the user gave alone.
 void scale_cisa_defaults(ModelCliOptions* o, int64_t n_ctx_train);
+// The index projections an indexer file (cisa calibrate) gives the global layers from
+// `dense_layers` on, after checking that the file was made for this model; errors name the file.
+Result<std::vector<IndexProjection>> load_index_projections(const std::string& indexer_path,
+                                                            const GgufFile& file,
+                                                            const ModelHparams& hp,
+                                                            int dense_layers);
 // Needs scale_cisa_defaults() first when --attention cisa.
 Result<ModelOptions> to_model_options(const ModelCliOptions& o);
 
