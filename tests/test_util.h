@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,25 @@ inline void append_random(PagedKvCache& c, SeqId seq, int64_t n, std::mt19937& r
     auto k = random_vec(rng, static_cast<size_t>(n) * row, scale);
     auto v = random_vec(rng, static_cast<size_t>(n) * row);
     ASSERT_TRUE(c.append(l, seq, n, k.data(), v.data()).ok());
+  }
+}
+
+// Appends lens[i] random tokens to seqs[i], round-robin in blocks of 1 … max_block tokens, so the
+// sequences' physical pages interleave in the pool.
+inline void append_interleaved(PagedKvCache& c, const std::vector<SeqId>& seqs,
+                               const std::vector<int64_t>& lens, int64_t max_block,
+                               std::mt19937& rng) {
+  std::vector<int64_t> done(lens.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      if (done[i] == lens[i]) continue;
+      const int64_t n =
+          std::min<int64_t>(lens[i] - done[i], 1 + static_cast<int64_t>(rng() % max_block));
+      append_random(c, seqs[i], n, rng);
+      done[i] += n;
+      more = true;
+    }
   }
 }
 

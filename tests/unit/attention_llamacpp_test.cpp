@@ -104,18 +104,8 @@ KvSetup make_setup(int hkv, int d, KvDtype dt, const std::vector<int64_t>& lens,
   for (auto l : lens) pages += l / 16 + 2;
   s.cache = std::move(*PagedKvCache::create(
       {.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .num_pages = pages, .dtype = dt}));
-  std::vector<int64_t> done(lens.size(), 0);
   for (size_t i = 0; i < lens.size(); ++i) s.seqs.push_back(*s.cache->add_sequence());
-  for (bool more = true; more;) {
-    more = false;
-    for (size_t i = 0; i < lens.size(); ++i) {
-      if (done[i] == lens[i]) continue;
-      const int64_t n = std::min<int64_t>(lens[i] - done[i], 1 + static_cast<int64_t>(rng() % 29));
-      test::append_random(*s.cache, s.seqs[i], n, rng);
-      done[i] += n;
-      more = true;
-    }
-  }
+  test::append_interleaved(*s.cache, s.seqs, lens, 29, rng);
   return s;
 }
 

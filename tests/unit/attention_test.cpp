@@ -8,6 +8,7 @@
 namespace cisa {
 namespace {
 
+using test::append_interleaved;
 using test::append_random;
 
 struct Case {
@@ -29,18 +30,8 @@ CacheSetup make_setup(const Case& c, const std::vector<int64_t>& lens, std::mt19
   for (auto l : lens) pages += l / page_size + 2;
   s.cache = std::move(*PagedKvCache::create({.num_layers = layers, .num_kv_heads = c.hkv, .head_dim = c.head_dim,
                                              .page_size = page_size, .num_pages = pages, .dtype = c.dtype}));
-  std::vector<int64_t> done(lens.size(), 0);
   for (size_t i = 0; i < lens.size(); ++i) s.seqs.push_back(*s.cache->add_sequence());
-  for (bool more = true; more;) {
-    more = false;
-    for (size_t i = 0; i < lens.size(); ++i) {
-      if (done[i] == lens[i]) continue;
-      const int64_t n = std::min<int64_t>(lens[i] - done[i], 1 + static_cast<int64_t>(rng() % 37));
-      append_random(*s.cache, s.seqs[i], n, rng);
-      done[i] += n;
-      more = true;
-    }
-  }
+  append_interleaved(*s.cache, s.seqs, lens, 37, rng);
   return s;
 }
 
