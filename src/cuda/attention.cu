@@ -301,48 +301,76 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   }
 }
 
-// One block per (list, row tile); warp per row, lanes over channels. The split LSEs are read
-// by the lanes at once (lane s: split s), their max and weights reduced by shuffles; the weighted
-// sum then broadcasts weight j from lane j and keeps 4 splits' loads in flight. (v1 walked the
-// splits one dependent load at a time: 33 splits × an L2 round trip, twice, per decode row.)
+// One warp per merged row: block (x, y) takes rows y·W … y·W + W − 1 of merge task x (W warps),
+// so a decode merge of 32 rows × 17 splits runs on 32 warps, not 4 (v3–v5: one block per task,
+// each warp walking 8 rows one after another, ~7 dependent L2 round trips per row). Lane s reads
+// the LSE of split s (32 splits per pass); lane c owns channels 4c … 4c + 3 (+128 for d = 256)
+// and reads them as one 16-byte load per split, every split's load issued before the first use,
+// weights broadcast from lane s by shuffle.
+template <int D>
 __global__ void merge_kernel(const AttentionArgs a) {
+  constexpr int NC = D / 4 > 32 ? 2 : 1;  // float4 groups per lane
   const MergeTask M = a.merges[blockIdx.x];
+  const int lane = threadIdx.x % 32;
+  const int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= M.rows) return;
   const ListDesc L = a.lists[M.list];
-  const int hg = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  for (int r = warp; r < M.rows; r += nw) {
-    float mx = -INFINITY;
-    for (int s = lane; s < M.splits; s += 32) mx = fmaxf(mx, a.partial_lse[M.partial + s * M.rows + r]);
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  const float* plse = a.partial_lse + M.partial + r;  // split s at plse[s · rows]
+  float mx = -INFINITY;
+  for (int s = lane; s < M.splits; s += 32) mx = fmaxf(mx, plse[static_cast<int64_t>(s) * M.rows]);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    float sum = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s0 = 0; s0 < M.splits; s0 += 32) {
-        const int s = s0 + lane;
-        const float w = s < M.splits ? expf(a.partial_lse[M.partial + s * M.rows + r] - mx) : 0.0f;
-        sum += w;
-        const int n = min(32, M.splits - s0);
-#pragma unroll 4
-        for (int j = 0; j < n; ++j) {
-          const float wj = __shfl_sync(0xffffffffu, w, j);
-          const float* po = a.partial_out + (M.partial + (s0 + j) * M.rows + r) * D;
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float4 acc[NC];
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-            if (lane + 32 * i < D) acc[i] = fmaf(wj, po[lane + 32 * i], acc[i]);
+  for (int c = 0; c < NC; ++c) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const bool has = lane * 4 < D;  // d = 64: lanes 16 … 31 hold no channels
+  float sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s0 = 0; s0 < M.splits; s0 += 32) {
+      const int s = s0 + lane;
+      const float w = s < M.splits ? expf(plse[static_cast<int64_t>(s) * M.rows] - mx) : 0.0f;
+      sum += w;
+      const int n = min(32, M.splits - s0);
+      const float4* po = reinterpret_cast<const float4*>(a.partial_out + (M.partial + static_cast<int64_t>(s0) * M.rows + r) * D);
+      const int64_t step = static_cast<int64_t>(M.rows) * (D / 4);  // one split, in float4
+#pragma unroll 16
+      for (int j = 0; j < n; ++j) {
+        const float wj = __shfl_sync(0xffffffffu, w, j);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (!has) continue;
+          const float4 v = po[j * step + lane + 32 * c];
+          acc[c].x = fmaf(wj, v.x, acc[c].x);
+          acc[c].y = fmaf(wj, v.y, acc[c].y);
+          acc[c].z = fmaf(wj, v.z, acc[c].z);
+          acc[c].w = fmaf(wj, v.w, acc[c].w);
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
-    const int lr = M.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-    const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (lane + 32 * i < D) a.out[hr * D + lane + 32 * i] = acc[i] * inv;
-    if (a.lse && lane == 0) a.lse[hr] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   }
+  const int lr = M.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+  const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  float* dst = a.out + hr * D;
+  const bool vec = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;  // callers may pass any float*
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    if (!has) continue;
+    const float4 v = make_float4(acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv);
+    float* d4 = dst + 4 * (lane + 32 * c);
+    if (vec) {
+      *reinterpret_cast<float4*>(d4) = v;
+    } else {
+      d4[0] = v.x;
+      d4[1] = v.y;
+      d4[2] = v.z;
+      d4[3] = v.w;
+    }
+  }
+  if (a.lse && lane == 0) a.lse[hr] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
 }
 
 template <int D, int WARPS, int PW, bool UNI>
@@ -384,9 +412,16 @@ cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warp
   }
 }
 
-cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, cudaStream_t stream) {
+cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows, cudaStream_t stream) {
   if (num_merges <= 0) return cudaSuccess;
-  merge_kernel<<<static_cast<unsigned>(num_merges), tiles::kMergeThreads, 0, stream>>>(a);
+  constexpr int W = tiles::kMergeThreads / 32;
+  const dim3 grid(static_cast<unsigned>(num_merges), static_cast<unsigned>((max_rows + W - 1) / W));
+  switch (a.head_dim) {
+    case 64: merge_kernel<64><<<grid, tiles::kMergeThreads, 0, stream>>>(a); break;
+    case 128: merge_kernel<128><<<grid, tiles::kMergeThreads, 0, stream>>>(a); break;
+    case 256: merge_kernel<256><<<grid, tiles::kMergeThreads, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

@@ -42,6 +42,7 @@ struct AttentionArgs {
 // unions: the tasks include union tasks (selects the kernel instantiation that handles them).
 cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
                              cudaStream_t stream);
-cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, cudaStream_t stream);
+// max_rows: the most rows of any merge task (the grid has one warp per row of the largest).
+cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

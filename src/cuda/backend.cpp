@@ -183,10 +183,14 @@ Status plan_attention(Plan::Impl& P) {
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
   }
-  const int64_t target = static_cast<int64_t>(sms) * tiles::kBlocksPerSmTarget;
+  // CISA_CUDA_BLOCKS_PER_SM=n overrides the split target (A/B runs of the work decomposition).
+  int64_t per_sm = P.page_warps > 1 ? tiles::kDecodeBlocksPerSm : tiles::kBlocksPerSmTarget;
+  if (const char* e = std::getenv("CISA_CUDA_BLOCKS_PER_SM"); e && std::atoi(e) > 0) per_sm = std::atoi(e);
+  const int64_t target = static_cast<int64_t>(sms) * per_sm;
   P.tasks.clear();
   P.merges.clear();
   P.partial_rows = 0;
+  P.merge_max_rows = 0;
   for (size_t L = 0; L < P.lists.size(); ++L) {
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     const auto& d = P.lists[L];
@@ -210,7 +214,9 @@ Status plan_attention(Plan::Impl& P) {
     }
     const int64_t rows = (g.last - g.first + 1) * hg;
     const int64_t n = list_size(d);
-    int64_t splits = pairs >= target ? 1 : (target + pairs - 1) / pairs;
+    // Page-split (decode) plans round down: pairs · splits must not pass the target, or a few
+    // tasks form one more wave (v5: 32 lists × 17 splits = 544 tasks on 264 block slots).
+    int64_t splits = pairs >= target ? 1 : P.page_warps > 1 ? target / pairs : (target + pairs - 1) / pairs;
     splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
@@ -229,6 +235,7 @@ Status plan_attention(Plan::Impl& P) {
       if (splits > 1) {
         P.merges.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R, static_cast<int32_t>(splits), base});
         P.partial_rows += splits * R;
+        P.merge_max_rows = std::max(P.merge_max_rows, static_cast<int>(R));
       }
     }
   }
@@ -494,7 +501,8 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
       P.wgmma && a.scale > 0.0f ? detail::launch_attention_wgmma(a, n_tasks, P.warps, s)
               : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
-  return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), s), "cuda: split-KV merge");
+  return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
+                     "cuda: split-KV merge");
 }
 
 Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream) {

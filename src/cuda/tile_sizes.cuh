@@ -33,6 +33,11 @@ constexpr int kPageSplitMaxHeadDim = 128;
 // kMinSplitPages pages (below that the merge costs more than the parallelism gains).
 constexpr int kBlocksPerSmTarget = 4;
 constexpr int kMinSplitPages = 64;
+// Page-split (decode) plans: splits = ⌊SMs · this / row tiles⌋, one wave of the decode kernel
+// (2 blocks per SM, shared-memory bound). Measured v6 (H200, same session, new merge): 2 → 4:1
+// 0.156 ms, 32:1 0.322, 32:2 0.297; 4 → 0.161 / 0.334 / 0.304; 6 and 8 slower still. v5 rounded
+// splits up (32 lists × 17 = 544 tasks on 264 slots: a third wave of 16 tasks).
+constexpr int kDecodeBlocksPerSm = 2;
 
 // ---- attention on warpgroup MMA (attention_wgmma.cu, v4) ----
 // Full row tiles (64 or 128 rows, no unions, no page-split warps) at d = 128 run Q·Kᵀ and P·V as
@@ -115,6 +120,7 @@ constexpr int kUnionMaxSmem = 96 * 1024;
 // ---- representatives, page lists, merge ----
 constexpr int kRepThreads = 128;
 constexpr int kAssembleThreads = 256;
+// One warp per merged row (attention.cu); 4 rows per block.
 constexpr int kMergeThreads = 128;
 
 }  // namespace cisa::cuda::tiles

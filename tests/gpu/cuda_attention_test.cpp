@@ -178,9 +178,12 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
     const int hg = sh.hq / sh.hkv;
     const int want_pw = sh.d > cuda::tiles::kPageSplitMaxHeadDim ? 1 : hg <= 16 ? 4 : 2;
     SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d));
-    auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000}, {{0, 4999, 1}, {1, 3000, 1}, {2, 11999, 1}}, rng);
+    // The 40,000-token entry is split into more than 32 parts (2,500 pages / kMinSplitPages):
+    // the merge reads the split LSEs in two passes of 32 lanes.
+    auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000, 40000},
+                        {{0, 4999, 1}, {1, 3000, 1}, {2, 11999, 1}, {3, 39999, 1}}, rng);
     DeviceMirror m;
-    m.build(*w.cache, 0, 3);
+    m.build(*w.cache, 0, 4);
     {
       cuda::Plan plan;
       ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan).ok());
@@ -192,6 +195,10 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
     cuda::Plan plan;
     ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
     EXPECT_EQ(plan.impl()->page_warps, want_pw);
+    // Page-split plans never hold more tasks than the split target (no partial extra wave).
+    int sms = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    EXPECT_LE(static_cast<int64_t>(plan.impl()->tasks.size()), int64_t{sms} * cuda::tiles::kDecodeBlocksPerSm);
     auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
     DevVec<float> diq;
     diq.upload(iq);

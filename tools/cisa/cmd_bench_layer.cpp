@@ -37,7 +37,7 @@ struct Geometry {
 
 struct Options {
   int64_t context = 1048576, budget = 4096, window = 128, prefill = 512, iters = 10, warmup = 3;
-  std::string dump_dir, geometry = "all";
+  std::string dump_dir, geometry = "all", phase = "all";
 };
 
 constexpr int kD = 128;
@@ -148,6 +148,7 @@ int bench_layer(int argc, char** argv) {
   a.add_int("--iters", &o.iters, "timed runs per measurement (default 10)");
   a.add_int("--warmup", &o.warmup, "untimed runs first (default 3)");
   a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:1", "32:2"}, "geometry to run (default all)");
+  a.add_choice("--phase", &o.phase, {"all", "prefill", "decode"}, "phase to run (default all)");
   a.add_string("--dump-lists", &o.dump_dir, "write each plan's page lists here for bench/anchors_layer.py");
   a.add_flag("--json", &json, "print one JSON document on stdout (the table goes to stderr)");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
@@ -232,6 +233,7 @@ int bench_layer(int argc, char** argv) {
     cudaDeviceSynchronize();
 
     for (const bool prefill : {true, false}) {
+      if (o.phase != "all" && (o.phase == "prefill") != prefill) continue;
       const int64_t count = prefill ? o.prefill : 1;
       std::vector<BatchEntry> batch;
       for (int s = 0; s < geo.seqs; ++s) batch.push_back({s, o.context - count, static_cast<int32_t>(count)});
