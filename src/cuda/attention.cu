@@ -9,14 +9,12 @@
 #include <climits>
 
 #include "attention.cuh"
+#include "attention_rows.cuh"
 #include "common.cuh"
 #include "tile_sizes.cuh"
 
 namespace cisa::cuda::detail {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 constexpr size_t attention_smem_bytes() {
@@ -110,7 +108,7 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float sl2 = a.scale * kLog2e;
+  const float sl2 = a.scale * kAttnLog2e;
 
   bool done = false;
   for (int64_t seg0 = 0; seg0 < n_pages && !done; seg0 += SEG) {
@@ -271,34 +269,7 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
     warp_active = warp_active && ph == 0;
   }
   if (!warp_active) return;
-
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row_base + gr + 8 * h;
-    if (r >= rows_w) continue;
-    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    const float lse = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
-    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-    float* dst;
-    // Re-read here rather than kept live through the main loop (d = 256 is at 255 registers).
-    const int64_t partial = __ldg(&a.tasks[blockIdx.x].partial);
-    if (partial < 0) {
-      const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
-      dst = a.out + hr * D;
-      if (a.lse && tq == 0) a.lse[hr] = lse;
-    } else {
-      dst = a.partial_out + (partial + r) * D;
-      if (tq == 0) a.partial_lse[partial + r] = lse;
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-  }
+  store_rows<D>(a, L, blockIdx.x, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
 }
 
 // One warp per merged row: block (x, y) takes rows y·W … y·W + W − 1 of merge task x (W warps),

@@ -13,7 +13,10 @@
 // masked, like the mma.sync kernel.
 #include <cfloat>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
+#include "attention_rows.cuh"
 #include "attention_wgmma.cuh"
 #include "common.cuh"
 #include "tile_sizes.cuh"
@@ -22,8 +25,6 @@
 namespace cisa::cuda::detail {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kD = 128;
 constexpr uint32_t kAtomBytes = 1024;  // 8 token rows of 128 bytes
 
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float sl2 = a.scale * kLog2e;
+  const float sl2 = a.scale * kAttnLog2e;
   float s[NT / 2];             // scores of the tile being softmaxed, then its P (f32)
   uint32_t pa[NT / 16][4];     // P of the tile whose P·V is issued (read by the wgmma in flight)
   float corr[2];
@@ -135,9 +136,9 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
     for (int kt = 0; kt < NT / 16; ++kt)  // MN-major B: LBO = channel half, SBO = 8 tokens
       dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
   };
-  // Online softmax of tile `tile` of the segment: masks by absolute position (causal, optional
-  // window), scales, updates m and l, leaves P (f32) in s and the factor for O in corr.
-  // Column n of the tile is token 8j + 2tq + (e & 1) of accumulator chunk j: page j / 2.
+  // Online softmax of tile `tile` of the segment (attention_rows.cuh); P stays f32 in s until
+  // the P·V in flight has finished: packing it into bf16 registers here let the compiler reuse
+  // pa's registers, and ptxas then serialised every wgmma (C7513).
   auto softmax = [&](int tile, int seg_n) {
     int32_t cstart[NP];
 #pragma unroll
@@ -145,63 +146,11 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
       const int pi = tile * NP + j;
       cstart[j] = pi < seg_n ? cid_s[pi] * B : INT_MAX / 2;
     }
-    // Maxima of the raw scores: the scale is positive here (run_attention sends other scales to
-    // the mma.sync kernel), so it is folded into the exponent: one FFMA + EX2 per score.
-    float mx[2] = {-INFINITY, -INFINITY};
-    const bool all_visible = a.window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
-    if (all_visible) {
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          const int32_t sp = cstart[j / 2] + (j % 2) * 8 + tq * 2 + (e & 1);
-          const bool vis = sp <= pos[h] && (a.window == 0 || sp > pos[h] - a.window);
-          s[4 * j + e] = vis ? s[4 * j + e] : -INFINITY;
-          mx[h] = fmaxf(mx[h], s[4 * j + e]);
-        }
-    }
-    float nbase[2];  // −(running maximum), in log2 units
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h] * sl2);
-      nbase[h] = m_new == -INFINITY ? 0.0f : -m_new;
-      corr[h] = dev::fast_exp2(m[h] + nbase[h]);
-      l[h] *= corr[h];
-      m[h] = m_new;
-    }
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) {
-      s[i] = dev::fast_exp2(fmaf(s[i], sl2, nbase[(i >> 1) & 1]));
-      l[(i >> 1) & 1] += s[i];
-    }
-    // P stays in s (f32) until the P·V in flight has finished: packing it into bf16 registers
-    // here let the compiler reuse pa's registers, and ptxas then serialised every wgmma (C7513).
+    wg_softmax_step<NT, B>(s, cstart, pos, a.window, sl2, tq, m, l, corr);
   };
   // After the P·V in flight has finished: O to the new maximum, next P becomes current.
   // Unconditional: skipping the multiplies when corr is 1 (v4f) measured no different (v4h).
-  auto rescale_and_advance = [&]() {
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      o[4 * j + 0] *= corr[0];
-      o[4 * j + 1] *= corr[0];
-      o[4 * j + 2] *= corr[1];
-      o[4 * j + 3] *= corr[1];
-    }
-    // P as the register A operand: k-step kt = tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
-#pragma unroll
-    for (int kt = 0; kt < NT / 16; ++kt) {
-      pa[kt][0] = dev::pack_bf16x2(s[8 * kt + 0], s[8 * kt + 1]);
-      pa[kt][1] = dev::pack_bf16x2(s[8 * kt + 2], s[8 * kt + 3]);
-      pa[kt][2] = dev::pack_bf16x2(s[8 * kt + 4], s[8 * kt + 5]);
-      pa[kt][3] = dev::pack_bf16x2(s[8 * kt + 6], s[8 * kt + 7]);
-    }
-  };
+  auto rescale_and_advance = [&]() { wg_rescale_pack<kD, NT>(o, corr, s, pa); };
 
   // Software pipeline per warpgroup (FlashAttention-3's intra-warpgroup overlap): iteration j
   // issues S of tile j + 1 and P·V of tile j back to back, then the copies of a later tile,
@@ -292,33 +241,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   }
   dev::cp_async_wait<0>();
   if (!wg_active) return;
-
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row_base + gr + 8 * h;
-    if (r >= t.rows) continue;
-    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    const float lse = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
-    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-    float* dst;
-    const int64_t partial = __ldg(&a.tasks[blockIdx.x].partial);
-    if (partial < 0) {
-      const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
-      dst = a.out + hr * kD;
-      if (a.lse && tq == 0) a.lse[hr] = lse;
-    } else {
-      dst = a.partial_out + (partial + r) * kD;
-      if (tq == 0) a.partial_lse[partial + r] = lse;
-    }
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
-      *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-  }
+  store_rows<kD>(a, L, blockIdx.x, t.row0, row_base, t.rows, gr, tq, o, m, l);
 }
 
 template <int WG>
@@ -340,7 +263,14 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions) {
 cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
-  return warps == 8 ? launch_typed<2>(a, num_tasks, stream) : launch_typed<1>(a, num_tasks, stream);
+  if (warps == 8) {
+    // CISA_CUDA_ATTENTION=wgmma-v5 keeps 128-row tiles on the v4/v5 kernel (A/B runs).
+    const char* force = std::getenv("CISA_CUDA_ATTENTION");
+    const bool v5 = force && std::strcmp(force, "wgmma-v5") == 0;
+    return tiles::kWgmmaWarpSpecialized && !v5 ? launch_attention_wgmma_ws(a, num_tasks, stream)
+                                               : launch_typed<2>(a, num_tasks, stream);
+  }
+  return launch_typed<1>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

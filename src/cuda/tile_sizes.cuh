@@ -55,6 +55,14 @@ constexpr int kWgTileTokens1 = 64;
 // run ST − 2 tiles ahead. Two warpgroups: 3 × 64 KB = 192 KB (of 227). One warpgroup: 3 × 32 KB.
 constexpr int kWgStages2 = 3;
 constexpr int kWgStages1 = 3;
+// v6: 128-row tiles run the warp-specialised kernel (attention_wgmma_ws.cu): a producer warp
+// fills the stages, the two consumer warpgroups wait on per-stage mbarriers and take turns on
+// the tensor cores (FlashAttention-3's structure). 288 threads, one block per SM (registers:
+// 224 per thread). Off: the v4/v5 kernel above for 128-row tiles too.
+constexpr bool kWgmmaWarpSpecialized = true;
+constexpr int kWsTileTokens = 128;
+// 3 × (32 KB K + 32 KB V) = 192 KB; a fourth stage would pass the 227 KB per block.
+constexpr int kWsStages = 3;
 
 // ---- scoring (score.cu) ----
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and

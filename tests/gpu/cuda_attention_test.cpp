@@ -6,6 +6,7 @@
 #ifdef CISA_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "cisa/attention.h"
 #include "cisa/selection.h"
@@ -88,7 +89,8 @@ void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& pl
   DevVec<float> out(static_cast<size_t>(w.rows * w.hq * d)), lse(static_cast<size_t>(w.rows * w.hq));
   out.poison();
   lse.poison();
-  ASSERT_TRUE(cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr).ok());
+  const Status run = cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr);
+  ASSERT_TRUE(run.ok()) << run.to_string();
   CUDA_OK(cudaDeviceSynchronize());
   PageLists lists;
   ASSERT_TRUE(cuda::download_page_lists(plan, &lists).ok());
@@ -243,11 +245,16 @@ TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
       auto* P = plan.impl();
       EXPECT_EQ(P->wgmma, cuda::tiles::kWgmmaAttention) << "variant " << variant;
       EXPECT_EQ(P->warps, variant == 2 ? 4 : 8) << "variant " << variant;
-      for (bool wg : {true, false}) {
-        SCOPED_TRACE("variant " + std::to_string(variant) + (wg ? " wgmma" : " mma.sync") + " warps " +
-                     std::to_string(P->warps));
+      // 128-row tiles: the warp-specialised kernel (v6), then the v4/v5 kernel (CISA_CUDA_ATTENTION=
+      // wgmma-v5), then mma.sync. 64-row tiles run the same wgmma kernel in both wgmma modes.
+      for (int mode = 0; mode < 3; ++mode) {
+        const bool wg = mode < 2;
+        SCOPED_TRACE("variant " + std::to_string(variant) + (mode == 0 ? " wgmma" : mode == 1 ? " wgmma-v5" : " mma.sync") +
+                     " warps " + std::to_string(P->warps));
         P->wgmma = wg;
+        if (mode == 1) setenv("CISA_CUDA_ATTENTION", "wgmma-v5", 1);
         run_and_compare(w, m, plan, window);
+        if (mode == 1) unsetenv("CISA_CUDA_ATTENTION");
       }
     }
   }

@@ -1,0 +1,301 @@
+// Paged attention on warpgroup MMA with warp specialisation (FlashAttention-3's structure), for
+// 128-row prefill tiles at head dim 128 (v6). Same tasks, masks, LSE and split-KV partials as
+// attention_wgmma.cu; what changes is who waits for what:
+//   warp 8 (producer; warps 9–11 of its warpgroup only give their registers away): reads the task's page IDs itself (32 at a time, one window ahead) and
+//     copies K and V of each 128-token tile in place by page ID (cp.async, 128-byte swizzle) into
+//     a kWsStages-deep ring; each stage has a "full" mbarrier (32 cp.async arrivals that fire when
+//     the lane's copies land, plus one for the tile's page starts) and an "empty" one (one arrival
+//     per consumer warp once its P·V has read the stage). No block-wide barrier per tile.
+//   warpgroups 0 and 1 (consumers, 64 rows each): per tile S = Q·Kᵀ, online softmax, O += P·V,
+//     pipelined as before (S of tile j + 1 issued with P·V of tile j). The two warpgroups take
+//     turns issuing their MMAs (named barriers 1 and 2, 256 threads): warpgroup g issues, then
+//     hands the turn over and does its softmax while the other's MMAs run. In v4 both warpgroups
+//     met at one barrier per tile and issued at once, and ptxas put the wait for a warpgroup's own
+//     P·V before its exponentials (docs/cuda-notes.md, v4g–v4j), so the softmax overlapped nothing.
+#include <climits>
+
+#include "attention_rows.cuh"
+#include "attention_wgmma.cuh"
+#include "common.cuh"
+#include "tile_sizes.cuh"
+#include "wgmma.cuh"
+
+namespace cisa::cuda::detail {
+namespace {
+
+constexpr int kD = 128;
+constexpr int B = tiles::kPageSize;
+constexpr int NT = tiles::kWsTileTokens;
+constexpr int NP = NT / B;
+constexpr int ST = tiles::kWsStages;
+constexpr int kTileBytes = NT * kD * 2;    // K (or V) of one tile
+constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
+constexpr uint32_t kAtomBytes = 1024;      // 8 token rows of 128 bytes
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (one warp copies)
+// Registers per thread after setmaxnreg: a multiprocessor's four quarters each hold 16,384
+// registers and 3 of the 12 warps (2 consumer warps + 1 producer warp): 2 · 224 · 32 + 56 · 32
+// = 16,128. The launch bound (384 threads, 1 block) caps the kernel at 168 at entry. (A 9-warp
+// block without setmaxnreg gets 168 too: one quarter holds three of its warps; it failed to
+// launch at 224.) The producer spilled at 40.
+constexpr int kConsumerRegs = 224;
+constexpr int kProducerRegs = 56;
+constexpr int kMeta = NP + 2;  // page starts of the tile, valid flag, padding (8-byte multiple)
+static_assert(NT == 128 && ST >= 3, "one m64n128 score tile; tiles j, j + 1 read while later ones land");
+static_assert(NP <= 8, "the producer's page-ID window holds four tiles of 32 lanes");
+
+constexpr size_t ws_smem_bytes() {
+  return size_t{2} * ST * kTileBytes + sizeof(int32_t) * ST * kMeta + sizeof(uint64_t) * 2 * ST + kAtomBytes;
+}
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(saddr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(saddr(b)) : "memory");
+}
+// The barrier receives this thread's arrival once all of its earlier cp.async copies have landed
+// (noinc: the arrival is part of the count the barrier was initialised with).
+__device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(saddr(b)) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (acquire: the stage's data and page
+// starts are visible afterwards).
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(saddr(b)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const AttentionArgs a) {
+  extern __shared__ __align__(128) uint8_t smem_w[];
+  const uint32_t s0 = saddr(smem_w);
+  uint8_t* ks = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);  // [ST][kTileBytes]
+  uint8_t* vs = ks + ST * kTileBytes;                                            // same
+  int32_t* meta = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);              // [ST][kMeta]
+  uint64_t* full = reinterpret_cast<uint64_t*>(meta + ST * kMeta);               // [ST]
+  uint64_t* empty = full + ST;                                                   // [ST]
+
+  const AttnTask t = a.tasks[blockIdx.x];
+  const ListDesc L = a.lists[t.list];
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_wg = t.rows > 64 ? 2 : 1;  // consumer warpgroups with rows
+  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&full[s], 32 + 1);
+      mbar_init(&empty[s], 4 * n_wg);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerThreads / 32) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp > kConsumerThreads / 32) return;  // one warp of the producer warpgroup copies
+    // ---- producer warp ----
+    const int64_t n_pages = t.page1 - t.page0;
+    const int64_t n_tiles = (n_pages + NP - 1) / NP;
+    // Lane l holds page wbase + l of the current window (physical ID, first position or
+    // INT_MAX / 2 past the task) and the same of the next window, loaded one window ahead.
+    auto load_ids = [&](int64_t base, int32_t& pid, int32_t& cs) {
+      const int64_t pi = base + lane;
+      pid = pi < n_pages ? a.pages[t.page0 + pi] : 0;
+      cs = pi < n_pages ? a.chunks[t.page0 + pi] * B : INT_MAX / 2;
+    };
+    int64_t wbase = 0;
+    int32_t pid_c, cs_c, pid_n, cs_n;
+    load_ids(0, pid_c, cs_c);
+    load_ids(32, pid_n, cs_n);
+    // Piece i of a page for this lane: token lane / 16 + 2i, channels 8·(lane % 16) … +7, so a
+    // warp's copy reads 512 contiguous bytes; its place in the swizzled tile is fixed per lane.
+    const int c16 = lane % 16;
+    uint32_t so[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) so[i] = (c16 / 8) * kHalfBytes + dev::sw128_offset(lane / 16 + 2 * i, c16 % 8);
+    const int64_t src_lane = (lane / 16) * kD + c16 * 8;
+    for (int64_t j = 0;; ++j) {
+      const int stage = static_cast<int>(j % ST);
+      if (j >= ST) mbar_wait(&empty[stage], static_cast<uint32_t>((j / ST - 1) & 1));
+      const int64_t p0 = j * NP;
+      if (p0 >= wbase + 32) {
+        wbase += 32;
+        pid_c = pid_n;
+        cs_c = cs_n;
+        load_ids(wbase + 32, pid_n, cs_n);
+      }
+      const int sl = static_cast<int>(p0 - wbase);
+      // Pages ascend: a tile that starts after the task's last query ends the task.
+      const bool valid = j < n_tiles && __shfl_sync(0xffffffffu, cs_c, sl) <= tmax;
+      int32_t* mt = meta + stage * kMeta;
+      if (valid) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+          const int32_t pid = __shfl_sync(0xffffffffu, pid_c, sl + p);
+          const int bytes = p0 + p < n_pages ? 16 : 0;  // zero-filled, masked by its page start
+          const int64_t off = (static_cast<int64_t>(pid) * a.num_kv_heads + L.kv) * B * kD + src_lane;
+          uint8_t* kd = ks + stage * kTileBytes + p * B * 128;
+          uint8_t* vd = vs + stage * kTileBytes + p * B * 128;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            dev::cp_async16(kd + so[i], a.k + off + 2 * i * kD, bytes);
+            dev::cp_async16(vd + so[i], a.v + off + 2 * i * kD, bytes);
+          }
+        }
+        const int32_t cs = __shfl_sync(0xffffffffu, cs_c, sl + (lane % NP));
+        if (lane < NP) mt[lane] = cs;
+      }
+      if (lane == 0) mt[NP] = valid ? 1 : 0;
+      __syncwarp();
+      mbar_arrive_on_copies(&full[stage]);
+      if (lane == 0) mbar_arrive(&full[stage]);  // after the page starts and the flag (release)
+      if (!valid) break;
+    }
+    dev::cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int wg = warp / 4;
+  if (wg >= n_wg) return;  // no rows: not counted by the empty barriers, takes no turns
+  const bool pingpong = n_wg == 2;
+  const int gr = lane >> 2, tq = lane & 3;
+  const int row_base = wg * 64 + (warp % 4) * 16;
+  int32_t pos[2];
+  const uint16_t* qp[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = min(row_base + gr + 8 * h, t.rows - 1);  // rows past the tile repeat the last
+    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    pos[h] = L.first_pos + p;
+    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(kD);
+  }
+  uint32_t qf[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
+  }
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+  const float sl2 = a.scale * kAttnLog2e;
+  float s[NT / 2];          // scores of the tile being softmaxed, then its P (f32)
+  uint32_t pa[NT / 16][4];  // P of the tile whose P·V is issued
+
+  auto issue_s = [&](int stage) {  // K-major B: a k16 step is 32 bytes of a 128-byte row
+    const uint8_t* kst = ks + stage * kTileBytes;
+    auto desc = [&](int kk) { return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes); };
+    dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
+#pragma unroll
+    for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
+  };
+  auto issue_pv = [&](int stage) {  // MN-major B: LBO = channel half, SBO = 8 tokens
+    const uint8_t* vst = vs + stage * kTileBytes;
+#pragma unroll
+    for (int kt = 0; kt < NT / 16; ++kt)
+      dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
+  };
+  auto wait_full = [&](int j) {  // false: the producer ended the task at tile j
+    mbar_wait(&full[j % ST], static_cast<uint32_t>((j / ST) & 1));
+    return meta[(j % ST) * kMeta + NP] != 0;
+  };
+  auto softmax = [&](int j) {
+    int32_t cstart[NP];
+#pragma unroll
+    for (int p = 0; p < NP; ++p) cstart[p] = meta[(j % ST) * kMeta + p];
+    wg_softmax_step<NT, B>(s, cstart, pos, a.window, sl2, tq, m, l, corr);
+  };
+  auto release = [&](int j) {  // this warp's MMAs no longer read the stage of tile j
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[j % ST]);
+  };
+  // Turns: warpgroup g waits on barrier 1 + g (its own 128 threads + the other's 128 arrivals)
+  // and passes the turn by arriving on the other's. Warpgroup 1 lets warpgroup 0 go first.
+  auto turn_wait = [&]() {
+    if (pingpong) named_sync(1 + wg);
+  };
+  auto turn_pass = [&]() {
+    if (pingpong) named_arrive(2 - wg);
+  };
+  if (pingpong && wg == 1) named_arrive(1);
+
+  if (wait_full(0)) {
+    dev::fence_proxy_async();  // the copies (generic proxy) are read by wgmma (async proxy)
+    turn_wait();
+    dev::wgmma_fence();
+    issue_s(0);
+    dev::wgmma_commit();
+    turn_pass();
+    dev::wgmma_wait<0>();
+    dev::fence_regs(s);
+    softmax(0);
+    wg_rescale_pack<kD, NT>(o, corr, s, pa);
+    int j = 0;
+    for (;; ++j) {
+      if (!wait_full(j + 1)) break;
+      dev::fence_proxy_async();
+      turn_wait();
+      dev::fence_regs(o);
+      dev::fence_regs(pa);  // O and P written before the MMAs that read them start
+      dev::wgmma_fence();
+      issue_s((j + 1) % ST);
+      dev::wgmma_commit();
+      issue_pv(j % ST);
+      dev::wgmma_commit();
+      turn_pass();
+      dev::wgmma_wait<1>();  // S of tile j + 1 (P·V of tile j may still run)
+      dev::fence_regs(s);
+      softmax(j + 1);
+      dev::fence_regs(s);
+      dev::wgmma_wait<0>();
+      dev::fence_regs(o);
+      dev::fence_regs(pa);  // pa was read by the P·V until here
+      release(j);
+      wg_rescale_pack<kD, NT>(o, corr, s, pa);
+    }
+    turn_wait();  // P·V of the last tile
+    dev::fence_regs(o);
+    dev::fence_regs(pa);
+    dev::wgmma_fence();
+    issue_pv(j % ST);
+    dev::wgmma_commit();
+    turn_pass();
+    dev::wgmma_wait<0>();
+    dev::fence_regs(o);
+    release(j);
+  }
+  store_rows<kD>(a, L, blockIdx.x, t.row0, row_base, t.rows, gr, tq, o, m, l);
+}
+
+}  // namespace
+
+cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+  if (num_tasks <= 0) return cudaSuccess;
+  if (a.head_dim != kD) return cudaErrorInvalidValue;
+  constexpr size_t smem = ws_smem_bytes();
+  cudaError_t err =
+      cudaFuncSetAttribute(attention_wgmma_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  attention_wgmma_ws_kernel<<<static_cast<unsigned>(num_tasks), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace cisa::cuda::detail
