@@ -1,7 +1,8 @@
 // Paged attention on warpgroup MMA with warp specialisation (FlashAttention-3's structure), for
 // 128-row prefill tiles at head dim 128 (v6). Same tasks, masks, LSE and split-KV partials as
 // attention_wgmma.cu; what changes is who waits for what:
-//   warp 8 (producer; warps 9–11 of its warpgroup only give their registers away): reads the task's page IDs itself (32 at a time, one window ahead) and
+//   warps 8–11 (producers, CW of them copy; kWsCopyWarps): read the task's page IDs themselves
+//     (32 at a time, one window ahead) and
 //     copies K and V of each 128-token tile in place by page ID (cp.async, 128-byte swizzle) into
 //     a kWsStages-deep ring; each stage has a "full" mbarrier (32 cp.async arrivals that fire when
 //     the lane's copies land, plus one for the tile's page starts) and an "empty" one (one arrival
@@ -13,6 +14,7 @@
 //     met at one barrier per tile and issued at once, and ptxas put the wait for a warpgroup's own
 //     P·V before its exponentials (docs/cuda-notes.md, v4g–v4j), so the softmax overlapped nothing.
 #include <climits>
+#include <cstdlib>
 
 #include "attention_rows.cuh"
 #include "attention_wgmma.cuh"
@@ -32,7 +34,7 @@ constexpr int kTileBytes = NT * kD * 2;    // K (or V) of one tile
 constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
 constexpr uint32_t kAtomBytes = 1024;      // 8 token rows of 128 bytes
 constexpr int kConsumerThreads = 256;
-constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (one warp copies)
+constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // Registers per thread after setmaxnreg: a multiprocessor's four quarters each hold 16,384
 // registers and 3 of the 12 warps (2 consumer warps + 1 producer warp): 2 · 224 · 32 + 56 · 32
 // = 16,128. The launch bound (384 threads, 1 block) caps the kernel at 168 at entry. (A 9-warp
@@ -79,7 +81,10 @@ __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
 }
 
+// CW: producer warps that copy, each NP / CW pages of every tile.
+template <int CW>
 __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const AttentionArgs a) {
+  static_assert(CW >= 1 && CW <= 4 && NP % CW == 0, "copy warps split a tile's pages evenly");
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = saddr(smem_w);
   uint8_t* ks = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);  // [ST][kTileBytes]
@@ -96,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
   const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
-      mbar_init(&full[s], 32 + 1);
+      mbar_init(&full[s], 32 * CW + 1);
       mbar_init(&empty[s], 4 * n_wg);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -105,8 +110,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
 
   if (warp >= kConsumerThreads / 32) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (warp > kConsumerThreads / 32) return;  // one warp of the producer warpgroup copies
-    // ---- producer warp ----
+    if (warp - kConsumerThreads / 32 >= CW) return;  // gives its registers to the consumers only
+    const int pw = CW == 1 ? 0 : warp - kConsumerThreads / 32;
+    // ---- producer warps ----
     const int64_t n_pages = t.page1 - t.page0;
     const int64_t n_tiles = (n_pages + NP - 1) / NP;
     // Lane l holds page wbase + l of the current window (physical ID, first position or
@@ -123,9 +129,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
     // Piece i of a page for this lane: token lane / 16 + 2i, channels 8·(lane % 16) … +7, so a
     // warp's copy reads 512 contiguous bytes; its place in the swizzled tile is fixed per lane.
     const int c16 = lane % 16;
-    uint32_t so[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) so[i] = (c16 / 8) * kHalfBytes + dev::sw128_offset(lane / 16 + 2 * i, c16 % 8);
+    const uint32_t so0 = (c16 / 8) * kHalfBytes;
+    auto so = [&](int i) { return so0 + dev::sw128_offset(lane / 16 + 2 * i, c16 % 8); };
     const int64_t src_lane = (lane / 16) * kD + c16 * 8;
     for (int64_t j = 0;; ++j) {
       const int stage = static_cast<int>(j % ST);
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
       int32_t* mt = meta + stage * kMeta;
       if (valid) {
 #pragma unroll
-        for (int p = 0; p < NP; ++p) {
+        for (int p = pw * (NP / CW); p < (pw + 1) * (NP / CW); ++p) {
           const int32_t pid = __shfl_sync(0xffffffffu, pid_c, sl + p);
           const int bytes = p0 + p < n_pages ? 16 : 0;  // zero-filled, masked by its page start
           const int64_t off = (static_cast<int64_t>(pid) * a.num_kv_heads + L.kv) * B * kD + src_lane;
@@ -151,17 +156,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
           uint8_t* vd = vs + stage * kTileBytes + p * B * 128;
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            dev::cp_async16(kd + so[i], a.k + off + 2 * i * kD, bytes);
-            dev::cp_async16(vd + so[i], a.v + off + 2 * i * kD, bytes);
+            dev::cp_async16(kd + so(i), a.k + off + 2 * i * kD, bytes);
+            dev::cp_async16(vd + so(i), a.v + off + 2 * i * kD, bytes);
           }
         }
         const int32_t cs = __shfl_sync(0xffffffffu, cs_c, sl + (lane % NP));
-        if (lane < NP) mt[lane] = cs;
+        if (pw == 0 && lane < NP) mt[lane] = cs;
       }
-      if (lane == 0) mt[NP] = valid ? 1 : 0;
+      if (pw == 0 && lane == 0) mt[NP] = valid ? 1 : 0;
       __syncwarp();
       mbar_arrive_on_copies(&full[stage]);
-      if (lane == 0) mbar_arrive(&full[stage]);  // after the page starts and the flag (release)
+      if (pw == 0 && lane == 0) mbar_arrive(&full[stage]);  // after the page starts and the flag
       if (!valid) break;
     }
     dev::cp_async_wait<0>();
@@ -285,17 +290,25 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
   store_rows<kD>(a, L, blockIdx.x, t.row0, row_base, t.rows, gr, tq, o, m, l);
 }
 
+template <int CW>
+cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+  constexpr size_t smem = ws_smem_bytes();
+  cudaError_t err = cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  attention_wgmma_ws_kernel<CW><<<static_cast<unsigned>(num_tasks), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD) return cudaErrorInvalidValue;
-  constexpr size_t smem = ws_smem_bytes();
-  cudaError_t err =
-      cudaFuncSetAttribute(attention_wgmma_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  attention_wgmma_ws_kernel<<<static_cast<unsigned>(num_tasks), kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  // CISA_CUDA_WS_COPY_WARPS=1 copies with one producer warp (A/B runs of kWsCopyWarps).
+  const char* e = std::getenv("CISA_CUDA_WS_COPY_WARPS");
+  const int cw = e && std::atoi(e) == 1 ? 1 : tiles::kWsCopyWarps;
+  return cw == 1 ? launch_cw<1>(a, num_tasks, stream) : launch_cw<tiles::kWsCopyWarps>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

@@ -63,6 +63,9 @@ constexpr bool kWgmmaWarpSpecialized = true;
 constexpr int kWsTileTokens = 128;
 // 3 × (32 KB K + 32 KB V) = 192 KB; a fourth stage would pass the 227 KB per block.
 constexpr int kWsStages = 3;
+// Producer warps that copy (of the producer warpgroup's 4), each 8 / this pages of a tile: one
+// warp issues 128 16-byte cp.async per lane per tile on one scheduler.
+constexpr int kWsCopyWarps = 4;
 
 // ---- scoring (score.cu) ----
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and

@@ -205,12 +205,16 @@ int bench_layer(int argc, char** argv) {
   doc["window"] = o.window;
   doc["prefill_queries"] = o.prefill;
   doc["iters"] = o.iters;
-  doc["kernels"] = "v4: v3 (cluster top-k, page-ID-first decode scoring, 3-stage attention, KV-outer unions for lists <= "
-                   "16 rows) + wgmma attention mainloop for full prefill tiles at d = 128";
+  doc["kernels"] = "v6: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer unions, "
+                   "wgmma for 64-row prefill tiles) + warp-specialised wgmma kernel for 128-row tiles (producer warps, "
+                   "mbarriers, ping-pong consumer warpgroups), one-wave decode splits, warp-per-row split-KV merge";
   const char* attn_env = std::getenv("CISA_CUDA_ATTENTION");
   const bool mma_only = attn_env && std::string(attn_env) == "mma";
+  const bool v5_tiles = attn_env && std::string(attn_env) == "wgmma-v5";
   doc["attention_mainloop"] = mma_only ? "mma.sync everywhere (CISA_CUDA_ATTENTION=mma)"
-                                       : "wgmma for full prefill tiles at d = 128, mma.sync elsewhere";
+                              : v5_tiles ? "v4/v5 wgmma kernel for full prefill tiles (CISA_CUDA_ATTENTION=wgmma-v5)"
+                                         : "wgmma for full prefill tiles at d = 128 (128-row tiles warp-specialised), "
+                                           "mma.sync elsewhere";
   doc["index_query_model"] = "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();
   std::mt19937 rng(42);
