@@ -1,8 +1,12 @@
 // Paged attention on Hopper warpgroup MMA (wgmma, sm_90a) for full prefill row tiles: the same
 // tasks, page lists, masking, LSE output and split-KV partials as attention.cuh, with Q·Kᵀ and
-// P·V issued per warpgroup (64 query rows) instead of per warp. K/V pages are still read in place
-// by page ID (cp.async into a core-matrix shared layout, no gather). Head dim 128 only; other
-// head dims, union tasks and page-split decode keep the mma.sync kernel (attention.cuh).
+// P·V issued per warpgroup (64 query rows) instead of per warp. K/V pages are read in place by
+// page ID (cp.async into a 128-byte-swizzled shared layout, no gather). 128-row tiles run the
+// warp-specialised kernel (attention_wgmma_ws.cu: producer warps, mbarriers, two consumer
+// warpgroups taking turns), 64-row tiles the v4 kernel (attention_wgmma.cu). Head dim 128 only;
+// other head dims, union tasks and page-split decode keep the mma.sync kernel (attention.cuh).
+//
+//   if (wgmma_attention_applies(d, page_warps, unions)) launch_attention_wgmma(args, tasks, warps, stream);
 #pragma once
 
 #include <cuda_runtime.h>
