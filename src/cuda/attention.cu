@@ -59,29 +59,14 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   const int row_base = uni ? 0 : rt * 16;
   const int rows_w = uni ? (L.last_pos - L.first_pos + 1) * hg : t.rows;
 
-  // The two rows of this thread (rows past the tile repeat its last row and are not written).
+  // The two rows of this thread and their Q fragments (attention_rows.cuh).
   int32_t pos[2];
-  const uint16_t* qp[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = min(row_base + gr + 8 * h, rows_w - 1);
-    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-    pos[h] = L.first_pos + p;
-    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(D);
-  }
+  uint32_t qf[D / 16][4];
+  load_q_rows<D>(a, L, t.row0, row_base, rows_w, gr, tq, pos, qf);
   // Last query position of the block (members ascend, so the last member's last query).
   const int32_t tmax = uni ? a.lists[t.list + (t.members - 1) * t.stride].last_pos
                            : L.first_pos + (t.row0 + t.rows - 1) / hg;
   bool warp_active = uni ? warp < t.members : rt * 16 < t.rows;
-
-  uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
-    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
-    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
-    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
-  }
 
   // Page IDs and logical chunks of the task are staged in shared memory, kSegPages at a time
   // (one coalesced read each), so neither the K/V copies nor the masks wait on a dependent

@@ -18,6 +18,30 @@ namespace cisa::cuda::detail {
 constexpr float kAttnLog2e = 1.4426950408889634f;
 constexpr float kAttnLn2 = 0.6931471805599453f;
 
+// Query rows of one thread: rows r = row_base + gr + 8h (h = 0, 1) of the task's tile (rows past
+// `rows` repeat its last row and are never written), their absolute positions, and Q as the
+// bf16 A fragments of the 16-channel k-steps (the same registers serve mma.sync and wgmma).
+template <int D>
+__device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDesc& L, int row0, int row_base,
+                                            int rows, int gr, int tq, int32_t (&pos)[2], uint32_t (&qf)[D / 16][4]) {
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  const uint16_t* qp[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = min(row_base + gr + 8 * h, rows - 1);
+    const int lr = row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+    pos[h] = L.first_pos + p;
+    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(D);
+  }
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
+  }
+}
+
 // One online-softmax step over a tile of NT scores per row (raw q·k in s[NT / 2], pages of
 // kPageSize tokens whose first positions are cstart[page]; INT_MAX / 2 marks a page past the
 // task). Masks by absolute position (causal, optional window), folds the positive scale into

@@ -65,27 +65,10 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   const int row_base = wg * 64 + (warp % 4) * 16;
   const bool wg_active = wg * 64 < t.rows;
 
-  // The two rows of this thread (rows past the tile repeat its last row and are not written).
-  int32_t pos[2];
-  const uint16_t* qp[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = min(row_base + gr + 8 * h, t.rows - 1);
-    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-    pos[h] = L.first_pos + p;
-    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(kD);
-  }
-  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
-
-  // Q as the register A operand, k-step kk = channels 16kk … 16kk + 15.
+  int32_t pos[2];  // the two rows of this thread and Q as the register A operand
   uint32_t qf[kD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
-    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
-    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
-    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
-  }
+  load_q_rows<kD>(a, L, t.row0, row_base, t.rows, gr, tq, pos, qf);
+  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
 
   const int64_t n_pages = t.page1 - t.page0;
   // Piece e of a tile: token e / 16, channels 8·(e % 16) … +7: 16 consecutive threads read one

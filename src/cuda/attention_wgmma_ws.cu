@@ -180,23 +180,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
   const bool pingpong = n_wg == 2;
   const int gr = lane >> 2, tq = lane & 3;
   const int row_base = wg * 64 + (warp % 4) * 16;
-  int32_t pos[2];
-  const uint16_t* qp[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = min(row_base + gr + 8 * h, t.rows - 1);  // rows past the tile repeat the last
-    const int lr = t.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-    pos[h] = L.first_pos + p;
-    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(kD);
-  }
+  int32_t pos[2];  // the two rows of this thread and Q as the register A operand
   uint32_t qf[kD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);
-    qf[kk][1] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + tq * 2);
-    qf[kk][2] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + 8 + tq * 2);
-    qf[kk][3] = *reinterpret_cast<const uint32_t*>(qp[1] + kk * 16 + 8 + tq * 2);
-  }
+  load_q_rows<kD>(a, L, t.row0, row_base, t.rows, gr, tq, pos, qf);
   float o[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
