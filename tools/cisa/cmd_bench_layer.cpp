@@ -38,6 +38,7 @@ struct Geometry {
 struct Options {
   int64_t context = 1048576, budget = 4096, window = 128, prefill = 512, iters = 10, warmup = 3;
   std::string dump_dir, geometry = "all", phase = "all";
+  bool contiguous = false;  // block tables in pool order instead of a random permutation
 };
 
 constexpr int kD = 128;
@@ -149,6 +150,8 @@ int bench_layer(int argc, char** argv) {
   a.add_int("--warmup", &o.warmup, "untimed runs first (default 3)");
   a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:1", "32:2"}, "geometry to run (default all)");
   a.add_choice("--phase", &o.phase, {"all", "prefill", "decode"}, "phase to run (default all)");
+  a.add_flag("--contiguous-pages", &o.contiguous,
+             "block tables in pool order (consecutive pages adjacent in memory) instead of a random permutation");
   a.add_string("--dump-lists", &o.dump_dir, "write each plan's page lists here for bench/anchors_layer.py");
   a.add_flag("--json", &json, "print one JSON document on stdout (the table goes to stderr)");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
@@ -205,6 +208,7 @@ int bench_layer(int argc, char** argv) {
   doc["window"] = o.window;
   doc["prefill_queries"] = o.prefill;
   doc["iters"] = o.iters;
+  doc["block_tables"] = o.contiguous ? "pool order (--contiguous-pages)" : "random permutation of the pool";
   doc["kernels"] = "v6: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer unions, "
                    "wgmma for 64-row prefill tiles) + warp-specialised wgmma kernel for 128-row tiles (producer warps, "
                    "mbarriers, ping-pong consumer warpgroups), one-wave decode splits, warp-per-row split-KV merge";
@@ -224,7 +228,7 @@ int bench_layer(int argc, char** argv) {
     // Block tables: a random permutation of the pool, so a sequence's pages are scattered.
     std::vector<int32_t> perm(static_cast<size_t>(P));
     std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    if (!o.contiguous) std::shuffle(perm.begin(), perm.end(), rng);
     cudaMemcpy(buf.tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice);
     std::vector<int64_t> offsets(static_cast<size_t>(geo.seqs) + 1);
     for (int s = 0; s <= geo.seqs; ++s) offsets[static_cast<size_t>(s)] = s * pages_per_seq;
