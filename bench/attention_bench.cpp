@@ -109,6 +109,47 @@ BENCHMARK(BM_PrefillBlockGemmaGlobal)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+
+// Dense decode of one position in the 32:8 geometry (d = 128, bf16 K/V) with GFLOP/s counting
+// 4·d flops per (query head, key). A short context stays in cache and shows the kernel's compute
+// rate; a long one streams from memory (no flush between iterations: a lower bound on time).
+void BM_DecodeDense32x8(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const int hkv = 8, hq = 32, d = 128;
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
+                                                .page_size = 16, .num_pages = n / 16 + 1, .dtype = KvDtype::kBF16}));
+  const SeqId seq = *cache->add_sequence();
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(static_cast<size_t>(1024 * hkv * d)), v(k.size());
+  for (int64_t done = 0; done < n; done += 1024) {
+    const int64_t c = std::min<int64_t>(1024, n - done);
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    (void)cache->reserve(seq, c);
+    (void)cache->append(0, seq, c, k.data(), v.data());
+  }
+  std::vector<float> q(static_cast<size_t>(hq * d)), out(q.size());
+  for (auto& x : q) x = nd(rng);
+  std::vector<BatchEntry> batch = {{seq, n - 1, 1}};
+  PageLists lists;
+  (void)plan_dense(*cache, 0, batch, 0, &lists);
+  ThreadPool pool(static_cast<int>(state.range(1)));
+  AttentionWorkspace ws;
+  for (auto _ : state) {
+    (void)attend(*cache, 0, batch, lists, q.data(), hq, {}, out.data(), nullptr, pool, &ws);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double flops = 4.0 * d * hq * static_cast<double>(n);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+  state.SetLabel("32:8 d=128 bf16 decode, threads=" + std::to_string(state.range(1)));
+}
+BENCHMARK(BM_DecodeDense32x8)
+    ->ArgsProduct({{2048, 65536}, {1, 2}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -6,7 +6,9 @@
 // order with an online softmax: per page, S = scale·Q·Kᵀ (masked by absolute position), then
 // the running max, denominator and O += P·V are updated. Prefill rows go through the tile kernel
 // (attention_tile_kernel.h: each 16-key block transposed once for up to 256 rows), decode rows
-// through the page kernel (attention_page_kernel.h). When there are too few (list, tile) pairs
+// through the fused decode kernel (attention_decode_kernel.h: scores in registers, bf16 widened
+// without shuffles, the next block prefetched), or the page kernel (attention_page_kernel.h)
+// without AVX-512 or where d % 32 or B % 16 is not 0. When there are too few (list, tile) pairs
 // to occupy every thread (decode), the page list is split and the partial results are merged by
 // log-sum-exp, as flash-decoding does; and a decode query group whose KV groups' lists hold the
 // same pages is one task over all of them, so that it reads the pool in address order.
@@ -25,6 +27,7 @@
 #include <limits>
 #include <string>
 
+#include "attention_decode_kernel.h"
 #include "attention_page_kernel.h"
 #include "attention_tile_kernel.h"
 #include "cisa/bf16.h"
@@ -75,9 +78,13 @@ struct AttentionRunner {
   void walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp, float* m,
                   float* l, float* s) const;
   template <class T>
+  void walk_pages_decode(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
+                         float* m, float* l, float* scratch) const;
+  template <class T>
   void walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
                         float* m, float* l, float* tile) const;
   bool tiled(const Task& t) const;
+  bool decode_kernel(const Task& t) const;
   bool same_pages_all_groups(int64_t query_group) const;
   int64_t head_row(const Task& t, int r) const;
 };
@@ -187,6 +194,74 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
   }
 }
 
+// Decode rows on AVX-512 (decode_kernel_fits): the fused kernel of attention_decode_kernel.h, one
+// block of 16 keys for up to 4 rows of one KV group at a time, K and V of a block read back to
+// back. The rows' queries are copied into the kernel's channel order first and the accumulators
+// put back into the natural order at the end. scratch: R·d + 16·4 + 16 floats.
+template <class T>
+void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow, const int64_t* tpos,
+                                        float* const* accp, float* m, float* l, float* scratch) const {
+#ifdef CISA_ATTENTION_AVX512
+  const int g0 = static_cast<int>(t.list % hkv);
+  const auto pages = lists.list_pages(t.list / hkv, g0);
+  const auto chunks = lists.list_chunks(t.list / hkv, g0);
+  const int R = t.rows;
+  const int RT = R * t.groups;
+  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
+  float* p = scratch + (16 - (reinterpret_cast<uintptr_t>(scratch) / sizeof(float)) % 16) % 16;  // 64-byte aligned
+  float* qo = p + 4 * cpu::kKeyBlock;
+  const float* qord[kRowTile];
+  for (int r = 0; r < RT; ++r) {
+    cpu::order_channels<T>(qrow[r], d, qo + static_cast<int64_t>(r) * d);
+    qord[r] = qo + static_cast<int64_t>(r) * d;
+  }
+  // Blocks are visited page by page, KV group by group, 16 keys at a time; (nk, nv) is the block
+  // after the current one in that order, whose lines are prefetched while this one is computed.
+  auto visible_page = [&](int64_t pi) {
+    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
+    return s0 <= tmax && !(window > 0 && s0 + B - 1 <= tmin - window);
+  };
+  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
+    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
+    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
+    if (!visible_page(pi)) continue;  // before every row's window
+    const int32_t page = pages[static_cast<size_t>(pi)];
+    const int32_t next_page = pi + 1 < t.page1 && visible_page(pi + 1) ? pages[static_cast<size_t>(pi + 1)] : -1;
+    for (int gi = 0; gi < t.groups; ++gi) {
+      const T* kp = static_cast<const T*>(cache.k_page(layer, page, g0 + gi));
+      const T* vp = static_cast<const T*>(cache.v_page(layer, page, g0 + gi));
+      for (int j0 = 0; j0 < B; j0 += cpu::kKeyBlock) {
+        const T *nk = nullptr, *nv = nullptr;
+        if (j0 + cpu::kKeyBlock < B) {
+          nk = kp + static_cast<int64_t>(j0 + cpu::kKeyBlock) * d, nv = vp + static_cast<int64_t>(j0 + cpu::kKeyBlock) * d;
+        } else if (gi + 1 < t.groups) {
+          nk = static_cast<const T*>(cache.k_page(layer, page, g0 + gi + 1));
+          nv = static_cast<const T*>(cache.v_page(layer, page, g0 + gi + 1));
+        } else if (next_page >= 0) {
+          nk = static_cast<const T*>(cache.k_page(layer, next_page, g0));
+          nv = static_cast<const T*>(cache.v_page(layer, next_page, g0));
+        }
+        const int64_t b0 = s0 + j0;
+        for (int r0 = 0; r0 < R; r0 += 4) {
+          const int nr = std::min(4, R - r0);
+          uint32_t vis[4] = {0, 0, 0, 0}, any = 0;
+          for (int i = 0; i < nr; ++i) any |= vis[i] = cpu::visible_lanes(b0, cpu::kKeyBlock, tpos[r0 + i], window);
+          if (any == 0) continue;
+          const int jend = static_cast<int>(std::min<int64_t>(cpu::kKeyBlock, tpos[r0 + nr - 1] - b0 + 1));
+          const int b = gi * R + r0;
+          cpu::decode_block_rows(nr, qord + b, kp + static_cast<int64_t>(j0) * d, vp + static_cast<int64_t>(j0) * d,
+                                 r0 == 0 ? nk : nullptr, r0 == 0 ? nv : nullptr, d, scale, vis, jend, m + b, l + b,
+                                 accp + b, p);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r) cpu::natural_channels<T>(accp[r], d);
+#else
+  (void)t, (void)qrow, (void)tpos, (void)accp, (void)m, (void)l, (void)scratch;
+#endif
+}
+
 // Output row (position · num_q_heads + head) of row r of a task (rows list-major).
 int64_t AttentionRunner::head_row(const Task& t, int r) const {
   const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
@@ -213,6 +288,16 @@ bool AttentionRunner::tiled(const Task& t) const {
 #ifdef CISA_ATTENTION_AVX512
   const auto& grp = lists.groups[static_cast<size_t>(t.list / hkv)];
   return batch[static_cast<size_t>(grp.entry)].count > 1;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// Rows that are not tiled use the fused decode kernel where it fits the head and page sizes.
+bool AttentionRunner::decode_kernel(const Task& t) const {
+#ifdef CISA_ATTENTION_AVX512
+  return !tiled(t) && cpu::decode_kernel_fits(d, B);
 #else
   (void)t;
   return false;
@@ -292,6 +377,11 @@ void AttentionRunner::run_task(const Task& t, float* scratch) const {
       walk_pages_tiled<uint16_t>(t, qrow, tpos, accp, m, l, tile);
     else
       walk_pages_tiled<float>(t, qrow, tpos, accp, m, l, tile);
+  } else if (decode_kernel(t)) {
+    if (bf16)
+      walk_pages_decode<uint16_t>(t, qrow, tpos, accp, m, l, tile);
+    else
+      walk_pages_decode<float>(t, qrow, tpos, accp, m, l, tile);
   } else if (bf16) {
     walk_pages<uint16_t>(t, qrow, tpos, accp, m, l, s);
   } else {
@@ -361,7 +451,8 @@ void AttentionRunner::run(ThreadPool& pool) {
   ws->partial_lse_.resize(static_cast<size_t>(partial_rows));
   int64_t scratch_floats = static_cast<int64_t>(kRowTile) * (d + 2 + B);
 #ifdef CISA_ATTENTION_AVX512
-  scratch_floats += cpu::tile_scratch_floats(kRowTile, d);
+  scratch_floats += std::max(cpu::tile_scratch_floats(kRowTile, d),
+                             static_cast<int64_t>(kRowTile) * d + 4 * cpu::kKeyBlock + 16);
 #endif
   ws->thread_scratch_.resize(static_cast<size_t>(threads));
   for (auto& s : ws->thread_scratch_) s.resize(static_cast<size_t>(scratch_floats));

@@ -1,4 +1,10 @@
 // CISA selection: query groups, scoring against representatives, top-k, page-list assembly.
+// GCC 12's AVX-512 intrinsics trip -W(maybe-)uninitialized once inlined (GCC bug 105593; see
+// attention.cpp); it has to be off before <immintrin.h> is first read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include "cisa/selection.h"
 
 #include <algorithm>
@@ -7,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention_page_kernel.h"
 #include "cisa/bf16.h"
 
 namespace cisa {
@@ -87,13 +94,43 @@ float quest_bound(const float* q, const T* r, int d) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+#ifdef CISA_ATTENTION_AVX512
+// Mean-key scores of representatives j0 … j0 + 3 (d % 16 == 0): one query vector loaded feeds
+// four FMAs; the representatives a few blocks ahead are prefetched, since a sequence's pages
+// (and so its representatives) need not be adjacent in the pool.
+template <class T>
+void score4_mean512(const PagedKvCache& cache, int layer, std::span<const int32_t> table, int g, const float* q,
+                    int64_t j0, int64_t end, float scale, float* out) {
+  const int d = cache.head_dim();
+  constexpr int64_t kAhead = 8;
+  const T* r[4];
+  for (int x = 0; x < 4; ++x) r[x] = static_cast<const T*>(cache.rep(layer, table[static_cast<size_t>(j0 + x)], g));
+  for (int64_t x = j0 + kAhead; x < std::min(end, j0 + kAhead + 4); ++x) {
+    const auto* pr = static_cast<const char*>(cache.rep(layer, table[static_cast<size_t>(x)], g));
+    for (int64_t off = 0; off < static_cast<int64_t>(d * sizeof(T)); off += 64) _mm_prefetch(pr + off, _MM_HINT_T2);
+  }
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int i = 0; i < d; i += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + i);
+    for (int x = 0; x < 4; ++x) a[x] = _mm512_fmadd_ps(qv, cpu::load16(r[x] + i), a[x]);
+  }
+  _mm_storeu_ps(out, _mm_mul_ps(cpu::hsum4x16(a), _mm_set1_ps(scale)));
+}
+#endif
+
 template <class T>
 void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> table, int g,
                  const float* q, int64_t first, int64_t n, float* scores) {
   const int d = cache.head_dim();
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
   const bool quest = cache.config().rep == RepKind::kQuest;
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;
+#ifdef CISA_ATTENTION_AVX512
+  if (!quest && d % 16 == 0)
+    for (; j + 4 <= n; j += 4)
+      score4_mean512<T>(cache, layer, table, g, q, first + j, first + n, inv_sqrt_d, scores + j);
+#endif
+  for (; j < n; ++j) {
     const T* r = static_cast<const T*>(cache.rep(layer, table[static_cast<size_t>(first + j)], g));
     scores[j] = (quest ? quest_bound(q, r, d) : dot(q, r, d)) * inv_sqrt_d;
   }

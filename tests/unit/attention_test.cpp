@@ -196,6 +196,60 @@ TEST(Attention, OddHeadDimsAndPageSizesMatchFp64) {
   }
 }
 
+// Decode rows take the fused decode kernel wherever d % 32 == 0 and the page size is a multiple of
+// 16 (attention_decode_kernel.h): pages of several 16-key blocks, a head dimension with a lone
+// 32-channel block after the 64-channel ones (96, 160), query heads per KV group that are not a
+// multiple of its 4-row blocks (1, 3, 6), positions anywhere in the last page, a sliding window
+// that cuts through blocks, and sparse lists, against fp64; full-budget CISA equals dense bit for
+// bit.
+TEST(Attention, DecodeKernelShapesMatchFp64) {
+  struct Shape {
+    int d, page, hkv, ratio;
+    KvDtype dtype;
+  };
+  const Shape cases[] = {{96, 32, 2, 3, KvDtype::kBF16}, {160, 48, 1, 6, KvDtype::kF32}, {32, 16, 3, 1, KvDtype::kBF16},
+                         {96, 16, 1, 6, KvDtype::kF32},  {64, 48, 2, 4, KvDtype::kBF16}, {160, 32, 1, 3, KvDtype::kBF16}};
+  for (const Shape& o : cases) {
+    SCOPED_TRACE("d " + std::to_string(o.d) + " page " + std::to_string(o.page) + " " + kv_dtype_name(o.dtype));
+    std::mt19937 rng(static_cast<uint32_t>(o.d * 17 + o.page + o.ratio));
+    const Case c{o.d, o.hkv, o.ratio, o.dtype};
+    std::vector<int64_t> lens;
+    for (int i = 0; i < 4; ++i) lens.push_back(600 + static_cast<int64_t>(rng() % 97));
+    CacheSetup s = make_setup(c, lens, rng, 1, o.page);
+    const int hq = o.hkv * o.ratio;
+    std::vector<BatchEntry> batch;
+    for (size_t i = 0; i < lens.size(); ++i) batch.push_back({s.seqs[i], lens[i] - 1, 1});
+    const int64_t rows = batch_row_offsets(batch).back();
+    auto q = test::random_vec(rng, static_cast<size_t>(rows * hq * o.d));
+    auto iq = test::random_vec(rng, static_cast<size_t>(rows * o.hkv * o.d));
+    std::vector<float> out(q.size(), NAN), lse(static_cast<size_t>(rows * hq), NAN);
+    ThreadPool pool(2);
+    AttentionWorkspace ws;
+    PageLists dense, sparse, full;
+    ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &dense).ok());
+    ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+    check_rows(*s.cache, batch, dense, q, hq, out, lse, 0, rng, 1000);
+    const std::vector<float> dense_out = out, dense_lse = lse;
+
+    const int64_t window = 37;
+    ASSERT_TRUE(plan_dense(*s.cache, 0, batch, window, &dense).ok());
+    ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {.sliding_window = window}, out.data(), lse.data(),
+                       pool, &ws).ok());
+    check_rows(*s.cache, batch, dense, q, hq, out, lse, window, rng, 1000);
+
+    SelectionParams sp{.budget = 6, .window = 2, .qshare = 1, .sink_pages = 1};
+    ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &sparse).ok());
+    ASSERT_TRUE(attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+    check_rows(*s.cache, batch, sparse, q, hq, out, lse, 0, rng, 1000);
+
+    sp.budget = 1 << 20;
+    ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &full).ok());
+    ASSERT_TRUE(attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+    EXPECT_EQ(out, dense_out);
+    EXPECT_EQ(lse, dense_lse);
+  }
+}
+
 // Same logical K/V and queries, different physical pages: identical results.
 TEST(Attention, ShufflingPhysicalPagesChangesNothing) {
   std::mt19937 rng(21);
