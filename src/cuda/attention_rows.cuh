@@ -2,9 +2,9 @@
 // attention_wgmma_ws.cu): the online-softmax step of the wgmma kernels and the epilogue that
 // normalises a thread's two rows and writes them (output + LSE, or a split-KV partial).
 //
-// Fragment layout (mma.m16n8k16 and wgmma accumulators alike): thread (gr = lane / 4, tq = lane % 4)
-// holds rows gr and gr + 8 of its 16-row slice; value e (0–3) of 8-column chunk j sits at row
-// gr + 8·(e >> 1), column 8j + 2tq + (e & 1). Arrays are flattened as x[4j + e].
+// Fragment layout (mma.m16n8k16 and wgmma accumulators alike): thread (gr = lane / 4, tq = lane %
+// 4) holds rows gr and gr + 8 of its 16-row slice; value e (0–3) of 8-column chunk j sits at row gr
+// + 8·(e >> 1), column 8j + 2tq + (e & 1). Arrays are flattened as x[4j + e].
 #pragma once
 
 #include <climits>
@@ -22,8 +22,9 @@ constexpr float kAttnLn2 = 0.6931471805599453f;
 // `rows` repeat its last row and are never written), their absolute positions, and Q as the
 // bf16 A fragments of the 16-channel k-steps (the same registers serve mma.sync and wgmma).
 template <int D>
-__device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDesc& L, int row0, int row_base,
-                                            int rows, int gr, int tq, int32_t (&pos)[2], uint32_t (&qf)[D / 16][4]) {
+__device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDesc& L, int row0,
+                                            int row_base, int rows, int gr, int tq,
+                                            int32_t (&pos)[2], uint32_t (&qf)[D / 16][4]) {
   const int hg = a.num_q_heads / a.num_kv_heads;
   const uint16_t* qp[2];
 #pragma unroll
@@ -49,8 +50,9 @@ __device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDe
 // (log2 units, scaled) and sum l, leaves the weights P (f32) in s and O's factor in corr.
 template <int NT, int B>
 __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_t (&cstart)[NT / B],
-                                                const int32_t (&pos)[2], int32_t window, float sl2, int tq,
-                                                float (&m)[2], float (&l)[2], float (&corr)[2]) {
+                                                const int32_t (&pos)[2], int32_t window, float sl2,
+                                                int tq, float (&m)[2], float (&l)[2],
+                                                float (&corr)[2]) {
   constexpr int NP = NT / B;
   float mx[2] = {-INFINITY, -INFINITY};
   const bool all_visible = window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
@@ -90,7 +92,8 @@ __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_
 // O rows to the new maximum, then P (f32) packed as the bf16 A operand of P·V: k-step kt =
 // tokens 16kt … 16kt + 15 = chunks 2kt, 2kt + 1.
 template <int D, int NT>
-__device__ __forceinline__ void wg_rescale_pack(float (&o)[D / 2], const float (&corr)[2], const float (&s)[NT / 2],
+__device__ __forceinline__ void wg_rescale_pack(float (&o)[D / 2], const float (&corr)[2],
+                                                const float (&s)[NT / 2],
                                                 uint32_t (&pa)[NT / 16][4]) {
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
@@ -112,9 +115,9 @@ __device__ __forceinline__ void wg_rescale_pack(float (&o)[D / 2], const float (
 // gr + 8h below `rows` writes O / l (and the LSE, natural log) to the output, or to the task's
 // split-KV partial slot. m is in log2 units. o is flattened as o[4j + e] (D / 2 values).
 template <int D>
-__device__ __forceinline__ void store_rows(const AttentionArgs& a, const ListDesc& L, int task, int row0,
-                                           int row_base, int rows, int gr, int tq, const float* o,
-                                           const float (&m)[2], float (&l)[2]) {
+__device__ __forceinline__ void store_rows(const AttentionArgs& a, const ListDesc& L, int task,
+                                           int row0, int row_base, int rows, int gr, int tq,
+                                           const float* o, const float (&m)[2], float (&l)[2]) {
   const int hg = a.num_q_heads / a.num_kv_heads;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -141,7 +144,8 @@ __device__ __forceinline__ void store_rows(const AttentionArgs& a, const ListDes
     }
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) =
+          make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
   }
 }
 

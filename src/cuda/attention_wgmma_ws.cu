@@ -43,14 +43,18 @@ constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 constexpr int kConsumerRegs = 224;
 constexpr int kProducerRegs = 56;
 constexpr int kMeta = NP + 2;  // page starts of the tile, valid flag, padding (8-byte multiple)
-static_assert(NT == 128 && ST >= 3, "one m64n128 score tile; tiles j, j + 1 read while later ones land");
+static_assert(NT == 128 && ST >= 3,
+              "one m64n128 score tile; tiles j, j + 1 read while later ones land");
 static_assert(NP <= 8, "the producer's page-ID window holds four tiles of 32 lanes");
 
 constexpr size_t ws_smem_bytes() {
-  return size_t{2} * ST * kTileBytes + sizeof(int32_t) * ST * kMeta + sizeof(uint64_t) * 2 * ST + kAtomBytes;
+  return size_t{2} * ST * kTileBytes + sizeof(int32_t) * ST * kMeta + sizeof(uint64_t) * 2 * ST +
+         kAtomBytes;
 }
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ uint32_t saddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(saddr(b)), "r"(count) : "memory");
 }
@@ -68,7 +72,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
+        "0, p;\n}\n"
         : "=r"(done)
         : "r"(saddr(b)), "r"(parity)
         : "memory");
@@ -88,10 +93,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = saddr(smem_w);
   uint8_t* ks = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);  // [ST][kTileBytes]
-  uint8_t* vs = ks + ST * kTileBytes;                                            // same
-  int32_t* meta = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);              // [ST][kMeta]
-  uint64_t* full = reinterpret_cast<uint64_t*>(meta + ST * kMeta);               // [ST]
-  uint64_t* empty = full + ST;                                                   // [ST]
+  uint8_t* vs = ks + ST * kTileBytes;                                         // same
+  int32_t* meta = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);           // [ST][kMeta]
+  uint64_t* full = reinterpret_cast<uint64_t*>(meta + ST * kMeta);            // [ST]
+  uint64_t* empty = full + ST;                                                // [ST]
 
   const AttnTask t = a.tasks[blockIdx.x];
   const ListDesc L = a.lists[t.list];
@@ -151,7 +156,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
         for (int p = pw * (NP / CW); p < (pw + 1) * (NP / CW); ++p) {
           const int32_t pid = __shfl_sync(0xffffffffu, pid_c, sl + p);
           const int bytes = p0 + p < n_pages ? 16 : 0;  // zero-filled, masked by its page start
-          const int64_t off = (static_cast<int64_t>(pid) * a.num_kv_heads + L.kv) * B * kD + src_lane;
+          const int64_t off =
+              (static_cast<int64_t>(pid) * a.num_kv_heads + L.kv) * B * kD + src_lane;
           uint8_t* kd = ks + stage * kTileBytes + p * B * 128;
           uint8_t* vd = vs + stage * kTileBytes + p * B * 128;
 #pragma unroll
@@ -193,7 +199,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
 
   auto issue_s = [&](int stage) {  // K-major B: a k16 step is 32 bytes of a 128-byte row
     const uint8_t* kst = ks + stage * kTileBytes;
-    auto desc = [&](int kk) { return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes); };
+    auto desc = [&](int kk) {
+      return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes);
+    };
     dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
 #pragma unroll
     for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
@@ -202,7 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
     const uint8_t* vst = vs + stage * kTileBytes;
 #pragma unroll
     for (int kt = 0; kt < NT / 16; ++kt)
-      dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
+      dev::wgmma_m64n128k16<1>(
+          o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
   };
   auto wait_full = [&](int j) {  // false: the producer ended the task at tile j
     mbar_wait(&full[j % ST], static_cast<uint32_t>((j / ST) & 1));
@@ -279,8 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
 template <int CW>
 cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = ws_smem_bytes();
-  cudaError_t err = cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err =
+      cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   attention_wgmma_ws_kernel<CW><<<static_cast<unsigned>(num_tasks), kThreads, smem, stream>>>(a);
   return cudaGetLastError();
@@ -288,13 +298,15 @@ cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t st
 
 }  // namespace
 
-cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks,
+                                      cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD) return cudaErrorInvalidValue;
   // CISA_CUDA_WS_COPY_WARPS=1 copies with one producer warp (A/B runs of kWsCopyWarps).
   const char* e = std::getenv("CISA_CUDA_WS_COPY_WARPS");
   const int cw = e && std::atoi(e) == 1 ? 1 : tiles::kWsCopyWarps;
-  return cw == 1 ? launch_cw<1>(a, num_tasks, stream) : launch_cw<tiles::kWsCopyWarps>(a, num_tasks, stream);
+  return cw == 1 ? launch_cw<1>(a, num_tasks, stream)
+                 : launch_cw<tiles::kWsCopyWarps>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail
