@@ -253,9 +253,11 @@ Status upload(DeviceBuffer& buf, const std::vector<T>& host, const char* what) {
 Status finish_plan(Plan::Impl& P) {
   int64_t out = 0, score = 0;
   P.sel.clear();
+  P.max_fixed = 0;
   for (size_t i = 0; i < P.lists.size(); ++i) {
     auto& d = P.lists[i];
     d.out_begin = out;
+    P.max_fixed = std::max<int64_t>(P.max_fixed, (d.pre_end - d.pre_begin) + (d.post_end - d.post_begin));
     out += (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
     d.score_begin = score;
     if (d.k > 0) {
@@ -425,7 +427,7 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
   switch (stage) {
     case SelectStage::kSetup:
       return cuda_status(detail::launch_assemble_lists(P.d_lists.as<ListDesc>(), static_cast<int64_t>(P.lists.size()),
-                                                       P.block_pages, P.d_pages.as<int32_t>(),
+                                                       P.max_fixed, P.block_pages, P.d_pages.as<int32_t>(),
                                                        P.d_chunks.as<int32_t>(), s),
                          "cuda: page-list assembly");
     case SelectStage::kScore:

@@ -55,6 +55,7 @@ struct Plan::Impl {
   bool wgmma = false;  // attention on the wgmma kernel (attention_wgmma.cuh)
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)
+  int64_t max_fixed = 0;   // most fixed entries (dense range / sinks + window + tail) of a list
 
   DeviceBuffer d_lists, d_sel, d_streams, d_tasks, d_merges;
   DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_qsplit, d_partial_out, d_partial_lse;

@@ -131,6 +131,8 @@ constexpr int kUnionMaxSmem = 96 * 1024;
 // ---- representatives, page lists, merge ----
 constexpr int kRepThreads = 128;
 constexpr int kAssembleThreads = 256;
+// Entries per thread of one assembly block (a block writes 2,048 entries of one list).
+constexpr int kAssembleItems = 8;
 // One warp per merged row (attention.cu); 4 rows per block.
 constexpr int kMergeThreads = 128;
 

@@ -103,6 +103,30 @@ void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& pl
   expect_close(w, want_out, want_lse, out.download(), lse.download());
 }
 
+// A dense plan's lists must be exactly chunks lo/16 … last/16 of each entry (lo = first − window
+// + 1 with a window, else 0) with pages from the block table: checked on their own, since the
+// attention comparison runs the CPU on the lists downloaded from the GPU.
+void expect_dense_lists(const World& w, const cuda::Plan& plan, int64_t window) {
+  PageLists lists;
+  ASSERT_TRUE(cuda::download_page_lists(plan, &lists).ok());
+  ASSERT_EQ(lists.groups.size(), w.batch.size());
+  for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
+    const auto& b = w.batch[static_cast<size_t>(lists.groups[gi].entry)];
+    const int64_t c0 = (window > 0 ? std::max<int64_t>(0, b.first - window + 1) : 0) / 16;
+    const int64_t c1 = (b.first + b.count - 1) / 16;
+    const auto table = *w.cache->block_table(b.seq);
+    for (int kv = 0; kv < w.cache->num_kv_heads(); ++kv) {
+      const auto c = lists.list_chunks(static_cast<int64_t>(gi), kv);
+      const auto p = lists.list_pages(static_cast<int64_t>(gi), kv);
+      ASSERT_EQ(static_cast<int64_t>(c.size()), c1 - c0 + 1) << "group " << gi << " kv " << kv;
+      for (size_t i = 0; i < c.size(); ++i) {
+        ASSERT_EQ(c[i], c0 + static_cast<int64_t>(i)) << "group " << gi << " kv " << kv << " entry " << i;
+        ASSERT_EQ(p[i], table[static_cast<size_t>(c[i])]) << "group " << gi << " kv " << kv << " entry " << i;
+      }
+    }
+  }
+}
+
 struct Shape {
   int hkv, hq, d;
 };
@@ -124,6 +148,7 @@ TEST(CudaAttention, DenseMatchesCpu) {
       // 128-row prefill tiles at d = 128 run on the wgmma kernel (attention_wgmma.cu).
       EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128);
       ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+      expect_dense_lists(w, plan, window);
       run_and_compare(w, m, plan, window);
     }
   }
@@ -191,6 +216,7 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
       ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan).ok());
       EXPECT_EQ(plan.impl()->page_warps, want_pw);
       ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+      expect_dense_lists(w, plan, 0);  // the 40,000-token entry spans two assembly blocks
       run_and_compare(w, m, plan, 0);
     }
     SelectionParams p{.budget = 40, .window = 8, .qshare = 1};
