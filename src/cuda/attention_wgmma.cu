@@ -246,14 +246,14 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions) {
 cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
-  if (warps == 8) {
-    // CISA_CUDA_ATTENTION=wgmma-v5 keeps 128-row tiles on the v4/v5 kernel (A/B runs).
-    const char* force = std::getenv("CISA_CUDA_ATTENTION");
-    const bool v5 = force && std::strcmp(force, "wgmma-v5") == 0;
-    return tiles::kWgmmaWarpSpecialized && !v5 ? launch_attention_wgmma_ws(a, num_tasks, stream)
+  // CISA_CUDA_ATTENTION=wgmma-v5 keeps every tile on the v4/v5 kernel (A/B runs).
+  const char* force = std::getenv("CISA_CUDA_ATTENTION");
+  const bool v5 = force && std::strcmp(force, "wgmma-v5") == 0;
+  if (warps == 8)
+    return tiles::kWgmmaWarpSpecialized && !v5 ? launch_attention_wgmma_ws(a, num_tasks, false, stream)
                                                : launch_typed<2>(a, num_tasks, stream);
-  }
-  return launch_typed<1>(a, num_tasks, stream);
+  return tiles::kWsPairedTiles && !v5 ? launch_attention_wgmma_ws(a, num_tasks, true, stream)
+                                      : launch_typed<1>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

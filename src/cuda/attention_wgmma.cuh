@@ -23,7 +23,9 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions);
 // warps: 4 or 8 (row tile 64 or 128 = one or two warpgroups); same tasks as launch_attention.
 cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream);
 
-// The warp-specialised kernel for 128-row tiles (attention_wgmma_ws.cu; the same contract).
-cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream);
+// The warp-specialised kernel (attention_wgmma_ws.cu; the same contract): 128-row tiles, or
+// (paired) tiles of up to 64 rows, two tasks per block.
+cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
+                                      cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

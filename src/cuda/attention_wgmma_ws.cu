@@ -27,12 +27,8 @@ namespace {
 
 constexpr int kD = 128;
 constexpr int B = tiles::kPageSize;
-constexpr int NT = tiles::kWsTileTokens;
-constexpr int NP = NT / B;
 constexpr int ST = tiles::kWsStages;
-constexpr int kTileBytes = NT * kD * 2;    // K (or V) of one tile
-constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
-constexpr uint32_t kAtomBytes = 1024;      // 8 token rows of 128 bytes
+constexpr uint32_t kAtomBytes = 1024;  // 8 token rows of 128 bytes
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // Registers per thread after setmaxnreg: a multiprocessor's four quarters each hold 16,384
@@ -42,13 +38,30 @@ constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // launch at 224.) The producer spilled at 40.
 constexpr int kConsumerRegs = 224;
 constexpr int kProducerRegs = 56;
-constexpr int kMeta = NP + 2;  // page starts of the tile, valid flag, padding (8-byte multiple)
-static_assert(NT == 128 && ST >= 3,
-              "one m64n128 score tile; tiles j, j + 1 read while later ones land");
-static_assert(NP <= 8, "the producer's page-ID window holds four tiles of 32 lanes");
+static_assert(ST >= 3, "tiles j, j + 1 are read while later ones land");
 
+// PAIR = false: one task of up to 128 rows per block, 128-key tiles (S = m64n128), one ring of
+// stages read by both consumer warpgroups, which take turns on the tensor cores. PAIR = true:
+// two tasks of up to 64 rows per block (tasks 2b and 2b + 1, one per consumer warpgroup),
+// 64-key tiles (m64n64), one ring per task filled by two of the copy warps, no turns (the two
+// tasks end at different tiles). Both use 3 × 64 KB of stages.
+template <bool PAIR>
+struct WsShape {
+  static constexpr int NT = PAIR ? tiles::kWsTileTokens / 2 : tiles::kWsTileTokens;
+  static constexpr int NP = NT / B;
+  static constexpr int RINGS = PAIR ? 2 : 1;
+  static constexpr int kTileBytes = NT * kD * 2;    // K (or V) of one tile
+  static constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
+  static constexpr int kMeta = NP + 2;  // page starts, valid flag, padding (8-byte multiple)
+  static_assert(NT == 64 || NT == 128, "one m64n64 or m64n128 score tile");
+  static_assert(NP <= 8, "the producer's page-ID window holds 32 / NP tiles of 32 lanes");
+};
+
+template <bool PAIR>
 constexpr size_t ws_smem_bytes() {
-  return size_t{2} * ST * kTileBytes + sizeof(int32_t) * ST * kMeta + sizeof(uint64_t) * 2 * ST +
+  using S = WsShape<PAIR>;
+  return S::RINGS * (size_t{2} * ST * S::kTileBytes + sizeof(int32_t) * ST * S::kMeta +
+                     sizeof(uint64_t) * 2 * ST) +
          kAtomBytes;
 }
 
@@ -86,44 +99,73 @@ __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
 }
 
-// CW: producer warps that copy, each NP / CW pages of every tile.
-template <int CW>
-__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const AttentionArgs a) {
-  static_assert(CW >= 1 && CW <= 4 && NP % CW == 0, "copy warps split a tile's pages evenly");
+// CW: producer warps that copy; RW = CW / RINGS of them fill a ring, each NP / RW pages of every
+// tile. num_tasks: tasks of the launch (PAIR: the last block may hold one).
+template <int CW, bool PAIR>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_wgmma_ws_kernel(const AttentionArgs a, int64_t num_tasks) {
+  using S = WsShape<PAIR>;
+  constexpr int NT = S::NT, NP = S::NP, kTileBytes = S::kTileBytes, kMeta = S::kMeta;
+  constexpr uint32_t kHalfBytes = S::kHalfBytes;
+  constexpr int RW = CW / S::RINGS;
+  static_assert(CW >= 1 && CW <= 4 && RW >= 1 && NP % RW == 0,
+                "copy warps split a ring's tile pages evenly");
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = saddr(smem_w);
-  uint8_t* ks = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);  // [ST][kTileBytes]
-  uint8_t* vs = ks + ST * kTileBytes;                                         // same
-  int32_t* meta = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);           // [ST][kMeta]
-  uint64_t* full = reinterpret_cast<uint64_t*>(meta + ST * kMeta);            // [ST]
-  uint64_t* empty = full + ST;                                                // [ST]
+  uint8_t* base = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);
+  // Rings [RINGS] of K stages [ST][kTileBytes] then V stages; then meta [RINGS][ST][kMeta],
+  // full [RINGS][ST], empty [RINGS][ST].
+  int32_t* meta_all = reinterpret_cast<int32_t*>(base + S::RINGS * 2 * ST * kTileBytes);
+  uint64_t* full_all = reinterpret_cast<uint64_t*>(meta_all + S::RINGS * ST * kMeta);
+  uint64_t* empty_all = full_all + S::RINGS * ST;
 
-  const AttnTask t = a.tasks[blockIdx.x];
-  const ListDesc L = a.lists[t.list];
-  const int hg = a.num_q_heads / a.num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_wg = t.rows > 64 ? 2 : 1;  // consumer warpgroups with rows
-  const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
+  const int wg = warp / 4;  // 0, 1: consumers; 2: producers
   if (threadIdx.x == 0) {
-    for (int s = 0; s < ST; ++s) {
-      mbar_init(&full[s], 32 * CW + 1);
-      mbar_init(&empty[s], 4 * n_wg);
+    const int n_wg0 = PAIR ? 1 : a.tasks[blockIdx.x].rows > 64 ? 2 : 1;
+    for (int s = 0; s < S::RINGS * ST; ++s) {
+      mbar_init(&full_all[s], 32 * RW + 1);
+      mbar_init(&empty_all[s], 4 * n_wg0);  // one arrival per consumer warp with rows
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  // Task, list and stage ring of a warp (computed after setmaxnreg: values live across it were
+  // spilled at the entry's 168-register cap).
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  int64_t task;
+  AttnTask t;
+  ListDesc L;
+  uint8_t *ks, *vs;
+  int32_t* meta;
+  uint64_t *full, *empty;
+  auto setup = [&](int ring) {
+    task = PAIR ? 2 * static_cast<int64_t>(blockIdx.x) + ring : blockIdx.x;
+    if (task >= num_tasks) return false;
+    t = a.tasks[task];
+    L = a.lists[t.list];
+    ks = base + ring * 2 * ST * kTileBytes;
+    vs = ks + ST * kTileBytes;
+    meta = meta_all + ring * ST * kMeta;
+    full = full_all + ring * ST;
+    empty = empty_all + ring * ST;
+    return true;
+  };
 
-  if (warp >= kConsumerThreads / 32) {
+  if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (warp - kConsumerThreads / 32 >= CW) return;  // gives its registers to the consumers only
+    // Warps past CW give their registers to the consumers only.
     const int pw = CW == 1 ? 0 : warp - kConsumerThreads / 32;
+    if (warp - kConsumerThreads / 32 >= CW || !setup(PAIR ? pw / RW : 0)) return;
+    const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
+    const int sub = CW == 1 ? 0 : pw % RW;  // this warp's share of the ring's tiles
     // ---- producer warps ----
     const int64_t n_pages = t.page1 - t.page0;
     const int64_t n_tiles = (n_pages + NP - 1) / NP;
     // Lane l holds page wbase + l of the current window (physical ID, first position or
     // INT_MAX / 2 past the task) and the same of the next window, loaded one window ahead.
-    auto load_ids = [&](int64_t base, int32_t& pid, int32_t& cs) {
-      const int64_t pi = base + lane;
+    auto load_ids = [&](int64_t first, int32_t& pid, int32_t& cs) {
+      const int64_t pi = first + lane;
       pid = pi < n_pages ? a.pages[t.page0 + pi] : 0;
       cs = pi < n_pages ? a.chunks[t.page0 + pi] * B : INT_MAX / 2;
     };
@@ -153,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
       int32_t* mt = meta + stage * kMeta;
       if (valid) {
 #pragma unroll
-        for (int p = pw * (NP / CW); p < (pw + 1) * (NP / CW); ++p) {
+        for (int p = sub * (NP / RW); p < (sub + 1) * (NP / RW); ++p) {
           const int32_t pid = __shfl_sync(0xffffffffu, pid_c, sl + p);
           const int bytes = p0 + p < n_pages ? 16 : 0;  // zero-filled, masked by its page start
           const int64_t off =
@@ -167,12 +209,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
           }
         }
         const int32_t cs = __shfl_sync(0xffffffffu, cs_c, sl + (lane % NP));
-        if (pw == 0 && lane < NP) mt[lane] = cs;
+        if (sub == 0 && lane < NP) mt[lane] = cs;
       }
-      if (pw == 0 && lane == 0) mt[NP] = valid ? 1 : 0;
+      if (sub == 0 && lane == 0) mt[NP] = valid ? 1 : 0;
       __syncwarp();
       mbar_arrive_on_copies(&full[stage]);
-      if (pw == 0 && lane == 0) mbar_arrive(&full[stage]);  // after the page starts and the flag
+      if (sub == 0 && lane == 0) mbar_arrive(&full[stage]);  // after the page starts and the flag
       if (!valid) break;
     }
     dev::cp_async_wait<0>();
@@ -181,11 +223,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
 
   // ---- consumer warpgroups ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-  const int wg = warp / 4;
-  if (wg >= n_wg) return;  // no rows: not counted by the empty barriers, takes no turns
-  const bool pingpong = n_wg == 2;
+  // No rows (or no task): not counted by the empty barriers, takes no turns.
+  if (!setup(PAIR ? wg : 0)) return;
+  const int n_wg = PAIR ? 1 : t.rows > 64 ? 2 : 1;
+  if (!PAIR && wg >= n_wg) return;
+  const bool pingpong = !PAIR && n_wg == 2;
   const int gr = lane >> 2, tq = lane & 3;
-  const int row_base = wg * 64 + (warp % 4) * 16;
+  const int row_base = (PAIR ? 0 : wg * 64) + (warp % 4) * 16;
   int32_t pos[2];  // the two rows of this thread and Q as the register A operand
   uint32_t qf[kD / 16][4];
   load_q_rows<kD>(a, L, t.row0, row_base, t.rows, gr, tq, pos, qf);
@@ -202,9 +246,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
     auto desc = [&](int kk) {
       return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes);
     };
-    dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
+    if constexpr (NT == 64) {
+      dev::wgmma_m64n64k16_init<0>(s, qf[0], desc(0));
 #pragma unroll
-    for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
+      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n64k16<0>(s, qf[kk], desc(kk), 1);
+    } else {
+      dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
+#pragma unroll
+      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
+    }
   };
   auto issue_pv = [&](int stage) {  // MN-major B: LBO = channel half, SBO = 8 tokens
     const uint8_t* vst = vs + stage * kTileBytes;
@@ -282,31 +332,34 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_ws_kernel(const A
     dev::fence_regs(o);
     release(j);
   }
-  store_rows<kD>(a, L, blockIdx.x, t.row0, row_base, t.rows, gr, tq, o, m, l);
+  store_rows<kD>(a, L, static_cast<int>(task), t.row0, row_base, t.rows, gr, tq, o, m, l);
 }
 
-template <int CW>
+template <int CW, bool PAIR>
 cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
-  constexpr size_t smem = ws_smem_bytes();
+  constexpr size_t smem = ws_smem_bytes<PAIR>();
   cudaError_t err =
-      cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW>,
+      cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW, PAIR>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_wgmma_ws_kernel<CW><<<static_cast<unsigned>(num_tasks), kThreads, smem, stream>>>(a);
+  const int64_t blocks = PAIR ? (num_tasks + 1) / 2 : num_tasks;
+  attention_wgmma_ws_kernel<CW, PAIR>
+      <<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a, num_tasks);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks,
+cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
                                       cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD) return cudaErrorInvalidValue;
+  if (paired) return launch_cw<4, true>(a, num_tasks, stream);
   // CISA_CUDA_WS_COPY_WARPS=1 copies with one producer warp (A/B runs of kWsCopyWarps).
   const char* e = std::getenv("CISA_CUDA_WS_COPY_WARPS");
   const int cw = e && std::atoi(e) == 1 ? 1 : tiles::kWsCopyWarps;
-  return cw == 1 ? launch_cw<1>(a, num_tasks, stream)
-                 : launch_cw<tiles::kWsCopyWarps>(a, num_tasks, stream);
+  return cw == 1 ? launch_cw<1, false>(a, num_tasks, stream)
+                 : launch_cw<tiles::kWsCopyWarps, false>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

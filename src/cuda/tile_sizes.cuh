@@ -66,6 +66,9 @@ constexpr int kWsStages = 3;
 // Producer warps that copy (of the producer warpgroup's 4), each 8 / this pages of a tile: one
 // warp issues 128 16-byte cp.async per lane per tile on one scheduler.
 constexpr int kWsCopyWarps = 4;
+// Tiles of at most 64 rows (4:1 G = 16, 32:2 G = 4) on the same kernel, two tasks per block
+// (one per consumer warpgroup, 64-key tiles, one ring each). Off: the v4 one-warpgroup kernel.
+constexpr bool kWsPairedTiles = true;
 
 // ---- scoring (score.cu) ----
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and
