@@ -121,17 +121,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;  // 0, 1: consumers; 2: producers
-  if (threadIdx.x == 0) {
-    const int n_wg0 = PAIR ? 1 : a.tasks[blockIdx.x].rows > 64 ? 2 : 1;
-    for (int s = 0; s < S::RINGS * ST; ++s) {
-      mbar_init(&full_all[s], 32 * RW + 1);
-      mbar_init(&empty_all[s], 4 * n_wg0);  // one arrival per consumer warp with rows
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  // Task, list and stage ring of a warp (computed after setmaxnreg: values live across it were
-  // spilled at the entry's 168-register cap).
+  // Task, list and stage ring of a warp. Two tasks per block: computed after setmaxnreg (values
+  // live across it were spilled at the entry's 168-register cap).
   const int hg = a.num_q_heads / a.num_kv_heads;
   int64_t task;
   AttnTask t;
@@ -151,12 +142,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     empty = empty_all + ring * ST;
     return true;
   };
+  // One task per block: set up before the barrier, as v6 measured it (setting up after
+  // setmaxnreg here made dense prefill 9 % slower in the same session, cause not found).
+  if constexpr (!PAIR) setup(0);
+  if (threadIdx.x == 0) {
+    const int n_wg0 = PAIR ? 1 : a.tasks[blockIdx.x].rows > 64 ? 2 : 1;
+    for (int s = 0; s < S::RINGS * ST; ++s) {
+      mbar_init(&full_all[s], 32 * RW + 1);
+      mbar_init(&empty_all[s], 4 * n_wg0);  // one arrival per consumer warp with rows
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
 
   if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     // Warps past CW give their registers to the consumers only.
     const int pw = CW == 1 ? 0 : warp - kConsumerThreads / 32;
-    if (warp - kConsumerThreads / 32 >= CW || !setup(PAIR ? pw / RW : 0)) return;
+    if (warp - kConsumerThreads / 32 >= CW) return;
+    if constexpr (PAIR) {
+      if (!setup(pw / RW)) return;
+    }
     const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
     const int sub = CW == 1 ? 0 : pw % RW;  // this warp's share of the ring's tiles
     // ---- producer warps ----
@@ -224,7 +230,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   // No rows (or no task): not counted by the empty barriers, takes no turns.
-  if (!setup(PAIR ? wg : 0)) return;
+  if constexpr (PAIR) {
+    if (!setup(wg)) return;
+  }
   const int n_wg = PAIR ? 1 : t.rows > 64 ? 2 : 1;
   if (!PAIR && wg >= n_wg) return;
   const bool pingpong = !PAIR && n_wg == 2;
