@@ -1,18 +1,23 @@
-// Paged attention on warpgroup MMA with warp specialisation (FlashAttention-3's structure), for
-// 128-row prefill tiles at head dim 128 (v6). Same tasks, masks, LSE and split-KV partials as
+// Paged attention on warpgroup MMA with warp specialisation (FlashAttention-3's structure) for
+// prefill tiles at head dim 128 (v6). Same tasks, masks, LSE and split-KV partials as
 // attention_wgmma.cu; what changes is who waits for what:
-//   warps 8–11 (producers, CW of them copy; kWsCopyWarps): read the task's page IDs themselves
-//     (32 at a time, one window ahead) and
-//     copies K and V of each 128-token tile in place by page ID (cp.async, 128-byte swizzle) into
-//     a kWsStages-deep ring; each stage has a "full" mbarrier (32 cp.async arrivals that fire when
-//     the lane's copies land, plus one for the tile's page starts) and an "empty" one (one arrival
-//     per consumer warp once its P·V has read the stage). No block-wide barrier per tile.
+//   warps 8–11 (producers; CW of them copy, kWsCopyWarps): read the task's page IDs themselves
+//     (32 at a time, one window ahead) and copy K and V of each tile in place by page ID
+//     (cp.async, 128-byte swizzle) into a kWsStages-deep ring. Each stage has a "full" mbarrier
+//     (one cp.async arrival per copying lane, fired when its copies land, plus one after the
+//     tile's page starts) and an "empty" one (one arrival per consumer warp once its P·V has
+//     read the stage). No block-wide barrier per tile.
 //   warpgroups 0 and 1 (consumers, 64 rows each): per tile S = Q·Kᵀ, online softmax, O += P·V,
-//     pipelined as before (S of tile j + 1 issued with P·V of tile j). The two warpgroups take
-//     turns issuing their MMAs (named barriers 1 and 2, 256 threads): warpgroup g issues, then
-//     hands the turn over and does its softmax while the other's MMAs run. In v4 both warpgroups
-//     met at one barrier per tile and issued at once, and ptxas put the wait for a warpgroup's own
-//     P·V before its exponentials (docs/cuda-notes.md, v4g–v4j), so the softmax overlapped nothing.
+//     S of tile j + 1 issued with P·V of tile j.
+// One task of up to 128 rows per block (PAIR = false, 128-key tiles): both warpgroups read one
+// ring and take turns issuing their MMAs (named barriers 1 and 2): warpgroup g issues, hands the
+// turn over and does its softmax while the other's MMAs run. In v4 both warpgroups met at one
+// barrier per tile and issued at once, and ptxas put the wait for a warpgroup's own P·V before
+// its exponentials (docs/cuda-notes.md, v4g–v4j), so the softmax overlapped nothing.
+// Two tasks of up to 64 rows per block (PAIR = true, 64-key tiles): warpgroup g takes task
+// 2b + g with its own ring and two of the copy warps; no turns (the tasks end at different tiles).
+//
+//   launch_attention_wgmma_ws(args, num_tasks, /*paired=*/rows_per_tile <= 64, stream);
 #include <climits>
 #include <cstdlib>
 
