@@ -95,18 +95,18 @@ float quest_bound(const float* q, const T* r, int d) {
 }
 
 #ifdef CISA_ATTENTION_AVX512
-// Mean-key scores of representatives j0 … j0 + 3 (d % 16 == 0): one query vector loaded feeds
-// four FMAs; the representatives a few blocks ahead are prefetched, since a sequence's pages
-// (and so its representatives) need not be adjacent in the pool.
+// Mean-key scores of representatives j0 … j0 + 3 of a block table (d % 16 == 0; reps + page·stride
+// is a page's representative for the KV group): one query vector loaded feeds four FMAs. The
+// representatives a few blocks ahead are prefetched, since a sequence's pages (and so its
+// representatives) need not be adjacent in the pool.
 template <class T>
-void score4_mean512(const PagedKvCache& cache, int layer, std::span<const int32_t> table, int g, const float* q,
+void score4_mean512(const T* reps, int64_t stride, std::span<const int32_t> table, const float* q, int d,
                     int64_t j0, int64_t end, float scale, float* out) {
-  const int d = cache.head_dim();
   constexpr int64_t kAhead = 8;
   const T* r[4];
-  for (int x = 0; x < 4; ++x) r[x] = static_cast<const T*>(cache.rep(layer, table[static_cast<size_t>(j0 + x)], g));
+  for (int x = 0; x < 4; ++x) r[x] = reps + table[static_cast<size_t>(j0 + x)] * stride;
   for (int64_t x = j0 + kAhead; x < std::min(end, j0 + kAhead + 4); ++x) {
-    const auto* pr = static_cast<const char*>(cache.rep(layer, table[static_cast<size_t>(x)], g));
+    const auto* pr = reinterpret_cast<const char*>(reps + table[static_cast<size_t>(x)] * stride);
     for (int64_t off = 0; off < static_cast<int64_t>(d * sizeof(T)); off += 64) _mm_prefetch(pr + off, _MM_HINT_T2);
   }
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -126,9 +126,13 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
   const bool quest = cache.config().rep == RepKind::kQuest;
   int64_t j = 0;
 #ifdef CISA_ATTENTION_AVX512
-  if (!quest && d % 16 == 0)
+  if (!quest && d % 16 == 0) {
+    // Representative of (page, g) at reps + page·stride: [num_pages][num_kv_heads][d].
+    const T* reps = static_cast<const T*>(cache.rep_pool(layer)) + static_cast<int64_t>(g) * d;
+    const int64_t stride = static_cast<int64_t>(cache.num_kv_heads()) * d;
     for (; j + 4 <= n; j += 4)
-      score4_mean512<T>(cache, layer, table, g, q, first + j, first + n, inv_sqrt_d, scores + j);
+      score4_mean512<T>(reps, stride, table.subspan(static_cast<size_t>(first)), q, d, j, n, inv_sqrt_d, scores + j);
+  }
 #endif
   for (; j < n; ++j) {
     const T* r = static_cast<const T*>(cache.rep(layer, table[static_cast<size_t>(first + j)], g));
