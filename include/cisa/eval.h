@@ -163,6 +163,14 @@ int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
 Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, int page_size,
                                           RepKind* rep);
 
+// Tokens kept free after every prompt for its continuation (each task's max_new_tokens fits).
+inline constexpr int64_t kEvalGenerationRoom = 128;
+// The prompt length a run uses for a requested length on a model trained for n_ctx tokens
+// (n_ctx ≤ 0: unknown, no limit): the request when it leaves kEvalGenerationRoom free, else
+// n_ctx − kEvalGenerationRoom (so 32768 on a 32K model gives prompts of 32640 tokens, reported
+// under that length); 0 when the request exceeds n_ctx (the length is skipped).
+int64_t eval_prompt_length(int64_t requested, int64_t n_ctx);
+
 // ---- running on a model -----------------------------------------------------------------------
 
 // Greedy continuation of a prompt: stops at an end-of-generation token, at a line break after

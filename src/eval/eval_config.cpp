@@ -1,5 +1,6 @@
 // The attention configurations `cisa eval` compares, parsed from "kind:opt:opt" strings and
 // turned into the model's attention options at a prompt length.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -104,6 +105,12 @@ Result<EvalConfig> parse_config(std::string_view text) {
   if (c.budget > 0 && c.compression > 0)
     return invalid_argument("config '" + c.name + "': give either kN or xR, not both");
   return c;
+}
+
+int64_t eval_prompt_length(int64_t requested, int64_t n_ctx) {
+  if (n_ctx <= 0) return requested;
+  if (requested > n_ctx) return 0;
+  return std::min(requested, n_ctx - kEvalGenerationRoom);
 }
 
 int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size) {

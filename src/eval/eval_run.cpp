@@ -182,13 +182,20 @@ Status run_eval(const EvalPlan& plan) {
   // Generate every example first: the totals make the ETA honest from the first example on.
   std::vector<Work> work;
   int64_t total_cost = 0;
-  for (int64_t length : plan.lengths) {
-    if (hp.n_ctx_train > 0 && length > hp.n_ctx_train) {
+  for (int64_t requested : plan.lengths) {
+    const int64_t length = eval_prompt_length(requested, hp.n_ctx_train);
+    if (length == 0) {
       std::fprintf(stderr,
                    "cisa eval: skipping length %lld (the model was trained for %lld tokens)\n",
-                   static_cast<long long>(length), static_cast<long long>(hp.n_ctx_train));
+                   static_cast<long long>(requested), static_cast<long long>(hp.n_ctx_train));
       continue;
     }
+    if (length != requested)
+      std::fprintf(stderr,
+                   "cisa eval: length %lld leaves no room to generate in the model's %lld-token context: "
+                   "its prompts are %lld tokens (reported under that length)\n",
+                   static_cast<long long>(requested), static_cast<long long>(hp.n_ctx_train),
+                   static_cast<long long>(length));
     for (TaskKind t : plan.tasks) {
       for (int64_t i = 0; i < plan.examples; ++i) {
         TaskSpec spec{.kind = t,
@@ -244,7 +251,7 @@ Status run_eval(const EvalPlan& plan) {
     // Models are cached per (configuration, length) and reused by every example of the length,
     // so the KV cache is sized for the longest: the length plus any task's generation limit.
     const int64_t context =
-        ((std::max(w.spec.length, n) + 128 + page_size - 1) / page_size) * page_size;
+        ((std::max(w.spec.length, n) + kEvalGenerationRoom + page_size - 1) / page_size) * page_size;
     auto base_line = [&](const EvalConfig& c) {
       Json j = Json::object();
       j["id"] = w.ex.id;

@@ -121,6 +121,19 @@ TEST(EvalBootstrap, DegenerateCases) {
   EXPECT_EQ(a.hi, b.hi);
 }
 
+// Requested lengths against the model's training context: a length that leaves no room for the
+// continuation is shortened by exactly the room kept, one past the context is skipped.
+TEST(EvalLength, PromptLengthLeavesRoomToGenerate) {
+  EXPECT_EQ(kEvalGenerationRoom, 128);
+  EXPECT_EQ(eval_prompt_length(16384, 32768), 16384);
+  EXPECT_EQ(eval_prompt_length(32640, 32768), 32640);
+  EXPECT_EQ(eval_prompt_length(32641, 32768), 32640);
+  EXPECT_EQ(eval_prompt_length(32768, 32768), 32640);
+  EXPECT_EQ(eval_prompt_length(8192, 8192), 8064);
+  EXPECT_EQ(eval_prompt_length(32769, 32768), 0);
+  EXPECT_EQ(eval_prompt_length(65536, 0), 65536);  // unknown context: no limit
+}
+
 TEST(EvalConfig, Parse) {
   auto d = parse_config("dense");
   ASSERT_TRUE(d.ok());
