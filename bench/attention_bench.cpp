@@ -39,6 +39,25 @@ struct Fixture {
   }
 };
 
+// A one-layer cache holding one sequence of n tokens of N(0, 1) keys and values.
+std::unique_ptr<PagedKvCache> filled_cache(int64_t n, int hkv, int d, KvDtype dt, uint32_t seed, SeqId* seq) {
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
+                                                .page_size = 16, .num_pages = n / 16 + 1, .dtype = dt}));
+  *seq = *cache->add_sequence();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  const int64_t chunk = 1024;
+  std::vector<float> k(static_cast<size_t>(chunk * hkv * d)), v(k.size());
+  for (int64_t done = 0; done < n; done += chunk) {
+    const int64_t c = std::min<int64_t>(chunk, n - done);
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    (void)cache->reserve(*seq, c);
+    (void)cache->append(0, *seq, c, k.data(), v.data());
+  }
+  return cache;
+}
+
 void BM_TopK(benchmark::State& state) {
   std::mt19937 rng(2);
   std::normal_distribution<float> nd;
@@ -109,26 +128,16 @@ BENCHMARK(BM_PrefillBlockGemmaGlobal)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-
 // Dense decode of one position in the 32:8 geometry (d = 128, bf16 K/V) with GFLOP/s counting
 // 4·d flops per (query head, key). A short context stays in cache and shows the kernel's compute
 // rate; a long one streams from memory (no flush between iterations: a lower bound on time).
 void BM_DecodeDense32x8(benchmark::State& state) {
   const int64_t n = state.range(0);
   const int hkv = 8, hq = 32, d = 128;
-  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                                .page_size = 16, .num_pages = n / 16 + 1, .dtype = KvDtype::kBF16}));
-  const SeqId seq = *cache->add_sequence();
-  std::mt19937 rng(4);
+  SeqId seq = 0;
+  auto cache = filled_cache(n, hkv, d, KvDtype::kBF16, 4, &seq);
+  std::mt19937 rng(40);
   std::normal_distribution<float> nd;
-  std::vector<float> k(static_cast<size_t>(1024 * hkv * d)), v(k.size());
-  for (int64_t done = 0; done < n; done += 1024) {
-    const int64_t c = std::min<int64_t>(1024, n - done);
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    (void)cache->reserve(seq, c);
-    (void)cache->append(0, seq, c, k.data(), v.data());
-  }
   std::vector<float> q(static_cast<size_t>(hq * d)), out(q.size());
   for (auto& x : q) x = nd(rng);
   std::vector<BatchEntry> batch = {{seq, n - 1, 1}};
@@ -157,19 +166,10 @@ void BM_DecodeCisa4x1(benchmark::State& state) {
   const int64_t n = state.range(0);
   const bool attend_only = state.range(1) != 0;
   const int hkv = 1, hq = 4, d = 128;
-  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                                .page_size = 16, .num_pages = n / 16 + 1, .dtype = KvDtype::kBF16}));
-  const SeqId seq = *cache->add_sequence();
-  std::mt19937 rng(5);
+  SeqId seq = 0;
+  auto cache = filled_cache(n, hkv, d, KvDtype::kBF16, 5, &seq);
+  std::mt19937 rng(50);
   std::normal_distribution<float> nd;
-  std::vector<float> k(static_cast<size_t>(4096 * hkv * d)), v(k.size());
-  for (int64_t done = 0; done < n; done += 4096) {
-    const int64_t c = std::min<int64_t>(4096, n - done);
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    (void)cache->reserve(seq, c);
-    (void)cache->append(0, seq, c, k.data(), v.data());
-  }
   std::vector<float> q(static_cast<size_t>(hq * d)), iq(static_cast<size_t>(hkv * d)), out(q.size());
   for (auto& x : q) x = nd(rng);
   for (auto& x : iq) x = nd(rng);

@@ -67,6 +67,38 @@ void check_rows(const PagedKvCache& cache, std::span<const BatchEntry> batch, co
   }
 }
 
+// Dense, dense with a sliding window, sparse lists (sp) and full-budget CISA over the same batch:
+// the first three against fp64 (every row up to max_rows per group), the last bit for bit equal
+// to dense.
+void check_dense_window_sparse_full(const CacheSetup& s, std::span<const BatchEntry> batch, const std::vector<float>& q,
+                                    const std::vector<float>& iq, int hq, int64_t window, SelectionParams sp,
+                                    std::mt19937& rng, int max_rows) {
+  const int64_t rows = batch_row_offsets(batch).back();
+  std::vector<float> out(q.size(), NAN), lse(static_cast<size_t>(rows * hq), NAN);
+  ThreadPool pool(2);
+  AttentionWorkspace ws;
+  PageLists dense, sparse, full;
+  ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &dense).ok());
+  ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  check_rows(*s.cache, batch, dense, q, hq, out, lse, 0, rng, max_rows);
+  const std::vector<float> dense_out = out, dense_lse = lse;
+
+  ASSERT_TRUE(plan_dense(*s.cache, 0, batch, window, &dense).ok());
+  ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {.sliding_window = window}, out.data(), lse.data(),
+                     pool, &ws).ok());
+  check_rows(*s.cache, batch, dense, q, hq, out, lse, window, rng, max_rows);
+
+  ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &sparse).ok());
+  ASSERT_TRUE(attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  check_rows(*s.cache, batch, sparse, q, hq, out, lse, 0, rng, max_rows);
+
+  sp.budget = 1 << 20;
+  ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &full).ok());
+  ASSERT_TRUE(attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  EXPECT_EQ(out, dense_out);
+  EXPECT_EQ(lse, dense_lse);
+}
+
 class AttentionSweep : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionSweep, DensePrefillAndDecodeMatchFp64) {
@@ -168,31 +200,8 @@ TEST(Attention, OddHeadDimsAndPageSizesMatchFp64) {
     const int64_t rows = batch_row_offsets(batch).back();
     auto q = test::random_vec(rng, static_cast<size_t>(rows * hq * o.d));
     auto iq = test::random_vec(rng, static_cast<size_t>(rows * o.hkv * o.d));
-    std::vector<float> out(q.size(), NAN), lse(static_cast<size_t>(rows * hq), NAN);
-    ThreadPool pool(2);
-    AttentionWorkspace ws;
-    PageLists dense, sparse, full;
-    ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &dense).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-    check_rows(*s.cache, batch, dense, q, hq, out, lse, 0, rng);
-    const std::vector<float> dense_out = out, dense_lse = lse;
-
-    const int64_t window = 45;
-    ASSERT_TRUE(plan_dense(*s.cache, 0, batch, window, &dense).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {.sliding_window = window}, out.data(), lse.data(),
-                       pool, &ws).ok());
-    check_rows(*s.cache, batch, dense, q, hq, out, lse, window, rng);
-
-    SelectionParams sp{.budget = 5, .window = 2, .qshare = 16, .sink_pages = 1};
-    ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &sparse).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-    check_rows(*s.cache, batch, sparse, q, hq, out, lse, 0, rng);
-
-    sp.budget = 1 << 20;
-    ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &full).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-    EXPECT_EQ(out, dense_out);
-    EXPECT_EQ(lse, dense_lse);
+    check_dense_window_sparse_full(s, batch, q, iq, hq, 45, {.budget = 5, .window = 2, .qshare = 16, .sink_pages = 1},
+                                   rng, 24);
   }
 }
 
@@ -222,31 +231,8 @@ TEST(Attention, DecodeKernelShapesMatchFp64) {
     const int64_t rows = batch_row_offsets(batch).back();
     auto q = test::random_vec(rng, static_cast<size_t>(rows * hq * o.d));
     auto iq = test::random_vec(rng, static_cast<size_t>(rows * o.hkv * o.d));
-    std::vector<float> out(q.size(), NAN), lse(static_cast<size_t>(rows * hq), NAN);
-    ThreadPool pool(2);
-    AttentionWorkspace ws;
-    PageLists dense, sparse, full;
-    ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &dense).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-    check_rows(*s.cache, batch, dense, q, hq, out, lse, 0, rng, 1000);
-    const std::vector<float> dense_out = out, dense_lse = lse;
-
-    const int64_t window = 37;
-    ASSERT_TRUE(plan_dense(*s.cache, 0, batch, window, &dense).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {.sliding_window = window}, out.data(), lse.data(),
-                       pool, &ws).ok());
-    check_rows(*s.cache, batch, dense, q, hq, out, lse, window, rng, 1000);
-
-    SelectionParams sp{.budget = 6, .window = 2, .qshare = 1, .sink_pages = 1};
-    ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &sparse).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-    check_rows(*s.cache, batch, sparse, q, hq, out, lse, 0, rng, 1000);
-
-    sp.budget = 1 << 20;
-    ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &full).ok());
-    ASSERT_TRUE(attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-    EXPECT_EQ(out, dense_out);
-    EXPECT_EQ(lse, dense_lse);
+    check_dense_window_sparse_full(s, batch, q, iq, hq, 37, {.budget = 6, .window = 2, .qshare = 1, .sink_pages = 1},
+                                   rng, 1000);
   }
 }
 
