@@ -165,12 +165,15 @@ def main():
         key = (r["geometry"], r["seqs"])
         if key not in geos:
             geos.append(key)
+    phases = {r["phase"] for r in cisa["results"]}
     flex_jobs = []
     for name, seqs in geos:
         hq, hkv = (int(x) for x in name.split(":"))
         k = torch.randn(seqs, hkv, n, D, dtype=torch.bfloat16, device="cuda")
         v = torch.randn_like(k)
         for phase, lq in (("prefill", pre), ("decode", 1)):
+            if phase not in phases:  # a `cisa bench layer --phase decode` document: decode anchors only
+                continue
             q = torch.randn(seqs, hq, lq, D, dtype=torch.bfloat16, device="cuda")
             flop = 4.0 * seqs * hq * lq * n * D
             byts = 2.0 * seqs * hkv * n * D * 2

@@ -235,6 +235,43 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
   }
 }
 
+// Every copy mode of the page-split decode kernel (tiles::kCopy*: cp.async after the wait, cp.async
+// before it, bulk row copies and swizzled tensor copies on mbarriers) on tasks longer than one page-ID segment (kSegPages), so
+// the pipeline restarts mid-task and the stage/phase bookkeeping crosses segments, with a ragged
+// last tile (zero-filled rows). CISA_CUDA_BLOCKS_PER_SM=1 makes 70 lists one task each.
+TEST(CudaAttention, DecodeCopyModesMatchCpu) {
+  CISA_REQUIRE_GPU();
+  const char* old = std::getenv("CISA_CUDA_BLOCKS_PER_SM");
+  const std::string saved = old ? old : "";
+  setenv("CISA_CUDA_BLOCKS_PER_SM", "1", 1);
+  std::mt19937 rng(29);
+  std::vector<int64_t> lengths;
+  std::vector<BatchEntry> batch;
+  for (int i = 0; i < 70; ++i) {
+    lengths.push_back(16 * (cuda::tiles::kSegPages + 1) + 37 * i);  // 513 … 675 pages
+    batch.push_back({i, lengths.back() - 1, 1});
+  }
+  auto w = make_world(1, 4, 64, lengths, batch, rng);
+  DeviceMirror m;
+  m.build(*w.cache, 0, 70);
+  cuda::Plan plan;
+  ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan).ok());
+  if (old) setenv("CISA_CUDA_BLOCKS_PER_SM", saved.c_str(), 1);
+  else unsetenv("CISA_CUDA_BLOCKS_PER_SM");
+  auto* P = plan.impl();
+  ASSERT_EQ(P->page_warps, 4);
+  int64_t longest = 0;
+  for (const auto& t : P->tasks) longest = std::max<int64_t>(longest, t.page1 - t.page0);
+  ASSERT_GT(longest, cuda::tiles::kSegPages) << "no task crosses a page-ID segment";
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+  for (int mode : {cuda::tiles::kCopyAfterWait, cuda::tiles::kCopyEarly, cuda::tiles::kCopyBulk,
+                   cuda::tiles::kCopyTensor}) {
+    SCOPED_TRACE("copy mode " + std::to_string(mode));
+    P->copy_mode = mode;
+    run_and_compare(w, m, plan, 0);
+  }
+}
+
 // The wgmma kernel (d = 128) and the mma.sync kernel on the same plans: tiles of one warpgroup
 // (33–64 rows) and of two (65–128 rows, the second warpgroup partly or wholly past the list's
 // rows), dense with and without a window, CISA at G = 16 and 32, GQA 4:1, 8:2 and 32:1. Both
