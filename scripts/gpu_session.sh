@@ -49,12 +49,13 @@ if command -v cuobjdump >/dev/null; then
   rm -f "$OUT/sass.txt"
 fi
 
-# decode (v7): a short session for decode-kernel A/B runs. The GPU tests (cuda_attention_test
-# once more under each CISA_CUDA_DECODE_COPY of DECODE_COPIES), then `cisa bench layer --phase
-# decode` alternating between the AB_PREBUILT binary and this build under each copy mode (twice),
-# then the decode-only PyTorch anchors (cuDNN, FlashAttention) and the ceilings.
+# decode (v7, ~45 s on the machine): a short session for decode-kernel A/B runs. The GPU tests
+# (cuda_attention_test's decode and dense tests once more per entry of DECODE_COPIES, exported as
+# CISA_CUDA_DECODE_COPY: only the v7 experiment build 854d278 reads it; other builds ignore it),
+# then `cisa bench layer --phase decode` alternating between the AB_PREBUILT binary and this build
+# (twice), then the decode-only PyTorch anchors (cuDNN, FlashAttention) and the ceilings.
 if [ "$mode" = decode ]; then
-  copies=${DECODE_COPIES:-after-wait early bulk}
+  copies=${DECODE_COPIES:-default}
   b=./build/gpu-session
   for t in cuda_select_test cuda_attention_test; do
     timeout ${TEST_TIMEOUT:-120} $b/tests/$t >"$OUT/$t.log" 2>&1

@@ -5,9 +5,6 @@
 // kStageTokens tokens at a time through a kStages-deep cp.async pipeline into padded shared tiles;
 // a page past the block's range is zero-filled and masked, so garbage never meets P·V.
 // Scores are kept in log2 units (scale·log2 e folded in) so the softmax uses exp2.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cfloat>
 #include <climits>
 
@@ -22,34 +19,7 @@ namespace {
 template <int D>
 constexpr size_t attention_smem_bytes() {
   return sizeof(uint16_t) * 2 /*K,V*/ * tiles::kStages * tiles::kStageTokens<D> * (D + tiles::kSmemPad) +
-         sizeof(int32_t) * 3 * tiles::kSegPages + sizeof(uint64_t) * tiles::kStages;
-}
-
-// One 1-D bulk copy (the copy engine, sm_90) of `bytes` from global to this block's shared memory,
-// completing on mbarrier `bar` as transaction bytes; and the mbarrier operations around it.
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(saddr(smem)), "l"(gmem), "r"(bytes), "r"(saddr(bar)) : "memory");
-}
-// One 2-D tensor copy (box of the tensor map at coordinates c0 = channel, c1 = row).
-__device__ __forceinline__ void tensor_copy(void* smem, const void* tmap, int c0, int c1, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(saddr(smem)), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(saddr(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(saddr(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(saddr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t ok = 0;
-  while (!ok)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
+         sizeof(int32_t) * 3 * tiles::kSegPages;
 }
 
 // PW > 1 (few rows per list: decode): the warps split each tile's pages as well as its rows.
@@ -60,10 +30,8 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
 // UNI: the launch holds union tasks. Launches without them use an instantiation without the
 // union masks (v3 measured the union logic costing ~10 % on full-tile prefill: 243 vs 229
 // registers at d = 128).
-// CP: how K/V reach shared memory (tiles::DecodeCopy; the page-split decode launches choose, the
-// others run kCopyAfterWait).
-template <int D, int WARPS, int PW, bool UNI, int CP>
-__global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionArgs a, const __grid_constant__ KvTensorMaps tm) {
+template <int D, int WARPS, int PW, bool UNI>
+__global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionArgs a) {
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
   constexpr int NP = NT / B;
@@ -75,16 +43,9 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   constexpr int THREADS = WARPS * 32;
   constexpr int ST = tiles::kStages;
   constexpr int SEG = tiles::kSegPages;
-  static_assert(CP != tiles::kCopyTensor || (D <= 128 && 2 * ST * NT * D + 1024 <= 2 * ST * NT * (D + tiles::kSmemPad)),
-                "tensor-copy tiles and their 1,024-byte alignment fit in the padded tiles' space");
   extern __shared__ __align__(16) uint16_t smem[];
-  constexpr bool kTensor = CP == tiles::kCopyTensor;
-  // Padded rows: [ST][NT][LD] each of K and V. Tensor copies: [ST][D/64][NT][64] unpadded, each
-  // 128-byte row's 16-byte chunks XOR-permuted by (row mod 8) (the 128-byte swizzle, which needs
-  // 1,024-byte-aligned boxes), so ldmatrix's 8 rows still hit 8 distinct bank groups.
-  uint16_t* ks = smem;
-  if constexpr (kTensor) ks = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});
-  uint16_t* vs = ks + ST * NT * (kTensor ? D : LD);
+  uint16_t* ks = smem;                 // [ST][NT][LD]
+  uint16_t* vs = smem + ST * NT * LD;  // [ST][NT][LD]
 
   const AttnTask t = a.tasks[blockIdx.x];
   const int hg = a.num_q_heads / a.num_kv_heads;
@@ -110,19 +71,9 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   // Page IDs and logical chunks of the task are staged in shared memory, kSegPages at a time
   // (one coalesced read each), so neither the K/V copies nor the masks wait on a dependent
   // global load per tile (v1 read both from global memory inside the pipeline).
-  int32_t* pid_s = reinterpret_cast<int32_t*>(smem + 2 * ST * NT * LD);  // [kSegPages]
+  int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * NT * LD);  // [kSegPages]
   int32_t* cid_s = pid_s + SEG;                                     // [kSegPages]
   int32_t* mid_s = cid_s + SEG;                                     // [kSegPages] union masks
-  uint64_t* full = reinterpret_cast<uint64_t*>(mid_s + SEG);        // [ST] bulk-copy mbarriers
-  constexpr bool kBulk = CP == tiles::kCopyBulk || kTensor;  // copies complete on mbarriers
-  constexpr bool kEarly = CP != tiles::kCopyAfterWait;
-  if constexpr (kBulk) {
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < ST; ++i) bar_init(&full[i]);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    // (the first segment's barrier below publishes the initialised mbarriers)
-  }
   const int64_t n_pages = uni ? a.ucounts[t.union_id] : t.page1 - t.page0;
   auto load_tile = [&](int stage, int tile, int seg_n) {
     constexpr int CPR = D / 8;  // 16-byte pieces per token row
@@ -136,67 +87,6 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
       dev::cp_async16(ks + (stage * NT + tok) * LD + c8, a.k + off, ok ? 16 : 0);
       dev::cp_async16(vs + (stage * NT + tok) * LD + c8, a.v + off, ok ? 16 : 0);
     }
-  };
-  // Bulk mode: warp 0 issues one copy per token row of K and of V (D·2 bytes each, into the
-  // padded rows), lane l the rows l, l + 32, …; rows of pages past the segment are zeroed with
-  // ordinary stores (they are masked, but P·V must not meet stale NaN). Lane 0 announces the
-  // tile's bytes on the stage's mbarrier first; the consumers wait on its phase.
-  auto issue_bulk = [&](int stage, int tile, int seg_n) {
-    constexpr uint32_t RB = D * sizeof(uint16_t);
-    const int valid = min(NP, seg_n - tile * NP) * B;  // rows that have a page
-    for (int tok = valid + lane; tok < NT; tok += 32)
-      for (int c = 0; c < D; c += 8) {
-        *reinterpret_cast<uint4*>(ks + (stage * NT + tok) * LD + c) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(vs + (stage * NT + tok) * LD + c) = make_uint4(0, 0, 0, 0);
-      }
-    __syncwarp();  // the zeros are written before lane 0's arrive releases them
-    if (lane == 0) bar_arrive_expect(&full[stage], static_cast<uint32_t>(valid) * RB * 2);
-    __syncwarp();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // earlier ldmatrix reads first
-    for (int tok = lane; tok < valid; tok += 32) {
-      const int64_t phys = pid_s[tile * NP + tok / B];
-      const int64_t off = ((phys * a.num_kv_heads + L.kv) * B + tok % B) * D;
-      bulk_copy(ks + (stage * NT + tok) * LD, a.k + off, RB, &full[stage]);
-      bulk_copy(vs + (stage * NT + tok) * LD, a.v + off, RB, &full[stage]);
-    }
-  };
-  // Tensor mode: lane l < NP · D/64 · 2 copies one box (page l / (2·D/64), channel half, K or V).
-  constexpr int H2 = D / 64;
-  auto issue_tensor = [&](int stage, int tile, int seg_n) {
-    const int valid = min(NP, seg_n - tile * NP) * B;
-    uint16_t* kst = ks + stage * NT * D;
-    uint16_t* vst = vs + stage * NT * D;
-    for (int tok = valid + lane; tok < NT; tok += 32)  // whole rows: the swizzle stays inside a row
-      for (int h = 0; h < H2; ++h)
-        for (int c = 0; c < 64; c += 8) {
-          *reinterpret_cast<uint4*>(kst + (h * NT + tok) * 64 + c) = make_uint4(0, 0, 0, 0);
-          *reinterpret_cast<uint4*>(vst + (h * NT + tok) * 64 + c) = make_uint4(0, 0, 0, 0);
-        }
-    __syncwarp();
-    if (lane == 0) bar_arrive_expect(&full[stage], static_cast<uint32_t>(valid) * D * 2 * 2);
-    __syncwarp();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (lane < NP * H2 * 2) {
-      const int isv = lane & 1, h = (lane >> 1) % H2, pg = (lane >> 1) / H2;
-      if (pg * B < valid) {
-        const int row = (pid_s[tile * NP + pg] * a.num_kv_heads + L.kv) * B;
-        tensor_copy((isv ? vst : kst) + (h * NT + pg * B) * 64, isv ? tm.v : tm.k, h * 64, row, &full[stage]);
-      }
-    }
-  };
-  // Bulk mode: tiles issued and consumed so far by this block; stage = n mod ST and phase parity
-  // = (n / ST) mod 2 run on across segments. The cp.async modes restart at stage 0 per segment.
-  int n_issued = 0, n_used = 0;
-  auto issue = [&](int tile, int seg_n) {
-    const int stage = kBulk ? n_issued % ST : tile % ST;
-    if constexpr (kTensor) {
-      if (warp == 0) issue_tensor(stage, tile, seg_n);
-    } else if constexpr (kBulk) {
-      if (warp == 0) issue_bulk(stage, tile, seg_n);
-    } else {
-      load_tile(stage, tile, seg_n);
-    }
-    ++n_issued;
   };
 
   float o[D / 8][4];
@@ -219,38 +109,23 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
     const int n_tiles = (seg_n + NP - 1) / NP;
     // ST-stage pipeline: ST − 1 tiles in flight while one is consumed. Every iteration commits
     // one group (empty at the end), so "tile it has landed" is always wait_group(ST − 2).
-    // kEarly (v7): the copy of tile it + ST − 1 goes out before the wait for tile it, as soon as
-    // every warp has left tile it − 1, so ST − 1 … ST tiles are in flight instead of ST − 2 … ST − 1.
 #pragma unroll
     for (int p = 0; p < ST - 1; ++p) {
-      if (p < n_tiles) issue(p, seg_n);
-      if constexpr (!kBulk) dev::cp_async_commit();
+      if (p < n_tiles) load_tile(p, p, seg_n);
+      dev::cp_async_commit();
     }
     for (int it = 0; it < n_tiles; ++it) {
-      if constexpr (kEarly) {
-        __syncthreads();  // every warp has left tile it − 1: its stage takes tile it + ST − 1
-        if (it + ST - 1 < n_tiles) issue(it + ST - 1, seg_n);
-        if constexpr (kBulk) {
-          bar_wait(&full[n_used % ST], static_cast<uint32_t>((n_used / ST) & 1));
-        } else {
-          dev::cp_async_commit();
-          dev::cp_async_wait<ST - 1>();
-          __syncthreads();  // tile it visible to all
-        }
-      } else {
-        dev::cp_async_wait<ST - 2>();
-        __syncthreads();  // tile it visible to all; stage (it − 1) % ST free for the next copy
-        if (it + ST - 1 < n_tiles) issue(it + ST - 1, seg_n);
-        dev::cp_async_commit();
-      }
-      const int stage = kBulk ? n_used % ST : it % ST;
-      ++n_used;
+      dev::cp_async_wait<ST - 2>();
+      __syncthreads();  // tile it visible to all; stage (it − 1) % ST free for the next copy
+      if (it + ST - 1 < n_tiles) load_tile((it + ST - 1) % ST, it + ST - 1, seg_n);
+      dev::cp_async_commit();
       // Pages ascend: once a tile starts after the tile's last query, the rest is in the future.
       if (cid_s[it * NP] * B > tmax) {
         done = true;
         break;
       }
       if (!warp_active) continue;
+      const int stage = it % ST;
       // A page the warp's list did not choose (union tasks) is masked like a future page.
       int32_t cstart[NPW];
       bool any = false;
@@ -262,17 +137,8 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
         any |= mine;
       }
       if (kUnions && !any) continue;
-      // Element (row r of this warp's pages, channel c) of the stage's K or V tile.
-      const uint16_t* kst = ks + (kTensor ? stage * NT * D : (stage * NT + ph * NTW) * LD);
-      const uint16_t* vst = vs + (kTensor ? stage * NT * D : (stage * NT + ph * NTW) * LD);
-      auto at_kv = [&](const uint16_t* base, int r, int c) -> const uint16_t* {
-        if constexpr (kTensor) {
-          const int R = ph * NTW + r;
-          return base + ((c >> 6) * NT + R) * 64 + ((((c & 63) >> 3) ^ (R & 7)) << 3);
-        } else {
-          return base + r * LD + c;
-        }
-      };
+      const uint16_t* kst = ks + (stage * NT + ph * NTW) * LD;
+      const uint16_t* vst = vs + (stage * NT + ph * NTW) * LD;
       float s[NTW / 8][4];
 #pragma unroll
       for (int j = 0; j < NTW / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -281,7 +147,7 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
 #pragma unroll
         for (int np = 0; np < NTW / 16; ++np) {
           uint32_t b[4];
-          dev::ldmatrix_x4(b, at_kv(kst, np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+          dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
           dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[1]);
           dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
         }
@@ -330,7 +196,7 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
-          dev::ldmatrix_x4_trans(b, at_kv(vst, kt * 16 + (lane & 15), dp * 16 + (lane >> 4) * 8));
+          dev::ldmatrix_x4_trans(b, vst + (kt * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
           dev::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
           dev::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
         }
@@ -338,11 +204,6 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
     }
   }
   dev::cp_async_wait<0>();
-  if constexpr (kBulk) {
-    // A task that stopped early (future pages) leaves copies in flight: they must land before
-    // the stages are reused below or the block exits.
-    for (; n_used < n_issued; ++n_used) bar_wait(&full[n_used % ST], static_cast<uint32_t>((n_used / ST) & 1));
-  }
   if constexpr (PW > 1) {
     // Page phases 1 … PW−1 hand (m, l, o) to phase 0 of the same rows through shared memory
     // (the K/V stages are free now), laid out [value][warp][lane] so a warp's stores hit 32 banks.
@@ -468,80 +329,43 @@ __global__ void merge_kernel(const AttentionArgs a) {
   if (a.lse && lane == 0) a.lse[hr] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
 }
 
-template <int D, int WARPS, int PW, bool UNI, int CP = tiles::kCopyAfterWait>
-cudaError_t launch_typed(const AttentionArgs& a, const KvTensorMaps& tm, int64_t num_tasks, cudaStream_t stream) {
+template <int D, int WARPS, int PW, bool UNI>
+cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
-  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI, CP>,
+  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_kernel<D, WARPS, PW, UNI, CP><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a, tm);
+  attention_kernel<D, WARPS, PW, UNI><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
-// Page-split (decode) launches in the copy mode the plan chose.
-template <int D, int PW>
-cudaError_t launch_split(const AttentionArgs& a, const KvTensorMaps& tm, int64_t num_tasks, cudaStream_t stream) {
-  switch (a.copy_mode) {
-    case tiles::kCopyTensor: return launch_typed<D, 4, PW, false, tiles::kCopyTensor>(a, tm, num_tasks, stream);
-    case tiles::kCopyEarly: return launch_typed<D, 4, PW, false, tiles::kCopyEarly>(a, tm, num_tasks, stream);
-    case tiles::kCopyBulk: return launch_typed<D, 4, PW, false, tiles::kCopyBulk>(a, tm, num_tasks, stream);
-    default: return launch_typed<D, 4, PW, false, tiles::kCopyAfterWait>(a, tm, num_tasks, stream);
-  }
-}
-
 template <int D>
-cudaError_t launch_dim(const AttentionArgs& a, const KvTensorMaps& tm, int64_t num_tasks, int warps, int page_warps,
-                       bool unions, cudaStream_t stream) {
+cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
+                       cudaStream_t stream) {
   if constexpr (D <= tiles::kUnionMaxHeadDim) {
     if (unions)
-      return warps == 8 ? launch_typed<D, 8, 1, true>(a, tm, num_tasks, stream)
-                        : launch_typed<D, 4, 1, true>(a, tm, num_tasks, stream);
+      return warps == 8 ? launch_typed<D, 8, 1, true>(a, num_tasks, stream)
+                        : launch_typed<D, 4, 1, true>(a, num_tasks, stream);
   }
-  if (warps == 8) return launch_typed<D, 8, 1, false>(a, tm, num_tasks, stream);
+  if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
-    if (page_warps == 4) return launch_split<D, 4>(a, tm, num_tasks, stream);
-    if (page_warps == 2) return launch_split<D, 2>(a, tm, num_tasks, stream);
+    if (page_warps == 4) return launch_typed<D, 4, 4, false>(a, num_tasks, stream);
+    if (page_warps == 2) return launch_typed<D, 4, 2, false>(a, num_tasks, stream);
   }
-  return launch_typed<D, 4, 1, false>(a, tm, num_tasks, stream);
+  return launch_typed<D, 4, 1, false>(a, num_tasks, stream);
 }
 
 }  // namespace
 
-cudaError_t launch_attention(const AttentionArgs& a, const KvTensorMaps& tm, int64_t num_tasks, int warps,
-                             int page_warps, bool unions, cudaStream_t stream) {
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
+                             cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   switch (a.head_dim) {
-    case 64: return launch_dim<64>(a, tm, num_tasks, warps, page_warps, unions, stream);
-    case 128: return launch_dim<128>(a, tm, num_tasks, warps, page_warps, unions, stream);
-    case 256: return launch_dim<256>(a, tm, num_tasks, warps, page_warps, unions, stream);
+    case 64: return launch_dim<64>(a, num_tasks, warps, page_warps, unions, stream);
+    case 128: return launch_dim<128>(a, num_tasks, warps, page_warps, unions, stream);
+    case 256: return launch_dim<256>(a, num_tasks, warps, page_warps, unions, stream);
     default: return cudaErrorInvalidValue;
   }
-}
-
-cudaError_t make_kv_tensor_maps(const AttentionArgs& a, int64_t num_pages, KvTensorMaps* out) {
-  static_assert(sizeof(CUtensorMap) == sizeof(out->k), "tensor map size");
-  const int64_t rows = num_pages * a.num_kv_heads * tiles::kPageSize;
-  if (rows <= 0 || rows >= (int64_t{1} << 31) || (a.head_dim != 64 && a.head_dim != 128) ||
-      (reinterpret_cast<uintptr_t>(a.k) & 15) || (reinterpret_cast<uintptr_t>(a.v) & 15))
-    return cudaErrorInvalidValue;
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-  if (err != cudaSuccess) return err;
-  if (q != cudaDriverEntryPointSuccess || !fn) return cudaErrorNotSupported;
-  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.head_dim), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.head_dim) * sizeof(uint16_t)};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(tiles::kPageSize)};
-  const cuuint32_t estr[2] = {1, 1};
-  for (int i = 0; i < 2; ++i) {
-    auto* map = reinterpret_cast<CUtensorMap*>(i == 0 ? out->k : out->v);
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(i == 0 ? a.k : a.v), dims,
-                              strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  }
-  return cudaSuccess;
 }
 
 cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows, cudaStream_t stream) {

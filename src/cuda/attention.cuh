@@ -35,19 +35,13 @@ struct AttentionArgs {
   int num_kv_heads, num_q_heads, head_dim;
   int32_t window;             // sliding window in tokens, 0: none
   float scale;                // multiplies q·k
-  int copy_mode;              // page-split (decode) launches: tiles::kCopy* (how K/V reach shared memory)
 };
-
-// KvTensorMaps (plan_types.h): the pools' tensor maps for tiles::kCopyTensor.
-// cudaErrorInvalidValue where the pool cannot be described (row count past 2^31, misaligned).
-cudaError_t make_kv_tensor_maps(const AttentionArgs& a, int64_t num_pages, KvTensorMaps* out);
 
 // warps: 4 or 8 (row tile 64 or 128). page_warps (1, 2 or 4; > 1 only with 4 warps, d ≤ 128 and
 // no union tasks): groups of warps that split each tile's pages, for lists of ≤ 64/page_warps rows.
 // unions: the tasks include union tasks (selects the kernel instantiation that handles them).
-// tm: the pools' tensor maps, read only by page-split launches with copy_mode kCopyTensor.
-cudaError_t launch_attention(const AttentionArgs& a, const KvTensorMaps& tm, int64_t num_tasks, int warps,
-                             int page_warps, bool unions, cudaStream_t stream);
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
+                             cudaStream_t stream);
 // max_rows: the most rows of any merge task (the grid has one warp per row of the largest).
 cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows, cudaStream_t stream);
 

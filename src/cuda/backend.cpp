@@ -183,14 +183,6 @@ Status plan_attention(Plan::Impl& P) {
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
   }
-  // CISA_CUDA_DECODE_COPY=after-wait|early|bulk|tensor overrides tiles::kDecodeCopy (A/B runs).
-  P.copy_mode = tiles::kDecodeCopy;
-  if (const char* c = std::getenv("CISA_CUDA_DECODE_COPY")) {
-    if (std::strcmp(c, "after-wait") == 0) P.copy_mode = tiles::kCopyAfterWait;
-    if (std::strcmp(c, "early") == 0) P.copy_mode = tiles::kCopyEarly;
-    if (std::strcmp(c, "bulk") == 0) P.copy_mode = tiles::kCopyBulk;
-    if (std::strcmp(c, "tensor") == 0) P.copy_mode = tiles::kCopyTensor;
-  }
   // CISA_CUDA_BLOCKS_PER_SM=n overrides the split target (A/B runs of the work decomposition).
   int64_t per_sm = P.page_warps > 1 ? tiles::kDecodeBlocksPerSm : tiles::kBlocksPerSmTarget;
   if (const char* e = std::getenv("CISA_CUDA_BLOCKS_PER_SM"); e && std::atoi(e) > 0) per_sm = std::atoi(e);
@@ -478,7 +470,7 @@ Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index
 
 Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale, float* out,
                      float* lse, void* stream) {
-  auto& P = *plan.impl();
+  const auto& P = *plan.impl();
   if (!q || !out) return invalid_argument("cuda: null query or output pointer");
   if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim || !layer.k || !layer.v)
     return invalid_argument("cuda: the layer does not have the shape the plan was built for");
@@ -503,27 +495,13 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.num_q_heads = P.num_q_heads;
   a.head_dim = P.head_dim;
   a.window = P.lists.empty() ? 0 : P.lists[0].window;
-  a.copy_mode = P.copy_mode;
-  if (a.copy_mode == tiles::kCopyTensor && P.page_warps > 1) {
-    // Encoded once per pool (host only, no device work); a pool the maps cannot describe runs
-    // the cp.async copies instead.
-    if (P.tmap_k != layer.k || P.tmap_v != layer.v || P.tmap_pages != layer.num_pages) {
-      P.tmap_k = P.tmap_v = nullptr;
-      if (detail::make_kv_tensor_maps(a, layer.num_pages, &P.tmaps) == cudaSuccess) {
-        P.tmap_k = layer.k;
-        P.tmap_v = layer.v;
-        P.tmap_pages = layer.num_pages;
-      }
-    }
-    if (!P.tmap_k) a.copy_mode = tiles::kCopyAfterWait;
-  }
   a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   auto s = static_cast<cudaStream_t>(stream);
   const auto n_tasks = static_cast<int64_t>(P.tasks.size());
   // The wgmma kernel folds the scale into its exponent, which needs it positive.
   CISA_RETURN_IF_ERROR(cuda_status(
       P.wgmma && a.scale > 0.0f ? detail::launch_attention_wgmma(a, n_tasks, P.warps, s)
-              : detail::launch_attention(a, P.tmaps, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
+              : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
   return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
                      "cuda: split-KV merge");

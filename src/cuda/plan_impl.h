@@ -52,12 +52,6 @@ struct Plan::Impl {
   std::vector<detail::MergeTask> merges;
   int warps = 4;
   int page_warps = 1;  // warps splitting a tile's pages (attention.cuh)
-  int copy_mode = 0;   // page-split launches: tiles::kCopy* (AttentionArgs::copy_mode)
-  // Tensor maps of the last layer run with kCopyTensor, and the pools they describe.
-  detail::KvTensorMaps tmaps{};
-  const void* tmap_k = nullptr;
-  const void* tmap_v = nullptr;
-  int64_t tmap_pages = 0;
   bool wgmma = false;  // attention on the wgmma kernel (attention_wgmma.cuh)
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)

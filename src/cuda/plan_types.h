@@ -66,12 +66,4 @@ struct MergeTask {
   int64_t partial;
 };
 
-// Tensor maps (opaque CUtensorMap bytes, encoded on the host) of the K and V pools seen as 2-D
-// tensors [num_pages · num_kv_heads · 16 rows][head_dim], boxes of 16 rows × 64 channels with the
-// 128-byte swizzle: the tensor copies of tiles::kCopyTensor.
-struct KvTensorMaps {
-  alignas(64) unsigned char k[128];
-  alignas(64) unsigned char v[128];
-};
-
 }  // namespace cisa::cuda::detail

@@ -38,22 +38,6 @@ constexpr int kMinSplitPages = 64;
 // 0.156 ms, 32:1 0.322, 32:2 0.297; 4 → 0.161 / 0.334 / 0.304; 6 and 8 slower still. v5 rounded
 // splits up (32 lists × 17 = 544 tasks on 264 slots: a third wave of 16 tasks).
 constexpr int kDecodeBlocksPerSm = 2;
-// How the page-split (decode) kernel fills its stages (v7; environment CISA_CUDA_DECODE_COPY =
-// after-wait | early | bulk | tensor for A/B runs). kCopyAfterWait (v1–v6): cp.async of tile it + 2 issued
-// after tile it has landed, so 1–2 tiles (32–64 KB) per block are in flight. kCopyEarly: issued
-// before that wait, 2–3 tiles. kCopyBulk: as early, but one warp issues a 1-D bulk copy (the
-// copy engine) per token row of K and V, completing on a per-stage mbarrier, so the copies take
-// no load/store-unit slots and the other warps only wait on a phase. kCopyTensor: as bulk, but
-// two tensor copies per page (16 rows × 64 channels, 128-byte swizzle, unpadded) instead of one
-// copy per row. Measured v7 (H200, same session each, dense decode 4:1 / 32:1 / 32:2 TB/s):
-// after-wait 4.09 / 4.03 / 4.10, early 4.06 / 4.01 / 4.09, bulk rows 1.72 / 1.65 / 1.74 (the 128
-// row copies per tile from one warp run at ~40 cycles each); second session after-wait 4.13 /
-// 4.07 / 4.15, tensor 4.12 / 4.09 / 4.15: no mode is faster, the default stays the v6 copy.
-constexpr int kCopyAfterWait = 0;
-constexpr int kCopyEarly = 1;
-constexpr int kCopyBulk = 2;
-constexpr int kCopyTensor = 3;
-constexpr int kDecodeCopy = kCopyAfterWait;
 
 // ---- attention on warpgroup MMA (attention_wgmma.cu, v4) ----
 // Full row tiles (64 or 128 rows, no unions, no page-split warps) at d = 128 run Q·Kᵀ and P·V as
