@@ -59,7 +59,7 @@ class AttentionWorkspace {
   std::vector<detail::AttentionTask> tasks_;
   std::vector<size_t> merge_heads_;
   std::vector<uint8_t> grouped_;  // per query group: one task walks all its KV groups' lists
-  std::vector<int64_t> row_offsets_, covered_;  // validation scratch
+  std::vector<int64_t> row_offsets_, row_group_;  // validation scratch
 };
 
 Status attend(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,

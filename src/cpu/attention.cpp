@@ -28,6 +28,7 @@
 #include <string>
 
 #include "attention_decode_kernel.h"
+#include "attention_inputs.h"
 #include "attention_page_kernel.h"
 #include "attention_tile_kernel.h"
 #include "cisa/bf16.h"
@@ -90,48 +91,8 @@ struct AttentionRunner {
 };
 
 Status AttentionRunner::validate() const {
-  CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
-  if (hq <= 0 || hq % hkv != 0)
-    return invalid_argument("query head count " + std::to_string(hq) +
-                            " is not a positive multiple of the cache's " + std::to_string(hkv) +
-                            " KV heads");
-  if (lists.num_kv_heads != hkv)
-    return invalid_argument("page lists were built for " + std::to_string(lists.num_kv_heads) +
-                            " KV heads, the cache has " + std::to_string(hkv));
-  if (lists.offsets.size() != static_cast<size_t>(lists.num_lists() + 1) ||
-      lists.offsets.back() != lists.total_pages())
-    return invalid_argument("page lists are malformed (offsets do not match the page array)");
   if (!q || !out) return invalid_argument("attend: null query or output pointer");
-  // Row offsets of the entries and the queries each entry's groups cover (reused storage).
-  auto& rows = ws->row_offsets_;
-  auto& covered = ws->covered_;
-  rows.assign(batch.size() + 1, 0);
-  for (size_t e = 0; e < batch.size(); ++e) rows[e + 1] = rows[e] + batch[e].count;
-  covered.assign(batch.size(), 0);
-  for (size_t i = 0; i < lists.groups.size(); ++i) {
-    const auto& g = lists.groups[i];
-    if (g.entry < 0 || static_cast<size_t>(g.entry) >= batch.size())
-      return invalid_argument("query group " + std::to_string(i) + " names batch entry " +
-                              std::to_string(g.entry) + " of " + std::to_string(batch.size()));
-    const auto& e = batch[static_cast<size_t>(g.entry)];
-    if (g.first < e.first || g.last < g.first || g.last >= e.first + e.count ||
-        g.row != rows[static_cast<size_t>(g.entry)] + (g.first - e.first))
-      return invalid_argument("query group " + std::to_string(i) + " does not lie inside its batch entry");
-    covered[static_cast<size_t>(g.entry)] += g.last - g.first + 1;
-    for (int kv = 0; kv < hkv; ++kv)
-      for (int32_t page : lists.list_pages(static_cast<int64_t>(i), kv))
-        if (cache.page_owner(page) != e.seq)
-          return invalid_argument("page list of group " + std::to_string(i) + " names page " +
-                                  std::to_string(page) + ", which sequence " + std::to_string(e.seq) +
-                                  (cache.page_owner(page) < 0 ? " does not own (it is free)"
-                                                              : " does not own"));
-  }
-  for (size_t e = 0; e < batch.size(); ++e)
-    if (covered[e] != batch[e].count)
-      return invalid_argument("query groups cover " + std::to_string(covered[e]) + " of the " +
-                              std::to_string(batch[e].count) + " queries of batch entry " +
-                              std::to_string(e));
-  return Status::Ok();
+  return cpu::validate_attention_inputs(cache, layer, batch, lists, hq, &ws->row_offsets_, &ws->row_group_);
 }
 
 // The pages of one task, in order, for each block of up to 4 rows of its tile (of each of its

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_inputs.h"
 #include "cisa/bf16.h"
 
 namespace cisa {
@@ -240,28 +241,11 @@ struct Runner {
 Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                        const PageLists& lists, const float* q, int num_q_heads,
                        const LlamaCppAttentionParams& p, float* out, ThreadPool& pool) {
-  CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
-  const int hkv = cache.num_kv_heads(), d = cache.head_dim();
   if (!q || !out) return invalid_argument("attend_llamacpp: null query or output pointer");
-  if (num_q_heads <= 0 || num_q_heads % hkv != 0)
-    return invalid_argument("query head count " + std::to_string(num_q_heads) +
-                            " is not a positive multiple of the cache's " + std::to_string(hkv) +
-                            " KV heads");
   if (p.sliding_window < 0) return invalid_argument("negative sliding window");
-  if (lists.num_kv_heads != hkv)
-    return invalid_argument("page lists were built for " + std::to_string(lists.num_kv_heads) +
-                            " KV heads, the cache has " + std::to_string(hkv));
-  if (lists.offsets.size() != static_cast<size_t>(lists.num_lists() + 1) ||
-      lists.offsets.front() != 0 || lists.offsets.back() != lists.total_pages() ||
-      lists.chunks.size() != lists.pages.size())
-    return invalid_argument("page lists are malformed (offsets do not match the page array)");
-  for (size_t i = 1; i < lists.offsets.size(); ++i)
-    if (lists.offsets[i] < lists.offsets[i - 1])
-      return invalid_argument("page lists are malformed (offsets decrease)");
-
-  std::vector<int64_t> first_row(batch.size() + 1, 0);
-  for (size_t e = 0; e < batch.size(); ++e) first_row[e + 1] = first_row[e] + batch[e].count;
-  const int64_t rows = first_row.back();
+  std::vector<int64_t> first_row, row_group;
+  CISA_RETURN_IF_ERROR(cpu::validate_attention_inputs(cache, layer, batch, lists, num_q_heads, &first_row, &row_group));
+  const int hkv = cache.num_kv_heads(), d = cache.head_dim();
   Runner run{.cache = cache,
              .layer = layer,
              .batch = batch,
@@ -274,34 +258,8 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
              .B = cache.page_size(),
              .p = p,
              .out = out,
-             .row_group = std::vector<int64_t>(static_cast<size_t>(rows), -1)};
+             .row_group = std::move(row_group)};
   if (run.p.scale == 0.0f) run.p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int64_t pool_pages = cache.num_pages();
-  for (size_t i = 0; i < lists.groups.size(); ++i) {
-    const QueryGroup& g = lists.groups[i];
-    if (g.entry < 0 || static_cast<size_t>(g.entry) >= batch.size())
-      return invalid_argument("query group " + std::to_string(i) + " names batch entry " +
-                              std::to_string(g.entry) + " of " + std::to_string(batch.size()));
-    const BatchEntry& e = batch[static_cast<size_t>(g.entry)];
-    if (g.first < e.first || g.last < g.first || g.last >= e.first + e.count ||
-        g.row != first_row[static_cast<size_t>(g.entry)] + (g.first - e.first))
-      return invalid_argument("query group " + std::to_string(i) +
-                              " does not lie inside its batch entry");
-    for (int64_t r = g.row; r <= g.row + (g.last - g.first); ++r) {
-      if (run.row_group[static_cast<size_t>(r)] >= 0)
-        return invalid_argument("query row " + std::to_string(r) + " is in two query groups");
-      run.row_group[static_cast<size_t>(r)] = static_cast<int64_t>(i);
-    }
-    for (int kv = 0; kv < hkv; ++kv)
-      for (int32_t page : lists.list_pages(static_cast<int64_t>(i), kv))
-        if (page < 0 || page >= pool_pages || cache.page_owner(page) != e.seq)
-          return invalid_argument("page list of group " + std::to_string(i) + " names page " +
-                                  std::to_string(page) + ", which sequence " +
-                                  std::to_string(e.seq) + " does not own");
-  }
-  for (int64_t r = 0; r < rows; ++r)
-    if (run.row_group[static_cast<size_t>(r)] < 0)
-      return invalid_argument("query row " + std::to_string(r) + " is in no query group");
 
   // Tasks: tiles of up to kTileRows rows of one query group.
   std::vector<std::pair<int64_t, int>> tiles;
