@@ -2,8 +2,9 @@
 //
 // Per block: rows [row0, row0 + rows) of one list; warp w owns rows 16w … 16w+15, each thread
 // rows g = lane/4 and g + 8 of them (the mma fragment layout). The list's pages are consumed
-// kStageTokens tokens at a time through a kStages-deep cp.async pipeline into padded shared tiles;
-// a page past the block's range is zero-filled and masked, so garbage never meets P·V.
+// kStageTokens tokens at a time through a kStages-deep cp.async pipeline into swizzled shared
+// tiles (swz below); a page past the block's range is zero-filled and masked, so garbage never
+// meets P·V.
 // Scores are kept in log2 units (scale·log2 e folded in) so the softmax uses exp2.
 #include <cfloat>
 #include <climits>
@@ -16,10 +17,28 @@
 namespace cisa::cuda::detail {
 namespace {
 
+// Shared row length in bf16 elements: D swizzled, or D + kSmemPad (tile_sizes.cuh).
+template <int D>
+constexpr int kSmemRow = D <= tiles::kSwizzleMaxHeadDim ? D : D + tiles::kSmemPad;
+
 template <int D>
 constexpr size_t attention_smem_bytes() {
-  return sizeof(uint16_t) * 2 /*K,V*/ * tiles::kStages * tiles::kStageTokens<D> * (D + tiles::kSmemPad) +
+  return sizeof(uint16_t) * 2 /*K,V*/ * tiles::kStages * tiles::kStageTokens<D> * kSmemRow<D> +
          sizeof(int32_t) * 3 * tiles::kSegPages;
+}
+
+// Shared K/V tiles are unpadded [token][D] rows whose 16-byte chunks are XOR-swizzled by the
+// token's low 3 bits inside each 128-byte group: chunk c of token t sits at chunk swz(t, c).
+// ldmatrix reads 8 consecutive tokens at one logical chunk, which land in 8 distinct bank groups
+// (what v1–v8's 16-byte row padding did), and every 128-byte line of global memory lands in one
+// aligned 128-byte line of shared memory. With the padding it did not: ncu (v9) counted 1.5x the
+// K/V bytes crossing L2 → SM (805 M sectors in 352 M requests for 537 M sectors of data), because
+// cp.async splits a line whose shared destination straddles two 128-byte lines; dense decode read
+// 4.1 TB/s where cuDNN and FlashAttention, with whole lines, read 4.5. (Padded rows, d = 256:
+// swz is the identity.)
+template <int D>
+__device__ __forceinline__ int swz(int tok, int chunk) {
+  return D <= tiles::kSwizzleMaxHeadDim ? chunk ^ (tok & 7) : chunk;
 }
 
 // PW > 1 (few rows per list: decode): the warps split each tile's pages as well as its rows.
@@ -31,7 +50,7 @@ constexpr size_t attention_smem_bytes() {
 // union masks (v3 measured the union logic costing ~10 % on full-tile prefill: 243 vs 229
 // registers at d = 128).
 template <int D, int WARPS, int PW, bool UNI>
-__global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
   constexpr int NP = NT / B;
@@ -39,11 +58,11 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
   constexpr int NTW = NT / PW;    // tokens of a tile per warp
   constexpr int NPW = NP / PW;    // pages of a tile per warp
   static_assert(NPW >= 1 && RW >= 1, "page split must leave each warp a page");
-  constexpr int LD = D + tiles::kSmemPad;
+  constexpr int LD = kSmemRow<D>;
   constexpr int THREADS = WARPS * 32;
   constexpr int ST = tiles::kStages;
   constexpr int SEG = tiles::kSegPages;
-  extern __shared__ __align__(16) uint16_t smem[];
+  extern __shared__ __align__(128) uint16_t smem[];
   uint16_t* ks = smem;                 // [ST][NT][LD]
   uint16_t* vs = smem + ST * NT * LD;  // [ST][NT][LD]
 
@@ -84,10 +103,24 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
       const bool ok = pi < seg_n;
       const int64_t phys = ok ? pid_s[pi] : 0;
       const int64_t off = ((phys * a.num_kv_heads + L.kv) * B + tok % B) * D + c8;
-      dev::cp_async16(ks + (stage * NT + tok) * LD + c8, a.k + off, ok ? 16 : 0);
-      dev::cp_async16(vs + (stage * NT + tok) * LD + c8, a.v + off, ok ? 16 : 0);
+      const int so = (stage * NT + tok) * LD + swz<D>(tok, c8 / 8) * 8;
+      dev::cp_async16(ks + so, a.k + off, ok ? 16 : 0);
+      dev::cp_async16(vs + so, a.v + off, ok ? 16 : 0);
     }
   };
+
+  // ldmatrix lanes (K and V alike): lane L gives the address of row L & 15 of a 16-token step at
+  // logical chunk 2·k + (L >> 4), which the swizzle puts at chunk (2·k) ^ x, x = (L >> 4) ^ (L & 7).
+  // k and k + 4 differ by chunk 8, outside x's bits, so four lane addresses kaddr[k & 3] (stage 0,
+  // token 0 of the stage) serve every k with immediate offsets: each tile adds its stage offset to
+  // the four once, and every ldmatrix of K and V (V's pool is a constant further) is then
+  // [register + immediate]. (v9 first XOR-ed each address, (row + 32·k) ^ 16·x: two more
+  // instructions per ldmatrix, and union prefill tiles, 64 ldmatrix per warp and tile, slowed 8 %.)
+  constexpr bool kSwz = D <= tiles::kSwizzleMaxHeadDim;
+  uint32_t kaddr[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    kaddr[j] = static_cast<uint32_t>(__cvta_generic_to_shared(ks + (lane & 15) * LD)) + 16u * ((2 * j) ^ ((lane >> 4) ^ (lane & 7)));
 
   float o[D / 8][4];
 #pragma unroll
@@ -137,8 +170,8 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
         any |= mine;
       }
       if (kUnions && !any) continue;
-      const uint16_t* kst = ks + (stage * NT + ph * NTW) * LD;
-      const uint16_t* vst = vs + (stage * NT + ph * NTW) * LD;
+      // Byte offset of the warp's tokens of this stage from stage 0, token 0.
+      const uint32_t toff = (stage * NT + ph * NTW) * LD * 2;
       float s[NTW / 8][4];
 #pragma unroll
       for (int j = 0; j < NTW / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -147,9 +180,17 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
 #pragma unroll
         for (int np = 0; np < NTW / 16; ++np) {
           uint32_t b[4];
-          dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-          dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[1]);
-          dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+          if constexpr (kSwz) {
+            // b[0], b[1]: channels 16·kk … +7 of tokens 0–7, 8–15; b[2], b[3]: channels +8 … +15.
+            dev::ldmatrix_x4_at(b, kaddr[kk & 3] + toff + (kk >> 2) * 128 + np * 16 * LD * 2);
+            dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[2]);
+            dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[1], b[3]);
+          } else {  // padded rows (d = 256): the v1–v8 addressing, which fits its 255 registers
+            const uint16_t* kst = ks + (stage * NT + ph * NTW) * LD;
+            dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+            dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[1]);
+            dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+          }
         }
       }
       // Mask by absolute position (causal, optional window), scale, online softmax.
@@ -196,7 +237,12 @@ __global__ void __launch_bounds__(WARPS * 32) attention_kernel(const AttentionAr
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
-          dev::ldmatrix_x4_trans(b, vst + (kt * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
+          if constexpr (kSwz) {
+            dev::ldmatrix_x4_trans_at(b, kaddr[dp & 3] + toff + ST * NT * LD * 2 + (dp >> 2) * 128 + kt * 16 * LD * 2);
+          } else {
+            const uint16_t* vst = vs + (stage * NT + ph * NTW) * LD;
+            dev::ldmatrix_x4_trans(b, vst + (kt * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
+          }
           dev::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
           dev::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
         }

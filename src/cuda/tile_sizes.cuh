@@ -12,18 +12,22 @@ constexpr int kPageSize = 16;
 // so G·h_g = 128 rows (4:1 with G = 32, 32:1 with G = 4) share one read of every page.
 constexpr int kRowsPerWarp = 16;
 // Tokens per pipeline stage: 4 pages (64 tokens) at d ≤ 128 keeps S = 16×64 f32 per warp in 32
-// registers and one stage of K+V at 64·(128+8)·2·2 B = 34.8 KB, two stages 70 KB (3 blocks/SM);
+// registers and one stage of K+V at 64·128·2·2 B = 32 KB;
 // at d = 256 two pages, so the O accumulator (128 registers) leaves room for S and Q.
 template <int D> constexpr int kStageTokens = D >= 256 ? 32 : 64;
 // Pipeline depth: v1 double-buffered (one 32 KB stage in flight per block while the other is
 // consumed) and reached 2.72 TB/s on sparse decode; three stages keep two in flight. At d = 128:
-// 3 × 34 KB = 104 KB per block, two blocks per SM (the register limit of the 4-warp kernel).
+// 3 × 32 KB + 6 KB of page IDs = 102 KB per block, two blocks per SM.
 constexpr int kStages = 3;
 // Page IDs and chunk indices staged in shared memory per pass (2 × 2 KB): a decode split
 // (~128 pages) takes one pass; a prefill list of 4,225 pages nine.
 constexpr int kSegPages = 512;
-// Row padding of the shared K/V tiles, in bf16 elements: 16 bytes shifts consecutive token rows
-// by 4 banks, so ldmatrix's 8 row reads hit 8 distinct 16-byte bank groups.
+// Shared K/V rows up to this head dim are unpadded with XOR-swizzled 16-byte chunks (attention.cu,
+// v9: every 128-byte line of global memory lands in one 128-byte line of shared memory, which
+// cp.async needs to fetch it in one request). Above it (d = 256: 255 registers, and the swizzle's
+// two more spill) rows are padded by kSmemPad bf16 elements: 16 bytes shifts consecutive token
+// rows by 4 banks, so ldmatrix's 8 row reads hit 8 distinct 16-byte bank groups.
+constexpr int kSwizzleMaxHeadDim = 128;
 constexpr int kSmemPad = 8;
 // Lists of at most 16 (32) rows, 4 warps: the warps split each tile's 4 pages 4 (2) ways, each
 // running the mma and softmax of 1 (2) pages, merged at the end (attention.cu). Up to d = 128:
