@@ -18,6 +18,7 @@
 
 #include "attention_rows.cuh"
 #include "attention_wgmma.cuh"
+#include "attention_wgmma_tile.cuh"
 #include "common.cuh"
 #include "tile_sizes.cuh"
 #include "wgmma.cuh"
@@ -25,8 +26,7 @@
 namespace cisa::cuda::detail {
 namespace {
 
-constexpr int kD = 128;
-constexpr uint32_t kAtomBytes = 1024;  // 8 token rows of 128 bytes
+constexpr int kD = kWgHeadDim;
 
 // Tile shape per warpgroup count: keys per tile and pipeline stages (tile_sizes.cuh).
 template <int WG> constexpr int kNT = WG == 2 ? tiles::kWgTileTokens2 : tiles::kWgTileTokens1;
@@ -35,7 +35,7 @@ template <int WG> constexpr int kST = WG == 2 ? tiles::kWgStages2 : tiles::kWgSt
 // Stages first (1,024-aligned: the base is rounded up, hence the extra 1 KB), then the page IDs.
 template <int WG>
 constexpr size_t wgmma_smem_bytes() {
-  return size_t{2} * kST<WG> * kNT<WG> * kD * 2 + sizeof(int32_t) * 2 * tiles::kSegPages + kAtomBytes;
+  return size_t{2} * kST<WG> * kNT<WG> * kD * 2 + sizeof(int32_t) * 2 * tiles::kSegPages + kSw128AtomBytes;
 }
 
 template <int WG>
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   constexpr int B = tiles::kPageSize;
   constexpr int NT = kNT<WG>;
   constexpr int kTileBytes = NT * kD * 2;
-  constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
+  constexpr uint32_t kHalfBytes = kWgHalfBytes<NT>;
   constexpr int NP = NT / B;
   constexpr int THREADS = WG * 128;
   constexpr int ST = kST<WG>;
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   static_assert(NT == 64 || NT == 128, "the score tile is one m64n64 or m64n128 accumulator");
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_w));
-  uint8_t* ks = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);  // [ST][kTileBytes]
+  uint8_t* ks = smem_w + (((s0 + kSw128AtomBytes - 1) & ~(kSw128AtomBytes - 1)) - s0);  // [ST][kTileBytes]
   uint8_t* vs = ks + ST * kTileBytes;  // same
   int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);  // [kSegPages]
   int32_t* cid_s = pid_s + SEG;                                        // [kSegPages]
@@ -97,28 +97,9 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   uint32_t pa[NT / 16][4];     // P of the tile whose P·V is issued (read by the wgmma in flight)
   float corr[2];
 
-  // S = Q·Kᵀ of the tile in `stage` (issued, not waited).
-  auto issue_s = [&](int stage) {
-    const uint8_t* kst = ks + stage * kTileBytes;
-    // K-major B: a k16 step is 32 bytes of a 128-byte row, SBO = 8 token rows.
-    auto desc = [&](int kk) { return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes); };
-    if constexpr (NT == 64) {
-      dev::wgmma_m64n64k16_init<0>(s, qf[0], desc(0));
-#pragma unroll
-      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n64k16<0>(s, qf[kk], desc(kk), 1);
-    } else {
-      dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
-#pragma unroll
-      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
-    }
-  };
-  // O += P·V of the tile in `stage` (issued, not waited).
-  auto issue_pv = [&](int stage) {
-    const uint8_t* vst = vs + stage * kTileBytes;
-#pragma unroll
-    for (int kt = 0; kt < NT / 16; ++kt)  // MN-major B: LBO = channel half, SBO = 8 tokens
-      dev::wgmma_m64n128k16<1>(o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
-  };
+  // S = Q·Kᵀ and O += P·V of the tile in `stage` (issued, not waited; attention_wgmma_tile.cuh).
+  auto issue_s = [&](int stage) { wg_issue_qk<NT>(s, qf, ks + stage * kTileBytes); };
+  auto issue_pv = [&](int stage) { wg_issue_pv<NT>(o, pa, vs + stage * kTileBytes); };
   // Online softmax of tile `tile` of the segment (attention_rows.cuh); P stays f32 in s until
   // the P·V in flight has finished: packing it into bf16 registers here let the compiler reuse
   // pa's registers, and ptxas then serialised every wgmma (C7513).

@@ -23,6 +23,7 @@
 
 #include "attention_rows.cuh"
 #include "attention_wgmma.cuh"
+#include "attention_wgmma_tile.cuh"
 #include "common.cuh"
 #include "tile_sizes.cuh"
 #include "wgmma.cuh"
@@ -30,10 +31,9 @@
 namespace cisa::cuda::detail {
 namespace {
 
-constexpr int kD = 128;
+constexpr int kD = kWgHeadDim;
 constexpr int B = tiles::kPageSize;
 constexpr int ST = tiles::kWsStages;
-constexpr uint32_t kAtomBytes = 1024;  // 8 token rows of 128 bytes
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // Registers per thread after setmaxnreg: a multiprocessor's four quarters each hold 16,384
@@ -56,7 +56,7 @@ struct WsShape {
   static constexpr int NP = NT / B;
   static constexpr int RINGS = PAIR ? 2 : 1;
   static constexpr int kTileBytes = NT * kD * 2;    // K (or V) of one tile
-  static constexpr uint32_t kHalfBytes = NT * 128;  // one 64-channel half of a tile
+  static constexpr uint32_t kHalfBytes = kWgHalfBytes<NT>;
   static constexpr int kMeta = NP + 2;  // page starts, valid flag, padding (8-byte multiple)
   static_assert(NT == 64 || NT == 128, "one m64n64 or m64n128 score tile");
   static_assert(NP <= 8, "the producer's page-ID window holds 32 / NP tiles of 32 lanes");
@@ -67,7 +67,7 @@ constexpr size_t ws_smem_bytes() {
   using S = WsShape<PAIR>;
   return S::RINGS * (size_t{2} * ST * S::kTileBytes + sizeof(int32_t) * ST * S::kMeta +
                      sizeof(uint64_t) * 2 * ST) +
-         kAtomBytes;
+         kSw128AtomBytes;
 }
 
 __device__ __forceinline__ uint32_t saddr(const void* p) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 "copy warps split a ring's tile pages evenly");
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = saddr(smem_w);
-  uint8_t* base = smem_w + (((s0 + kAtomBytes - 1) & ~(kAtomBytes - 1)) - s0);
+  uint8_t* base = smem_w + (((s0 + kSw128AtomBytes - 1) & ~(kSw128AtomBytes - 1)) - s0);
   // Rings [RINGS] of K stages [ST][kTileBytes] then V stages; then meta [RINGS][ST][kMeta],
   // full [RINGS][ST], empty [RINGS][ST].
   int32_t* meta_all = reinterpret_cast<int32_t*>(base + S::RINGS * 2 * ST * kTileBytes);
@@ -254,28 +254,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[NT / 2];          // scores of the tile being softmaxed, then its P (f32)
   uint32_t pa[NT / 16][4];  // P of the tile whose P·V is issued
 
-  auto issue_s = [&](int stage) {  // K-major B: a k16 step is 32 bytes of a 128-byte row
-    const uint8_t* kst = ks + stage * kTileBytes;
-    auto desc = [&](int kk) {
-      return dev::smem_desc_sw128(kst + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, kAtomBytes);
-    };
-    if constexpr (NT == 64) {
-      dev::wgmma_m64n64k16_init<0>(s, qf[0], desc(0));
-#pragma unroll
-      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n64k16<0>(s, qf[kk], desc(kk), 1);
-    } else {
-      dev::wgmma_m64n128k16_init<0>(s, qf[0], desc(0));
-#pragma unroll
-      for (int kk = 1; kk < kD / 16; ++kk) dev::wgmma_m64n128k16<0>(s, qf[kk], desc(kk), 1);
-    }
-  };
-  auto issue_pv = [&](int stage) {  // MN-major B: LBO = channel half, SBO = 8 tokens
-    const uint8_t* vst = vs + stage * kTileBytes;
-#pragma unroll
-    for (int kt = 0; kt < NT / 16; ++kt)
-      dev::wgmma_m64n128k16<1>(
-          o, pa[kt], dev::smem_desc_sw128(vst + kt * 16 * 128, kHalfBytes, kAtomBytes), 1);
-  };
+  // S = Q·Kᵀ and O += P·V of the tile in `stage` (issued, not waited; attention_wgmma_tile.cuh).
+  auto issue_s = [&](int stage) { wg_issue_qk<NT>(s, qf, ks + stage * kTileBytes); };
+  auto issue_pv = [&](int stage) { wg_issue_pv<NT>(o, pa, vs + stage * kTileBytes); };
   auto wait_full = [&](int j) {  // false: the producer ended the task at tile j
     mbar_wait(&full[j % ST], static_cast<uint32_t>((j / ST) & 1));
     return meta[(j % ST) * kMeta + NP] != 0;
