@@ -84,6 +84,33 @@ struct AttentionRunner {
   template <class T>
   void walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
                         float* m, float* l, float* tile) const;
+  // The pages of one task's list that some row of the task can see (the walk functions share it).
+  struct TaskPages {
+    int g0;                                  // first KV group of the task
+    std::span<const int32_t> pages, chunks;  // the list: physical page IDs, logical chunks
+    int64_t tmin, tmax;                      // the task's first and last query positions
+    int64_t B, window;
+    int64_t start(int64_t pi) const { return static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B; }
+    // Before every row's window (the page still has to be skipped, not ended at).
+    bool before_window(int64_t s0) const { return window > 0 && s0 + B - 1 <= tmin - window; }
+    bool visible(int64_t pi) const { return start(pi) <= tmax && !before_window(start(pi)); }
+    // visit(pi, physical page, first position) for each visible page in list order; pages ascend,
+    // so the walk ends at the first page after the task's last row.
+    template <class Visit>
+    void for_each(const Task& t, Visit&& visit) const {
+      for (int64_t pi = t.page0; pi < t.page1; ++pi) {
+        const int64_t s0 = start(pi);
+        if (s0 > tmax) break;
+        if (before_window(s0)) continue;
+        visit(pi, pages[static_cast<size_t>(pi)], s0);
+      }
+    }
+  };
+  TaskPages task_pages(const Task& t, const int64_t* tpos) const {
+    const int g0 = static_cast<int>(t.list % hkv);
+    return {g0, lists.list_pages(t.list / hkv, g0), lists.list_chunks(t.list / hkv, g0),
+            tpos[0], tpos[t.rows - 1], B, window};
+  }
   bool tiled(const Task& t) const;
   bool decode_kernel(const Task& t) const;
   bool same_pages_all_groups(int64_t query_group) const;
@@ -101,24 +128,18 @@ Status AttentionRunner::validate() const {
 template <class T>
 void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
                                  float* m, float* l, float* s) const {
-  const int g0 = static_cast<int>(t.list % hkv);
-  const auto pages = lists.list_pages(t.list / hkv, g0);
-  const auto chunks = lists.list_chunks(t.list / hkv, g0);
+  const TaskPages tp = task_pages(t, tpos);
+  const int g0 = tp.g0;
   const int R = t.rows;
-  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
   const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));  // one group's block
-  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
-    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
-    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
-    if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
-    const int32_t page = pages[static_cast<size_t>(pi)];
+  tp.for_each(t, [&](int64_t pi, int32_t page, int64_t s0) {
     // Pages whose data does not follow this page's in memory (selected pages scattered over the
     // pool, or a KV group's pages interleaved with other groups') defeat the hardware
     // prefetcher: fetch a few pages ahead while this one is computed.
     const auto* kp0 = static_cast<const char*>(cache.k_page(layer, page, g0));
     const int64_t ahead = pi + kPrefetchPages;
     if (ahead < t.page1) {
-      const int32_t next = pages[static_cast<size_t>(ahead)];
+      const int32_t next = tp.pages[static_cast<size_t>(ahead)];
       const auto* nk = static_cast<const char*>(cache.k_page(layer, next, g0));
       const int64_t span = bytes * t.groups;
       if (nk != kp0 + kPrefetchPages * span) {
@@ -152,7 +173,7 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
           }
         }
       }
-  }
+  });
 }
 
 // Decode rows on AVX-512 (decode_kernel_fits): the fused kernel of attention_decode_kernel.h, one
@@ -163,12 +184,10 @@ template <class T>
 void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow, const int64_t* tpos,
                                         float* const* accp, float* m, float* l, float* scratch) const {
 #ifdef CISA_ATTENTION_AVX512
-  const int g0 = static_cast<int>(t.list % hkv);
-  const auto pages = lists.list_pages(t.list / hkv, g0);
-  const auto chunks = lists.list_chunks(t.list / hkv, g0);
+  const TaskPages tp = task_pages(t, tpos);
+  const int g0 = tp.g0;
   const int R = t.rows;
   const int RT = R * t.groups;
-  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
   float* p = scratch + (16 - (reinterpret_cast<uintptr_t>(scratch) / sizeof(float)) % 16) % 16;  // 64-byte aligned
   float* qo = p + 4 * cpu::kKeyBlock;
   const float* qord[kRowTile];
@@ -178,16 +197,8 @@ void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow,
   }
   // Blocks are visited page by page, KV group by group, 16 keys at a time; (nk, nv) is the block
   // after the current one in that order, whose lines are prefetched while this one is computed.
-  auto visible_page = [&](int64_t pi) {
-    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
-    return s0 <= tmax && !(window > 0 && s0 + B - 1 <= tmin - window);
-  };
-  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
-    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
-    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
-    if (!visible_page(pi)) continue;  // before every row's window
-    const int32_t page = pages[static_cast<size_t>(pi)];
-    const int32_t next_page = pi + 1 < t.page1 && visible_page(pi + 1) ? pages[static_cast<size_t>(pi + 1)] : -1;
+  tp.for_each(t, [&](int64_t pi, int32_t page, int64_t s0) {
+    const int32_t next_page = pi + 1 < t.page1 && tp.visible(pi + 1) ? tp.pages[static_cast<size_t>(pi + 1)] : -1;
     for (int gi = 0; gi < t.groups; ++gi) {
       const T* kp = static_cast<const T*>(cache.k_page(layer, page, g0 + gi));
       const T* vp = static_cast<const T*>(cache.v_page(layer, page, g0 + gi));
@@ -216,7 +227,7 @@ void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow,
         }
       }
     }
-  }
+  });
   for (int r = 0; r < RT; ++r) cpu::natural_channels<T>(accp[r], d);
 #else
   (void)t, (void)qrow, (void)tpos, (void)accp, (void)m, (void)l, (void)scratch;
@@ -270,26 +281,20 @@ template <class T>
 void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos,
                                        float* const* accp, float* m, float* l, float* tile) const {
 #ifdef CISA_ATTENTION_AVX512
-  const int g = static_cast<int>(t.list % hkv);
-  const auto pages = lists.list_pages(t.list / hkv, g);
-  const auto chunks = lists.list_chunks(t.list / hkv, g);
+  const TaskPages tp = task_pages(t, tpos);
+  const int g = tp.g0;
   const int R = t.rows;
-  const int64_t tmin = tpos[0], tmax = tpos[R - 1];
   float* kt = tile;  // [d][16], 64-byte aligned by the caller
   float* p = kt + static_cast<int64_t>(d) * cpu::kKeyBlock;
   float* c = p + static_cast<int64_t>(kRowTile) * cpu::kKeyBlock;
-  for (int64_t pi = t.page0; pi < t.page1; ++pi) {
-    const int64_t s0 = static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
-    if (s0 > tmax) break;  // pages are in ascending order: the rest is in the future
-    if (window > 0 && s0 + B - 1 <= tmin - window) continue;  // before every row's window
-    const int32_t page = pages[static_cast<size_t>(pi)];
+  tp.for_each(t, [&](int64_t pi, int32_t page, int64_t s0) {
     const T* kp = static_cast<const T*>(cache.k_page(layer, page, g));
     const T* vp = static_cast<const T*>(cache.v_page(layer, page, g));
     // The next page's K and V are fetched while this one is computed (tens of microseconds for
     // a tile): the transposition reads K rows at a stride of d, which the hardware prefetcher
     // does not follow well, and selected pages are scattered anyway.
     if (pi + 1 < t.page1) {
-      const int32_t next = pages[static_cast<size_t>(pi + 1)];
+      const int32_t next = tp.pages[static_cast<size_t>(pi + 1)];
       const auto* nk = static_cast<const char*>(cache.k_page(layer, next, g));
       const auto* nv = static_cast<const char*>(cache.v_page(layer, next, g));
       const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));
@@ -303,7 +308,7 @@ void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, 
       cpu::tile_key_block(qrow, tpos, R, kp + static_cast<int64_t>(j0) * d, vp + static_cast<int64_t>(j0) * d,
                           s0 + j0, nk, window, d, scale, kt, p, c, m, l, accp);
     }
-  }
+  });
 #else
   (void)t, (void)qrow, (void)tpos, (void)accp, (void)m, (void)l, (void)tile;
 #endif
