@@ -17,9 +17,12 @@
 namespace cisa::cuda::detail {
 namespace {
 
-// Shared row length in bf16 elements: D swizzled, or D + kSmemPad (tile_sizes.cuh).
+// Whether head dim D uses swizzled rows (swz below) or padded ones (tile_sizes.cuh), and the
+// shared row length in bf16 elements: D swizzled, or D + kSmemPad.
 template <int D>
-constexpr int kSmemRow = D <= tiles::kSwizzleMaxHeadDim ? D : D + tiles::kSmemPad;
+constexpr bool kSwizzled = D <= tiles::kSwizzleMaxHeadDim;
+template <int D>
+constexpr int kSmemRow = kSwizzled<D> ? D : D + tiles::kSmemPad;
 
 template <int D>
 constexpr size_t attention_smem_bytes() {
@@ -38,7 +41,7 @@ constexpr size_t attention_smem_bytes() {
 // swz is the identity.)
 template <int D>
 __device__ __forceinline__ int swz(int tok, int chunk) {
-  return D <= tiles::kSwizzleMaxHeadDim ? chunk ^ (tok & 7) : chunk;
+  return kSwizzled<D> ? chunk ^ (tok & 7) : chunk;
 }
 
 // PW > 1 (few rows per list: decode): the warps split each tile's pages as well as its rows.
@@ -116,7 +119,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
   // the four once, and every ldmatrix of K and V (V's pool is a constant further) is then
   // [register + immediate]. (v9 first XOR-ed each address, (row + 32·k) ^ 16·x: two more
   // instructions per ldmatrix, and union prefill tiles, 64 ldmatrix per warp and tile, slowed 8 %.)
-  constexpr bool kSwz = D <= tiles::kSwizzleMaxHeadDim;
   uint32_t kaddr[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
 #pragma unroll
         for (int np = 0; np < NTW / 16; ++np) {
           uint32_t b[4];
-          if constexpr (kSwz) {
+          if constexpr (kSwizzled<D>) {
             // b[0], b[1]: channels 16·kk … +7 of tokens 0–7, 8–15; b[2], b[3]: channels +8 … +15.
             dev::ldmatrix_x4_at(b, kaddr[kk & 3] + toff + (kk >> 2) * 128 + np * 16 * LD * 2);
             dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[2]);
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
-          if constexpr (kSwz) {
+          if constexpr (kSwizzled<D>) {
             dev::ldmatrix_x4_trans_at(b, kaddr[dp & 3] + toff + ST * NT * LD * 2 + (dp >> 2) * 128 + kt * 16 * LD * 2);
           } else {
             const uint16_t* vst = vs + (stage * NT + ph * NTW) * LD;
