@@ -2,16 +2,18 @@
 # One GPU session on the device machine: build the CUDA backend, run the GPU tests, then the
 # one-layer benchmark and its PyTorch anchors. Everything it writes lands under $OUT.
 #
-#   scripts/gpu_session.sh [tests|cisa|bench|all|decode]      (default: all)
+#   scripts/gpu_session.sh [tests|cisa|bench|all]      (default: all)
 #
 # tests: build + GPU tests; cisa: tests + `cisa bench layer` (no PyTorch anchors); bench: the
-# benchmark and anchors without tests; all: everything.
+# benchmark and anchors without tests; all: everything. Decode-only A/B runs of several binaries
+# (with decode anchors and ncu): scripts/gpu_decode_probe.sh.
 #
 # Build: an explicit CMake configure of only the targets this needs (cisa_cuda, the GPU tests,
 # the cisa CLI), sm_90a, Release, in build/gpu-session. Options (environment): CISA_PREBUILT,
 # AB_GEOMETRY, AB_PREBUILT, STOP_ON_TEST_FAIL, ANCHOR_ARGS (see where each is used below).
 set -uo pipefail
 mode=${1:-all}
+case "$mode" in tests | cisa | bench | all) ;; *) echo "gpu_session.sh: unknown mode '$mode' (tests, cisa, bench or all; decode A/B runs: scripts/gpu_decode_probe.sh)" >&2; exit 2 ;; esac
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,44 +49,6 @@ if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass build/gpu-session/tests/cuda_attention_test 2>/dev/null >"$OUT/sass.txt"
   log "SASS: $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -c HMMA "$OUT/sass.txt") HMMA instructions"
   rm -f "$OUT/sass.txt"
-fi
-
-# decode (v7, ~45 s on the machine): a short session for decode-kernel A/B runs. The GPU tests
-# (cuda_attention_test's decode and dense tests once more per entry of DECODE_COPIES, exported as
-# CISA_CUDA_DECODE_COPY: only the v7 experiment build 854d278 reads it; other builds ignore it),
-# then `cisa bench layer --phase decode` alternating between the AB_PREBUILT binary and this build
-# (twice), then the decode-only PyTorch anchors (cuDNN, FlashAttention) and the ceilings.
-if [ "$mode" = decode ]; then
-  copies=${DECODE_COPIES:-default}
-  b=./build/gpu-session
-  for t in cuda_select_test cuda_attention_test; do
-    timeout ${TEST_TIMEOUT:-120} $b/tests/$t >"$OUT/$t.log" 2>&1
-    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.log" | tr '\n' ' ')" | tee -a "$OUT/session.log"
-    grep -B3 -A12 "Failure" "$OUT/$t.log" | head -40
-  done
-  for c in $copies; do
-    CISA_CUDA_DECODE_COPY=$c timeout ${TEST_TIMEOUT:-90} $b/tests/cuda_attention_test --gtest_filter='*Decode*:*Dense*' >"$OUT/attn_$c.log" 2>&1
-    echo "cuda_attention_test copy=$c rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/attn_$c.log" | tr '\n' ' ')" | tee -a "$OUT/session.log"
-  done
-  for round in 1 2; do
-    if [ -n "${AB_PREBUILT:-}" ]; then
-      timeout 60 "$AB_PREBUILT"/cisa bench layer --backend cuda --json --phase decode >"$OUT/decode_prev_$round.json" 2>"$OUT/decode_prev_$round.log"
-      log "prev binary round $round rc=$?"; grep -E "dense|cisa" "$OUT/decode_prev_$round.log" | grep decode
-    fi
-    for c in $copies; do
-      CISA_CUDA_DECODE_COPY=$c timeout 60 $b/cisa bench layer --backend cuda --json --phase decode >"$OUT/decode_${c}_$round.json" 2>"$OUT/decode_${c}_$round.log"
-      log "copy=$c round $round rc=$?"; grep -E "dense|cisa" "$OUT/decode_${c}_$round.log" | grep decode
-    done
-    if [ $round = 1 ] && [ -z "${NO_ANCHORS:-}" ]; then
-      cp "$OUT/decode_$(echo $copies | awk '{print $NF}')_1.json" "$OUT/layer_cisa.json"
-      PYTHONUNBUFFERED=1 timeout 120 python3 bench/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists /nonexistent \
-        --cisa "$OUT/layer_cisa.json" --out "$OUT/layer_results.json" --no-flex --gather-geometries none 2>&1 |
-        tee "$OUT/anchors.log" | tail -25
-      log "anchors rc=${PIPESTATUS[0]}"
-    fi
-  done
-  log "done"
-  exit 0
 fi
 
 if [ "$mode" != bench ]; then
