@@ -1,0 +1,49 @@
+// cisa::cuda::Gemm — the model's matrix products on the GPU: y = W x for every row x, with bf16
+// weights and activations, f32 accumulation (CUBLAS_COMPUTE_32F) and an f32 result, on cuBLASLt.
+//
+// One Gemm per backend (it owns a cuBLASLt handle and a 32 MiB workspace); it caches the matmul
+// description and the heuristic's algorithm per shape and pointer alignment, so repeated shapes
+// (every decode step) skip the heuristic. run() only enqueues on `stream` (CUDA-graph safe once a
+// shape has been seen: the first call of a shape queries the heuristic, host work only).
+// Not for concurrent use from several streams: the workspace is shared (calls are serialised
+// on the host by a mutex, but two streams could still overlap on the device).
+//
+//   auto gemm = *cisa::cuda::Gemm::create();
+//   // W: device bf16 [n][k]; x: device bf16 [rows][k]; y: device f32 [rows][ldy], ldy ≥ n
+//   CISA_RETURN_IF_ERROR(gemm->run(w, n, k, x, rows, y, /*ldy=*/n, stream));
+//
+// No CUDA headers here: the stream is a cudaStream_t passed as void*.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "cisa/status.h"
+
+namespace cisa::cuda {
+
+class Gemm {
+ public:
+  // Creates the cuBLASLt handle and the workspace on the current device.
+  static Result<std::unique_ptr<Gemm>> create();
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[r][o] = Σ_c w[o][c] · x[r][c] for r < rows, o < n (row-major; y[r][n..ldy) untouched).
+  //   w: device bf16 [n][k]; x: device bf16 [rows][k]; y: device f32 [rows][ldy].
+  // n, k ≥ 1, ldy ≥ n; rows = 0 does nothing. Errors: invalid_argument for bad shapes or null
+  // pointers, internal (with the cuBLAS status name) for a cuBLASLt failure or no algorithm.
+  Status run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
+             int64_t ldy, void* stream);
+
+  // Shapes whose descriptors and algorithm are cached (tests and logs).
+  int64_t cached_shapes() const;
+
+ private:
+  struct Impl;
+  explicit Gemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cisa::cuda

@@ -1,0 +1,476 @@
+// The element-wise and per-row kernels of the transformer layers (model_ops.cuh).
+//
+// Every kernel is a grid-stride loop, so any size runs on any grid; a launcher validates its
+// arguments (cudaErrorInvalidValue), launches nothing for empty work, and picks a vector width V
+// (4 or 8 values per thread and access) when the sizes and every pointer allow 16-byte accesses,
+// else V = 1. Pointers that may alias (rms_norm's x and y, the activation's out and its inputs)
+// carry no __restrict__: each element is read before it is written by the same thread.
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+#include "model_ops.cuh"
+#include "tile_sizes.cuh"
+
+namespace cisa::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;  // every kernel here: 8 warps per block
+constexpr int kRowsPerWarpBlock = kThreads / 32;
+constexpr int kWarpRowMax = 1024;  // rms_norm: rows up to this length take one warp each
+
+// Blocks for a grid-stride loop over `work` items, one per thread (≥ 1; capped, the loop covers
+// the rest).
+unsigned blocks_for(int64_t work) {
+  const int64_t b = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b > (1 << 20) ? (1 << 20) : b);
+}
+
+bool aligned(const void* p, unsigned bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+__device__ __forceinline__ int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// V consecutive floats / bf16 values as one access (V ∈ {1, 4, 8}; 8 only for bf16 loads).
+template <int V>
+struct Vec {
+  float v[V];
+};
+template <int V>
+__device__ __forceinline__ Vec<V> load_f32(const float* p) {
+  Vec<V> r;
+  if constexpr (V == 1) {
+    r.v[0] = *p;
+  } else {
+    static_assert(V == 4, "f32 accesses are 1 or 4 wide");
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    r.v[0] = a.x, r.v[1] = a.y, r.v[2] = a.z, r.v[3] = a.w;
+  }
+  return r;
+}
+template <int V>
+__device__ __forceinline__ void store_f32(float* p, const Vec<V>& r) {
+  if constexpr (V == 1) {
+    *p = r.v[0];
+  } else {
+    static_assert(V == 4, "f32 accesses are 1 or 4 wide");
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  }
+}
+template <int V>
+__device__ __forceinline__ Vec<V> load_bf16(const uint16_t* p) {
+  Vec<V> r;
+  if constexpr (V == 1) {
+    r.v[0] = dev::bf16_to_f32(*p);
+  } else {
+    static_assert(V == 4 || V == 8, "bf16 loads are 1, 4 or 8 wide");
+    uint32_t w[V / 2];
+    if constexpr (V == 4) {
+      const uint2 a = *reinterpret_cast<const uint2*>(p);
+      w[0] = a.x, w[1] = a.y;
+    } else {
+      const uint4 a = *reinterpret_cast<const uint4*>(p);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    }
+    for (int j = 0; j < V / 2; ++j) {  // low half of each word is the lower address
+      r.v[2 * j] = __uint_as_float(w[j] << 16);
+      r.v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  }
+  return r;
+}
+template <int V>
+__device__ __forceinline__ void store_bf16(uint16_t* p, const Vec<V>& r) {
+  if constexpr (V == 1) {
+    *p = dev::f32_to_bf16(r.v[0]);
+  } else {
+    static_assert(V == 4, "bf16 stores are 1 or 4 wide");
+    const uint32_t lo = dev::f32_to_bf16(r.v[0]) | uint32_t(dev::f32_to_bf16(r.v[1])) << 16;
+    const uint32_t hi = dev::f32_to_bf16(r.v[2]) | uint32_t(dev::f32_to_bf16(r.v[3])) << 16;
+    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+  }
+}
+
+// ---- embedding ----
+
+template <int V>
+__global__ void embed_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ tokens,
+                             int64_t rows, int64_t n, int64_t n_vocab, float scale, float* __restrict__ x) {
+  const int64_t nv = n / V, total = rows * nv;
+  for (int64_t t = first_index(); t < total; t += grid_stride()) {
+    const int64_t r = t / nv, c = (t % nv) * V;
+    const int64_t tok = tokens[r];
+    Vec<V> e;
+    if (n_vocab > 0 && (tok < 0 || tok >= n_vocab)) {
+      for (int j = 0; j < V; ++j) e.v[j] = __int_as_float(0x7fc00000);  // a bad token reads as NaN
+    } else {
+      e = load_bf16<V>(table + tok * n + c);
+      for (int j = 0; j < V; ++j) e.v[j] *= scale;
+    }
+    if constexpr (V == 8) {  // two 4-wide stores
+      float4* o = reinterpret_cast<float4*>(x + r * n + c);
+      o[0] = make_float4(e.v[0], e.v[1], e.v[2], e.v[3]);
+      o[1] = make_float4(e.v[4], e.v[5], e.v[6], e.v[7]);
+    } else {
+      store_f32<V>(x + r * n + c, e);
+    }
+  }
+}
+
+// ---- RMSNorm ----
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Σ x² of one row by the threads lane, lane + step, … (each warp's lanes are consecutive).
+template <int V>
+__device__ __forceinline__ float sum_squares(const float* x, int n, int lane, int step) {
+  float ss = 0.0f;
+  for (int i = lane * V; i < n; i += step * V) {
+    const Vec<V> a = load_f32<V>(x + i);
+    for (int j = 0; j < V; ++j) ss = fmaf(a.v[j], a.v[j], ss);
+  }
+  return ss;
+}
+
+template <int V>
+__device__ __forceinline__ void scale_row(const float* x, const float* w, float* y, int n, float s,
+                                          int lane, int step) {
+  for (int i = lane * V; i < n; i += step * V) {
+    Vec<V> a = load_f32<V>(x + i);
+    if (w) {
+      const Vec<V> g = load_f32<V>(w + i);
+      for (int j = 0; j < V; ++j) a.v[j] = a.v[j] * s * g.v[j];  // (x · scale) · w, as the CPU
+    } else {
+      for (int j = 0; j < V; ++j) a.v[j] *= s;
+    }
+    store_f32<V>(y + i, a);
+  }
+}
+
+__device__ __forceinline__ float rms_scale(float ss, int n, float eps) {
+  return 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+}
+
+// One warp per row (n ≤ kWarpRowMax): the shuffles order the reads of x before the writes of y.
+template <int V>
+__global__ void rms_norm_warp_kernel(const float* x, const float* w, float* y, int64_t rows, int n, float eps) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32; r < rows;
+       r += int64_t(gridDim.x) * kRowsPerWarpBlock) {
+    const float s = rms_scale(warp_sum(sum_squares<V>(x + r * n, n, lane, 32)), n, eps);
+    scale_row<V>(x + r * n, w, y + r * n, n, s, lane, 32);
+  }
+}
+
+// One block per row: the barrier of the block sum orders the reads of x before the writes of y.
+template <int V>
+__global__ void rms_norm_block_kernel(const float* x, const float* w, float* y, int64_t rows, int n, float eps) {
+  __shared__ float partial[kThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float part = warp_sum(sum_squares<V>(x + r * n, n, threadIdx.x, kThreads));
+    if (lane == 0) partial[warp] = part;
+    __syncthreads();
+    const float ss = warp_sum(lane < kThreads / 32 ? partial[lane] : 0.0f);
+    __syncthreads();  // partial is free for the next row
+    scale_row<V>(x + r * n, w, y + r * n, n, rms_scale(ss, n, eps), threadIdx.x, kThreads);
+  }
+}
+
+// ---- RoPE ----
+
+// One thread per rotated pair. The products are __fmul_rn so that nothing fuses them: each output
+// is fma(a, cos, −(b sin)) or fma(a, sin, b cos), bit for bit ops::rope_apply.
+__global__ void rope_kernel(float* __restrict__ x, int64_t rows, int heads, int d, const float* __restrict__ cs,
+                            const float* __restrict__ sn, bool neox) {
+  const int half = d / 2;
+  const int64_t total = rows * heads * half;
+  for (int64_t t = first_index(); t < total; t += grid_stride()) {
+    const int i = static_cast<int>(t % half);
+    const int64_t head = t / half, r = head / heads;
+    float* v = x + head * d;
+    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+    const float a = v[ia], b = v[ib], c = cs[r * half + i], s = sn[r * half + i];
+    v[ia] = fmaf(a, c, -__fmul_rn(b, s));
+    v[ib] = fmaf(a, s, __fmul_rn(b, c));
+  }
+}
+
+// ---- flat element-wise operations: a V-wide body over n / V groups, then a scalar tail ----
+
+// GELU(tanh) = 0.5 x (1 + tanh(u)) = x · σ(2u), u = √(2/π)(x + 0.044715 x³); the σ form has no
+// cancellation for negative x. expf, not __expf: the fast one loses ~|2u|·2^-24 relatively.
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float u2 = 2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.0f + expf(-u2));
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <bool Gelu, int V>
+__global__ void gated_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      const Vec<V> g = load_f32<V>(gate + t * V), u = load_f32<V>(up + t * V);
+      Vec<V> o;
+      for (int j = 0; j < V; ++j) o.v[j] = (Gelu ? gelu_tanh(g.v[j]) : silu(g.v[j])) * u.v[j];
+      store_f32<V>(out + t * V, o);
+    } else {
+      const int64_t i = nv * V + (t - nv);
+      out[i] = (Gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+    }
+  }
+}
+
+template <int V>
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      Vec<V> a = load_f32<V>(y + t * V);
+      const Vec<V> b = load_f32<V>(x + t * V);
+      for (int j = 0; j < V; ++j) a.v[j] += b.v[j];
+      store_f32<V>(y + t * V, a);
+    } else {
+      y[nv * V + (t - nv)] += x[nv * V + (t - nv)];
+    }
+  }
+}
+
+template <int V>
+__global__ void round_f16_kernel(float* x, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    float* p = t < nv ? x + t * V : x + nv * V + (t - nv);
+    if (t < nv) {
+      Vec<V> a = load_f32<V>(p);
+      for (int j = 0; j < V; ++j) a.v[j] = __half2float(__float2half_rn(a.v[j]));
+      store_f32<V>(p, a);
+    } else {
+      *p = __half2float(__float2half_rn(*p));
+    }
+  }
+}
+
+template <int V>
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      store_bf16<V>(y + t * V, load_f32<V>(x + t * V));
+    } else {
+      const int64_t i = nv * V + (t - nv);
+      y[i] = dev::f32_to_bf16(x[i]);
+    }
+  }
+}
+
+template <int V>
+__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      store_f32<V>(y + t * V, load_bf16<V>(x + t * V));
+    } else {
+      const int64_t i = nv * V + (t - nv);
+      y[i] = dev::bf16_to_f32(x[i]);
+    }
+  }
+}
+
+// ---- per-row gathers ----
+
+template <int V>
+__global__ void mean_heads_kernel(const float* __restrict__ q, int64_t rows, int hq, int hkv, int d,
+                                  float* __restrict__ out) {
+  const int gs = hq / hkv, dv = d / V;
+  const float inv = 1.0f / static_cast<float>(gs);
+  const int64_t total = rows * hkv * dv;
+  for (int64_t t = first_index(); t < total; t += grid_stride()) {
+    const int c = static_cast<int>(t % dv) * V;
+    const int64_t rg = t / dv;  // r · hkv + g
+    const int64_t r = rg / hkv, g = rg % hkv;
+    const float* src = q + (r * hq + g * gs) * d + c;
+    Vec<V> s = load_f32<V>(src);
+    for (int h = 1; h < gs; ++h) {
+      const Vec<V> a = load_f32<V>(src + int64_t(h) * d);
+      for (int j = 0; j < V; ++j) s.v[j] += a.v[j];
+    }
+    for (int j = 0; j < V; ++j) s.v[j] *= inv;
+    store_f32<V>(out + rg * d + c, s);
+  }
+}
+
+template <int V>
+__global__ void gather_rows_kernel(const float* __restrict__ x, const int64_t* __restrict__ rows, int64_t n,
+                                   int64_t width, float* __restrict__ out) {
+  const int64_t wv = width / V, total = n * wv;
+  for (int64_t t = first_index(); t < total; t += grid_stride()) {
+    const int64_t i = t / wv, c = (t % wv) * V;
+    store_f32<V>(out + i * width + c, load_f32<V>(x + rows[i] * width + c));
+  }
+}
+
+template <int V>
+__global__ void append_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                 const int64_t* __restrict__ slots, int64_t rows, int num_kv_heads,
+                                 int head_dim, uint16_t* __restrict__ k_pool, uint16_t* __restrict__ v_pool) {
+  constexpr int B = tiles::kPageSize;
+  const int dv = head_dim / V;
+  const int64_t total = rows * num_kv_heads * dv;
+  for (int64_t t = first_index(); t < total; t += grid_stride()) {
+    const int c = static_cast<int>(t % dv) * V;
+    const int64_t rg = t / dv;  // r · num_kv_heads + g
+    const int64_t r = rg / num_kv_heads, g = rg % num_kv_heads;
+    const int64_t slot = slots[r];
+    if (slot < 0) continue;  // a padding row: nothing stored
+    const int64_t dst = ((slot / B * num_kv_heads + g) * B + slot % B) * head_dim + c;
+    store_bf16<V>(k_pool + dst, load_f32<V>(k + rg * head_dim + c));
+    store_bf16<V>(v_pool + dst, load_f32<V>(v + rg * head_dim + c));
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----
+
+cudaError_t launch_embed(const uint16_t* table, const int32_t* tokens, int64_t rows, int64_t n,
+                         float scale, float* x, cudaStream_t stream, int64_t n_vocab) {
+  if (rows < 0 || n < 0 || n_vocab < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || n == 0) return cudaSuccess;
+  if (!table || !tokens || !x) return cudaErrorInvalidValue;
+  const bool x16 = aligned(x, 16);
+  if (n % 8 == 0 && x16 && aligned(table, 16))
+    embed_kernel<8><<<blocks_for(rows * n / 8), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
+  else if (n % 4 == 0 && x16 && aligned(table, 8))
+    embed_kernel<4><<<blocks_for(rows * n / 4), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
+  else
+    embed_kernel<1><<<blocks_for(rows * n), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps,
+                            cudaStream_t stream) {
+  if (rows < 0 || n < 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (n == 0 || !x || !y) return cudaErrorInvalidValue;
+  const bool vec = n % 4 == 0 && aligned(x, 16) && aligned(y, 16) && (!w || aligned(w, 16));
+  if (n <= kWarpRowMax) {
+    const int64_t b = (rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
+    const unsigned grid = static_cast<unsigned>(b > (1 << 20) ? (1 << 20) : b);
+    if (vec) rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+    else rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+  } else {
+    const unsigned grid = static_cast<unsigned>(rows > (1 << 20) ? (1 << 20) : rows);
+    if (vec) rms_norm_block_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+    else rms_norm_block_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
+                        bool neox, cudaStream_t stream) {
+  if (rows < 0 || heads < 0 || d < 0 || d % 2 != 0) return cudaErrorInvalidValue;
+  if (rows == 0 || heads == 0 || d == 0) return cudaSuccess;
+  if (!x || !cos || !sin) return cudaErrorInvalidValue;
+  rope_kernel<<<blocks_for(rows * heads * (d / 2)), kThreads, 0, stream>>>(x, rows, heads, d, cos, sin, neox);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out, int64_t rows,
+                                    int64_t n, cudaStream_t stream) {
+  if (rows < 0 || n < 0) return cudaErrorInvalidValue;
+  const int64_t total = rows * n;
+  if (total == 0) return cudaSuccess;
+  if (!gate || !up || !out) return cudaErrorInvalidValue;
+  const bool vec = aligned(gate, 16) && aligned(up, 16) && aligned(out, 16);
+  const unsigned grid = blocks_for(vec ? total / 4 + 3 : total);
+  if (gelu) {
+    if (vec) gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    else gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+  } else {
+    if (vec) gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    else gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!y || !x) return cudaErrorInvalidValue;
+  if (aligned(y, 16) && aligned(x, 16)) add_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(y, x, n);
+  else add_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_round_f16(float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x) return cudaErrorInvalidValue;
+  if (aligned(x, 16)) round_f16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, n);
+  else round_f16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out,
+                              cudaStream_t stream) {
+  if (rows < 0 || hq < 0 || hkv < 0 || d < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || d == 0) return cudaSuccess;
+  if (hkv == 0 || hq < hkv || hq % hkv != 0 || !q || !out) return cudaErrorInvalidValue;
+  if (d % 4 == 0 && aligned(q, 16) && aligned(out, 16))
+    mean_heads_kernel<4><<<blocks_for(rows * hkv * (d / 4)), kThreads, 0, stream>>>(q, rows, hq, hkv, d, out);
+  else
+    mean_heads_kernel<1><<<blocks_for(rows * hkv * d), kThreads, 0, stream>>>(q, rows, hq, hkv, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t width, float* out,
+                               cudaStream_t stream) {
+  if (n < 0 || width < 0) return cudaErrorInvalidValue;
+  if (n == 0 || width == 0) return cudaSuccess;
+  if (!x || !rows || !out) return cudaErrorInvalidValue;
+  if (width % 4 == 0 && aligned(x, 16) && aligned(out, 16))
+    gather_rows_kernel<4><<<blocks_for(n * (width / 4)), kThreads, 0, stream>>>(x, rows, n, width, out);
+  else
+    gather_rows_kernel<1><<<blocks_for(n * width), kThreads, 0, stream>>>(x, rows, n, width, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x || !y) return cudaErrorInvalidValue;
+  if (aligned(x, 16) && aligned(y, 8)) f32_to_bf16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+  else f32_to_bf16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x || !y) return cudaErrorInvalidValue;
+  if (aligned(x, 8) && aligned(y, 16)) bf16_to_f32_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+  else bf16_to_f32_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_append_kv(const float* k, const float* v, const int64_t* slots, int64_t rows,
+                             int num_kv_heads, int head_dim, uint16_t* k_pool, uint16_t* v_pool,
+                             cudaStream_t stream) {
+  if (rows < 0 || num_kv_heads < 0 || head_dim < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || num_kv_heads == 0 || head_dim == 0) return cudaSuccess;
+  if (!k || !v || !slots || !k_pool || !v_pool) return cudaErrorInvalidValue;
+  const int64_t work = rows * num_kv_heads;
+  if (head_dim % 4 == 0 && aligned(k, 16) && aligned(v, 16) && aligned(k_pool, 8) && aligned(v_pool, 8))
+    append_kv_kernel<4><<<blocks_for(work * (head_dim / 4)), kThreads, 0, stream>>>(
+        k, v, slots, rows, num_kv_heads, head_dim, k_pool, v_pool);
+  else
+    append_kv_kernel<1><<<blocks_for(work * head_dim), kThreads, 0, stream>>>(
+        k, v, slots, rows, num_kv_heads, head_dim, k_pool, v_pool);
+  return cudaGetLastError();
+}
+
+}  // namespace cisa::cuda::detail
