@@ -4,7 +4,7 @@
 // Queries of all entries are packed row after row: entry e's `count` rows start at the sum of the
 // counts before it. A QueryGroup is a run of consecutive positions of one entry that shares one
 // page list per KV group (a QShare group, or a whole block on the dense path). The plan step
-// (plan_dense, select_pages) builds PageLists; the run step (attend) only reads them.
+// (plan.h's plan_dense, a backend's selection) builds PageLists; the run step (attend) only reads them.
 //
 //   std::vector<cisa::BatchEntry> batch = {{.seq = s0, .first = 4096, .count = 512},   // prefill
 //                                          {.seq = s1, .first = 9000, .count = 1}};    // decode
@@ -14,7 +14,8 @@
 #include <span>
 #include <vector>
 
-#include "cisa/kv_cache.h"
+#include "cisa/page_table.h"
+#include "cisa/status.h"
 
 namespace cisa {
 
@@ -56,15 +57,5 @@ struct PageLists {
   int64_t total_pages() const { return static_cast<int64_t>(pages.size()); }
   void clear();
 };
-
-// Checks that every entry names a live sequence, positions are non-negative, counts positive, and
-// every query position has its K/V written in `layer` (t < tokens(layer, seq)).
-Status validate_batch(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch);
-
-// Dense plan: one group per entry attending to every page of its sequence up to the page of its
-// last query, or, with sliding_window > 0, only the pages that hold positions within the window
-// of some query of the entry (t − window < s ≤ t).
-Status plan_dense(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
-                  int64_t sliding_window, PageLists* out);
 
 }  // namespace cisa

@@ -27,6 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "cisa/batch.h"
+#include "cisa/page_table.h"
+#include "cisa/plan.h"
 #include "cisa/status.h"
 
 namespace cisa {
@@ -38,8 +41,6 @@ const char* kv_dtype_name(KvDtype d);
 const char* rep_kind_name(RepKind r);
 Result<KvDtype> parse_kv_dtype(const std::string& s);  // "f32" | "bf16"
 Result<RepKind> parse_rep_kind(const std::string& s);  // "mean" | "quest"
-
-using SeqId = int32_t;
 
 struct KvCacheConfig {
   int num_layers = 1;
@@ -68,26 +69,27 @@ class PagedKvCache {
   bool has_reps(int layer) const;
   int rep_width() const { return config_.rep == RepKind::kQuest ? 2 * head_dim() : head_dim(); }
 
-  // ---- sequences ----
-  Result<SeqId> add_sequence();
+  // ---- sequences (the bookkeeping is a PageTable, page_table.h) ----
+  const PageTable& pages() const { return table_; }
+  Result<SeqId> add_sequence() { return table_.add_sequence(); }
   // Returns every page of the sequence to the pool; the id may be reused later.
-  Status release_sequence(SeqId seq);
+  Status release_sequence(SeqId seq) { return table_.release_sequence(seq); }
   // Makes room for `n` more tokens after the sequence's current capacity use (allocates pages).
   // All or nothing: on a pool too small, nothing is allocated.
-  Status reserve(SeqId seq, int64_t n);
+  Status reserve(SeqId seq, int64_t n) { return table_.reserve(seq, n); }
   // Writes K/V for the next `n` positions of one layer (positions tokens(layer, seq) …),
   // k, v: [n][num_kv_heads][head_dim] f32, converted to the storage dtype. Representatives of the
   // pages whose last slot this write fills are computed from the stored keys.
   Status append(int layer, SeqId seq, int64_t n, const float* k, const float* v);
   // Tokens written so far in one layer; length() is the minimum over layers.
-  Result<int64_t> tokens(int layer, SeqId seq) const;
-  Result<int64_t> length(SeqId seq) const;
-  bool has_sequence(SeqId seq) const;
+  Result<int64_t> tokens(int layer, SeqId seq) const { return table_.tokens(layer, seq); }
+  Result<int64_t> length(SeqId seq) const { return table_.length(seq); }
+  bool has_sequence(SeqId seq) const { return table_.has_sequence(seq); }
   // Physical page IDs of the sequence's logical pages, in order.
-  Result<std::span<const int32_t>> block_table(SeqId seq) const;
+  Result<std::span<const int32_t>> block_table(SeqId seq) const { return table_.block_table(seq); }
   // The sequence that owns a physical page, or -1 when the page is free.
-  SeqId page_owner(int32_t page) const;
-  int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()); }
+  SeqId page_owner(int32_t page) const { return table_.page_owner(page); }
+  int64_t free_pages() const { return table_.free_pages(); }
   int64_t num_pages() const { return config_.num_pages; }
 
   // ---- raw page access (for attention and scoring kernels) ----
@@ -104,28 +106,26 @@ class PagedKvCache {
   const void* rep_pool(int layer) const { return reps_[layer].get(); }
 
  private:
-  struct Sequence {
-    bool active = false;
-    std::vector<int32_t> pages;     // block table
-    int64_t reserved = 0;           // tokens with a page allocated for them (≤ pages·B)
-    std::vector<int64_t> written;   // per layer
-  };
   struct FreeDeleter {
     void operator()(void* p) const;
   };
   using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
   explicit PagedKvCache(const KvCacheConfig& config);
-  Status check_seq(SeqId seq) const;
   void store_row(void* dst, const float* src) const;  // head_dim values
   void update_rep(int layer, int32_t page);
   int64_t page_stride() const;  // elements per page per layer (all KV heads)
 
   KvCacheConfig config_;
   std::vector<Buffer> k_, v_, reps_;
-  std::vector<int32_t> free_list_;      // stack of free physical pages
-  std::vector<SeqId> owner_;            // per physical page, −1 when free
-  std::vector<Sequence> seqs_;
+  PageTable table_;
 };
+
+// The core's plan functions (plan.h) over a CPU cache's page table and shape.
+Status validate_batch(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch);
+Status plan_dense(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                  int64_t sliding_window, PageLists* out);
+Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
+                         const SelectionParams& p, PageLists* out);
 
 }  // namespace cisa

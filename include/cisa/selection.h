@@ -1,6 +1,7 @@
-// cisa/selection.h — CISA page selection (SPEC §3, §4): eligible chunks, scores against the
-// representative cache, deterministic top-k, recent window, current-page tail, sink pages,
-// QShare groups, and the dense fallback.
+// cisa/selection.h — CISA page selection on the CPU (SPEC §3, §4): scores against the
+// representative cache, deterministic top-k, and the full selection step that fills page lists
+// with sinks, selected chunks, window and current-page tail. The rules themselves (parameters,
+// eligible chunks, query groups, list layout) are the core's, in plan.h.
 //
 //   cisa::SelectionParams p{.budget = 256, .window = 32, .qshare = 16};
 //   cisa::PageLists lists;
@@ -22,47 +23,11 @@
 
 #include "cisa/batch.h"
 #include "cisa/kv_cache.h"
+#include "cisa/plan.h"
 #include "cisa/status.h"
 #include "cisa/thread_pool.h"
 
 namespace cisa {
-
-enum class QShareQuery { kMean, kLast };
-const char* qshare_query_name(QShareQuery q);
-Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last"
-
-struct SelectionParams {
-  int64_t budget = 0;      // k: chunks chosen by top-k
-  int64_t window = 128;    // W: recent pages always attended
-  int64_t qshare = 1;      // G: positions sharing one selection (decode: 1)
-  QShareQuery qshare_query = QShareQuery::kMean;
-  int64_t sink_pages = 0;  // first n chunks always attended, not counted in k
-};
-
-Status validate_selection_params(const SelectionParams& p);
-
-// Number of eligible chunks for a selection made at position a: |{j : j < c(a) − W}| minus sinks.
-int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p);
-
-// Cuts every entry's positions into query groups (dense prefix, then QShare groups of G).
-// Fills out->groups only.
-Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
-                         const SelectionParams& p, PageLists* out);
-// The same cut from the page size alone (for backends that keep their own cache).
-Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const SelectionParams& p,
-                         PageLists* out);
-
-// Sizes the page lists of out->groups (from plan_query_groups) before they are filled: a dense
-// group's list holds pages 0 … c(last); a sparse one sinks + k + the window and tail pages.
-// Sets offsets and resizes pages, chunks and num_selected.
-void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out);
-
-// Fills list `list` (= group · num_kv_heads + KV group) of a sized PageLists: a dense group gets
-// pages 0 … c(last); a sparse one the sinks, then `selected` (absolute chunk indices, ascending,
-// within the eligible range), then the window and tail c(first) − W … c(last). Records how many
-// pages were selected. `table` is the sequence's block table.
-void write_page_list(std::span<const int32_t> table, int page_size, const SelectionParams& p,
-                     std::span<const int32_t> selected, int64_t list, PageLists* out);
 
 // Scores of chunks [first_chunk, first_chunk + n) of one sequence for one KV group:
 // s_j = q·r_j/√d (mean representative) or Σ_i max(q_i·min_i, q_i·max_i)/√d (quest).

@@ -60,7 +60,8 @@ int64_t kv_cache_bytes(const KvCacheConfig& c) {
   return kv * c.num_layers + rep_layers * c.num_pages * c.num_kv_heads * rep_w * es;
 }
 
-PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {}
+PagedKvCache::PagedKvCache(const KvCacheConfig& config)
+    : config_(config), table_(config.num_layers, config.page_size, config.num_pages) {}
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const KvCacheConfig& config) {
   CISA_RETURN_IF_ERROR(validate_config(config));
@@ -93,10 +94,6 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const KvCacheConfig& 
     cache->v_.push_back(std::move(v));
     cache->reps_.push_back(std::move(r));
   }
-  cache->owner_.assign(static_cast<size_t>(config.num_pages), -1);
-  cache->free_list_.reserve(static_cast<size_t>(config.num_pages));
-  // Hand out low page IDs first.
-  for (int64_t p = config.num_pages - 1; p >= 0; --p) cache->free_list_.push_back(static_cast<int32_t>(p));
   return cache;
 }
 
@@ -106,60 +103,6 @@ bool PagedKvCache::has_reps(int layer) const {
 
 int64_t PagedKvCache::page_stride() const {
   return static_cast<int64_t>(config_.num_kv_heads) * config_.page_size * config_.head_dim;
-}
-
-Status PagedKvCache::check_seq(SeqId seq) const {
-  if (!has_sequence(seq)) return not_found("unknown sequence " + std::to_string(seq));
-  return Status::Ok();
-}
-
-bool PagedKvCache::has_sequence(SeqId seq) const {
-  return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(seq)].active;
-}
-
-Result<SeqId> PagedKvCache::add_sequence() {
-  for (size_t i = 0; i < seqs_.size(); ++i)
-    if (!seqs_[i].active) {
-      seqs_[i] = Sequence{true, {}, 0, std::vector<int64_t>(static_cast<size_t>(config_.num_layers), 0)};
-      return static_cast<SeqId>(i);
-    }
-  if (seqs_.size() >= static_cast<size_t>(std::numeric_limits<SeqId>::max()))
-    return resource_exhausted("too many sequences");
-  seqs_.push_back(Sequence{true, {}, 0, std::vector<int64_t>(static_cast<size_t>(config_.num_layers), 0)});
-  return static_cast<SeqId>(seqs_.size() - 1);
-}
-
-Status PagedKvCache::release_sequence(SeqId seq) {
-  CISA_RETURN_IF_ERROR(check_seq(seq));
-  auto& s = seqs_[static_cast<size_t>(seq)];
-  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) {
-    owner_[static_cast<size_t>(*it)] = -1;
-    free_list_.push_back(*it);
-  }
-  s = Sequence{};
-  return Status::Ok();
-}
-
-Status PagedKvCache::reserve(SeqId seq, int64_t n) {
-  CISA_RETURN_IF_ERROR(check_seq(seq));
-  if (n < 0) return invalid_argument("reserve: token count must be >= 0 (got " + std::to_string(n) + ")");
-  auto& s = seqs_[static_cast<size_t>(seq)];
-  const int64_t B = config_.page_size;
-  const int64_t need_pages = (s.reserved + n + B - 1) / B;
-  const int64_t extra = need_pages - static_cast<int64_t>(s.pages.size());
-  if (extra > static_cast<int64_t>(free_list_.size()))
-    return resource_exhausted("page pool exhausted: sequence " + std::to_string(seq) + " needs " +
-                              std::to_string(extra) + " more pages but " +
-                              std::to_string(free_list_.size()) + " of " +
-                              std::to_string(config_.num_pages) + " are free");
-  for (int64_t i = 0; i < extra; ++i) {
-    int32_t p = free_list_.back();
-    free_list_.pop_back();
-    owner_[static_cast<size_t>(p)] = seq;
-    s.pages.push_back(p);
-  }
-  s.reserved += n;
-  return Status::Ok();
 }
 
 void PagedKvCache::store_row(void* dst, const float* src) const {
@@ -173,26 +116,18 @@ void PagedKvCache::store_row(void* dst, const float* src) const {
 }
 
 Status PagedKvCache::append(int layer, SeqId seq, int64_t n, const float* k, const float* v) {
-  CISA_RETURN_IF_ERROR(check_seq(seq));
-  if (layer < 0 || layer >= config_.num_layers)
-    return out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
-                        std::to_string(config_.num_layers) + ")");
-  if (n < 0) return invalid_argument("append: token count must be >= 0 (got " + std::to_string(n) + ")");
   if (n > 0 && (!k || !v)) return invalid_argument("append: null K or V pointer");
-  auto& s = seqs_[static_cast<size_t>(seq)];
-  int64_t& w = s.written[static_cast<size_t>(layer)];
-  if (w + n > s.reserved)
-    return failed_precondition("append: sequence " + std::to_string(seq) + " layer " +
-                               std::to_string(layer) + " would hold " + std::to_string(w + n) +
-                               " tokens but only " + std::to_string(s.reserved) +
-                               " are reserved (call reserve first)");
+  CISA_ASSIGN_OR_RETURN(const int64_t w, table_.tokens(layer, seq));  // checks seq and layer
+  // Checks n against the reserved room; records the write, done below, before the copy.
+  CISA_RETURN_IF_ERROR(table_.mark_written(layer, seq, n));
+  const std::span<const int32_t> pages = *table_.block_table(seq);
   const int64_t B = config_.page_size, d = config_.head_dim, H = config_.num_kv_heads;
   const int64_t es = elem_size(config_.dtype);
   uint8_t* kb = k_[static_cast<size_t>(layer)].get();
   uint8_t* vb = v_[static_cast<size_t>(layer)].get();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = w + i;
-    const int64_t page = s.pages[static_cast<size_t>(pos / B)];
+    const int64_t page = pages[static_cast<size_t>(pos / B)];
     const int64_t slot = pos % B;
     for (int64_t g = 0; g < H; ++g) {
       const int64_t off = ((page * H + g) * B + slot) * d * es;
@@ -201,7 +136,6 @@ Status PagedKvCache::append(int layer, SeqId seq, int64_t n, const float* k, con
     }
     if (slot == B - 1 && has_reps(layer)) update_rep(layer, static_cast<int32_t>(page));
   }
-  w += n;
   return Status::Ok();
 }
 
@@ -245,29 +179,6 @@ void PagedKvCache::update_rep(int layer, int32_t page) {
   }
 }
 
-Result<int64_t> PagedKvCache::tokens(int layer, SeqId seq) const {
-  CISA_RETURN_IF_ERROR(check_seq(seq));
-  if (layer < 0 || layer >= config_.num_layers) return out_of_range("layer " + std::to_string(layer) + " out of range");
-  return seqs_[static_cast<size_t>(seq)].written[static_cast<size_t>(layer)];
-}
-
-Result<int64_t> PagedKvCache::length(SeqId seq) const {
-  CISA_RETURN_IF_ERROR(check_seq(seq));
-  const auto& w = seqs_[static_cast<size_t>(seq)].written;
-  return *std::min_element(w.begin(), w.end());
-}
-
-Result<std::span<const int32_t>> PagedKvCache::block_table(SeqId seq) const {
-  CISA_RETURN_IF_ERROR(check_seq(seq));
-  const auto& p = seqs_[static_cast<size_t>(seq)].pages;
-  return std::span<const int32_t>(p.data(), p.size());
-}
-
-SeqId PagedKvCache::page_owner(int32_t page) const {
-  if (page < 0 || page >= config_.num_pages) return -1;
-  return owner_[static_cast<size_t>(page)];
-}
-
 const void* PagedKvCache::k_page(int layer, int32_t page, int kv_head) const {
   const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * config_.page_size * config_.head_dim;
   return k_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
@@ -281,6 +192,20 @@ const void* PagedKvCache::v_page(int layer, int32_t page, int kv_head) const {
 const void* PagedKvCache::rep(int layer, int32_t page, int kv_head) const {
   const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * rep_width();
   return reps_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
+}
+
+Status validate_batch(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch) {
+  return validate_batch(cache.pages(), layer, batch);
+}
+
+Status plan_dense(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
+                  int64_t sliding_window, PageLists* out) {
+  return plan_dense(cache.pages(), cache.num_kv_heads(), layer, batch, sliding_window, out);
+}
+
+Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
+                         const SelectionParams& p, PageLists* out) {
+  return plan_query_groups(cache.page_size(), batch, p, out);
 }
 
 }  // namespace cisa

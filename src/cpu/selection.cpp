@@ -18,54 +18,6 @@
 
 namespace cisa {
 
-const char* qshare_query_name(QShareQuery q) { return q == QShareQuery::kMean ? "mean" : "last"; }
-
-Result<QShareQuery> parse_qshare_query(const std::string& s) {
-  if (s == "mean") return QShareQuery::kMean;
-  if (s == "last") return QShareQuery::kLast;
-  return invalid_argument("unknown QShare query '" + s + "' (expected mean or last)");
-}
-
-Status validate_selection_params(const SelectionParams& p) {
-  if (p.budget < 0) return invalid_argument("budget k must be >= 0 (got " + std::to_string(p.budget) + ")");
-  if (p.window < 0) return invalid_argument("window W must be >= 0 (got " + std::to_string(p.window) + ")");
-  if (p.qshare <= 0) return invalid_argument("QShare group size G must be >= 1 (got " + std::to_string(p.qshare) + ")");
-  if (p.sink_pages < 0) return invalid_argument("sink pages must be >= 0 (got " + std::to_string(p.sink_pages) + ")");
-  return Status::Ok();
-}
-
-int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p) {
-  return std::max<int64_t>(0, a / page_size - p.window - p.sink_pages);
-}
-
-Status plan_query_groups(const PagedKvCache& cache, std::span<const BatchEntry> batch,
-                         const SelectionParams& p, PageLists* out) {
-  return plan_query_groups(cache.page_size(), batch, p, out);
-}
-
-Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const SelectionParams& p,
-                         PageLists* out) {
-  CISA_RETURN_IF_ERROR(validate_selection_params(p));
-  if (page_size <= 0) return invalid_argument("page size must be positive");
-  const int64_t B = page_size;
-  // First position whose eligible count exceeds k: c(t) − W − sinks > k.
-  const int64_t t_sparse = (p.budget + p.window + p.sink_pages + 1) * B;
-  out->groups.clear();
-  int64_t row = 0;
-  for (size_t e = 0; e < batch.size(); ++e) {
-    const int64_t first = batch[e].first, end = first + batch[e].count;
-    const auto entry = static_cast<int32_t>(e);
-    const int64_t split = std::clamp(t_sparse, first, end);
-    if (split > first) out->groups.push_back({entry, first, split - 1, row, true});
-    for (int64_t a = split; a < end; a += p.qshare) {
-      const int64_t b = std::min(end, a + p.qshare) - 1;
-      out->groups.push_back({entry, a, b, row + (a - first), false});
-    }
-    row += batch[e].count;
-  }
-  return Status::Ok();
-}
-
 namespace {
 
 template <class T>
@@ -141,44 +93,6 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
 }
 
 }  // namespace
-
-void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out) {
-  const int64_t B = page_size, H = num_kv_heads;
-  const auto num_groups = static_cast<int64_t>(out->groups.size());
-  out->num_kv_heads = num_kv_heads;
-  out->offsets.assign(static_cast<size_t>(num_groups * H + 1), 0);
-  for (int64_t i = 0; i < num_groups; ++i) {
-    const auto& grp = out->groups[static_cast<size_t>(i)];
-    const int64_t ca = grp.first / B, cb = grp.last / B;
-    const int64_t n = grp.dense ? cb + 1 : p.sink_pages + p.budget + (cb - (ca - p.window) + 1);
-    for (int64_t g = 0; g < H; ++g) out->offsets[static_cast<size_t>(i * H + g + 1)] = n;
-  }
-  for (size_t i = 1; i < out->offsets.size(); ++i) out->offsets[i] += out->offsets[i - 1];
-  out->pages.resize(static_cast<size_t>(out->offsets.back()));
-  out->chunks.resize(out->pages.size());
-  out->num_selected.assign(static_cast<size_t>(num_groups * H), 0);
-}
-
-void write_page_list(std::span<const int32_t> table, int page_size, const SelectionParams& p,
-                     std::span<const int32_t> selected, int64_t list, PageLists* out) {
-  const auto& grp = out->groups[static_cast<size_t>(list / out->num_kv_heads)];
-  int32_t* pages = out->pages.data() + out->offsets[static_cast<size_t>(list)];
-  int32_t* chunks = out->chunks.data() + out->offsets[static_cast<size_t>(list)];
-  int64_t n = 0;
-  auto put = [&](int64_t j) {
-    pages[n] = table[static_cast<size_t>(j)];
-    chunks[n++] = static_cast<int32_t>(j);
-  };
-  const int64_t cb = grp.last / page_size;
-  if (grp.dense) {
-    for (int64_t j = 0; j <= cb; ++j) put(j);
-    return;
-  }
-  for (int64_t j = 0; j < p.sink_pages; ++j) put(j);
-  for (int32_t j : selected) put(j);
-  for (int64_t j = grp.first / page_size - p.window; j <= cb; ++j) put(j);
-  out->num_selected[static_cast<size_t>(list)] = static_cast<int32_t>(selected.size());
-}
 
 void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t> block_table,
                   int kv_head, const float* q, int64_t first_chunk, int64_t n, float* scores) {
@@ -256,7 +170,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   if (!cache.has_reps(layer))
     return failed_precondition("layer " + std::to_string(layer) + " keeps no representatives");
   if (!index_q) return invalid_argument("select_pages: null index query pointer");
-  CISA_RETURN_IF_ERROR(plan_query_groups(cache, batch, p, out));
+  CISA_RETURN_IF_ERROR(plan_query_groups(cache.page_size(), batch, p, out));
 
   const int64_t B = cache.page_size();
   const int H = cache.num_kv_heads(), d = cache.head_dim();

@@ -10,6 +10,7 @@
 #include "attention.cuh"
 #include "attention_wgmma.cuh"
 #include "cisa/cuda_backend.h"
+#include "cisa/plan.h"
 #include "page_lists.cuh"
 #include "plan_impl.h"
 #include "random_fill.cuh"
@@ -356,14 +357,13 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std
   int64_t row = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const auto& b = batch[e];
-    const int64_t last = b.first + b.count - 1;
-    const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, b.first - sliding_window + 1) : 0;
-    P.groups.push_back({static_cast<int32_t>(e), b.first, last, row, true});
+    const ChunkRange r = dense_chunk_range(b, kB, sliding_window);
+    P.groups.push_back({static_cast<int32_t>(e), b.first, b.first + b.count - 1, row, true});
     row += b.count;
     for (int g = 0; g < layer.num_kv_heads; ++g) {
       ListDesc d = make_list(tables, batch, P.groups.back(), g);
-      d.pre_begin = static_cast<int32_t>(lo / kB);
-      d.pre_end = static_cast<int32_t>(last / kB + 1);
+      d.pre_begin = static_cast<int32_t>(r.begin);
+      d.pre_end = static_cast<int32_t>(r.end);
       d.window = static_cast<int32_t>(sliding_window);
       P.lists.push_back(d);
     }
@@ -376,38 +376,24 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, st
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
-  if (p.budget > std::numeric_limits<int32_t>::max() / 2 || p.window > std::numeric_limits<int32_t>::max() / 2 ||
-      p.sink_pages > std::numeric_limits<int32_t>::max() / 2)
-    return invalid_argument("cuda: budget, window and sink pages must be below 2^30");
   auto& P = *plan->impl();
   P.group_unions = options.group_unions;
-  // Query groups exactly as cisa::plan_query_groups cuts them.
-  const int64_t t_sparse = (p.budget + p.window + p.sink_pages + 1) * kB;
-  int64_t row = 0;
-  for (size_t e = 0; e < batch.size(); ++e) {
-    const int64_t first = batch[e].first, end = first + batch[e].count;
-    const auto entry = static_cast<int32_t>(e);
-    const int64_t split = std::clamp(t_sparse, first, end);
-    if (split > first) P.groups.push_back({entry, first, split - 1, row, true});
-    for (int64_t a = split; a < end; a += p.qshare)
-      P.groups.push_back({entry, a, std::min(end, a + p.qshare) - 1, row + (a - first), false});
-    row += batch[e].count;
-  }
+  // Query groups and list layout are the core's (plan.h).
+  PageLists cut;
+  CISA_RETURN_IF_ERROR(plan_query_groups(kB, batch, p, &cut));
+  P.groups = std::move(cut.groups);
   for (const auto& grp : P.groups) {
-    const int64_t ca = grp.first / kB, cb = grp.last / kB;
+    const ListLayout l = list_layout(grp, kB, p);
     for (int g = 0; g < layer.num_kv_heads; ++g) {
       ListDesc d = make_list(tables, batch, grp, g);
-      if (grp.dense) {
-        d.pre_begin = 0;
-        d.pre_end = static_cast<int32_t>(cb + 1);
-      } else {
-        d.pre_begin = 0;
-        d.pre_end = static_cast<int32_t>(p.sink_pages);
-        d.elig_begin = static_cast<int32_t>(p.sink_pages);
-        d.elig_end = static_cast<int32_t>(ca - p.window);
-        d.k = static_cast<int32_t>(p.budget);
-        d.post_begin = static_cast<int32_t>(ca - p.window);
-        d.post_end = static_cast<int32_t>(cb + 1);
+      d.pre_begin = static_cast<int32_t>(l.fixed_begin);
+      d.pre_end = static_cast<int32_t>(l.fixed_end);
+      if (!grp.dense) {
+        d.elig_begin = static_cast<int32_t>(l.eligible_begin);
+        d.elig_end = static_cast<int32_t>(l.eligible_end);
+        d.k = static_cast<int32_t>(l.selected);
+        d.post_begin = static_cast<int32_t>(l.tail_begin);
+        d.post_end = static_cast<int32_t>(l.tail_end);
         const int64_t last_row = grp.row + (grp.last - grp.first);
         d.qbar_row0 = static_cast<int32_t>(p.qshare_query == QShareQuery::kMean ? grp.row : last_row);
         d.qbar_row1 = static_cast<int32_t>(last_row);

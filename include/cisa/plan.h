@@ -1,0 +1,106 @@
+// cisa/plan.h — SPEC §3–§4 and §8 as code, once, for every backend: selection parameters and
+// their bounds, eligible chunks, the cut of a batch into query groups (dense prefix, then QShare
+// groups of G), the size and layout of every page list, dense plans, and the pages a plan reads.
+// The CPU engine (selection.h, attention.h) and the CUDA backend (cuda_backend.h) both call these;
+// neither restates them.
+//
+//   cisa::SelectionParams p{.budget = 256, .window = 32, .qshare = 16};
+//   CISA_RETURN_IF_ERROR(cisa::validate_selection_params(p));
+//   cisa::PageLists lists;
+//   CISA_RETURN_IF_ERROR(cisa::plan_query_groups(/*page_size=*/16, batch, p, &lists));
+//   cisa::size_page_lists(16, num_kv_heads, p, &lists);     // offsets of every list
+//   // ... a backend scores and picks `selected` per list, then:
+//   cisa::write_page_list(block_table, 16, p, selected, list, &lists);
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cisa/batch.h"
+#include "cisa/page_table.h"
+#include "cisa/status.h"
+
+namespace cisa {
+
+enum class QShareQuery { kMean, kLast };
+const char* qshare_query_name(QShareQuery q);
+Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last"
+
+struct SelectionParams {
+  int64_t budget = 0;      // k: chunks chosen by top-k
+  int64_t window = 128;    // W: recent pages always attended
+  int64_t qshare = 1;      // G: positions sharing one selection (decode: 1)
+  QShareQuery qshare_query = QShareQuery::kMean;
+  int64_t sink_pages = 0;  // first n chunks always attended, not counted in k
+};
+
+// The largest budget, window, sink count or QShare size any backend accepts: every page list
+// (sinks + k + window + tail) then stays far below 2^31 entries, and sizes computed from these
+// values cannot overflow 64 bits.
+inline constexpr int64_t kMaxSelectionPages = int64_t{1} << 26;
+
+// Errors for negative values, G < 1, and any value above kMaxSelectionPages.
+Status validate_selection_params(const SelectionParams& p);
+
+// Number of eligible chunks for a selection made at position a: |{j : j < c(a) − W}| minus sinks.
+int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p);
+
+// Where the pages of one list come from, as absolute chunk ranges [begin, end) in list order:
+// `fixed` (a dense group's pages 0 … c(last), or a sparse group's sinks), then `selected` chunks
+// chosen by top-k from [eligible_begin, eligible_end), then `tail` (the window and the group's own
+// pages, c(first) − W … c(last); empty for a dense group).
+struct ListLayout {
+  int64_t fixed_begin = 0, fixed_end = 0;
+  int64_t eligible_begin = 0, eligible_end = 0;
+  int64_t selected = 0;  // k (0 for a dense group)
+  int64_t tail_begin = 0, tail_end = 0;
+  int64_t size() const { return (fixed_end - fixed_begin) + selected + (tail_end - tail_begin); }
+};
+ListLayout list_layout(const QueryGroup& g, int page_size, const SelectionParams& p);
+
+// The chunks [begin, end) a dense plan gives one batch entry: 0 … c(last), or with
+// sliding_window > 0 those holding positions within the window of some query of the entry.
+struct ChunkRange {
+  int64_t begin = 0, end = 0;
+};
+ChunkRange dense_chunk_range(const BatchEntry& e, int page_size, int64_t sliding_window);
+
+// Cuts every entry's positions into query groups (dense prefix, then QShare groups of G).
+// Fills out->groups only.
+Status plan_query_groups(int page_size, std::span<const BatchEntry> batch, const SelectionParams& p,
+                         PageLists* out);
+
+// Sizes the page lists of out->groups (from plan_query_groups) before they are filled: a dense
+// group's list holds pages 0 … c(last); a sparse one sinks + k + the window and tail pages.
+// Sets offsets and resizes pages, chunks and num_selected.
+void size_page_lists(int page_size, int num_kv_heads, const SelectionParams& p, PageLists* out);
+
+// Fills list `list` (= group · num_kv_heads + KV group) of a sized PageLists: a dense group gets
+// pages 0 … c(last); a sparse one the sinks, then `selected` (absolute chunk indices, ascending,
+// within the eligible range), then the window and tail c(first) − W … c(last). Records how many
+// pages were selected. `table` is the sequence's block table.
+void write_page_list(std::span<const int32_t> table, int page_size, const SelectionParams& p,
+                     std::span<const int32_t> selected, int64_t list, PageLists* out);
+
+// Checks that every entry names a live sequence, positions are non-negative, counts positive, and
+// every query position has its K/V written in `layer` (t < tokens(layer, seq)).
+// Errors name the entry and the value.
+Status validate_batch(const PageTable& table, int layer, std::span<const BatchEntry> batch);
+
+// Dense plan: one group per entry attending to every page of its sequence up to the page of its
+// last query, or, with sliding_window > 0, only the pages that hold positions within the window
+// of some query of the entry (t − window < s ≤ t).
+Status plan_dense(const PageTable& table, int num_kv_heads, int layer,
+                  std::span<const BatchEntry> batch, int64_t sliding_window, PageLists* out);
+
+// SPEC §8's per-position traffic of one query group, in pages per KV group: every position t of
+// the group reads its list's pages up to c(t) (later ones are masked). A dense group reads
+// 0 … c(t); a sparse one its sinks, its k selected chunks and the window and tail pages from
+// c(first) − W up to c(t).
+int64_t pages_read(const QueryGroup& g, int page_size, const SelectionParams& p);
+// The same positions under dense attention: Σ_t (c(t) + 1).
+int64_t pages_read_dense(const QueryGroup& g, int page_size);
+
+}  // namespace cisa
