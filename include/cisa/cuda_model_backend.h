@@ -1,0 +1,40 @@
+// cisa/cuda_model_backend.h — the CUDA implementation of cisa::Backend (backend.h): a whole model
+// on one GPU. Weights are bf16 on the device (GGUF tensors are dequantised at load), activations
+// f32, the paged KV cache bf16 pools per layer in the layout of cuda_backend.h's DeviceLayer, and
+// attention the Hopper path of cuda_backend.h (plan_dense / plan_sparse / run_select /
+// run_attention). Every operation is enqueued on the backend's one stream; download() and
+// synchronize() wait for it. docs/cuda-model.md describes what runs where.
+//
+// No CUDA types appear here: the header builds in any translation unit of the project.
+//
+//   CISA_ASSIGN_OR_RETURN(std::unique_ptr<cisa::Backend> be,
+//                         cisa::cuda::make_model_backend({.device = 0}));
+//   CISA_RETURN_IF_ERROR(be->create_cache({.num_layers = 18, .num_kv_heads = 1, .head_dim = 256,
+//                                          .num_pages = 4096, .dtype = cisa::KvDtype::kBF16}));
+//   ... the model drives *be as it drives the CPU backend ...
+//   cisa::PageLists lists;                                  // tests: what select() chose
+//   CISA_RETURN_IF_ERROR(cisa::cuda::download_slot_page_lists(*be, cisa::PlanSlot::kCisa, &lists));
+//
+// Limits (each a clear Status): bf16 K/V only, page size 16, head_dim 64/128/256; the llama.cpp
+// attention numerics and host page lists (Backend::set_page_lists) are CPU-only.
+#pragma once
+
+#include <memory>
+
+#include "cisa/backend.h"
+#include "cisa/batch.h"
+#include "cisa/status.h"
+
+namespace cisa::cuda {
+
+// A backend on device `options.device` (unavailable without a usable device of compute
+// capability 9.0 or later; `options.threads` is unused).
+Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& options);
+
+// The page lists of one planned slot of a CUDA backend as the GPU holds them (after select() for
+// a kCisa slot), with the batch's own sequence IDs' physical pages: the form of cisa::PageLists,
+// so tests compare them with the CPU's select_pages. Synchronous. invalid_argument when `backend`
+// is not a CUDA model backend, failed_precondition when the slot is not planned.
+Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out);
+
+}  // namespace cisa::cuda

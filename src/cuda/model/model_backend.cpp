@@ -1,0 +1,356 @@
+// CudaBackend, part 1: device memory, weights, the per-row operations, GEMMs and the factory.
+// Every operation enqueues on the backend's stream (model_ops.cuh kernels, cuBLASLt through
+// Gemm); only download(), synchronize() and load-time binds wait for the device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cisa/bf16.h"
+#include "cisa/cuda_model_backend.h"
+#include "cisa/quant.h"
+#include "model_backend_impl.h"
+#include "model_ops.cuh"
+
+namespace cisa::cuda {
+
+Status check_cuda(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status::Ok();
+  const std::string m = what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  cudaGetLastError();  // a non-sticky error must not fail the next call
+  if (err == cudaErrorMemoryAllocation) return resource_exhausted(m);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return unavailable(m);
+  return internal_error(m);
+}
+
+namespace {
+
+std::string describe_bytes(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return std::string(buf) + " (" + std::to_string(bytes) + " bytes)";
+}
+
+int64_t device_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(free_b);
+}
+
+// A BackendBuffer over device memory; freed with it (independently of the backend's lifetime).
+class CudaBuffer final : public BackendBuffer {
+ public:
+  CudaBuffer(DeviceMemory mem, int64_t bytes) : mem_(std::move(mem)), bytes_(bytes) {}
+  void* data() override { return mem_.get(); }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  DeviceMemory mem_;
+  int64_t bytes_;
+};
+
+// Values of fill_random converted per chunk (bf16 staging of 32 MiB at most).
+constexpr int64_t kFillChunk = int64_t{1} << 24;
+// Host rows dequantised per upload in bind_matrix: about 8 MiB of bf16.
+constexpr int64_t kBindChunkBytes = int64_t{8} << 20;
+// Largest matrix side bind_matrix / random_matrix accept (cuBLASLt dimensions are int32).
+constexpr int64_t kMaxMatrixSide = std::numeric_limits<int32_t>::max();
+
+}  // namespace
+
+// ---- DeviceMemory ----
+
+DeviceMemory::~DeviceMemory() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+Result<DeviceMemory> DeviceMemory::allocate(int64_t bytes, const std::string& what) {
+  if (bytes < 0) return invalid_argument("cuda: " + what + ": negative size " + std::to_string(bytes));
+  const int64_t rounded = (std::max<int64_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(rounded));
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return resource_exhausted("cuda: " + what + " needs " + describe_bytes(rounded) +
+                              " of device memory; " + describe_bytes(device_free_bytes()) + " free");
+  }
+  CISA_RETURN_IF_ERROR(check_cuda(err, "cuda: allocating " + what));
+  DeviceMemory m;
+  m.ptr_ = p;
+  m.bytes_ = rounded;
+  return m;
+}
+
+Status DeviceMemory::reserve(int64_t bytes, const std::string& what, cudaStream_t stream) {
+  if (bytes <= bytes_) return Status::Ok();
+  CISA_RETURN_IF_ERROR(check_cuda(cudaStreamSynchronize(stream), "cuda: " + what));
+  auto fresh = allocate(bytes, what);
+  if (!fresh.ok() && ptr_) {  // the old buffer may be what is in the way
+    *this = DeviceMemory();
+    fresh = allocate(bytes, what);
+  }
+  if (!fresh.ok()) return fresh.status();
+  *this = std::move(*fresh);
+  return Status::Ok();
+}
+
+// ---- factory ----
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
+  std::string why;
+  if (!device_available(&why)) return unavailable("cuda model backend: no usable device (" + why + ")");
+  int count = 0;
+  CISA_RETURN_IF_ERROR(check_cuda(cudaGetDeviceCount(&count), "cuda: counting devices"));
+  if (options.device < 0 || options.device >= count)
+    return invalid_argument("cuda: device " + std::to_string(options.device) + " does not exist (" +
+                            std::to_string(count) + " devices)");
+  cudaDeviceProp prop{};
+  CISA_RETURN_IF_ERROR(check_cuda(cudaGetDeviceProperties(&prop, options.device), "cuda: device properties"));
+  if (prop.major < 9)
+    return unavailable("cuda: device " + std::to_string(options.device) + " (" + prop.name +
+                       ") is older than compute capability 9.0");
+  CISA_RETURN_IF_ERROR(check_cuda(cudaSetDevice(options.device), "cuda: selecting the device"));
+  std::unique_ptr<CudaBackend> be(new CudaBackend());
+  be->device_ = options.device;
+  // A blocking stream: it stays ordered with the legacy default stream on which the attention
+  // planner (cuda_backend.h) uploads its metadata.
+  CISA_RETURN_IF_ERROR(check_cuda(cudaStreamCreate(&be->stream_), "cuda: creating the stream"));
+  be->description_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) +
+                     std::to_string(prop.minor) + ")";
+  CISA_ASSIGN_OR_RETURN(be->gemm_, Gemm::create());
+  return be;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);  // nothing queued may outlive the memory freed below
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& options) {
+  CISA_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::create(options));
+  return std::unique_ptr<Backend>(std::move(be));
+}
+
+Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out) {
+  auto* be = dynamic_cast<CudaBackend*>(&backend);
+  if (!be) return invalid_argument("download_slot_page_lists: not a CUDA model backend (" + backend.description() + ")");
+  return be->download_page_lists(slot, out);
+}
+
+// ---- memory ----
+
+Result<std::unique_ptr<BackendBuffer>> CudaBackend::allocate(int64_t bytes, const char* what) {
+  CISA_ASSIGN_OR_RETURN(DeviceMemory mem, DeviceMemory::allocate(bytes, what ? what : "buffer"));
+  return std::unique_ptr<BackendBuffer>(new CudaBuffer(std::move(mem), bytes));
+}
+
+Status CudaBackend::upload(void* dst, const void* host_src, int64_t bytes) {
+  if (bytes < 0) return invalid_argument("cuda upload: negative size");
+  if (bytes == 0) return Status::Ok();
+  if (!dst || !host_src) return invalid_argument("cuda upload: null pointer");
+  // From pageable memory the copy returns once the source is staged: the caller may reuse it.
+  return check_cuda(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+                    "cuda upload");
+}
+
+Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
+  if (bytes < 0) return invalid_argument("cuda download: negative size");
+  if (bytes == 0) return synchronize();
+  if (!host_dst || !src) return invalid_argument("cuda download: null pointer");
+  CISA_RETURN_IF_ERROR(check_cuda(
+      cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_), "cuda download"));
+  return synchronize();
+}
+
+Status CudaBackend::synchronize() { return check_cuda(cudaStreamSynchronize(stream_), "cuda: stream synchronize"); }
+
+int64_t CudaBackend::free_memory() const { return device_free_bytes(); }
+
+Result<uint16_t*> CudaBackend::bf16_scratch(int64_t n) {
+  CISA_RETURN_IF_ERROR(scratch_bf16_.reserve(n * 2, "bf16 staging buffer", stream_));
+  return scratch_bf16_.as<uint16_t>();
+}
+
+Status CudaBackend::launched(cudaError_t err, const char* op) const {
+  if (err == cudaErrorInvalidValue) {
+    cudaGetLastError();
+    return invalid_argument(std::string("cuda ") + op +
+                            ": invalid arguments (a negative size, a null pointer with work to do, or a "
+                            "shape the kernel does not take)");
+  }
+  return check_cuda(err, std::string("cuda ") + op);
+}
+
+// ---- weights ----
+
+Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
+  if (!w.data) return invalid_argument("cuda bind_matrix: null weight data");
+  if (w.n_rows <= 0 || w.n_cols <= 0 || w.n_rows > kMaxMatrixSide || w.n_cols > kMaxMatrixSide)
+    return invalid_argument("cuda bind_matrix: shape " + std::to_string(w.n_rows) + " x " +
+                            std::to_string(w.n_cols) + " is out of range");
+  const int64_t n_cols = w.n_cols;
+  CISA_ASSIGN_OR_RETURN(DeviceMemory mem,
+                        DeviceMemory::allocate(w.n_rows * n_cols * 2, "weights " + std::to_string(w.n_rows) + " x " +
+                                                                          std::to_string(n_cols) + " bf16"));
+  // Rows are dequantised into one reused chunk and uploaded; the f32 row is the only other copy.
+  const int64_t chunk_rows = std::clamp<int64_t>(kBindChunkBytes / (n_cols * 2), 1, w.n_rows);
+  std::vector<float> row(static_cast<size_t>(n_cols));
+  std::vector<uint16_t> chunk(static_cast<size_t>(chunk_rows * n_cols));
+  for (int64_t r0 = 0; r0 < w.n_rows; r0 += chunk_rows) {
+    const int64_t nr = std::min(chunk_rows, w.n_rows - r0);
+    // The previous chunk's copy must have left `chunk` before it is overwritten.
+    CISA_RETURN_IF_ERROR(synchronize());
+    for (int64_t r = 0; r < nr; ++r) {
+      CISA_RETURN_IF_ERROR(dequantize_row(w.type, w.row(r0 + r), row.data(), n_cols));
+      uint16_t* dst = chunk.data() + r * n_cols;
+      for (int64_t c = 0; c < n_cols; ++c) dst[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
+    }
+    CISA_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(mem.as<uint16_t>() + r0 * n_cols, chunk.data(),
+                                                    static_cast<size_t>(nr * n_cols) * 2, cudaMemcpyHostToDevice,
+                                                    stream_),
+                                    "cuda bind_matrix: upload"));
+  }
+  CISA_RETURN_IF_ERROR(synchronize());
+  weight_bytes_ += w.n_rows * n_cols * 2;
+  matrices_.push_back({std::move(mem), w.n_rows, n_cols});
+  return BackendMatrix{w.n_rows, n_cols, static_cast<int>(matrices_.size()) - 1};
+}
+
+Result<BackendMatrix> CudaBackend::random_matrix(int64_t rows, int64_t cols, uint64_t seed, float scale) {
+  if (rows <= 0 || cols <= 0 || rows > kMaxMatrixSide || cols > kMaxMatrixSide)
+    return invalid_argument("cuda random_matrix: shape " + std::to_string(rows) + " x " + std::to_string(cols) +
+                            " is out of range");
+  CISA_ASSIGN_OR_RETURN(DeviceMemory mem, DeviceMemory::allocate(rows * cols * 2, "random weights " +
+                                                                                      std::to_string(rows) + " x " +
+                                                                                      std::to_string(cols) + " bf16"));
+  CISA_RETURN_IF_ERROR(fill_random_bf16(mem.as<uint16_t>(), rows * cols, seed, scale, stream_));
+  weight_bytes_ += rows * cols * 2;
+  matrices_.push_back({std::move(mem), rows, cols});
+  return BackendMatrix{rows, cols, static_cast<int>(matrices_.size()) - 1};
+}
+
+Result<const float*> CudaBackend::bind_vector(std::span<const float> host_values) {
+  if (host_values.empty()) return invalid_argument("cuda bind_vector: empty vector");
+  const auto bytes = static_cast<int64_t>(host_values.size_bytes());
+  CISA_ASSIGN_OR_RETURN(DeviceMemory mem, DeviceMemory::allocate(bytes, "weight vector"));
+  CISA_RETURN_IF_ERROR(upload(mem.get(), host_values.data(), bytes));
+  weight_bytes_ += bytes;
+  vectors_.push_back(std::move(mem));
+  return static_cast<const float*>(vectors_.back().get());
+}
+
+Result<const CudaBackend::DeviceMatrix*> CudaBackend::find_matrix(const BackendMatrix& m, const char* op) const {
+  if (m.id < 0 || static_cast<size_t>(m.id) >= matrices_.size())
+    return invalid_argument(std::string("cuda ") + op + ": matrix id " + std::to_string(m.id) +
+                            " is not bound to this backend");
+  const DeviceMatrix& d = matrices_[static_cast<size_t>(m.id)];
+  if (d.n_rows != m.n_rows || d.n_cols != m.n_cols)
+    return invalid_argument(std::string("cuda ") + op + ": matrix " + std::to_string(m.id) + " is " +
+                            std::to_string(d.n_rows) + " x " + std::to_string(d.n_cols) + ", not " +
+                            std::to_string(m.n_rows) + " x " + std::to_string(m.n_cols));
+  return &d;
+}
+
+// ---- operations ----
+
+Status CudaBackend::embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows, float scale, float* x) {
+  CISA_ASSIGN_OR_RETURN(const DeviceMatrix* t, find_matrix(table, "embed"));
+  // Tokens live on the device: one outside the vocabulary gives a row of NaN (model_ops.cuh).
+  return launched(detail::launch_embed(t->data(), tokens, rows, t->n_cols, scale, x, stream_, t->n_rows), "embed");
+}
+
+Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows, int64_t ldy) {
+  CISA_ASSIGN_OR_RETURN(const DeviceMatrix* m, find_matrix(w, "matmul"));
+  if (rows < 0) return invalid_argument("cuda matmul: negative row count");
+  if (ldy == 0) ldy = m->n_rows;
+  if (ldy < m->n_rows)
+    return invalid_argument("cuda matmul: ldy " + std::to_string(ldy) + " is below the " +
+                            std::to_string(m->n_rows) + " outputs");
+  if (rows == 0) return Status::Ok();
+  if (!x || !y) return invalid_argument("cuda matmul: null input or output");
+  // x is f32; the GEMM multiplies bf16 with f32 accumulation.
+  CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(rows * m->n_cols));
+  CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(x, xb, rows * m->n_cols, stream_), "matmul input to bf16"));
+  return gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_);
+}
+
+Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps) {
+  if (rows > 0 && n <= 0) return invalid_argument("cuda rms_norm: row width must be positive");
+  return launched(detail::launch_rms_norm(x, w, y, rows, n, eps, stream_), "rms_norm");
+}
+
+Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
+                         RopeStyle style) {
+  if (rows > 0 && (heads <= 0 || d <= 0 || d % 2 != 0))
+    return invalid_argument("cuda rope: heads must be positive and d positive and even (got " +
+                            std::to_string(heads) + " heads, d " + std::to_string(d) + ")");
+  return launched(detail::launch_rope(x, rows, heads, d, cos, sin, style == RopeStyle::kNeox, stream_), "rope");
+}
+
+Status CudaBackend::gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t rows,
+                                     int64_t n) {
+  return launched(detail::launch_gated_activation(act == Activation::kGeluTanh, gate, up, out, rows, n, stream_),
+                  "gated_activation");
+}
+
+Status CudaBackend::add(float* y, const float* x, int64_t n) {
+  return launched(detail::launch_add(y, x, n, stream_), "add");
+}
+
+Status CudaBackend::round_f16(float* x, int64_t n) {
+  return launched(detail::launch_round_f16(x, n, stream_), "round_f16");
+}
+
+Status CudaBackend::mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out) {
+  if (rows > 0 && (hq <= 0 || hkv <= 0 || d <= 0 || hq % hkv != 0))
+    return invalid_argument("cuda mean_heads: " + std::to_string(hq) + " query heads are not a positive multiple of " +
+                            std::to_string(hkv) + " KV heads (d " + std::to_string(d) + ")");
+  return launched(detail::launch_mean_heads(q, rows, hq, hkv, d, out, stream_), "mean_heads");
+}
+
+Status CudaBackend::fill_random(float* x, int64_t n, uint64_t seed, float scale) {
+  if (n < 0) return invalid_argument("cuda fill_random: negative count");
+  if (n == 0) return Status::Ok();
+  if (!x) return invalid_argument("cuda fill_random: null output");
+  CISA_ASSIGN_OR_RETURN(uint16_t * tmp, bf16_scratch(std::min(n, kFillChunk)));
+  for (int64_t i0 = 0, c = 0; i0 < n; i0 += kFillChunk, ++c) {
+    const int64_t m = std::min(kFillChunk, n - i0);
+    // Each chunk its own stream of values, deterministic in (seed, chunk).
+    const uint64_t chunk_seed = seed ^ (static_cast<uint64_t>(c) * 0x9e3779b97f4a7c15ull);
+    CISA_RETURN_IF_ERROR(fill_random_bf16(tmp, m, chunk_seed, scale, stream_));
+    CISA_RETURN_IF_ERROR(launched(detail::launch_bf16_to_f32(tmp, x + i0, m, stream_), "fill_random"));
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* out) {
+  if (width < 0) return invalid_argument("cuda gather_rows: negative width");
+  if (rows.empty() || width == 0) return Status::Ok();
+  if (!x || !out) return invalid_argument("cuda gather_rows: null input or output");
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0) return out_of_range("cuda gather_rows: row " + std::to_string(i) + " is negative");
+  const auto n = static_cast<int64_t>(rows.size());
+  CISA_RETURN_IF_ERROR(d_gather_rows_.reserve(n * 8, "gather_rows indices", stream_));
+  CISA_RETURN_IF_ERROR(upload(d_gather_rows_.get(), rows.data(), n * 8));
+  return launched(detail::launch_gather_rows(x, d_gather_rows_.as<int64_t>(), n, width, out, stream_), "gather_rows");
+}
+
+}  // namespace cisa::cuda

@@ -1,0 +1,193 @@
+// The CUDA model backend (cisa/cuda_model_backend.h) as a class: CudaBackend implements
+// cisa::Backend on one device and one stream. Its parts live in three files:
+//   model_backend.cpp            memory, weights, the per-row operations, GEMMs, the factory
+//   device_kv_cache.cpp          the paged KV cache: device pools, PageTable, block-table mirror
+//   model_backend_attention.cpp  plan / select / attend over the Hopper attention path
+// Host C++ (C++20); kernels are reached through model_ops.cuh, gemm.h and cuda_backend.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cisa/backend.h"
+#include "cisa/cuda_backend.h"
+#include "cisa/page_table.h"
+#include "gemm.h"
+
+namespace cisa::cuda {
+
+// Status of a CUDA runtime call: memory errors are resource_exhausted, a missing device or
+// driver unavailable, anything else internal; clears a non-sticky error so later calls start
+// clean.
+Status check_cuda(cudaError_t err, const std::string& what);
+
+// Device memory owned by value: freed when destroyed (or replaced).
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  // cudaMalloc of `bytes` (at least 1): resource_exhausted naming `what`, the bytes needed and
+  // the bytes free when the device cannot hold it; nothing else changes.
+  static Result<DeviceMemory> allocate(int64_t bytes, const std::string& what);
+  // Grow-only: reallocates (contents lost) when smaller than `bytes`, after waiting for `stream`
+  // so no queued kernel still reads the old memory.
+  Status reserve(int64_t bytes, const std::string& what, cudaStream_t stream);
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string description() const override { return description_; }
+
+  // ---- memory (model_backend.cpp) ----
+  Result<std::unique_ptr<BackendBuffer>> allocate(int64_t bytes, const char* what) override;
+  Status upload(void* dst, const void* host_src, int64_t bytes) override;
+  Status download(void* host_dst, const void* src, int64_t bytes) override;
+  Status synchronize() override;
+  int64_t free_memory() const override;
+
+  // ---- weights (model_backend.cpp) ----
+  Result<BackendMatrix> bind_matrix(const WeightView& w) override;
+  Result<BackendMatrix> random_matrix(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
+  Result<const float*> bind_vector(std::span<const float> host_values) override;
+  int64_t weight_bytes() const override { return weight_bytes_; }
+
+  // ---- operations (model_backend.cpp) ----
+  Status embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows, float scale,
+               float* x) override;
+  Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows, int64_t ldy) override;
+  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps) override;
+  Status rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
+              RopeStyle style) override;
+  Status gated_activation(Activation act, const float* gate, const float* up, float* out,
+                          int64_t rows, int64_t n) override;
+  Status add(float* y, const float* x, int64_t n) override;
+  Status round_f16(float* x, int64_t n) override;
+  Status mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out) override;
+  Status fill_random(float* x, int64_t n, uint64_t seed, float scale) override;
+  Status gather_rows(const float* x, std::span<const int64_t> rows, int64_t width,
+                     float* out) override;
+
+  // ---- paged KV cache (device_kv_cache.cpp) ----
+  Status create_cache(const KvCacheConfig& config) override;
+  const KvCacheConfig& cache_config() const override { return config_; }
+  const PageTable& pages() const override { return table_; }
+  Result<SeqId> add_sequence() override;
+  Status release_sequence(SeqId seq) override;
+  Status reserve(SeqId seq, int64_t n) override;
+  Status append_kv(int layer, std::span<const BatchEntry> batch, const float* k,
+                   const float* v) override;
+
+  // ---- attention (model_backend_attention.cpp) ----
+  Status plan(PlanSlot slot, std::span<const BatchEntry> batch, const PlanSpec& spec) override;
+  const std::vector<QueryGroup>& plan_groups(PlanSlot slot) const override;
+  Status select(PlanSlot slot, int layer, const float* index_q) override;
+  Status set_page_lists(PlanSlot slot, const PageLists& lists) override;
+  Status attend(PlanSlot slot, int layer, const float* q, int num_q_heads, const AttendParams& p,
+                float* out) override;
+  Status download_page_lists(PlanSlot slot, PageLists* out);
+
+ private:
+  CudaBackend() = default;
+
+  // A matrix bound by bind_matrix / random_matrix: bf16 [n_rows][n_cols] on the device.
+  struct DeviceMatrix {
+    DeviceMemory mem;
+    int64_t n_rows = 0, n_cols = 0;
+    const uint16_t* data() const { return mem.as<uint16_t>(); }
+  };
+  Result<const DeviceMatrix*> find_matrix(const BackendMatrix& m, const char* op) const;
+  // The shared bf16 staging buffer (matmul inputs, attention queries, random fills): n values.
+  Result<uint16_t*> bf16_scratch(int64_t n);
+  Status launched(cudaError_t err, const char* op) const;
+
+  // ---- KV cache helpers (device_kv_cache.cpp) ----
+  Status require_cache(const char* op) const;
+  bool layer_has_reps(int layer) const;
+  DeviceLayer device_layer(int layer) const;
+  // Uploads the block tables of the live sequences (CSR in SeqId order) when the PageTable's
+  // version has moved since the last upload; every upload bumps mirror_generation_.
+  Status sync_block_tables();
+  DeviceBlockTables device_tables() const { return {d_tables_.as<int32_t>(), h_offsets_}; }
+
+  // ---- attention helpers (model_backend_attention.cpp) ----
+  struct Slot {
+    bool planned = false;
+    PlanSpec spec;
+    std::vector<BatchEntry> batch;   // as the caller passed it (PageTable sequence IDs)
+    std::vector<BatchEntry> mapped;  // seq = row of the device block tables
+    int64_t rows = 0;
+    uint64_t mirror_generation = 0;  // block tables the plan's lists index
+    int q_heads = 0;                 // the query-head count the plan's work is cut for
+    bool q_heads_known = false;      // false: a guess, checked at the first attend
+    Plan plan;
+    bool selected = false;
+    int selected_layer = -1;
+    DeviceMemory saved_index_q;  // f32 [rows][num_kv_heads][head_dim], while q_heads is a guess
+    bool saved_valid = false;    // saved_index_q holds selected_layer's index queries
+  };
+  Slot* find_slot(PlanSlot slot);
+  const Slot* find_slot(PlanSlot slot) const;
+  Status build_plan(Slot& s, int q_heads);
+  Status check_plan_current(const Slot& s, const char* op) const;
+  // Every query position of the slot's batch has its K/V written in `layer`.
+  Status check_written(const Slot& s, int layer, const char* op) const;
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::string description_;
+  std::unique_ptr<Gemm> gemm_;
+
+  std::vector<DeviceMatrix> matrices_;
+  std::vector<DeviceMemory> vectors_;
+  int64_t weight_bytes_ = 0;
+  DeviceMemory scratch_bf16_;
+  DeviceMemory d_gather_rows_;  // int64 [n] row indices of gather_rows
+
+  KvCacheConfig config_;
+  bool has_cache_ = false;
+  PageTable table_;
+  struct LayerPools {
+    DeviceMemory k, v;  // bf16 [num_pages][num_kv_heads][16][head_dim]
+    DeviceMemory reps;  // bf16 [num_pages][num_kv_heads][rep_width], rep layers only
+  };
+  std::vector<LayerPools> pools_;
+  DeviceMemory d_tables_;              // int32 [h_offsets_.back()]
+  std::vector<int32_t> h_tables_;      // host copy of the mirrored block tables
+  std::vector<int64_t> h_offsets_;     // CSR offsets, one row per live sequence + 1
+  std::vector<int32_t> seq_row_;       // SeqId → row of the mirror, −1 when not live
+  bool mirrored_ = false;
+  uint64_t mirrored_version_ = 0;
+  uint64_t mirror_generation_ = 0;
+  std::vector<int64_t> h_slots_;       // append_kv: token slot of every row
+  std::vector<int32_t> h_full_pages_;  // append_kv: pages the step filled
+  DeviceMemory d_slots_, d_full_pages_;
+
+  std::array<Slot, 3> slots_;
+  int known_q_heads_ = 0;  // learned from the first attend; plans are cut for it afterwards
+};
+
+}  // namespace cisa::cuda
