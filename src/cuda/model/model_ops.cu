@@ -1,94 +1,23 @@
-// The element-wise and per-row kernels of the transformer layers (model_ops.cuh).
+// The per-row kernels of the transformer layers (model_ops.cuh): embedding lookup, RMSNorm, RoPE,
+// head means, row gathers and the paged KV append; the flat element-wise ones are in
+// model_ops_elementwise.cu.
 //
 // Every kernel is a grid-stride loop, so any size runs on any grid; a launcher validates its
 // arguments (cudaErrorInvalidValue), launches nothing for empty work, and picks a vector width V
 // (4 or 8 values per thread and access) when the sizes and every pointer allow 16-byte accesses,
-// else V = 1. Pointers that may alias (rms_norm's x and y, the activation's out and its inputs)
-// carry no __restrict__: each element is read before it is written by the same thread.
-#include <cuda_fp16.h>
-
-#include "common.cuh"
+// else V = 1. rms_norm's x and y may alias, so they carry no __restrict__: each element is read
+// before it is written by the same thread.
 #include "model_ops.cuh"
+#include "model_ops_vec.cuh"
 #include "tile_sizes.cuh"
 
 namespace cisa::cuda::detail {
 namespace {
 
-constexpr int kThreads = 256;  // every kernel here: 8 warps per block
+using namespace vec;
+
 constexpr int kRowsPerWarpBlock = kThreads / 32;
 constexpr int kWarpRowMax = 1024;  // rms_norm: rows up to this length take one warp each
-
-// Blocks for a grid-stride loop over `work` items, one per thread (≥ 1; capped, the loop covers
-// the rest).
-unsigned blocks_for(int64_t work) {
-  const int64_t b = (work + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : b > (1 << 20) ? (1 << 20) : b);
-}
-
-bool aligned(const void* p, unsigned bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-__device__ __forceinline__ int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
-
-// V consecutive floats / bf16 values as one access (V ∈ {1, 4, 8}; 8 only for bf16 loads).
-template <int V>
-struct Vec {
-  float v[V];
-};
-template <int V>
-__device__ __forceinline__ Vec<V> load_f32(const float* p) {
-  Vec<V> r;
-  if constexpr (V == 1) {
-    r.v[0] = *p;
-  } else {
-    static_assert(V == 4, "f32 accesses are 1 or 4 wide");
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    r.v[0] = a.x, r.v[1] = a.y, r.v[2] = a.z, r.v[3] = a.w;
-  }
-  return r;
-}
-template <int V>
-__device__ __forceinline__ void store_f32(float* p, const Vec<V>& r) {
-  if constexpr (V == 1) {
-    *p = r.v[0];
-  } else {
-    static_assert(V == 4, "f32 accesses are 1 or 4 wide");
-    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
-  }
-}
-template <int V>
-__device__ __forceinline__ Vec<V> load_bf16(const uint16_t* p) {
-  Vec<V> r;
-  if constexpr (V == 1) {
-    r.v[0] = dev::bf16_to_f32(*p);
-  } else {
-    static_assert(V == 4 || V == 8, "bf16 loads are 1, 4 or 8 wide");
-    uint32_t w[V / 2];
-    if constexpr (V == 4) {
-      const uint2 a = *reinterpret_cast<const uint2*>(p);
-      w[0] = a.x, w[1] = a.y;
-    } else {
-      const uint4 a = *reinterpret_cast<const uint4*>(p);
-      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
-    }
-    for (int j = 0; j < V / 2; ++j) {  // low half of each word is the lower address
-      r.v[2 * j] = __uint_as_float(w[j] << 16);
-      r.v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-  }
-  return r;
-}
-template <int V>
-__device__ __forceinline__ void store_bf16(uint16_t* p, const Vec<V>& r) {
-  if constexpr (V == 1) {
-    *p = dev::f32_to_bf16(r.v[0]);
-  } else {
-    static_assert(V == 4, "bf16 stores are 1 or 4 wide");
-    const uint32_t lo = dev::f32_to_bf16(r.v[0]) | uint32_t(dev::f32_to_bf16(r.v[1])) << 16;
-    const uint32_t hi = dev::f32_to_bf16(r.v[2]) | uint32_t(dev::f32_to_bf16(r.v[3])) << 16;
-    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
-  }
-}
 
 // ---- embedding ----
 
@@ -198,88 +127,6 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int heads, int 
   }
 }
 
-// ---- flat element-wise operations: a V-wide body over n / V groups, then a scalar tail ----
-
-// GELU(tanh) = 0.5 x (1 + tanh(u)) = x · σ(2u), u = √(2/π)(x + 0.044715 x³); the σ form has no
-// cancellation for negative x. expf, not __expf: the fast one loses ~|2u|·2^-24 relatively.
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float u2 = 2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return x / (1.0f + expf(-u2));
-}
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-template <bool Gelu, int V>
-__global__ void gated_kernel(const float* gate, const float* up, float* out, int64_t n) {
-  const int64_t nv = n / V;
-  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
-    if (t < nv) {
-      const Vec<V> g = load_f32<V>(gate + t * V), u = load_f32<V>(up + t * V);
-      Vec<V> o;
-      for (int j = 0; j < V; ++j) o.v[j] = (Gelu ? gelu_tanh(g.v[j]) : silu(g.v[j])) * u.v[j];
-      store_f32<V>(out + t * V, o);
-    } else {
-      const int64_t i = nv * V + (t - nv);
-      out[i] = (Gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
-    }
-  }
-}
-
-template <int V>
-__global__ void add_kernel(float* y, const float* x, int64_t n) {
-  const int64_t nv = n / V;
-  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
-    if (t < nv) {
-      Vec<V> a = load_f32<V>(y + t * V);
-      const Vec<V> b = load_f32<V>(x + t * V);
-      for (int j = 0; j < V; ++j) a.v[j] += b.v[j];
-      store_f32<V>(y + t * V, a);
-    } else {
-      y[nv * V + (t - nv)] += x[nv * V + (t - nv)];
-    }
-  }
-}
-
-template <int V>
-__global__ void round_f16_kernel(float* x, int64_t n) {
-  const int64_t nv = n / V;
-  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
-    float* p = t < nv ? x + t * V : x + nv * V + (t - nv);
-    if (t < nv) {
-      Vec<V> a = load_f32<V>(p);
-      for (int j = 0; j < V; ++j) a.v[j] = __half2float(__float2half_rn(a.v[j]));
-      store_f32<V>(p, a);
-    } else {
-      *p = __half2float(__float2half_rn(*p));
-    }
-  }
-}
-
-template <int V>
-__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
-  const int64_t nv = n / V;
-  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
-    if (t < nv) {
-      store_bf16<V>(y + t * V, load_f32<V>(x + t * V));
-    } else {
-      const int64_t i = nv * V + (t - nv);
-      y[i] = dev::f32_to_bf16(x[i]);
-    }
-  }
-}
-
-template <int V>
-__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
-  const int64_t nv = n / V;
-  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
-    if (t < nv) {
-      store_f32<V>(y + t * V, load_bf16<V>(x + t * V));
-    } else {
-      const int64_t i = nv * V + (t - nv);
-      y[i] = dev::bf16_to_f32(x[i]);
-    }
-  }
-}
-
 // ---- per-row gathers ----
 
 template <int V>
@@ -379,42 +226,6 @@ cudaError_t launch_rope(float* x, int64_t rows, int heads, int d, const float* c
   return cudaGetLastError();
 }
 
-cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out, int64_t rows,
-                                    int64_t n, cudaStream_t stream) {
-  if (rows < 0 || n < 0) return cudaErrorInvalidValue;
-  const int64_t total = rows * n;
-  if (total == 0) return cudaSuccess;
-  if (!gate || !up || !out) return cudaErrorInvalidValue;
-  const bool vec = aligned(gate, 16) && aligned(up, 16) && aligned(out, 16);
-  const unsigned grid = blocks_for(vec ? total / 4 + 3 : total);
-  if (gelu) {
-    if (vec) gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
-    else gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
-  } else {
-    if (vec) gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
-    else gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  if (!y || !x) return cudaErrorInvalidValue;
-  if (aligned(y, 16) && aligned(x, 16)) add_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(y, x, n);
-  else add_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_round_f16(float* x, int64_t n, cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  if (!x) return cudaErrorInvalidValue;
-  if (aligned(x, 16)) round_f16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, n);
-  else round_f16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, n);
-  return cudaGetLastError();
-}
-
 cudaError_t launch_mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out,
                               cudaStream_t stream) {
   if (rows < 0 || hq < 0 || hkv < 0 || d < 0) return cudaErrorInvalidValue;
@@ -436,24 +247,6 @@ cudaError_t launch_gather_rows(const float* x, const int64_t* rows, int64_t n, i
     gather_rows_kernel<4><<<blocks_for(n * (width / 4)), kThreads, 0, stream>>>(x, rows, n, width, out);
   else
     gather_rows_kernel<1><<<blocks_for(n * width), kThreads, 0, stream>>>(x, rows, n, width, out);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  if (!x || !y) return cudaErrorInvalidValue;
-  if (aligned(x, 16) && aligned(y, 8)) f32_to_bf16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
-  else f32_to_bf16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  if (!x || !y) return cudaErrorInvalidValue;
-  if (aligned(x, 8) && aligned(y, 16)) bf16_to_f32_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
-  else bf16_to_f32_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,152 @@
+// The flat element-wise kernels of the transformer layers (model_ops.cuh): gated activations,
+// residual add, f16 rounding and the f32 ↔ bf16 conversions. Each is a grid-stride loop over a
+// V-wide body (n / V groups; V = 4 when every pointer allows it) and then a scalar tail of
+// n mod V values. The activation's out may alias gate or up: no __restrict__ there; each element
+// is read before the same thread writes it.
+#include <cuda_fp16.h>
+
+#include "model_ops.cuh"
+#include "model_ops_vec.cuh"
+
+namespace cisa::cuda::detail {
+namespace {
+
+using namespace vec;
+
+// GELU(tanh) = 0.5 x (1 + tanh(u)) = x · σ(2u), u = √(2/π)(x + 0.044715 x³); the σ form has no
+// cancellation for negative x. expf, not __expf: the fast one loses ~|2u|·2^-24 relatively.
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float u2 = 2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.0f + expf(-u2));
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <bool Gelu, int V>
+__global__ void gated_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      const Vec<V> g = load_f32<V>(gate + t * V), u = load_f32<V>(up + t * V);
+      Vec<V> o;
+      for (int j = 0; j < V; ++j) o.v[j] = (Gelu ? gelu_tanh(g.v[j]) : silu(g.v[j])) * u.v[j];
+      store_f32<V>(out + t * V, o);
+    } else {
+      const int64_t i = nv * V + (t - nv);
+      out[i] = (Gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+    }
+  }
+}
+
+template <int V>
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      Vec<V> a = load_f32<V>(y + t * V);
+      const Vec<V> b = load_f32<V>(x + t * V);
+      for (int j = 0; j < V; ++j) a.v[j] += b.v[j];
+      store_f32<V>(y + t * V, a);
+    } else {
+      y[nv * V + (t - nv)] += x[nv * V + (t - nv)];
+    }
+  }
+}
+
+template <int V>
+__global__ void round_f16_kernel(float* x, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    float* p = t < nv ? x + t * V : x + nv * V + (t - nv);
+    if (t < nv) {
+      Vec<V> a = load_f32<V>(p);
+      for (int j = 0; j < V; ++j) a.v[j] = __half2float(__float2half_rn(a.v[j]));
+      store_f32<V>(p, a);
+    } else {
+      *p = __half2float(__float2half_rn(*p));
+    }
+  }
+}
+
+template <int V>
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      store_bf16<V>(y + t * V, load_f32<V>(x + t * V));
+    } else {
+      const int64_t i = nv * V + (t - nv);
+      y[i] = dev::f32_to_bf16(x[i]);
+    }
+  }
+}
+
+template <int V>
+__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
+    if (t < nv) {
+      store_f32<V>(y + t * V, load_bf16<V>(x + t * V));
+    } else {
+      const int64_t i = nv * V + (t - nv);
+      y[i] = dev::bf16_to_f32(x[i]);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out, int64_t rows,
+                                    int64_t n, cudaStream_t stream) {
+  if (rows < 0 || n < 0) return cudaErrorInvalidValue;
+  const int64_t total = rows * n;
+  if (total == 0) return cudaSuccess;
+  if (!gate || !up || !out) return cudaErrorInvalidValue;
+  const bool vec = aligned(gate, 16) && aligned(up, 16) && aligned(out, 16);
+  const unsigned grid = blocks_for(vec ? total / 4 + 3 : total);
+  if (gelu) {
+    if (vec) gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    else gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+  } else {
+    if (vec) gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    else gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!y || !x) return cudaErrorInvalidValue;
+  if (aligned(y, 16) && aligned(x, 16)) add_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(y, x, n);
+  else add_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_round_f16(float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x) return cudaErrorInvalidValue;
+  if (aligned(x, 16)) round_f16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, n);
+  else round_f16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x || !y) return cudaErrorInvalidValue;
+  if (aligned(x, 16) && aligned(y, 8)) f32_to_bf16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+  else f32_to_bf16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x || !y) return cudaErrorInvalidValue;
+  if (aligned(x, 8) && aligned(y, 16)) bf16_to_f32_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+  else bf16_to_f32_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+}  // namespace cisa::cuda::detail
