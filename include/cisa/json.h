@@ -57,7 +57,9 @@ class Json {
   std::variant<std::nullptr_t, bool, int64_t, double, std::string, Array, Object> v_;
 };
 
-// Escapes a string for inclusion in JSON (with the quotes).
+// Escapes a string for inclusion in JSON (with the quotes). The output is always valid UTF-8 JSON:
+// control characters become \u00XX, and every byte that is not part of a well-formed UTF-8
+// sequence becomes \ufffd (the replacement character).
 std::string json_quote(const std::string& s);
 
 }  // namespace cisa

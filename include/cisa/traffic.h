@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "cisa/plan.h"
 #include "cisa/status.h"
 
 namespace cisa {
@@ -25,6 +26,13 @@ struct TrafficParams {
   int64_t head_dim = 128;
 };
 
+// Bounds of the model's inputs: within them every count is exact in int64 and no ratio overflows.
+inline constexpr int64_t kMaxTrafficContext = int64_t{1} << 40;  // tokens
+inline constexpr int64_t kMaxTrafficPages = kMaxSelectionPages;  // k, W, G (plan.h)
+inline constexpr int64_t kMaxTrafficPageSize = int64_t{1} << 20; // B
+inline constexpr int64_t kMaxTrafficHeadDim = int64_t{1} << 16;  // d
+
+// Errors name the parameter, its accepted range and the value given.
 Status validate_traffic_params(const TrafficParams& p);
 
 // Elements read by one query at position t (0-based), per KV group and layer.
@@ -33,7 +41,7 @@ double dense_elements(int64_t t, const TrafficParams& p);
 // assumption). Falls back to dense(t) when |E_t| ≤ k.
 double cisa_elements(int64_t t, const TrafficParams& p, int64_t qshare, bool with_window_tail);
 
-// Closed forms of SPEC §8.
+// Closed forms of SPEC §8; both ceilings are 1 when kB ≥ N (every position reads as dense).
 double nominal_compression(const TrafficParams& p);  // N / (kB)
 double ceiling_ratio(const TrafficParams& p, int64_t qshare);  // 1 / (ρ + 1/(2BG)), ρ = kB/N
 double prefill_ceiling_ratio(const TrafficParams& p, int64_t qshare);  // R_full
@@ -53,6 +61,7 @@ struct TrafficReport {
   double nominal = 0, ceiling_end = 0, ceiling_decode = 0, ceiling_prefill = 0;
 };
 
+// O(1) in N (the whole-prefill sums are closed forms). p must pass validate_traffic_params.
 TrafficReport attention_traffic(const TrafficParams& p);
 
 }  // namespace cisa

@@ -7,9 +7,11 @@
 #include <string>
 
 #include "activations.h"
+#include "cisa/checked.h"
 #include "cisa/diagnostics.h"
 #include "cisa/gguf.h"
 #include "cisa/indexer.h"
+#include "cisa/selection.h"
 #include "cisa/thread_pool.h"
 #include "cisa/tokenizer.h"
 
@@ -42,6 +44,8 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
   if (o.budget < 1 || o.window < 0 || o.sink_pages < 0 || o.positions < 1)
     return invalid_argument(
         "diagnose: budget and positions must be >= 1, window and sink pages >= 0");
+  CISA_RETURN_IF_ERROR(validate_selection_params(
+      {.budget = o.budget, .window = o.window, .qshare = 1, .sink_pages = o.sink_pages}));
   if (o.qshare.empty() || o.lags.empty())
     return invalid_argument("diagnose: give at least one QShare size and one lag");
   for (int64_t g : o.qshare)
@@ -85,16 +89,25 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
   rep.tokens = n;
   mo.context = n;
 
-  // t − G_max + 1 must have |E| ≥ 4k, and t + lag_max must exist.
-  CalibSettings s{.budget = o.budget,
-                  .window = o.window + (gmax + B - 1) / B,
-                  .sink_pages = o.sink_pages,
-                  .page_size = B};
+  // t − G_max + 1 must have |E| ≥ 4k, and t + lag_max must exist: the text needs
+  // (W' + sinks + 4k)·B + lag_max + 1 tokens, W' = W + ⌈G_max / B⌉. Computed with overflow checks
+  // before anything is sized from these numbers.
+  CalibSettings s{.budget = o.budget, .window = 0, .sink_pages = o.sink_pages, .page_size = B};
+  int64_t need = 0;
+  const bool fits = checked_add(o.window, (gmax + B - 1) / B, &s.window) &&
+                    checked_mul(4, o.budget, &need) && checked_add(need, s.window, &need) &&
+                    checked_add(need, o.sink_pages, &need) && checked_mul(need, B, &need) &&
+                    checked_add(need, lmax + 1, &need);
+  if (!fits || need > n)
+    return invalid_argument("diagnose: the text has " + std::to_string(n) +
+                            " tokens; positions with k = " + std::to_string(o.budget) +
+                            ", W = " + std::to_string(o.window) + " and " +
+                            std::to_string(o.sink_pages) + " sink pages need at least " +
+                            (fits ? std::to_string(need) : std::string("2^63")));
   const std::vector<int64_t> pos = sample_positions(n - lmax, o.positions, s, o.seed);
   if (pos.empty())
-    return invalid_argument(
-        "diagnose: the text has " + std::to_string(n) + " tokens; positions need at least " +
-        std::to_string((s.window + o.sink_pages + 4 * o.budget) * B + lmax + 1));
+    return invalid_argument("diagnose: the text has " + std::to_string(n) +
+                            " tokens; positions need at least " + std::to_string(need));
   rep.positions = static_cast<int64_t>(pos.size());
   std::vector<int64_t> index_pos;
   for (int64_t t : pos) {

@@ -9,7 +9,9 @@
 #include <sstream>
 #include <utility>
 
+#include "cisa/atomic_file.h"
 #include "cisa/indexer.h"
+#include "cisa/plan.h"
 
 namespace cisa {
 namespace {
@@ -79,10 +81,16 @@ Status validate(const Indexer& idx) {
     if (v <= 0 || v > kMaxDim) return bad("model dimension " + std::to_string(v) + " out of range");
   if (m.n_head % m.n_head_kv != 0) return bad("query heads not a multiple of KV heads");
   const CalibSettings& s = idx.settings;
-  if (s.budget < 1 || s.window < 0 || s.sink_pages < 0 || s.page_size < 1 || s.positions < 0)
+  // The upper bounds are the selection's and a page size no backend comes near; they keep every
+  // count computed from the settings inside int64.
+  constexpr int64_t kMaxPages = kMaxSelectionPages, kMaxPageSize = int64_t{1} << 20;
+  if (s.budget < 1 || s.window < 0 || s.sink_pages < 0 || s.page_size < 1 || s.positions < 0 ||
+      s.budget > kMaxPages || s.window > kMaxPages || s.sink_pages > kMaxPages ||
+      s.page_size > kMaxPageSize)
     return bad("calibration settings out of range (budget " + std::to_string(s.budget) +
-               ", window " + std::to_string(s.window) + ", page size " +
-               std::to_string(s.page_size) + ")");
+               ", window " + std::to_string(s.window) + ", sink pages " +
+               std::to_string(s.sink_pages) + ", page size " + std::to_string(s.page_size) +
+               "; budget, window and sinks at most 2^26, page size at most 2^20)");
   const int hg = m.n_head / m.n_head_kv;
   std::set<std::pair<int, int>> seen;
   for (const GroupCalibration& g : idx.groups) {
@@ -245,13 +253,9 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
 Status save_indexer(const Indexer& idx, const std::string& path) {
   CISA_RETURN_IF_ERROR(validate(idx));
   const std::vector<uint8_t> bytes = serialize_indexer(idx);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return not_found("cannot open '" + path + "' for writing");
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) return data_loss("writing '" + path + "' failed");
-  return Status::Ok();
+  // Atomic: a failed write leaves the previous indexer at `path` as it was.
+  return write_file_atomic(
+      path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 Result<Indexer> load_indexer(const std::string& path) {

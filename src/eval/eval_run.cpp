@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "cisa/atomic_file.h"
 #include "cisa/gguf.h"
 #include "cisa/json.h"
 #include "cisa/tokenizer.h"
@@ -89,10 +90,13 @@ class ModelCache {
   std::map<std::string, std::unique_ptr<Model>> models_;
 };
 
+// One result per line, appended as it completes (the file is a log: rewriting it per result would
+// cost O(n²)); an interrupted append leaves at most a cut last line, which a resume drops.
 Status append_line(const std::string& path, const Json& j) {
   std::ofstream out(path, std::ios::app | std::ios::binary);
   out << j.dump() << "\n";
   out.flush();
+  out.close();
   if (!out) return data_loss("cannot append to '" + path + "'");
   return Status::Ok();
 }
@@ -119,21 +123,29 @@ Status run_eval(const EvalPlan& plan) {
       return failed_precondition(
           "'" + results +
           "' already has results; pass --resume to continue it or choose another -o");
-    std::ifstream in(results);
-    std::string line;
-    int64_t lineno = 0;
+    std::ifstream in(results, std::ios::binary);
+    std::string line, kept;
+    int64_t lineno = 0, dropped = 0;
     while (std::getline(in, line)) {
       ++lineno;
       if (line.empty()) continue;
       auto v = detail::parse_json(line);
-      if (!v.ok()) {
+      if (!v.ok() || v->string("id").empty() || v->string("config").empty()) {
         // A line cut by an interrupted write: everything before it counts, it is redone.
-        std::fprintf(stderr, "cisa eval: ignoring unreadable line %lld of %s (%s)\n",
-                     static_cast<long long>(lineno), results.c_str(), v.status().message().c_str());
+        std::fprintf(stderr, "cisa eval: dropping unreadable line %lld of %s (%s)\n",
+                     static_cast<long long>(lineno), results.c_str(),
+                     v.ok() ? "no id or config" : v.status().message().c_str());
+        ++dropped;
         continue;
       }
       done.emplace(v->string("id"), v->string("config"));
+      kept += line;
+      kept += '\n';
     }
+    if (in.bad()) return data_loss("reading '" + results + "' failed");
+    // Rewrite the file without the unreadable lines, every line ending in a newline, so the
+    // results appended next start on a line of their own (never glued to a cut one).
+    if (dropped > 0) CISA_RETURN_IF_ERROR(write_file_atomic(results, kept));
   }
 
   // A resumed run must generate the same prompts: ids do not encode the example count (which
@@ -175,8 +187,8 @@ Status run_eval(const EvalPlan& plan) {
     Json cfgs = Json::array();
     for (const auto& c : plan.configs) cfgs.push_back(c.name);
     meta["configs"] = cfgs;
-    std::ofstream out(fs::path(plan.run_dir) / "run.json");
-    out << meta.dump(2) << "\n";
+    CISA_RETURN_IF_ERROR(
+        write_file_atomic((fs::path(plan.run_dir) / "run.json").string(), meta.dump(2) + "\n"));
   }
 
   // Generate every example first: the totals make the ETA honest from the first example on.

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "cisa/atomic_file.h"
 #include "eval_internal.h"
 #include "eval_json.h"
 
@@ -44,10 +45,15 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
   if (!in) return not_found("no results in '" + results.string() + "'");
   std::vector<Record> recs;
   std::string line;
+  int64_t lines = 0;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
+    ++lines;
     auto v = detail::parse_json(line);
-    if (!v.ok()) continue;  // a line cut by an interrupted write
+    // A line cut by an interrupted write, or one that is no result at all.
+    if (!v.ok() || v->string("id").empty() || v->string("config").empty() ||
+        v->string("task").empty())
+      continue;
     Record r;
     r.id = v->string("id");
     r.task = v->string("task");
@@ -67,6 +73,9 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
     r.agree = v->numbers("agree");
     recs.push_back(std::move(r));
   }
+  if (recs.empty())
+    return data_loss("'" + results.string() + "' holds no results (" + std::to_string(lines) +
+                     " non-empty lines, none a result of cisa eval); summary.md not written");
   std::string command, model;
   std::vector<std::string> configs;
   {
@@ -300,9 +309,7 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
     md << "\n";
   }
   const std::string text = md.str();
-  std::ofstream out(fs::path(run_dir) / "summary.md", std::ios::binary);
-  out << text;
-  if (!out) return data_loss("cannot write summary.md in '" + run_dir + "'");
+  CISA_RETURN_IF_ERROR(write_file_atomic((fs::path(run_dir) / "summary.md").string(), text));
   return text;
 }
 

@@ -1,10 +1,87 @@
 #include "cli_args.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace cisa::cli {
+
+namespace {
+
+std::string format_double(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// "[lo, hi]", built by appending (GCC 12 warns falsely about `"[" + std::string` chains).
+std::string range_text(const std::string& lo, const std::string& hi) {
+  std::string r = "[";
+  r += lo;
+  r += ", ";
+  r += hi;
+  r += ']';
+  return r;
+}
+
+}  // namespace
+
+std::string terminal_safe(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  const auto u = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = u(i);
+    if (c == '\t' || (c >= 0x20 && c < 0x7F)) {
+      out += static_cast<char>(c);
+      continue;
+    }
+    if (c < 0x80 || c < 0xC2) {  // C0 controls, DEL, stray continuation bytes
+      hex(c);
+      continue;
+    }
+    // A well-formed UTF-8 sequence passes unless it encodes a C1 control (U+0080 … U+009F).
+    const size_t n = c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (u(i + k) & 0xC0) == 0x80;
+    if (ok && n == 3) ok = !(c == 0xE0 && u(i + 1) < 0xA0) && !(c == 0xED && u(i + 1) > 0x9F);
+    if (ok && n == 4) ok = !(c == 0xF0 && u(i + 1) < 0x90) && !(c == 0xF4 && u(i + 1) > 0x8F);
+    if (ok && n == 2 && c == 0xC2 && u(i + 1) < 0xA0) ok = false;
+    if (!ok) {
+      hex(c);
+      continue;
+    }
+    out.append(s.substr(i, n));
+    i += n - 1;
+  }
+  return out;
+}
+
+Result<std::string> read_input_file(const std::string& path, const std::string& option) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return not_found(option + ": cannot read '" + path + "': " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return invalid_argument(option + ": '" + path + "' is a folder; give a text file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(option + ": cannot open '" + path + "': " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return data_loss(option + ": reading '" + path + "' failed");
+  return ss.str();
+}
 
 ArgParser::ArgParser(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
@@ -16,12 +93,17 @@ void ArgParser::add_flag(const std::string& name, bool* out, const std::string& 
 }
 
 void ArgParser::add_int(const std::string& name, int64_t* out, const std::string& help,
-                        bool required) {
+                        IntRange range, bool required) {
   Option o{name, help, "int", required};
-  o.set = [out](const std::string& v) {
+  o.range = range_text(std::to_string(range.min), std::to_string(range.max));
+  o.set = [out, range](const std::string& v) {
+    // A leading '+' is accepted as in "--seed +3"; from_chars takes only '-'.
+    const char* b = v.data() + (v.size() > 1 && v[0] == '+' ? 1 : 0);
     int64_t x = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    auto [p, ec] = std::from_chars(b, v.data() + v.size(), x);
+    // Out of int64 (result_out_of_range) is out of every range too.
     if (ec != std::errc() || p != v.data() + v.size()) return false;
+    if (x < range.min || x > range.max) return false;
     *out = x;
     return true;
   };
@@ -29,13 +111,18 @@ void ArgParser::add_int(const std::string& name, int64_t* out, const std::string
 }
 
 void ArgParser::add_double(const std::string& name, double* out, const std::string& help,
-                           bool required) {
+                           DoubleRange range, bool required) {
   Option o{name, help, "double", required};
-  o.set = [out](const std::string& v) {
-    if (v.empty()) return false;
+  const DoubleRange any;
+  if (range.min != any.min || range.max != any.max)
+    o.range = range_text(format_double(range.min), format_double(range.max));
+  o.set = [out, range](const std::string& v) {
+    if (v.empty() || std::isspace(static_cast<unsigned char>(v[0]))) return false;
     char* end = nullptr;
+    errno = 0;
     double x = std::strtod(v.c_str(), &end);
-    if (end != v.c_str() + v.size()) return false;
+    if (end != v.c_str() + v.size() || errno == ERANGE) return false;
+    if (!std::isfinite(x) || x < range.min || x > range.max) return false;
     *out = x;
     return true;
   };
@@ -122,7 +209,9 @@ void ArgParser::print_help() const {
       left += " ";
       for (size_t i = 0; i < o.choices.size(); ++i) left += (i ? "|" : "") + o.choices[i];
     }
-    std::printf("  %-34s %s%s\n", left.c_str(), o.help.c_str(), o.required ? " (required)" : "");
+    const std::string range = o.range.empty() ? "" : " " + o.range;
+    std::printf("  %-34s %s%s%s\n", left.c_str(), o.help.c_str(), range.c_str(),
+                o.required ? " (required)" : "");
   }
   std::printf("  %-34s %s\n", "-h, --help", "show this help");
 }
@@ -161,8 +250,9 @@ int ArgParser::parse(int argc, char** argv) {
       }
       auto take = [&](const std::string& v) {
         if (!o->set(v)) {
-          std::string expect = o->kind == "int"      ? "an integer"
-                               : o->kind == "double" ? "a number"
+          std::string expect = o->kind == "int"      ? "an integer in " + o->range
+                               : o->kind == "double"
+                                   ? "a finite number" + (o->range.empty() ? "" : " in " + o->range)
                                                      : "one of the listed choices";
           std::fprintf(stderr, "%s: option %s expects %s (got '%s')\n", program_.c_str(),
                        o->name.c_str(), expect.c_str(), v.c_str());

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cisa/atomic_file.h"
 #include "cisa/attention.h"
 #include "cisa/json.h"
 #include "cisa/membw.h"
@@ -123,6 +125,25 @@ std::string cpu_model() {
   return "unknown";
 }
 
+constexpr int64_t kBandwidthBytes = int64_t{1} << 30;  // the read-bandwidth buffer
+
+KvCacheConfig cache_config(const Options& o, const Geometry& g, KvDtype dtype) {
+  return {.num_layers = 1, .num_kv_heads = g.hkv, .head_dim = static_cast<int>(o.head_dim),
+          .page_size = 16, .num_pages = o.context / 16 + 1, .dtype = dtype};
+}
+
+// MemAvailable of /proc/meminfo in bytes: what can be allocated without swapping; -1 if unknown.
+int64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      const long long kib = std::atoll(line.c_str() + 13);  // "MemAvailable:   123456 kB"
+      return kib > 0 ? static_cast<int64_t>(kib) * 1024 : -1;
+    }
+  return -1;
+}
+
 }  // namespace
 
 int bench_attention(int argc, char** argv) {
@@ -134,16 +155,21 @@ int bench_attention(int argc, char** argv) {
   bool json = false;
   std::string out_file;
   a.add_choice("--backend", &o.backend, {"cpu", "cuda"}, "engine to run (default cpu; cuda: see `cisa bench layer`)");
-  a.add_int("--context", &o.context, "history length N in tokens (default 65536)");
-  a.add_int("--budget", &o.budget, "chunk budget k (default 256)");
-  a.add_int("--window", &o.window, "recent window W in pages (default 32)");
-  a.add_int("--qshare", &o.qshare, "QShare group size G for prefill (default 16)");
-  a.add_int("--prefill-queries", &o.prefill, "queries in the terminal prefill block (default 512)");
+  a.add_int("--context", &o.context, "history length N in tokens (default 65536)",
+            {2, kMaxContextTokens});
+  a.add_int("--budget", &o.budget, "chunk budget k (default 256)", {1, kMaxSelectionPages});
+  a.add_int("--window", &o.window, "recent window W in pages (default 32)",
+            {0, kMaxSelectionPages});
+  a.add_int("--qshare", &o.qshare, "QShare group size G for prefill (default 16)",
+            {1, kMaxSelectionPages});
+  a.add_int("--prefill-queries", &o.prefill, "queries in the terminal prefill block (default 512)",
+            {1, 65536});
   a.add_choice("--dtype", &o.dtype, {"bf16", "f32"}, "K/V storage (default bf16)");
   a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:8"}, "query:KV heads to run (default all)");
   a.add_choice("--phase", &o.phase, {"all", "decode", "prefill"}, "phases to run (default all)");
-  a.add_int("--repeats", &o.repeats, "timed runs per measurement; prefill dense uses a third (default 10)");
-  a.add_int("--threads", &o.threads, "worker threads (default: all hardware threads)");
+  a.add_int("--repeats", &o.repeats,
+            "timed runs per measurement; prefill dense uses a third (default 10)", {1, 100000});
+  a.add_int("--threads", &o.threads, "worker threads (default: all hardware threads)", {0, 1024});
   a.add_string("--out", &out_file, "also write the JSON document to this file");
   a.add_flag("--json", &json, "print one JSON document on stdout");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
@@ -161,16 +187,33 @@ int bench_attention(int argc, char** argv) {
     return 2;
   }
   const KvDtype dtype = *parse_kv_dtype(o.dtype);
+  std::vector<Geometry> geos;
+  if (o.geometry != "32:8") geos.push_back({4, 1});
+  if (o.geometry != "4:1") geos.push_back({32, 8});
+  // Refuse before allocating what the machine does not have (an OOM kill says nothing).
+  int64_t need = 0;
+  for (const Geometry& g : geos)
+    need = std::max(need, kv_cache_bytes(cache_config(o, g, dtype)));
+  need += kBandwidthBytes;
+  if (const int64_t avail = available_memory_bytes(); avail >= 0 && need > avail) {
+    std::fprintf(stderr,
+                 "cisa bench attention: --context %lld needs about %.1f GiB of memory (K/V cache and "
+                 "the bandwidth buffer), %.1f GiB is available (MemAvailable)\n",
+                 static_cast<long long>(o.context), static_cast<double>(need) / (1 << 30),
+                 static_cast<double>(avail) / (1 << 30));
+    return 1;
+  }
+  if (!out_file.empty())
+    if (Status s = check_output_path(out_file); !s.ok()) {
+      std::fprintf(stderr, "cisa bench attention: --out: %s\n", s.message().c_str());
+      return 2;
+    }
   ThreadPool pool(static_cast<int>(o.threads));
   auto progress = [&](const std::string& what) { std::fprintf(stderr, "  %s\n", what.c_str()); };
 
   progress("measuring memory read bandwidth (1 GiB, best of 5)");
-  const double bw = measure_read_bandwidth(pool, 1ll << 30, 5);
+  const double bw = measure_read_bandwidth(pool, kBandwidthBytes, 5);
   CacheFlusher flusher;
-
-  std::vector<Geometry> geos;
-  if (o.geometry != "32:8") geos.push_back({4, 1});
-  if (o.geometry != "4:1") geos.push_back({32, 8});
 
   std::vector<Row> rows;
   std::mt19937 rng(1234);
@@ -179,8 +222,7 @@ int bench_attention(int argc, char** argv) {
     const int d = static_cast<int>(o.head_dim);
     const std::string gname = std::to_string(geo.hq) + ":" + std::to_string(geo.hkv);
     progress("[" + gname + "] filling " + std::to_string(o.context) + " tokens of random K/V");
-    auto cache_r = PagedKvCache::create({.num_layers = 1, .num_kv_heads = geo.hkv, .head_dim = d, .page_size = 16,
-                                         .num_pages = o.context / 16 + 1, .dtype = dtype});
+    auto cache_r = PagedKvCache::create(cache_config(o, geo, dtype));
     if (!cache_r.ok()) {
       std::fprintf(stderr, "cisa bench attention: %s\n", cache_r.status().to_string().c_str());
       return 1;
@@ -269,15 +311,11 @@ int bench_attention(int argc, char** argv) {
   Json results = Json::array();
   for (const auto& r : rows) results.push_back(row_json(r, bw));
   doc["results"] = results;
-  if (!out_file.empty()) {
-    if (FILE* f = std::fopen(out_file.c_str(), "w")) {
-      std::fprintf(f, "%s\n", doc.dump(2).c_str());
-      std::fclose(f);
-    } else {
-      std::fprintf(stderr, "cisa bench attention: cannot write %s\n", out_file.c_str());
+  if (!out_file.empty())
+    if (Status s = write_file_atomic(out_file, doc.dump(2) + "\n"); !s.ok()) {
+      std::fprintf(stderr, "cisa bench attention: --out: %s\n", s.message().c_str());
       return 1;
     }
-  }
   if (json) {
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;

@@ -4,14 +4,15 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cisa/atomic_file.h"
 #include "cisa/indexer.h"
 #include "cisa/json.h"
 #include "cisa/model_store.h"
+#include "cisa/plan.h"
 #include "cli_args.h"
 #include "commands.h"
 
@@ -77,36 +78,42 @@ int cmd_calibrate(int argc, char** argv) {
   p.alias("-m", "--model");
   p.add_strings("--data", &data, "calibration text files (scripts/calib_texts.py makes them)",
                 true);
-  p.add_int("--budget", &budget, "chunk budget k the captured-mass score uses", true);
-  p.add_int("--window", &window, "recent window W in pages (default 32); E_t = {j < c(t) - W}");
-  p.add_int("--sink-pages", &sink_pages, "first chunks always attended, outside E_t (default 0)");
+  const IntRange pages{0, kMaxSelectionPages};
+  p.add_int("--budget", &budget, "chunk budget k the captured-mass score uses",
+            {1, kMaxSelectionPages}, true);
+  p.add_int("--window", &window, "recent window W in pages (default 32); E_t = {j < c(t) - W}",
+            pages);
+  p.add_int("--sink-pages", &sink_pages, "first chunks always attended, outside E_t (default 0)",
+            pages);
   p.add_choice("--criterion", &criterion, {"kl", "mass"},
                "winner by mean KL(p||pi) (default) or captured mass");
-  p.add_int("--positions", &positions, "sampled positions per document (default 64)");
-  p.add_int("--seed", &seed, "position sampling seed (default 1)");
-  p.add_int("--tokens", &max_tokens, "tokens per document (default: the model's training context)");
-  p.add_int("--threads", &threads, "worker threads (default: one per hardware thread)");
-  p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
+  p.add_int("--positions", &positions, "sampled positions per document (default 64)",
+            {1, 1 << 20});
+  p.add_int("--seed", &seed, "position sampling seed (default 1)", {0, INT64_MAX});
+  p.add_int("--tokens", &max_tokens, "tokens per document (default: the model's training context)",
+            {0, kMaxContextTokens});
+  p.add_int("--threads", &threads, "worker threads (default: one per hardware thread)", {0, 1024});
+  p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)", {1, 65536});
   p.add_string("--output", &out_path, "indexer file to write", true);
   p.alias("-o", "--output");
   p.add_flag("--json", &json, "print one JSON document instead of the table");
   p.add_flag("--quiet", &quiet, "no progress on stderr");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
-  if (threads < 0 || threads > 1024) return fail("--threads must be in [0, 1024]");
-  if (prefill_block < 1 || prefill_block > 65536)
-    return fail("--prefill-block must be in [1, 65536]");
-  if (seed < 0) return fail("--seed must be >= 0");
+  if (Status s = validate_selection_params(
+          {.budget = budget, .window = window, .qshare = 1, .sink_pages = sink_pages});
+      !s.ok())
+    return fail(s.message());
+  // Before the calibration (which can take an hour): a typo in -o costs seconds.
+  if (Status s = check_output_path(out_path); !s.ok()) return fail("--output: " + s.message());
 
   std::vector<CalibText> texts;
   for (const std::string& f : data) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) return fail("cannot read calibration file '" + f + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().empty()) return fail("calibration file '" + f + "' is empty");
+    auto text = read_input_file(f, "--data");
+    if (!text.ok()) return fail(text.status().message());
+    if (text->empty()) return fail("calibration file '" + f + "' is empty");
     const size_t slash = f.find_last_of('/');
     texts.push_back(
-        {.name = slash == std::string::npos ? f : f.substr(slash + 1), .text = ss.str()});
+        {.name = slash == std::string::npos ? f : f.substr(slash + 1), .text = std::move(*text)});
   }
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());

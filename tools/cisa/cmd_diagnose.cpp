@@ -6,14 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "cisa/atomic_file.h"
 #include "cisa/indexer.h"
 #include "cisa/json.h"
 #include "cisa/model_store.h"
+#include "cisa/plan.h"
 #include "cli_args.h"
 #include "commands.h"
 
@@ -113,7 +113,7 @@ int cmd_diagnose(int argc, char** argv) {
               "CISA selection diagnostics on real activations, per global layer (SPEC section 9).");
   std::string model_arg, indexer_path, text_path, plot_path;
   DiagnoseOptions o;
-  int64_t budget = 0, window = -1, sinks = 0, positions = 32, seed = 1, threads = 0, max_tokens = 0;
+  int64_t budget = 128, window = 32, sinks = 0, positions = 32, seed = 1, threads = 0, max_tokens = 0;
   bool json = false, quiet = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
   p.alias("-m", "--model");
@@ -121,24 +121,29 @@ int cmd_diagnose(int argc, char** argv) {
                "indexer from cisa calibrate (default: mean of each group's heads)");
   p.add_string("--file", &text_path, "text to run the model over", true);
   p.alias("-f", "--file");
-  p.add_int("--budget", &budget, "chunk budget k (default: the indexer's, else 128)");
-  p.add_int("--window", &window, "window W in pages (default: the indexer's, else 32)");
-  p.add_int("--sink-pages", &sinks, "first pages always attended (default 0)");
-  p.add_int("--positions", &positions, "sampled positions (default 32)");
-  p.add_int("--seed", &seed, "position sampling seed (default 1)");
-  p.add_int("--tokens", &max_tokens, "use at most this many tokens of the text");
-  p.add_int("--threads", &threads, "worker threads (default: one per hardware thread)");
+  const IntRange pages{0, kMaxSelectionPages};
+  p.add_int("--budget", &budget, "chunk budget k (default: the indexer's, else 128)",
+            {1, kMaxSelectionPages});
+  p.add_int("--window", &window, "window W in pages (default: the indexer's, else 32)", pages);
+  p.add_int("--sink-pages", &sinks, "first pages always attended (default 0)", pages);
+  p.add_int("--positions", &positions, "sampled positions (default 32)", {1, 1 << 20});
+  p.add_int("--seed", &seed, "position sampling seed (default 1)", {0, INT64_MAX});
+  p.add_int("--tokens", &max_tokens, "use at most this many tokens of the text",
+            {0, kMaxContextTokens});
+  p.add_int("--threads", &threads, "worker threads (default: one per hardware thread)", {0, 1024});
   p.add_string("--plot", &plot_path, "also write a PNG plot (python3 + matplotlib)");
   p.add_flag("--json", &json, "print one JSON document instead of the table");
   p.add_flag("--quiet", &quiet, "no progress on stderr");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
-  if (threads < 0 || threads > 1024) return fail("--threads must be in [0, 1024]");
-  if (seed < 0) return fail("--seed must be >= 0");
+  if (!plot_path.empty()) {
+    if (Status s = check_output_path(plot_path); !s.ok()) return fail("--plot: " + s.message());
+    if (Status s = check_output_path(plot_path + ".json"); !s.ok())
+      return fail("--plot: " + s.message());
+  }
 
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return fail("cannot read '" + text_path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  auto text = read_input_file(text_path, "--file");
+  if (!text.ok()) return fail(text.status().message());
+  if (text->empty()) return fail("--file: '" + text_path + "' is empty");
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());
   Indexer idx;
@@ -147,8 +152,9 @@ int cmd_diagnose(int argc, char** argv) {
     if (!loaded.ok()) return fail(loaded.status().message());
     idx = std::move(*loaded);
   }
-  o.budget = budget > 0 ? budget : (!indexer_path.empty() ? idx.settings.budget : 128);
-  o.window = window >= 0 ? window : (!indexer_path.empty() ? idx.settings.window : 32);
+  // A value given on the command line always wins; otherwise the indexer's, else the defaults.
+  o.budget = p.given("--budget") || indexer_path.empty() ? budget : idx.settings.budget;
+  o.window = p.given("--window") || indexer_path.empty() ? window : idx.settings.window;
   o.sink_pages = sinks;
   o.positions = positions;
   o.seed = static_cast<uint64_t>(seed);
@@ -165,7 +171,7 @@ int cmd_diagnose(int argc, char** argv) {
                  static_cast<long long>(done), static_cast<long long>(total),
                  s > 0 ? done / s : 0.0, eta, tty ? "   " : "\n");
   };
-  auto report = diagnose_model(*path, ss.str(), indexer_path.empty() ? nullptr : &idx, o);
+  auto report = diagnose_model(*path, *text, indexer_path.empty() ? nullptr : &idx, o);
   if (tty) std::fputc('\n', stderr);
   if (!report.ok()) return fail(report.status().message());
   const Json j = to_json(*report, o, *path, indexer_path);
@@ -174,10 +180,7 @@ int cmd_diagnose(int argc, char** argv) {
     if (script.empty())
       return fail("--plot: scripts/plot_diagnose.py not found (run from the repository)");
     const std::string json_path = plot_path + ".json";
-    std::ofstream jf(json_path);
-    jf << j.dump(2) << "\n";
-    jf.close();
-    if (!jf) return fail("cannot write '" + json_path + "'");
+    if (Status s = write_file_atomic(json_path, j.dump(2) + "\n"); !s.ok()) return fail(s.message());
     if (plot_path.find('\'') != std::string::npos || script.find('\'') != std::string::npos)
       return fail("--plot: the paths may not contain a quote");
     const std::string cmd = "python3 '" + script + "' '" + json_path + "' '" + plot_path + "'";

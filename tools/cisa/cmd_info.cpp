@@ -205,33 +205,35 @@ int cmd_info(int argc, char** argv) {
     return 0;
   }
 
-  std::printf("file          %s (%s)\n", path->c_str(), human_bytes(f.bytes().size()).c_str());
+  // Everything below comes from the file: control characters in it (terminal escape sequences)
+  // are shown as \xNN, never sent to the terminal.
+  const auto safe = [](std::string_view v) { return terminal_safe(v); };
+  std::printf("file          %s (%s)\n", safe(*path).c_str(), human_bytes(f.bytes().size()).c_str());
   std::printf("format        GGUF v%u, alignment %llu\n", f.version(),
               static_cast<unsigned long long>(f.alignment()));
-  std::printf("architecture  %s", arch.empty() ? "(none)" : arch.c_str());
-  if (auto n = f.get_string("general.name"); n.ok())
-    std::printf("  (%.*s)", static_cast<int>(n->size()), n->data());
+  std::printf("architecture  %s", arch.empty() ? "(none)" : safe(arch).c_str());
+  if (auto n = f.get_string("general.name"); n.ok()) std::printf("  (%s)", safe(*n).c_str());
   std::printf("\n\nhyper-parameters\n");
   for (const auto& [label, value] : hp_lines)
-    std::printf("  %-24s %s\n", label.c_str(), value.c_str());
+    std::printf("  %-24s %s\n", label.c_str(), safe(value).c_str());
   std::printf("\ntensors       %zu, %lld parameters, %s\n", f.tensors().size(),
               static_cast<long long>(total_params), human_bytes(total_bytes).c_str());
   for (const auto& [name, h] : hist)
-    std::printf("  %-8s %5lld tensors  %s\n", name.c_str(), static_cast<long long>(h.first),
+    std::printf("  %-8s %5lld tensors  %s\n", safe(name).c_str(), static_cast<long long>(h.first),
                 human_bytes(h.second).c_str());
   std::printf("\nmetadata      %zu keys\n", f.metadata().size());
   for (const GgufKv& kv : f.metadata()) {
     std::string type = gguf_value_type_name(kv.type);
     if (kv.is_array())
       type = std::string(gguf_value_type_name(kv.elem_type)) + "[" + std::to_string(kv.count) + "]";
-    std::printf("  %-44.*s %-14s %s\n", static_cast<int>(kv.key.size()), kv.key.data(),
-                type.c_str(), kv.to_display_string(6).c_str());
+    std::printf("  %-44s %-14s %s\n", safe(kv.key).c_str(), type.c_str(),
+                safe(kv.to_display_string(6)).c_str());
   }
   if (tensors) {
     std::printf("\n");
     for (const GgufTensor& t : f.tensors())
-      std::printf("  %-40.*s %-6s %-18s %s\n", static_cast<int>(t.name.size()), t.name.data(),
-                  ggml_type_name(t.type), t.shape_string().c_str(), human_bytes(t.n_bytes).c_str());
+      std::printf("  %-40s %-6s %-18s %s\n", safe(t.name).c_str(), ggml_type_name(t.type),
+                  t.shape_string().c_str(), human_bytes(t.n_bytes).c_str());
   }
   return 0;
 }

@@ -55,12 +55,14 @@ int cmd_traffic(int argc, char** argv) {
               "and for one decode step; with and without the recent window and current-page tail.");
   TrafficParams p;
   bool json = false, table = false;
-  a.add_int("--context", &p.context, "context length N in tokens");
-  a.add_int("--budget", &p.budget, "chunk budget k");
-  a.add_int("--window", &p.window, "recent window W in pages (default 0)");
-  a.add_int("--qshare", &p.qshare, "QShare group size G for prefill (default 1)");
-  a.add_int("--page", &p.page, "page size B in tokens (default 16)");
-  a.add_int("--head-dim", &p.head_dim, "head dimension d (default 128; ratios do not depend on it)");
+  a.add_int("--context", &p.context, "context length N in tokens", {1, kMaxTrafficContext});
+  a.add_int("--budget", &p.budget, "chunk budget k", {1, kMaxTrafficPages});
+  a.add_int("--window", &p.window, "recent window W in pages (default 0)", {0, kMaxTrafficPages});
+  a.add_int("--qshare", &p.qshare, "QShare group size G for prefill (default 1)",
+            {1, kMaxTrafficPages});
+  a.add_int("--page", &p.page, "page size B in tokens (default 16)", {1, kMaxTrafficPageSize});
+  a.add_int("--head-dim", &p.head_dim, "head dimension d (default 128; ratios do not depend on it)",
+            {1, kMaxTrafficHeadDim});
   a.add_flag("--table", &table, "print the check table of SPEC section 8 and exit");
   a.add_flag("--json", &json, "print one JSON document");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
