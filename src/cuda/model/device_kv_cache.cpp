@@ -46,9 +46,9 @@ Status validate_config(const KvCacheConfig& c) {
   return Status::Ok();
 }
 
-std::string gib(int64_t bytes) {
+std::string gib(double bytes) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
   return buf;
 }
 
@@ -77,12 +77,13 @@ DeviceLayer CudaBackend::device_layer(int layer) const {
 
 Status CudaBackend::create_cache(const KvCacheConfig& config) {
   CISA_RETURN_IF_ERROR(validate_config(config));
-  const int64_t kv_bytes = config.num_pages * config.num_kv_heads * kPageSize * config.head_dim * 2;
+  // Sizes in double first: a configuration too large for int64 byte counts is just too large.
   const int rep_width = config.rep == RepKind::kQuest ? 2 * config.head_dim : config.head_dim;
-  const int64_t rep_bytes = config.num_pages * config.num_kv_heads * rep_width * 2;
-  int64_t needed = 0;
+  const double kv_d = static_cast<double>(config.num_pages) * config.num_kv_heads * kPageSize * config.head_dim * 2;
+  const double rep_d = static_cast<double>(config.num_pages) * config.num_kv_heads * rep_width * 2;
+  double needed = 0;
   for (int l = 0; l < config.num_layers; ++l)
-    needed += 2 * kv_bytes + (config.rep_layers.empty() || config.rep_layers[static_cast<size_t>(l)] ? rep_bytes : 0);
+    needed += 2 * kv_d + (config.rep_layers.empty() || config.rep_layers[static_cast<size_t>(l)] ? rep_d : 0.0);
   // The old cache (if any) goes first: its memory counts as free for the new one.
   CISA_RETURN_IF_ERROR(synchronize());
   for (Slot& s : slots_) s.planned = false;
@@ -90,11 +91,13 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
   has_cache_ = false;
   mirrored_ = false;
   const int64_t free_now = free_memory();
-  if (needed > free_now)
+  if (needed > static_cast<double>(free_now))
     return resource_exhausted("cuda create_cache: " + std::to_string(config.num_pages) + " pages x " +
                               std::to_string(config.num_layers) + " layers need " + gib(needed) + " (" +
-                              std::to_string(needed) + " bytes) of device memory; " + gib(free_now) + " (" +
+                              std::to_string(static_cast<uint64_t>(std::min(needed, 1.8e19))) +
+                              " bytes) of device memory; " + gib(static_cast<double>(free_now)) + " (" +
                               std::to_string(free_now) + " bytes) free");
+  const auto kv_bytes = static_cast<int64_t>(kv_d), rep_bytes = static_cast<int64_t>(rep_d);  // ≤ free: exact
   std::vector<LayerPools> pools(static_cast<size_t>(config.num_layers));
   for (int l = 0; l < config.num_layers; ++l) {
     LayerPools& p = pools[static_cast<size_t>(l)];

@@ -63,6 +63,20 @@ constexpr int64_t kBindChunkBytes = int64_t{8} << 20;
 // Largest matrix side bind_matrix / random_matrix accept (cuBLASLt dimensions are int32).
 constexpr int64_t kMaxMatrixSide = std::numeric_limits<int32_t>::max();
 
+// The device fill hashes seed · kSeedMul + i (as the CPU backend's random_value does); a chunk
+// starting at element i0 continues the same sequence with seed' = seed + i0 · kSeedMul⁻¹ (mod
+// 2^64), so fill_random's values are the CPU backend's, rounded to bf16, at any size.
+constexpr uint64_t kSeedMul = 0x100000001b3ull;
+constexpr uint64_t inverse_mod_2_64(uint64_t a) {  // a odd; Newton: each step doubles the bits
+  uint64_t x = a;                                  // correct to 3 bits (a·a ≡ 1 mod 8)
+  for (int i = 0; i < 5; ++i) x *= 2 - a * x;
+  return x;
+}
+static_assert(kSeedMul * inverse_mod_2_64(kSeedMul) == 1);
+uint64_t chunk_seed(uint64_t seed, int64_t i0) {
+  return seed + static_cast<uint64_t>(i0) * inverse_mod_2_64(kSeedMul);
+}
+
 }  // namespace
 
 // ---- DeviceMemory ----
@@ -331,11 +345,9 @@ Status CudaBackend::fill_random(float* x, int64_t n, uint64_t seed, float scale)
   if (n == 0) return Status::Ok();
   if (!x) return invalid_argument("cuda fill_random: null output");
   CISA_ASSIGN_OR_RETURN(uint16_t * tmp, bf16_scratch(std::min(n, kFillChunk)));
-  for (int64_t i0 = 0, c = 0; i0 < n; i0 += kFillChunk, ++c) {
+  for (int64_t i0 = 0; i0 < n; i0 += kFillChunk) {
     const int64_t m = std::min(kFillChunk, n - i0);
-    // Each chunk its own stream of values, deterministic in (seed, chunk).
-    const uint64_t chunk_seed = seed ^ (static_cast<uint64_t>(c) * 0x9e3779b97f4a7c15ull);
-    CISA_RETURN_IF_ERROR(fill_random_bf16(tmp, m, chunk_seed, scale, stream_));
+    CISA_RETURN_IF_ERROR(fill_random_bf16(tmp, m, chunk_seed(seed, i0), scale, stream_));
     CISA_RETURN_IF_ERROR(launched(detail::launch_bf16_to_f32(tmp, x + i0, m, stream_), "fill_random"));
   }
   return Status::Ok();
@@ -346,7 +358,7 @@ Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, i
   if (rows.empty() || width == 0) return Status::Ok();
   if (!x || !out) return invalid_argument("cuda gather_rows: null input or output");
   for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i] < 0) return out_of_range("cuda gather_rows: row " + std::to_string(i) + " is negative");
+    if (rows[i] < 0) return invalid_argument("cuda gather_rows: row index " + std::to_string(i) + " is negative");
   const auto n = static_cast<int64_t>(rows.size());
   CISA_RETURN_IF_ERROR(d_gather_rows_.reserve(n * 8, "gather_rows indices", stream_));
   CISA_RETURN_IF_ERROR(upload(d_gather_rows_.get(), rows.data(), n * 8));

@@ -1,0 +1,267 @@
+// The CUDA model backend against the CPU backend, op by op (ggml's test-backend-ops idea): every
+// Backend operation runs on both with the same fresh random inputs and the outputs are compared
+// under tolerances that follow from the GPU's bf16 storage (weights, GEMM inputs); NaN never
+// passes, and GPU outputs start as NaN so an unwritten element fails. The paged KV cache and
+// attention are in cuda_backend_kv_test.cpp.
+#include <gtest/gtest.h>
+
+#if defined(CISA_WITH_CUDA_MODEL)
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cisa/backend.h"
+#include "cisa/cuda_model_backend.h"
+#include "gpu/cuda_backend_test_util.h"
+
+namespace cisa::test {
+namespace {
+
+// One operation: inputs (host values uploaded to both backends), an output buffer (`out_init`,
+// or NaN), the call on one backend, and the allowed |gpu − cpu| of output element i.
+struct OpCase {
+  std::string name;
+  std::vector<std::vector<float>> inputs;
+  int64_t out_size = 0;
+  std::vector<float> out_init;
+  std::function<Status(Backend&, const std::vector<float*>& in, float* out)> run;
+  std::function<double(size_t i, float want)> tol;
+};
+
+void run_case(BackendPair& b, const OpCase& c) {
+  SCOPED_TRACE(c.name);
+  std::vector<float> init = c.out_init;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (init.empty()) init.assign(static_cast<size_t>(c.out_size), nan);
+  std::vector<float> result[2];
+  Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+  for (int k = 0; k < 2; ++k) {
+    std::vector<std::unique_ptr<BackendBuffer>> bufs;
+    std::vector<float*> in;
+    for (const auto& v : c.inputs) {
+      bufs.push_back(upload_f32(*bes[k], v));
+      in.push_back(bufs.back()->f32());
+    }
+    auto out = upload_f32(*bes[k], init);
+    ASSERT_TRUE(out);
+    const Status st = c.run(*bes[k], in, out->f32());
+    ASSERT_TRUE(st.ok()) << bes[k]->description() << ": " << st.to_string();
+    result[k] = download_f32(*bes[k], *out, static_cast<int64_t>(init.size()));
+  }
+  expect_within(result[0], result[1], c.tol);
+}
+
+TEST(CudaBackendOps, MatchTheCpuBackend) {
+  CISA_REQUIRE_GPU();
+  BackendPair b = make_backend_pair();
+  ASSERT_TRUE(b.gpu) << "the CUDA model backend did not start";
+  std::mt19937 rng(7);
+  std::vector<OpCase> cases;
+
+  // matmul: one f32 and one Q8_0 WeightView bound on both. The GPU rounds W and x to bf16
+  // (2^-9 relative each) and sums in f32; the CPU's Q8_0 product also quantises x to 8 bits per
+  // block of 32 (error ≤ max|x_block| / 254 per element).
+  for (bool q8 : {false, true}) {
+    const int64_t n = 96, k = 160, rows = 5, ldy = q8 ? n + 8 : n;
+    HostMatrix w = q8 ? make_q8_0(rng, n, k) : make_f32(rng, n, k);
+    auto x = random_vec(rng, static_cast<size_t>(rows * k));
+    std::vector<double> bound(static_cast<size_t>(rows * ldy), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        double abs_sum = 0, w_sum = 0, xmax = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          const double wv = w.values[static_cast<size_t>(o * k + c)], xv = x[static_cast<size_t>(r * k + c)];
+          abs_sum += std::fabs(wv * xv);
+          w_sum += std::fabs(wv);
+          xmax = std::max(xmax, std::fabs(xv));
+        }
+        bound[static_cast<size_t>(r * ldy + o)] = std::ldexp(abs_sum, -7) + (q8 ? w_sum * xmax / 254.0 : 0.0) + 1e-6;
+      }
+    auto mc = b.cpu->bind_matrix(w.view()), mg = b.gpu->bind_matrix(w.view());
+    ASSERT_TRUE(mc.ok() && mg.ok()) << (mg.ok() ? mc.status() : mg.status()).to_string();
+    // Padding columns of ldy keep their initial value (7) on both backends.
+    cases.push_back({.name = q8 ? "matmul q8_0, ldy > n" : "matmul f32",
+                     .inputs = {x},
+                     .out_size = rows * ldy,
+                     .out_init = std::vector<float>(static_cast<size_t>(rows * ldy), 7.0f),
+                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
+                       return be.matmul(be.kind() == BackendKind::kCpu ? *mc : *mg, in[0], out, rows, ldy);
+                     },
+                     .tol = [bound](size_t i, float) { return bound[i]; }});
+  }
+
+  // embed: the table is bound as f32 on both; the GPU holds it in bf16.
+  {
+    const int64_t vocab = 50, e = 64;
+    HostMatrix t = make_f32(rng, vocab, e);
+    auto tc = b.cpu->bind_matrix(t.view()), tg = b.gpu->bind_matrix(t.view());
+    ASSERT_TRUE(tc.ok() && tg.ok());
+    const std::vector<int32_t> tokens = {3, 0, 49, 3, 17, 25};
+    auto tok_c = upload_i32(*b.cpu, tokens), tok_g = upload_i32(*b.gpu, tokens);
+    const int32_t* pc = tok_c->i32();
+    const int32_t* pg = tok_g->i32();
+    cases.push_back({.name = "embed",
+                     .out_size = static_cast<int64_t>(tokens.size()) * e,
+                     .run = [=](Backend& be, const std::vector<float*>&, float* out) {
+                       const bool cpu = be.kind() == BackendKind::kCpu;
+                       return be.embed(cpu ? *tc : *tg, cpu ? pc : pg, 6, 1.7f, out);
+                     },
+                     .tol = [](size_t, float want) { return std::ldexp(std::fabs(want), -8) + 1e-7; }});
+    b.keep.push_back(std::move(tok_c));
+    b.keep.push_back(std::move(tok_g));
+  }
+
+  // rms_norm (with and without gain, in place): f32 sums of squares vs the CPU's double.
+  for (bool gain : {true, false}) {
+    const int rows = 7, n = 640;
+    auto x = random_vec(rng, rows * n, 3.0f);
+    cases.push_back({.name = gain ? "rms_norm" : "rms_norm, no gain, in place",
+                     .inputs = {random_vec(rng, n)},
+                     .out_init = x,
+                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
+                       return be.rms_norm(out, gain ? in[0] : nullptr, out, rows, n, 1e-6f);
+                     },
+                     .tol = [](size_t, float want) { return 1e-5 * std::fabs(want) + 1e-6; }});
+  }
+
+  // rope, both pairings: the same fma and product as the CPU (bit-identical by design).
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kNorm}) {
+    const int rows = 6, heads = 3, d = 64;
+    std::vector<float> cs, sn;
+    std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
+    for (int i = 0; i < rows * d / 2; ++i) {
+      const float a = angle(rng);
+      cs.push_back(std::cos(a));
+      sn.push_back(std::sin(a));
+    }
+    cases.push_back({.name = style == RopeStyle::kNeox ? "rope neox" : "rope norm",
+                     .inputs = {cs, sn},
+                     .out_init = random_vec(rng, rows * heads * d),
+                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
+                       return be.rope(out, rows, heads, d, in[0], in[1], style);
+                     },
+                     .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
+  }
+
+  // Gated activations. GELU: the GPU's exact tanh form vs the CPU's f16 table (x rounded to f16,
+  // result rounded to f16: ≤ ~1.2e-3 · (|gate| + |gelu|) · |up|). SiLU: expf vs a 1.5-ulp exp.
+  for (Activation act : {Activation::kGeluTanh, Activation::kSilu}) {
+    const int rows = 5, n = 300;
+    auto gate = random_vec(rng, rows * n, 3.0f), up = random_vec(rng, rows * n);
+    const bool gelu = act == Activation::kGeluTanh;
+    cases.push_back({.name = gelu ? "gated gelu" : "gated silu",
+                     .inputs = {gate, up},
+                     .out_size = rows * n,
+                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
+                       return be.gated_activation(act, in[0], in[1], out, rows, n);
+                     },
+                     .tol = [=](size_t i, float want) {
+                       return gelu ? 2e-3 * (std::fabs(gate[i]) + std::fabs(want)) * std::fabs(up[i]) + 1e-6
+                                   : 1e-5 * std::fabs(want) + 1e-6 * std::fabs(up[i]);
+                     }});
+  }
+
+  const auto exact = [](size_t, float) { return 0.0; };
+  cases.push_back({.name = "add",
+                   .inputs = {random_vec(rng, 1000)},
+                   .out_init = random_vec(rng, 1000),
+                   .run = [](Backend& be, const std::vector<float*>& in, float* out) { return be.add(out, in[0], 1000); },
+                   .tol = exact});
+  cases.push_back({.name = "round_f16",
+                   .out_init = random_vec(rng, 999, 100.0f),
+                   .run = [](Backend& be, const std::vector<float*>&, float* out) { return be.round_f16(out, 999); },
+                   .tol = exact});
+  cases.push_back({.name = "mean_heads",
+                   .inputs = {random_vec(rng, 4 * 8 * 64)},
+                   .out_size = 4 * 2 * 64,
+                   .run = [](Backend& be, const std::vector<float*>& in, float* out) {
+                     return be.mean_heads(in[0], 4, 8, 2, 64, out);
+                   },
+                   .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
+  cases.push_back({.name = "gather_rows",
+                   .inputs = {random_vec(rng, 10 * 33)},
+                   .out_size = 5 * 33,
+                   .run = [](Backend& be, const std::vector<float*>& in, float* out) {
+                     const std::vector<int64_t> rows = {3, 0, 9, 3, 5};
+                     return be.gather_rows(in[0], rows, 33, out);
+                   },
+                   .tol = exact});
+  // fill_random: the GPU's values are the CPU's rounded to bf16; 20M values cross the
+  // backend's 16M-value fill chunks.
+  for (int64_t n : {int64_t{1000}, int64_t{20'000'000}})
+    cases.push_back({.name = "fill_random " + std::to_string(n),
+                     .out_size = n,
+                     .run = [n](Backend& be, const std::vector<float*>&, float* out) {
+                       return be.fill_random(out, n, 1234, 0.5f);
+                     },
+                     .tol = [](size_t, float want) { return std::ldexp(std::fabs(want), -8); }});
+
+  for (const OpCase& c : cases) run_case(b, c);
+}
+
+// random_matrix: the same pseudo-random weights on both backends (the GPU's in bf16), seen
+// through a matmul with one-hot rows (y[r][o] = W[o][r]).
+TEST(CudaBackendOps, RandomMatrixMatchesTheCpuBackend) {
+  CISA_REQUIRE_GPU();
+  BackendPair b = make_backend_pair();
+  ASSERT_TRUE(b.gpu);
+  const int64_t n = 48, k = 32;
+  std::vector<float> eye(static_cast<size_t>(k * k), 0.0f);
+  for (int64_t i = 0; i < k; ++i) eye[static_cast<size_t>(i * k + i)] = 1.0f;
+  std::vector<float> got[2];
+  Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+  for (int j = 0; j < 2; ++j) {
+    auto m = bes[j]->random_matrix(n, k, 99, 0.25f);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    auto x = upload_f32(*bes[j], eye);
+    auto y = upload_f32(*bes[j], std::vector<float>(static_cast<size_t>(k * n), std::nanf("")));
+    ASSERT_TRUE(bes[j]->matmul(*m, x->f32(), y->f32(), k, 0).ok());
+    got[j] = download_f32(*bes[j], *y, k * n);
+  }
+  expect_within(got[0], got[1], [](size_t, float want) { return std::ldexp(std::fabs(want), -8); });
+  double s2 = 0;
+  for (float v : got[1]) s2 += static_cast<double>(v) * v;
+  EXPECT_NEAR(std::sqrt(s2 / static_cast<double>(got[1].size())), 0.25, 0.03) << "standard deviation";
+}
+
+// Bad input gives a clear Status, and the backend stays usable.
+TEST(CudaBackendOps, ErrorsAreStatusesAndLeaveTheBackendUsable) {
+  CISA_REQUIRE_GPU();
+  BackendPair b = make_backend_pair();
+  ASSERT_TRUE(b.gpu);
+  Backend& g = *b.gpu;
+  auto huge = g.allocate(int64_t{1} << 52, "a 4 PiB test buffer");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("free"), std::string::npos) << huge.status().message();
+  EXPECT_FALSE(g.matmul(BackendMatrix{4, 4, 12345}, nullptr, nullptr, 1, 0).ok());
+  EXPECT_EQ(g.rope(nullptr, 1, 1, 7, nullptr, nullptr, RopeStyle::kNeox).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.mean_heads(nullptr, 1, 6, 4, 64, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.gather_rows(nullptr, std::vector<int64_t>{-1}, 4, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.create_cache({.head_dim = 128, .num_pages = 8, .dtype = KvDtype::kF32}).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(g.create_cache({.head_dim = 96, .num_pages = 8, .dtype = KvDtype::kBF16}).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(g.create_cache({.head_dim = 128, .page_size = 32, .num_pages = 8, .dtype = KvDtype::kBF16}).code(),
+            StatusCode::kUnimplemented);
+  const Status oom = g.create_cache({.num_layers = 64, .num_kv_heads = 8, .head_dim = 256,
+                                     .num_pages = int64_t{1} << 30, .dtype = KvDtype::kBF16});
+  EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted) << oom.to_string();
+  EXPECT_NE(oom.message().find("free"), std::string::npos) << oom.message();
+  // Still usable: an add after the failures.
+  auto y = upload_f32(g, {1.0f, 2.0f});
+  auto x = upload_f32(g, {0.5f, 0.25f});
+  ASSERT_TRUE(g.add(y->f32(), x->f32(), 2).ok());
+  EXPECT_EQ(download_f32(g, *y, 2), (std::vector<float>{1.5f, 2.25f}));
+  EXPECT_FALSE(cuda::download_slot_page_lists(*b.cpu, PlanSlot::kGlobal, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace cisa::test
+
+#else
+TEST(CudaBackendOps, Skipped) {
+  GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA model backend)";
+}
+#endif
