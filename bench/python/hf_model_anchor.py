@@ -176,7 +176,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--time-limit", type=float, default=540.0,
                     help="seconds; configurations that would start after this are skipped")
-    ap.add_argument("--max-kv-gib", type=float, default=110.0,
+    ap.add_argument("--max-kv-gib", type=float, default=120.0,
                     help="skip configurations whose K/V cache alone exceeds this (GiB)")
     a = ap.parse_args()
     if a.tokens < 1 or a.prefill_chunk < 1 or min(a.batch) < 1 or min(a.context) < 1:

@@ -10,6 +10,10 @@
 // With --attention cisa the same work also runs with dense attention first, in the same
 // invocation, and the speedups are set against the Amdahl ceiling 1 / (1 − s), where s is the
 // share of dense time spent in global-layer attention (the only part CISA changes).
+//
+// With --batch, --tokens, --fill, --synthetic or --backend cuda it runs the fixed-output protocol
+// instead (bench_model_protocol.h, docs/bench-model.md): B requests of L-token prompts generate T
+// tokens each, dense against CISA, with the decode roofline from the bandwidth measured in the run.
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -27,6 +31,7 @@
 #include "cisa/model.h"
 #include "cisa/model_store.h"
 #include "cisa/quant.h"
+#include "bench_model_protocol.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "model_cli.h"
@@ -96,9 +101,11 @@ struct Measurement {
 // Loads the model with `mo` and times `repeat` runs of a `context`-token prefill followed by
 // `n_decode` one-token steps over a fixed pseudo-random token sequence (speed does not depend on
 // content), after a short warm-up on a sequence that is then dropped.
-Status measure(const std::string& path, const ModelCliOptions& mo, int64_t context,
-               int64_t n_decode, int64_t repeat, Measurement* out) {
+Status measure(const std::string& path, const ModelCliOptions& mo,
+               const std::vector<IndexProjection>& index, int64_t context, int64_t n_decode,
+               int64_t repeat, Measurement* out) {
   CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(mo));
+  if (mopt.attention.mode == AttentionMode::kCisa) mopt.attention.index = index;
   mopt.context = context + n_decode;
   CISA_ASSIGN_OR_RETURN(std::unique_ptr<Model> loaded, Model::load(path, mopt));
   Model& model = *loaded;
@@ -175,7 +182,7 @@ int bench_model(int argc, char** argv) {
   std::string model_arg;
   int64_t context = 0, n_decode = 64, repeat = 1;
   bool json = false, no_anchor = false;
-  p.add_string("--model", &model_arg, "model name or GGUF path", true);
+  p.add_string("--model", &model_arg, "model name or GGUF path (or --synthetic NAME)");
   p.alias("-m", "--model");
   p.add_int("--context", &context, "prompt tokens prefilled before decoding (N)", true);
   p.alias("-c", "--context");
@@ -188,14 +195,54 @@ int bench_model(int argc, char** argv) {
   ModelCliOptions mo;
   mo.quiet = true;
   add_model_options(p, &mo, /*with_context=*/false);
+  add_synthetic_option(p, &mo, /*with_prompt_tokens=*/false);
+  ProtocolArgs proto;
+  p.add_int("--batch", &proto.batch, "fixed-output protocol: B requests decoded together (default 1)");
+  p.add_int("--tokens", &proto.tokens, "fixed-output protocol: T tokens each request generates (default 32)");
+  p.add_choice("--fill", &proto.fill, {"prompt", "random"},
+               "fixed-output protocol: prefill the prompts (default) or fill each cache with L "
+               "tokens of random K/V (no TTFT)");
+  p.add_int("--seed", &proto.seed, "fixed-output protocol: seed of the random prompts and K/V (default 1)");
+  p.add_string("--text", &proto.text_path,
+               "fixed-output protocol, GGUF models: prompt text file (default: the repository's docs)");
+  p.add_int("--bandwidth-mib", &proto.bandwidth_mib,
+            "fixed-output protocol: copy-bandwidth buffer size in MiB (default 2048)");
   p.add_flag("--json", &json, "print one JSON document");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
   if (context < 1) return fail("--context must be >= 1");
+  const bool protocol = !mo.synthetic.empty() || mo.backend == "cuda" || p.given("--batch") ||
+                        p.given("--tokens") || p.given("--fill");
+  if (!mo.synthetic.empty() && !model_arg.empty())
+    return fail("give either --model or --synthetic, not both");
+  if (mo.synthetic.empty() && model_arg.empty()) return fail("give --model NAME|PATH or --synthetic NAME");
+  if (protocol) {
+    for (const char* o : {"--decode", "--repeat", "--no-anchor", "--anchor-flash-attn"})
+      if (p.given(o))
+        return fail(std::string(o) + " belongs to the llama.cpp-anchored benchmark; the "
+                    "fixed-output protocol (--batch/--tokens/--fill/--synthetic/--backend cuda) "
+                    "uses --tokens and has no llama.cpp anchor");
+    if (proto.bandwidth_mib < 64 || proto.bandwidth_mib > (int64_t{64} << 10))
+      return fail("--bandwidth-mib must be in [64, 65536]");
+    if (mo.synthetic.empty()) {
+      auto path = resolve_model(model_arg);
+      if (!path.ok()) return fail(path.status().message());
+      proto.model_path = *path;
+    }
+    proto.mo = mo;
+    proto.context = context;
+    proto.json = json;
+    proto.command = "cisa bench";
+    for (int i = 0; i < argc; ++i) proto.command += std::string(" ") + argv[i];
+    return bench_model_protocol(proto);
+  }
+  for (const char* o : {"--seed", "--text", "--bandwidth-mib"})
+    if (p.given(o)) return fail(std::string(o) + " belongs to the fixed-output protocol (give --batch/--tokens)");
   if (n_decode < 1) return fail("--decode must be >= 1");
   if (repeat < 1 || repeat > 100) return fail("--repeat must be in [1, 100]");
 
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());
+  std::vector<IndexProjection> index;
   {
     auto f = GgufFile::open(*path);
     if (!f.ok()) return fail(f.status().message());
@@ -210,6 +257,13 @@ int bench_model(int argc, char** argv) {
           "-token context for the llama.cpp anchor, which needs N + decode + 1: use --context " +
           std::to_string(hp->n_ctx_train - n_decode - 1) + " or --no-anchor");
     scale_cisa_defaults(&mo, hp->n_ctx_train);
+    // --indexer is used by the CISA run (checked now, before the dense run, not after it).
+    if (!mo.indexer.empty()) {
+      if (mo.attention != "cisa") return fail("--indexer needs --attention cisa");
+      auto proj = load_index_projections(mo.indexer, *f, *hp, static_cast<int>(mo.dense_layers));
+      if (!proj.ok()) return fail(proj.status().message());
+      index = std::move(*proj);
+    }
   }
   const bool cisa = mo.attention == "cisa";
   // With --attention cisa the same prefill and decode run dense first, in the same invocation.
@@ -218,10 +272,10 @@ int bench_model(int argc, char** argv) {
     ModelCliOptions dense_mo = mo;
     dense_mo.attention = "dense";
     dense_mo.indexer.clear();
-    if (Status st = measure(*path, dense_mo, context, n_decode, repeat, &dense_m); !st.ok())
+    if (Status st = measure(*path, dense_mo, {}, context, n_decode, repeat, &dense_m); !st.ok())
       return fail(st.message());
   }
-  if (Status st = measure(*path, mo, context, n_decode, repeat, &m); !st.ok())
+  if (Status st = measure(*path, mo, index, context, n_decode, repeat, &m); !st.ok())
     return fail(st.message());
   const std::vector<double>& pre = m.prefill_tok_s;
   const std::vector<double>& dec = m.decode_tok_s;

@@ -7,6 +7,10 @@
 #include "cisa/gguf.h"
 #include "cisa/indexer.h"
 #include "cisa/tokenizer.h"
+#ifdef CISA_WITH_CUDA_MODEL
+#include "cisa/cuda_backend.h"
+#include "cisa/cuda_model_backend.h"
+#endif
 
 namespace cisa::cli {
 
@@ -19,7 +23,10 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
     p.alias("-c", "--context");
   }
   p.add_int("--prefill-block", &o->prefill_block, "prompt tokens per forward step (default 512)");
-  p.add_choice("--kv-dtype", &o->kv_dtype, {"f32", "bf16"}, "KV cache element type (default f32)");
+  p.add_choice("--backend", &o->backend, {"cpu", "cuda"},
+               "where the model runs: cpu (default) or cuda (an sm_90 GPU; builds with CUDA)");
+  p.add_choice("--kv-dtype", &o->kv_dtype, {"auto", "f32", "bf16"},
+               "KV cache element type (default: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},
                "attention on global layers (default dense)");
   p.add_int("--budget", &o->budget, "CISA: chunks chosen by top-k (default: model context / 256; 128 at 32K)");
@@ -37,6 +44,51 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_flag("--quiet", &o->quiet, "no progress bar or summary on stderr");
 }
 
+void add_synthetic_option(ArgParser& p, ModelCliOptions* o, bool with_prompt_tokens) {
+  std::string names;
+  for (const std::string& n : synthetic_model_names()) names += (names.empty() ? "" : ", ") + n;
+  p.add_string("--synthetic", &o->synthetic,
+               "a synthetic model instead of a file: random weights of a public shape, speed only (" +
+                   names + ")");
+  if (with_prompt_tokens)
+    p.add_int("--prompt-tokens", &o->synthetic_prompt_tokens,
+              "with --synthetic: prompt length in tokens (random ids; there is no tokenizer)");
+}
+
+bool cuda_model_backend_built() {
+#ifdef CISA_WITH_CUDA_MODEL
+  return true;
+#else
+  return false;
+#endif
+}
+
+Result<BackendFactory> backend_factory(const std::string& name) {
+  if (name == "cpu") return BackendFactory{};
+  if (name != "cuda")
+    return invalid_argument("--backend must be cpu or cuda (got '" + name + "')");
+#ifdef CISA_WITH_CUDA_MODEL
+  std::string why;
+  if (!cuda::device_available(&why))
+    return unavailable("--backend cuda: no usable GPU (" + why + ")");
+  return BackendFactory(cuda::make_model_backend);
+#else
+  return unavailable(
+      "--backend cuda: this cisa was built without the CUDA model backend (configure with the "
+      "CUDA toolkit, e.g. cmake --preset cuda, on a machine with nvcc)");
+#endif
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int n_vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(std::max<int64_t>(0, n)));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
+  for (auto& x : t) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    x = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(std::max(1, n_vocab)));
+  }
+  return t;
+}
+
 void scale_cisa_defaults(ModelCliOptions* o, int64_t n_ctx_train) {
   if (o->budget == ModelCliOptions::kUnset) o->budget = std::max<int64_t>(16, n_ctx_train / 256);
   if (o->window == ModelCliOptions::kUnset) o->window = std::max<int64_t>(4, n_ctx_train / 1024);
@@ -52,7 +104,15 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (o.prefill_block < 1 || o.prefill_block > 65536)
     return invalid_argument("--prefill-block must be in [1, 65536]");
   m.prefill_block = static_cast<int>(o.prefill_block);
-  CISA_ASSIGN_OR_RETURN(m.kv_dtype, parse_kv_dtype(o.kv_dtype));
+  CISA_ASSIGN_OR_RETURN(m.backend, backend_factory(o.backend));
+  const bool cuda = o.backend == "cuda";
+  CISA_ASSIGN_OR_RETURN(m.kv_dtype,
+                        parse_kv_dtype(o.kv_dtype == "auto" ? (cuda ? "bf16" : "f32") : o.kv_dtype));
+  if (cuda && m.kv_dtype != KvDtype::kBF16)
+    return invalid_argument("--backend cuda keeps its KV cache in bf16: drop --kv-dtype " +
+                            o.kv_dtype + " or use --kv-dtype bf16");
+  if (cuda && o.llamacpp_numerics)
+    return invalid_argument("--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");
   CISA_ASSIGN_OR_RETURN(m.rep, parse_rep_kind(o.rep));
   m.attention.mode = o.attention == "cisa" ? AttentionMode::kCisa : AttentionMode::kDense;
   if (o.budget != ModelCliOptions::kUnset) m.attention.selection.budget = o.budget;
@@ -83,6 +143,33 @@ Result<std::vector<IndexProjection>> load_index_projections(const std::string& i
   return indexer_projections(idx, file, hp, cisa_layers);
 }
 
+namespace {
+
+// load_model_for's synthetic branch: no file, no tokenizer, no indexer (an indexer belongs to a
+// model file); the prompt is --prompt-tokens random ids.
+Result<LoadedModel> load_synthetic_for(ModelCliOptions o, int64_t n_generate) {
+  if (!o.indexer.empty())
+    return invalid_argument("--indexer: an indexer is calibrated for a model file; --synthetic " +
+                            o.synthetic + " has none (drop --indexer)");
+  if (o.synthetic_prompt_tokens < 1)
+    return invalid_argument("--synthetic has no tokenizer: give the prompt length with --prompt-tokens N");
+  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic));
+  scale_cisa_defaults(&o, hp.n_ctx_train);
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
+  const int64_t need = o.synthetic_prompt_tokens + n_generate;
+  if (o.context && need > o.context)
+    return out_of_range("--prompt-tokens " + std::to_string(o.synthetic_prompt_tokens) + " plus " +
+                        std::to_string(n_generate) + " generated tokens exceeds --context " +
+                        std::to_string(o.context));
+  if (!o.context) mopt.context = (need + 255) / 256 * 256;
+  LoadedModel out;
+  CISA_ASSIGN_OR_RETURN(out.model, Model::load_synthetic(o.synthetic, mopt));
+  out.prompt = random_tokens(o.synthetic_prompt_tokens, hp.n_vocab, o.synthetic_seed);
+  return out;
+}
+
+}  // namespace
+
 Result<LoadedModel> load_model_for(
     const std::string& path, const ModelCliOptions& given,
     const std::function<std::vector<int32_t>(const Tokenizer&)>& encode, int64_t n_generate) {
@@ -90,6 +177,7 @@ Result<LoadedModel> load_model_for(
   ModelOptions mopt;
   LoadedModel out;
   int64_t n_ctx_train = 0;
+  if (!o.synthetic.empty()) return load_synthetic_for(o, n_generate);
   {
     CISA_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(path));
     CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(f));

@@ -1,6 +1,12 @@
-// model_cli.h — what `cisa run` and `cisa bench model` share: the model and attention options,
-// loading a model with a KV cache sized to the work, the prefill progress bar, and the
-// attention-traffic summary.
+// model_cli.h — what `cisa run`, `cisa bench model` and `cisa eval` share: the model, backend and
+// attention options, loading a model (a GGUF file or a synthetic shape) with a KV cache sized to
+// the work, the prefill progress bar, and the attention-traffic summary.
+//
+//   ModelCliOptions mo;
+//   add_model_options(p, &mo);                      // --backend cpu|cuda, --attention, ...
+//   add_synthetic_option(p, &mo);                   // --synthetic NAME (bench model, run)
+//   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
+//   auto loaded = load_model_for(path, mo, encode, n_generate);   // honours --synthetic
 #pragma once
 
 #include <cstdint>
@@ -21,7 +27,16 @@ struct ModelCliOptions {
   int64_t threads = 0;
   int64_t context = 0;  // 0: prompt + generated tokens (rounded up to 256), at most the model's
   int64_t prefill_block = 512;
-  std::string kv_dtype = "f32";
+  // "cpu" or "cuda" (the CUDA model backend, cuda_model_backend.h; needs a build with it and an
+  // sm_90 GPU).
+  std::string backend = "cpu";
+  // "auto": f32 on the CPU backend, bf16 on CUDA (the only type its kernels take).
+  std::string kv_dtype = "auto";
+  // A synthetic model (Model::load_synthetic, synthetic_model_names()) instead of a GGUF file:
+  // random weights of a public model's shape, speed only. Empty: a file.
+  std::string synthetic;
+  int64_t synthetic_prompt_tokens = 0;  // --prompt-tokens: the prompt of a synthetic model
+  uint64_t synthetic_seed = 1;
   std::string attention = "dense";
   // budget and window: kUnset until scale_cisa_defaults() sets them from the model's context.
   static constexpr int64_t kUnset = INT64_MIN;
@@ -34,6 +49,18 @@ struct ModelCliOptions {
 
 // with_context: also offer --context (the KV cache size); `cisa bench model` uses that name itself.
 void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context = true);
+// --synthetic NAME, for the subcommands that can run a model without a file, and with
+// with_prompt_tokens --prompt-tokens N (its prompt length; bench model has --context for that).
+void add_synthetic_option(ArgParser& p, ModelCliOptions* o, bool with_prompt_tokens = true);
+
+// What --backend NAME makes: an empty factory for "cpu" (Model's default, the CPU backend),
+// cisa::cuda::make_model_backend for "cuda". Errors, each saying what to do: an unknown name; a
+// cisa built without the CUDA model backend; no usable GPU (cuda::device_available's reason).
+Result<BackendFactory> backend_factory(const std::string& name);
+// True when this binary was built with the CUDA model backend (CISA_WITH_CUDA_MODEL).
+bool cuda_model_backend_built();
+// "synthetic weights, speed only": what every output of a synthetic run says.
+inline constexpr const char* kSyntheticNote = "synthetic weights, speed only";
 // CISA's defaults scale with the model's training context n (docs/design.md): k = n / 256 chunks
 // (at least 16) and W = n / 1024 pages (at least 4), i.e. k = 128, W = 32 at 32K (Gemma 3) and
 // k = 32, W = 8 at 8K (SmolLM2): the settings the committed indexers were calibrated with.
@@ -45,8 +72,11 @@ Result<std::vector<IndexProjection>> load_index_projections(const std::string& i
                                                             const GgufFile& file,
                                                             const ModelHparams& hp,
                                                             int dense_layers);
-// Needs scale_cisa_defaults() first when --attention cisa.
+// Needs scale_cisa_defaults() first when --attention cisa. Sets ModelOptions::backend from
+// --backend (backend_factory) and refuses what that backend cannot do (llama.cpp numerics on CUDA).
 Result<ModelOptions> to_model_options(const ModelCliOptions& o);
+// `n` pseudo-random token ids below n_vocab, the same for the same seed.
+std::vector<int32_t> random_tokens(int64_t n, int n_vocab, uint64_t seed);
 
 struct LoadedModel {
   std::unique_ptr<Model> model;
@@ -54,7 +84,8 @@ struct LoadedModel {
 };
 // Reads the file's tokenizer and hyper-parameters, tokenizes the prompt with `encode`, checks
 // prompt + n_generate against the model's context (clear errors for each case), and loads the
-// model with a KV cache of that size.
+// model with a KV cache of that size. With o.synthetic set, `path` and `encode` are not used (a
+// synthetic model has no tokenizer): the prompt is o.synthetic_prompt_tokens pseudo-random ids.
 Result<LoadedModel> load_model_for(
     const std::string& path, const ModelCliOptions& o,
     const std::function<std::vector<int32_t>(const Tokenizer&)>& encode, int64_t n_generate);

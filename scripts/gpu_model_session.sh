@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The whole model on the GPU (docs/bench-model.md), one device call per mode: build with the cuda
+# preset and run the GPU tests; `cisa bench model`'s fixed-output protocol (dense against CISA,
+# synthetic Qwen2.5-7B shape) over a grid of (batch, context); the transformers/SDPA anchor at the
+# contexts it can run. Every result is a JSON file under $OUT. Every stage runs under `timeout`,
+# cut to what is left of DEADLINE_S (default 570 s from the script's start), and a stage with less
+# than 30 s left is skipped with a message, so one mode never outlives a 10-minute call.
+#
+#   OUT=/tmp/out bash scripts/gpu_model_session.sh tests    # call 1: build + GPU tests (~6-9 min cold)
+#   OUT=/tmp/out bash scripts/gpu_model_session.sh bench    # call 2: the grid (build/cuda kept warm)
+#   OUT=/tmp/out bash scripts/gpu_model_session.sh anchor   # call 3: the transformers anchor
+#   python3 bench/python/plot_model_throughput.py $OUT -o throughput.png
+#
+# Modes: build, tests (build + tests), bench, anchor, all (everything; needs DEADLINE_S raised).
+# Environment: CISA_COMMIT (recorded in every JSON; default git rev-parse), MODEL (default
+# qwen2.5-7b), TOKENS (default 32), SKIP_BUILD=1 (use build/cuda as it is), DEADLINE_S, GRID
+# (space-separated row names of the grid below to run only those).
+set -uo pipefail
+mode=${1:-all}
+case "$mode" in all | build | tests | bench | anchor) ;; *) echo "gpu_model_session.sh: unknown mode '$mode' (all, build, tests, bench, anchor)" >&2; exit 2 ;; esac
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+MODEL=${MODEL:-qwen2.5-7b}
+TOKENS=${TOKENS:-32}
+export CISA_COMMIT=${CISA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+t_start=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+# bounded SECONDS CMD...: runs CMD under timeout min(SECONDS, what is left of the deadline).
+bounded() {
+  local want=$1 left
+  shift
+  left=$((DEADLINE_S - ($(date +%s) - t_start)))
+  if [ "$left" -lt 30 ]; then log "skipped (deadline: ${left}s left): $*"; return 124; fi
+  [ "$want" -gt "$left" ] && want=$left
+  timeout "$want" "$@"
+}
+log() { echo "[gpu_model_session $(date +%H:%M:%S) +$(($(date +%s) - t_start))s] $*" | tee -a "$OUT/session.log"; }
+cisa=build/cuda/cisa
+
+log "mode=$mode commit=$CISA_COMMIT model=$MODEL tokens=$TOKENS"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 | tee -a "$OUT/session.log"
+
+# ---- build: the cuda preset (sm_90a), 16 cores, ~4 minutes cold -----------------------------------
+if [ "$mode" = all ] || [ "$mode" = build ] || [ "$mode" = tests ]; then
+  if [ -z "${SKIP_BUILD:-}" ]; then
+    log "configure + build (cmake --preset cuda)"
+    bounded 420 bash -c 'cmake --preset cuda -DCISA_BUILD_BENCH=OFF && cmake --build build/cuda -j16' \
+      >"$OUT/build.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/build.log"
+    if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
+  fi
+fi
+if [ "$mode" != anchor ]; then
+  [ -x "$cisa" ] || { log "no $cisa: run the build stage first"; exit 1; }
+fi
+
+# ---- GPU tests ----------------------------------------------------------------------------------
+if [ "$mode" = all ] || [ "$mode" = tests ]; then
+  log "GPU tests (ctest -L gpu)"
+  bounded 240 ctest --test-dir build/cuda -L gpu --output-on-failure --timeout 120 >"$OUT/gpu_tests.log" 2>&1
+  log "ctest rc=$? $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log" | tail -1)"
+  grep -E "Failed|\*\*\*" "$OUT/gpu_tests.log" | head -20
+fi
+
+# ---- the bench grid: dense vs CISA in each invocation --------------------------------------------
+# name batch context budget window qshare fill timeout_s
+grid=(
+  "b16_l4k     16   4096 1024 128 16 prompt 150"
+  "b16_l16k    16  16384 1024 128 16 prompt 200"
+  "b16_l32k    16  32768 1024 128 16 random 150"
+  "b16_l64k    16  65536 1024 128 16 random 200"
+  "b16_l128k   16 131072 1024 128 16 random 300"
+  "b2_l256k     2 262144 4096 128 16 random 200"
+  "b2_l1m       2 1048576 4096 128 16 random 420"
+)
+if [ "$mode" = all ] || [ "$mode" = bench ]; then
+  for row in "${grid[@]}"; do
+    read -r name B L K W G fill tmo <<<"$row"
+    if [ -n "${GRID:-}" ] && [[ " $GRID " != *" $name "* ]]; then continue; fi
+    log "bench $name: B=$B L=$L k=$K W=$W G=$G fill=$fill (timeout ${tmo}s)"
+    bounded "$tmo" "$cisa" bench model --synthetic "$MODEL" --backend cuda --attention cisa \
+      --batch "$B" --context "$L" --tokens "$TOKENS" --fill "$fill" --budget "$K" --window "$W" \
+      --qshare "$G" --prefill-block 4096 --json >"$OUT/model_${MODEL}_${name}.json" 2>"$OUT/model_${MODEL}_${name}.log"
+    rc=$?
+    log "bench $name rc=$rc"
+    [ $rc -eq 0 ] || { tail -5 "$OUT/model_${MODEL}_${name}.log"; rm -f "$OUT/model_${MODEL}_${name}.json"; }
+    python3 - "$OUT/model_${MODEL}_${name}.json" <<'EOF' 2>/dev/null | tee -a "$OUT/session.log"
+import json, sys
+j = json.load(open(sys.argv[1]))
+for m, r in j["runs"].items():
+    print(f"  {m:6s} decode {r['decode_tok_s']:.1f} tok/s, step {r['decode_step_ms_median']:.2f} ms, "
+          f"floor {r['roofline']['floor_ms']:.2f} ms ({r['roofline']['percent_of_roofline']:.0f}% of roofline), TTFT {r['ttft_s']}")
+if "cisa_vs_dense" in j: print("  cisa/dense decode %.2fx" % j["cisa_vs_dense"]["decode_speedup"])
+EOF
+  done
+fi
+
+# ---- the transformers/SDPA anchor on the same shape ---------------------------------------------
+if [ "$mode" = all ] || [ "$mode" = anchor ]; then
+  log "HF anchor (prompt prefill, small contexts)"
+  bounded 200 python3 bench/python/hf_model_anchor.py --model "$MODEL" --batch 16 --context 4096 16384 \
+    --tokens "$TOKENS" --fill prompt --time-limit 150 >"$OUT/hf_${MODEL}_prompt.jsonl" 2>"$OUT/hf_${MODEL}_prompt.log"
+  log "HF anchor prompt rc=$?"
+  log "HF anchor (random K/V, the bench grid's random-fill contexts)"
+  bounded 220 python3 bench/python/hf_model_anchor.py --model "$MODEL" --batch 16 --context 32768 65536 131072 \
+    --tokens "$TOKENS" --fill random --time-limit 170 >"$OUT/hf_${MODEL}_random_b16.jsonl" 2>"$OUT/hf_${MODEL}_random_b16.log"
+  log "HF anchor random B=16 rc=$?"
+  bounded 140 python3 bench/python/hf_model_anchor.py --model "$MODEL" --batch 2 --context 262144 1048576 \
+    --tokens "$TOKENS" --fill random --time-limit 100 >"$OUT/hf_${MODEL}_random_b2.jsonl" 2>"$OUT/hf_${MODEL}_random_b2.log"
+  log "HF anchor random B=2 rc=$?"
+  cat "$OUT"/hf_"${MODEL}"_*.jsonl | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if r.get("header"): continue
+    print("  HF B=%s L=%s %s: %s" % (r["batch"], r["context"], r["fill"],
+          r.get("error") or "decode %.1f tok/s, TTFT %s" % (r["decode_tok_s"], r.get("ttft_ms"))))' | tee -a "$OUT/session.log"
+fi
+log "done"
