@@ -38,9 +38,9 @@ SHAPES = {
     "qwen2.5-7b": dict(arch="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, tie=False),
-    "tiny-llama": dict(arch="llama", vocab_size=32000, hidden_size=512, intermediate_size=1408,
-                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                       head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5, tie=True),
+    "tiny-llama": dict(arch="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5, tie=True),
 }
 
 
