@@ -298,6 +298,12 @@ TEST(CudaBackendKv, FullCacheAndFailedAppendsChangeNothing) {
   EXPECT_EQ(g.set_page_lists(PlanSlot::kGlobal, PageLists{}).code(), StatusCode::kUnimplemented);
   ASSERT_TRUE(g.release_sequence(s0).ok());
   EXPECT_EQ(g.pages().free_pages(), 5);
+  // s1 is now row 0 of the device block tables: its keys and values are all 0.5, so attention
+  // over them is 0.5 exactly (pages of any other table would read zeros).
+  ASSERT_TRUE(g.plan(PlanSlot::kGlobal, q1, {.kind = PlanKind::kDense}).ok());
+  auto o = upload_f32(g, std::vector<float>(64, std::nanf("")));
+  ASSERT_TRUE(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {}, o->f32()).ok());
+  EXPECT_EQ(download_f32(g, *o, 64), std::vector<float>(64, 0.5f));
   EXPECT_EQ(g.plan(PlanSlot::kGlobal, std::vector<BatchEntry>{{s0, 0, 1}}, {}).code(), StatusCode::kNotFound);
   ASSERT_TRUE(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {}, k->f32()).code() == StatusCode::kFailedPrecondition)
       << "the slot's last plan failed, so it is not planned";

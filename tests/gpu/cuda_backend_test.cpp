@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -60,13 +61,15 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
   ASSERT_TRUE(b.gpu) << "the CUDA model backend did not start";
   std::mt19937 rng(7);
   std::vector<OpCase> cases;
+  // The CPU backend multiplies the GGUF bytes in place: they must outlive the cases.
+  std::vector<std::unique_ptr<HostMatrix>> weights;
 
   // matmul: one f32 and one Q8_0 WeightView bound on both. The GPU rounds W and x to bf16
   // (2^-9 relative each) and sums in f32; the CPU's Q8_0 product also quantises x to 8 bits per
   // block of 32 (error ≤ max|x_block| / 254 per element).
   for (bool q8 : {false, true}) {
     const int64_t n = 96, k = 160, rows = 5, ldy = q8 ? n + 8 : n;
-    HostMatrix w = q8 ? make_q8_0(rng, n, k) : make_f32(rng, n, k);
+    const HostMatrix& w = *weights.emplace_back(std::make_unique<HostMatrix>(q8 ? make_q8_0(rng, n, k) : make_f32(rng, n, k)));
     auto x = random_vec(rng, static_cast<size_t>(rows * k));
     std::vector<double> bound(static_cast<size_t>(rows * ldy), 0.0);
     for (int64_t r = 0; r < rows; ++r)
@@ -96,7 +99,7 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
   // embed: the table is bound as f32 on both; the GPU holds it in bf16.
   {
     const int64_t vocab = 50, e = 64;
-    HostMatrix t = make_f32(rng, vocab, e);
+    const HostMatrix& t = *weights.emplace_back(std::make_unique<HostMatrix>(make_f32(rng, vocab, e)));
     auto tc = b.cpu->bind_matrix(t.view()), tg = b.gpu->bind_matrix(t.view());
     ASSERT_TRUE(tc.ok() && tg.ok());
     const std::vector<int32_t> tokens = {3, 0, 49, 3, 17, 25};
