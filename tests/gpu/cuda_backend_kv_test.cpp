@@ -21,6 +21,7 @@ namespace {
 
 struct Shape {
   int hkv, hq, d;
+  RepKind rep = RepKind::kMean;
 };
 
 // Both backends with caches of one configuration, driven by the same calls.
@@ -35,7 +36,7 @@ struct KvWorld {
     int64_t pages = 8;
     for (int64_t n : target) pages += n / 16 + 2;
     cfg = {.num_layers = layers, .num_kv_heads = s.hkv, .head_dim = s.d, .num_pages = pages,
-           .dtype = KvDtype::kBF16, .rep_layers = std::move(rep_layers)};
+           .dtype = KvDtype::kBF16, .rep = s.rep, .rep_layers = std::move(rep_layers)};
     for (Backend* be : {b.cpu.get(), b.gpu.get()}) {
       const Status st = be->create_cache(cfg);
       EXPECT_TRUE(st.ok()) << be->description() << ": " << st.to_string();
@@ -129,7 +130,9 @@ void expect_same_groups(const std::vector<QueryGroup>& a, const std::vector<Quer
   }
 }
 
-const Shape kShapes[] = {{1, 4, 256}, {2, 8, 128}, {4, 4, 64}};
+// Gemma 3 270M's attention (1 KV head of 256, 4 query heads), SmolLM2's (3 of 64, 9 query heads),
+// and two more GQA ratios; quest representatives in two of them (CISA test).
+const Shape kShapes[] = {{1, 4, 256}, {2, 8, 128, RepKind::kQuest}, {4, 4, 64}, {3, 9, 64, RepKind::kQuest}};
 
 // Prefill and decode rows of three sequences in one step; one dense plan serves two layers;
 // then a decode step (planned for the query-head count learned in the first).
@@ -219,7 +222,8 @@ void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>
 TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
   CISA_REQUIRE_GPU();
   for (const Shape& s : kShapes) {
-    SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " + std::to_string(s.d));
+    SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " + std::to_string(s.d) +
+                 " " + rep_kind_name(s.rep));
     KvWorld w;
     // Layer 0 keeps representatives (a global layer), layer 1 none.
     ASSERT_TRUE(w.init(s, 2, {true, false}, {600, 150, 1200}));
