@@ -1,7 +1,9 @@
 // gguf_fuzz — libFuzzer target for the GGUF reader (tests/fuzz/CMakeLists.txt says how to run it).
 //
 // Any input must either fail to parse with a Status or parse into a file whose every metadata
-// value, string and tensor byte can be read; ASan reports any access outside the input.
+// value, string and tensor byte can be read; ASan reports any access outside the input. The
+// tokenizer metadata of a file that parses is untrusted too: Tokenizer::from_gguf either explains
+// why it refuses it or gives a tokenizer whose ids stay inside its vocabulary.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -9,6 +11,7 @@
 
 #include "cisa/gguf.h"
 #include "cisa/quant.h"
+#include "cisa/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Copy into an exactly sized heap buffer so ASan sees its end.
@@ -37,6 +40,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (cisa::ggml_type_is_supported(t.type) && t.ne[0] > 0 && t.ne[0] <= 4096) {
       row.resize(static_cast<size_t>(t.ne[0]));
       if (!cisa::dequantize_row(t.type, t.data, row.data(), t.ne[0]).ok()) __builtin_trap();
+    }
+  }
+  auto tok = cisa::Tokenizer::from_gguf(f);
+  if (!tok.ok()) {
+    if (tok.status().message().empty()) __builtin_trap();
+  } else {
+    for (const char* text : {"a b\xC3\xA9 12 <s>", "\xFF\xE2\x96\x81 x", ""}) {
+      for (int32_t id : tok->encode(text, true, true)) {
+        if (id < 0 || id >= tok->vocab_size()) __builtin_trap();
+        sink += tok->token_to_piece(id, true).size();
+      }
     }
   }
   return static_cast<int>(sink & 0);
