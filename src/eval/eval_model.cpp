@@ -1,12 +1,14 @@
 // Running one example on a model: greedy generation for the tasks, and next-token
 // log-likelihood (with KL against the dense run) for long documents.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "cisa/eval.h"
-#include "cisa/sampling.h"
-#include "cisa/tokenizer.h"
+#include "cisa/generate.h"
 
 namespace cisa::eval {
 namespace {
@@ -37,39 +39,36 @@ int64_t argmax_row(const float* x, int64_t n) {
 Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
                                    const ProgressFn& progress) {
   if (prompt.empty()) return invalid_argument("empty prompt");
+  if (max_new < 1)
+    return invalid_argument("max_new must be >= 1 (got " + std::to_string(max_new) + ")");
   const auto t0 = std::chrono::steady_clock::now();
   model.reset_stats();
-  CISA_ASSIGN_OR_RETURN(SeqId seq, model.add_sequence());
+  GenerationRequest req{.prompt = {prompt.begin(), prompt.end()},
+                        .max_tokens = max_new,
+                        .sampling = {.greedy = true}};
   Generation g;
-  std::vector<float> logits;
-  SequenceInput in{.seq = seq, .tokens = prompt, .outputs = OutputMode::kLast};
-  Status st = model.forward({&in, 1}, &logits, progress);
-  const Tokenizer& tok = model.tokenizer();
-  Utf8StreamBuffer utf8;
-  while (st.ok() && g.tokens < max_new) {
-    const int32_t next = argmax(logits);
-    if (tok.is_eog(next)) break;
-    const std::string piece = utf8.push(tok.token_to_piece(next));
-    // Stop at a line break once the answer has begun (base models continue with new text).
-    const size_t nl = piece.find('\n');
-    bool started = false;
-    for (char c : g.text) started = started || !std::isspace(static_cast<unsigned char>(c));
-    if (nl != std::string::npos && started) {
-      g.text += piece.substr(0, nl);
-      ++g.tokens;
-      break;
+  // Stop at a line break once the answer has begun (base models continue with new text): the
+  // text keeps what precedes the break, and the token holding it counts.
+  bool started = false;
+  GenerationCallbacks cb;
+  cb.on_prefill_progress = progress;
+  cb.on_token = [&](const GeneratedToken& t) {
+    const size_t nl = t.text.find('\n');
+    if (nl != std::string_view::npos && started) {
+      g.text += t.text.substr(0, nl);
+      return false;
     }
-    g.text += piece;
-    ++g.tokens;
-    if (g.tokens >= max_new) break;
-    const int32_t one[1] = {next};
-    SequenceInput step{.seq = seq, .tokens = one, .outputs = OutputMode::kLast};
-    st = model.forward({&step, 1}, &logits);
-  }
-  g.text += utf8.flush();
-  const Status rel = model.release_sequence(seq);
-  CISA_RETURN_IF_ERROR(st);
-  CISA_RETURN_IF_ERROR(rel);
+    g.text += t.text;
+    for (char c : t.text) started = started || !std::isspace(static_cast<unsigned char>(c));
+    return true;
+  };
+  cb.on_finish = [&](size_t, const GenerationResult& r, std::string_view tail) {
+    g.text += tail;
+    // End-of-generation tokens are not counted.
+    g.tokens = static_cast<int64_t>(r.tokens.size()) - (r.finish == FinishReason::kEos ? 1 : 0);
+  };
+  std::vector<GenerationResult> out;
+  CISA_RETURN_IF_ERROR(generate(model, {&req, 1}, &out, cb));
   g.stats = model.stats();
   g.seconds = since(t0);
   return g;

@@ -1,5 +1,6 @@
-// cisa run — generate text with a GGUF model: prompt prefill on the paged KV cache, then one token
-// per step, streamed to stdout as it is produced; a summary (and with --json one JSON document).
+// cisa run — generate text with a GGUF model (cisa::generate, generate.h): prompt prefill on the
+// paged KV cache, then one token per step, streamed to stdout as it is produced; a summary (and
+// with --json one JSON document).
 #include <unistd.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cisa/generate.h"
 #include "cisa/json.h"
 #include "cisa/model.h"
 #include "cisa/model_store.h"
@@ -75,8 +77,7 @@ int cmd_run(int argc, char** argv) {
                     .top_p = static_cast<float>(top_p),
                     .seed = static_cast<uint64_t>(seed)};
   if (top_k > INT32_MAX) return fail("--top-k is too large");
-  auto sampler = Sampler::create(sp);
-  if (!sampler.ok()) return fail(sampler.status().message());
+  if (Status v = validate_sampling_params(sp); !v.ok()) return fail(v.message());
 
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());
@@ -86,57 +87,50 @@ int cmd_run(int argc, char** argv) {
   if (!loaded.ok()) return fail(loaded.status().message());
   Model& model = *loaded->model;
   const std::vector<int32_t>& ids = loaded->prompt;
-  const Tokenizer& tok = model.tokenizer();
 
-  auto seq = model.add_sequence();
-  if (!seq.ok()) return fail(seq.status().message());
   const bool tty = isatty(STDERR_FILENO) && !mo.quiet;
   const int64_t n_prompt = static_cast<int64_t>(ids.size());
-  std::vector<float> logits;
+  GenerationRequest req{
+      .prompt = ids, .max_tokens = n_predict, .sampling = sp, .ignore_eos = ignore_eos};
+  ForwardStats prefill_stats;
+  bool prefilled = false;
   const double t0 = now_s();
-  SequenceInput in{.seq = *seq, .tokens = ids};
-  Status s = model.forward({&in, 1}, &logits, [&](int64_t done, int64_t total) {
+  auto end_prefill = [&] {
+    if (prefilled) return;
+    prefilled = true;
+    prefill_stats = model.stats();
+    if (tty) std::fputc('\n', stderr);
+  };
+  GenerationCallbacks cb;
+  cb.on_prefill_progress = [&](int64_t done, int64_t total) {
     if (tty) print_progress("prefill", done, total, now_s() - t0);
-  });
-  if (tty) std::fputc('\n', stderr);
-  if (!s.ok()) return fail(s.message());
-  const double t_prefill = now_s() - t0;
-  const ForwardStats prefill_stats = model.stats();
-
-  std::string text;
-  Utf8StreamBuffer utf8;
-  std::vector<int32_t> out_ids;
-  std::string stop = "length";
-  double t_decode = 0;
-  int64_t decode_steps = 0;
-  for (int64_t i = 0; i < n_predict; ++i) {
-    const int32_t next = sampler->sample(logits);
-    out_ids.push_back(next);
-    if (!ignore_eos && tok.is_eog(next)) {
-      stop = "eog";
-      break;
-    }
-    const std::string piece = utf8.push(tok.token_to_piece(next));
-    text += piece;
+  };
+  cb.on_token = [&](const GeneratedToken& t) {
+    end_prefill();
     if (!json) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fwrite(t.text.data(), 1, t.text.size(), stdout);
       std::fflush(stdout);
     }
-    if (i + 1 == n_predict) break;
-    const double t1 = now_s();
-    SequenceInput step{.seq = *seq, .tokens = {&out_ids.back(), 1}};
-    s = model.forward({&step, 1}, &logits);
-    if (!s.ok()) return fail(s.message());
-    t_decode += now_s() - t1;
-    ++decode_steps;
-  }
-  const std::string tail = utf8.flush();
-  text += tail;
-  if (!json) {
+    return true;
+  };
+  cb.on_finish = [&](size_t, const GenerationResult& r, std::string_view tail) {
+    if (json || r.finish == FinishReason::kError) return;
     std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fputc('\n', stdout);
     std::fflush(stdout);
-  }
+  };
+  std::vector<GenerationResult> out;
+  Status s = generate(model, {&req, 1}, &out, cb);
+  end_prefill();
+  if (!s.ok()) return fail(s.message());
+  const GenerationResult& res = out[0];
+  const std::string& text = res.text;
+  const std::vector<int32_t>& out_ids = res.tokens;
+  const std::string stop =
+      res.finish == FinishReason::kEos ? "eog" : finish_reason_name(res.finish);
+  const double t_prefill = res.timings.prefill_seconds;
+  const double t_decode = res.timings.decode_seconds;
+  const int64_t decode_steps = res.timings.decode_steps;
 
   const ForwardStats& st = model.stats();
   const double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
