@@ -16,6 +16,11 @@
 //   CISA_RETURN_IF_ERROR(model->forward({&in, 1}, &logits));
 //   int32_t next = cisa::argmax(logits);                          // sampling.h
 //
+// The model runs on a Backend (backend.h): ModelOptions::backend makes it (the CPU reference
+// backend when empty); weights, activations and the KV cache live in its memory, and every layer
+// is written once as calls on it. Model::load_synthetic builds a public model's shape with random
+// weights (no file, no tokenizer), for speed measurements only.
+//
 // Architectures (docs/models-runtime.md lists what was checked against what):
 //  - gemma3: sliding-window layers (RoPE base 10,000) and global layers (RoPE base from the
 //    metadata) in the pattern of five local to one global, q/k RMSNorm, post-attention and
@@ -31,7 +36,9 @@
 #include <string>
 #include <vector>
 
+#include "cisa/backend.h"
 #include "cisa/kv_cache.h"
+#include "cisa/plan.h"
 #include "cisa/selection.h"
 #include "cisa/status.h"
 
@@ -43,11 +50,6 @@ class Tokenizer;
 
 enum class ModelArch { kGemma3, kLlama };
 const char* model_arch_name(ModelArch arch);  // "gemma3", "llama"
-
-// Which dimensions RoPE rotates together: NEOX pairs dimension i with i + d/2 (Gemma), NORM
-// pairs 2i with 2i + 1 (Llama as stored in GGUF).
-enum class RopeStyle { kNeox, kNorm };
-enum class Activation { kGeluTanh, kSilu };
 
 struct ModelHparams {
   ModelArch arch = ModelArch::kLlama;
@@ -122,12 +124,6 @@ struct AttentionOptions {
   PageSelector selector;
 };
 
-// The arithmetic of attention. kLlamaCpp runs every layer (dense and CISA alike, on the same page
-// lists) through attend_llamacpp (attention_llamacpp.h): llama.cpp's CPU rounding order with an f16
-// KV cache, for conformance checks against its logits. ~2x slower than kDefault (Gemma 3), more
-// when every layer is global.
-enum class AttentionNumerics { kDefault, kLlamaCpp };
-
 struct ModelOptions {
   int threads = 0;          // 0: one per hardware thread
   int64_t context = 0;      // tokens per sequence; 0: the model's training context
@@ -140,9 +136,15 @@ struct ModelOptions {
   // Widen every quantised matrix to f32 at load and multiply in f32 (no 8-bit activations): the
   // exact function of the stored weights, for reference checks; ~4x the memory, much slower.
   bool weights_f32 = false;
+  // kLlamaCpp (backend.h) runs every layer (dense and CISA alike, on the same page lists) through
+  // attend_llamacpp: llama.cpp's CPU rounding order with an f16 KV cache, for conformance checks
+  // against its logits. ~2x slower than kDefault (Gemma 3). CPU backend only.
   AttentionNumerics attention_numerics = AttentionNumerics::kDefault;
   RepKind rep = RepKind::kMean;
   AttentionOptions attention;
+  // Makes the backend the model runs on, called once by load with {.threads = threads}. Empty:
+  // make_cpu_backend. Page selectors, attention taps and kLlamaCpp numerics need the CPU backend.
+  BackendFactory backend;
 };
 
 // Which rows of an input produce logits.
@@ -195,13 +197,23 @@ class Model {
   // kResourceExhausted when the KV cache cannot be allocated.
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              const ModelOptions& options = {});
+  // A model of the exact shape of a public one (synthetic_model_names()) with random weights
+  // (roughly normal, standard deviation 0.02, the same for a given name on every run; norm gains
+  // 1): for speed measurements only, its outputs mean nothing. No file and no tokenizer.
+  // options.context may go up to 1M tokens (0: the model's training context).
+  static Result<std::unique_ptr<Model>> load_synthetic(const std::string& name,
+                                                       const ModelOptions& options = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const ModelHparams& hparams() const;
   const ModelOptions& options() const;
+  // A model from load_synthetic has neither: has_tokenizer() and has_file() are false, and
+  // tokenizer() is then a one-token placeholder and file() an empty GGUF file.
+  bool has_tokenizer() const;
   const Tokenizer& tokenizer() const;
+  bool has_file() const;
   const GgufFile& file() const;
   int64_t context() const;  // tokens one sequence may hold
   int num_threads() const;
@@ -221,8 +233,11 @@ class Model {
   void reset_stats();
   // Calls `tap` for every global layer of every later forward step (an empty function removes
   // it). An error from the tap stops forward() with that error, the cache holding part of the step.
+  // Taps read the CPU cache: on another backend forward() refuses to run while a tap is set.
   void set_attention_tap(AttentionTap tap);
-  const PagedKvCache& cache() const;
+  // The CPU backend's KV cache; nullptr on any other backend.
+  const PagedKvCache* cpu_cache() const;
+  Backend& backend();
 
   struct Impl;
 
@@ -230,5 +245,14 @@ class Model {
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The names load_synthetic accepts: "llama-3.1-8b", "qwen2.5-7b" (its q/k/v biases omitted),
+// "tiny-llama" (2 layers, 64 wide, for tests).
+std::vector<std::string> synthetic_model_names();
+// The hyper-parameters load_synthetic uses for `name`; kNotFound for an unknown name.
+Result<ModelHparams> synthetic_hparams(const std::string& name);
+// The hyper-parameters load_synthetic(name) uses, without building anything (kNotFound for
+// another name).
+Result<ModelHparams> synthetic_hparams(const std::string& name);
 
 }  // namespace cisa

@@ -125,7 +125,10 @@ Result<Indexer> calibrate_indexer(const std::string& model_path, std::span<const
                   .stage = "score"});
 
     // Representatives of every full chunk the sampled positions can see, per (layer, group).
-    const PagedKvCache& cache = model->cache();
+    if (!model->cpu_cache())
+      return failed_precondition("the calibration reads the KV cache on the host: it needs the CPU "
+                                 "backend");
+    const PagedKvCache& cache = *model->cpu_cache();
     CISA_ASSIGN_OR_RETURN(std::span<const int32_t> bt, cache.block_table(seq));
     const int64_t max_eligible = pos.back() / B - cs.window;
     std::vector<std::vector<float>> reps(n_groups);

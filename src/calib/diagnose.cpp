@@ -127,7 +127,9 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
   }));
   model->set_attention_tap({});
 
-  const PagedKvCache& cache = model->cache();
+  if (!model->cpu_cache())
+    return failed_precondition("diagnose reads the KV cache on the host: it needs the CPU backend");
+  const PagedKvCache& cache = *model->cpu_cache();
   CISA_ASSIGN_OR_RETURN(std::span<const int32_t> bt, cache.block_table(seq));
   std::vector<int> layers;
   for (int l = 0; l < hp.n_layer; ++l)

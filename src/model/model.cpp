@@ -7,15 +7,16 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <unordered_set>
 
+#include "cisa/thread_pool.h"
 #include "model_impl.h"
 #include "model_ops.h"
 
 namespace cisa {
-namespace {
 
-Status validate_options(const ModelOptions& o) {
+Status validate_model_options(const ModelOptions& o) {
   if (o.threads < 0)
     return invalid_argument("threads must be >= 0 (got " + std::to_string(o.threads) + ")");
   if (o.context < 0)
@@ -32,8 +33,6 @@ Status validate_options(const ModelOptions& o) {
   return Status::Ok();
 }
 
-}  // namespace
-
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 
@@ -43,17 +42,37 @@ const ModelHparams& Model::hparams() const {
 const ModelOptions& Model::options() const {
   return impl_->opt;
 }
+bool Model::has_tokenizer() const {
+  return impl_->tok.has_value();
+}
 const Tokenizer& Model::tokenizer() const {
-  return *impl_->tok;
+  if (impl_->tok) return *impl_->tok;
+  static const Tokenizer* const kNone = [] {
+    Result<Tokenizer> t = Tokenizer::from_spec({.tokens = {"<unk>"}, .unk_id = 0});
+    return t.ok() ? new Tokenizer(std::move(*t)) : nullptr;
+  }();
+  return *kNone;
+}
+bool Model::has_file() const {
+  return impl_->file.has_value();
 }
 const GgufFile& Model::file() const {
-  return *impl_->file;
+  if (impl_->file) return *impl_->file;
+  // A GGUF v3 header with no tensors and no metadata.
+  static const uint8_t kEmpty[24] = {'G', 'G', 'U', 'F', 3};
+  static const GgufFile* const kNone = [] {
+    Result<GgufFile> f = GgufFile::parse(kEmpty);
+    return f.ok() ? new GgufFile(std::move(*f)) : nullptr;
+  }();
+  return *kNone;
 }
 int64_t Model::context() const {
   return impl_->context;
 }
 int Model::num_threads() const {
-  return impl_->pool.num_threads();
+  if (ThreadPool* p = impl_->be->cpu_pool()) return p->num_threads();
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return impl_->opt.threads > 0 ? impl_->opt.threads : std::max(1, hw);
 }
 const ForwardStats& Model::stats() const {
   return impl_->stats;
@@ -64,40 +83,69 @@ void Model::reset_stats() {
 void Model::set_attention_tap(AttentionTap tap) {
   impl_->tap = std::move(tap);
 }
-const PagedKvCache& Model::cache() const {
-  return *impl_->cache;
+const PagedKvCache* Model::cpu_cache() const {
+  return impl_->be->cpu_cache();
+}
+Backend& Model::backend() {
+  return *impl_->be;
+}
+
+Status ensure_buffer(Backend& be, BufferPtr& b, int64_t bytes, const char* what) {
+  if (b && b->bytes() >= bytes) return Status::Ok();
+  b.reset();
+  CISA_ASSIGN_OR_RETURN(b, be.allocate(bytes, what));
+  return Status::Ok();
+}
+
+Status Model::Impl::make_backend() {
+  const BackendOptions bo{.threads = opt.threads};
+  CISA_ASSIGN_OR_RETURN(be, opt.backend ? opt.backend(bo) : make_cpu_backend(bo));
+  if (!be) return invalid_argument("ModelOptions::backend returned no backend");
+  if (be->kind() != BackendKind::kCpu) {
+    const std::string on = std::string(" needs the CPU backend (this model runs on ") +
+                           be->description() + ")";
+    if (opt.attention.selector) return invalid_argument("a page selector" + on);
+    if (opt.attention_numerics == AttentionNumerics::kLlamaCpp)
+      return invalid_argument("llama.cpp attention numerics" + on);
+  }
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelOptions& options) {
-  CISA_RETURN_IF_ERROR(validate_options(options));
+  CISA_RETURN_IF_ERROR(validate_model_options(options));
   CISA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_hparams(file));
-  CISA_ASSIGN_OR_RETURN(ModelWeights weights, bind_weights(file, hp, options.weights_f32));
-  CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
-  if (tok.vocab_size() != hp.n_vocab)
-    return data_loss("tokenizer has " + std::to_string(tok.vocab_size()) +
-                     " tokens but token_embd.weight has " + std::to_string(hp.n_vocab) + " rows");
   const int64_t context = options.context ? options.context : hp.n_ctx_train;
   if (context > hp.n_ctx_train)
     return invalid_argument("context " + std::to_string(context) +
                             " exceeds the model's training context " +
                             std::to_string(hp.n_ctx_train));
-
-  auto impl = std::make_unique<Impl>(options.threads);
-  impl->hp = std::move(hp);
+  auto impl = std::make_unique<Impl>();
   impl->opt = options;
-  impl->w = std::move(weights);
+  CISA_RETURN_IF_ERROR(impl->make_backend());
+  CISA_ASSIGN_OR_RETURN(impl->w, bind_weights(file, hp, options.weights_f32, *impl->be));
+  CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
+  if (tok.vocab_size() != hp.n_vocab)
+    return data_loss("tokenizer has " + std::to_string(tok.vocab_size()) +
+                     " tokens but token_embd.weight has " + std::to_string(hp.n_vocab) + " rows");
+  impl->hp = std::move(hp);
   impl->context = context;
-  const ModelHparams& h = impl->hp;
+  CISA_RETURN_IF_ERROR(impl->setup_attention_and_cache());
+  impl->file.emplace(std::move(file));
+  impl->tok.emplace(std::move(tok));
+  return std::unique_ptr<Model>(new Model(std::move(impl)));
+}
 
+Status Model::Impl::setup_attention_and_cache() {
+  const ModelHparams& h = hp;
   // Which layers run CISA, and the supplied index projections.
-  const AttentionOptions& ao = options.attention;
-  impl->layer_cisa.assign(static_cast<size_t>(h.n_layer), false);
+  const AttentionOptions& ao = opt.attention;
+  layer_cisa.assign(static_cast<size_t>(h.n_layer), false);
   for (int l = 0; l < h.n_layer; ++l)
-    impl->layer_cisa[static_cast<size_t>(l)] =
+    layer_cisa[static_cast<size_t>(l)] =
         ao.mode == AttentionMode::kCisa && h.is_global(l) && l >= ao.dense_layers;
-  impl->index_weights.assign(static_cast<size_t>(h.n_layer),
-                             std::vector<const float*>(static_cast<size_t>(h.n_head_kv), nullptr));
+  index_w.assign(static_cast<size_t>(h.n_layer),
+                 std::vector<BackendMatrix>(static_cast<size_t>(h.n_head_kv)));
   for (const IndexProjection& p : ao.index) {
     if (p.layer < 0 || p.layer >= h.n_layer || p.kv_group < 0 || p.kv_group >= h.n_head_kv)
       return invalid_argument("index projection for layer " + std::to_string(p.layer) +
@@ -109,45 +157,43 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
                               std::to_string(p.weight.size()) +
                               " values, expected head_dim x n_embd = " +
                               std::to_string(int64_t{h.head_dim} * h.n_embd));
-    if (!impl->layer_cisa[static_cast<size_t>(p.layer)])
+    if (!layer_cisa[static_cast<size_t>(p.layer)])
       return invalid_argument(
           "index projection given for layer " + std::to_string(p.layer) +
           ", which does not run CISA (sliding-window, kept dense, or dense mode)");
-    const float*& slot =
-        impl->index_weights[static_cast<size_t>(p.layer)][static_cast<size_t>(p.kv_group)];
-    if (slot)
+    BackendMatrix& slot = index_w[static_cast<size_t>(p.layer)][static_cast<size_t>(p.kv_group)];
+    if (slot.id >= 0)
       return invalid_argument("two index projections for layer " + std::to_string(p.layer) +
                               ", KV group " + std::to_string(p.kv_group));
-    slot = p.weight.data();
+    // Bound from this model's copy of the options (the CPU backend keeps the view).
+    CISA_ASSIGN_OR_RETURN(slot, be->bind_matrix(
+                                    {.type = GgmlType::F32,
+                                     .n_rows = h.head_dim,
+                                     .n_cols = h.n_embd,
+                                     .row_bytes = static_cast<uint64_t>(h.n_embd) * sizeof(float),
+                                     .data = reinterpret_cast<const uint8_t*>(p.weight.data())}));
   }
-  // index_weights point into impl->opt's copy, not the caller's options.
-  for (const IndexProjection& p : impl->opt.attention.index)
-    impl->index_weights[static_cast<size_t>(p.layer)][static_cast<size_t>(p.kv_group)] =
-        p.weight.data();
 
   KvCacheConfig kc;
   kc.num_layers = h.n_layer;
   kc.num_kv_heads = h.n_head_kv;
   kc.head_dim = h.head_dim;
   kc.page_size = 16;
-  kc.num_pages = (context + kc.page_size - 1) / kc.page_size * options.max_sequences;
-  kc.dtype = options.kv_dtype;
-  kc.rep = options.rep;
-  kc.rep_layers = impl->layer_cisa;
-  CISA_ASSIGN_OR_RETURN(impl->cache, PagedKvCache::create(kc));
-  impl->file.emplace(std::move(file));
-  impl->tok.emplace(std::move(tok));
-  return std::unique_ptr<Model>(new Model(std::move(impl)));
+  kc.num_pages = (context + kc.page_size - 1) / kc.page_size * opt.max_sequences;
+  kc.dtype = opt.kv_dtype;
+  kc.rep = opt.rep;
+  kc.rep_layers = layer_cisa;
+  return be->create_cache(kc);
 }
 
 Result<SeqId> Model::add_sequence() {
-  return impl_->cache->add_sequence();
+  return impl_->be->add_sequence();
 }
 Status Model::release_sequence(SeqId seq) {
-  return impl_->cache->release_sequence(seq);
+  return impl_->be->release_sequence(seq);
 }
 Result<int64_t> Model::sequence_length(SeqId seq) const {
-  return impl_->cache->length(seq);
+  return impl_->be->pages().length(seq);
 }
 
 Status Model::Impl::run_layers() {
@@ -165,16 +211,21 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
                       const ProgressFn& progress) {
   Impl& m = *impl_;
   const ModelHparams& hp = m.hp;
+  Backend& be = *m.be;
+  const PageTable& table = be.pages();
   const auto t_start = std::chrono::steady_clock::now();
 
   // ---- check everything before touching the cache ----
+  if (m.tap && !be.cpu_cache())
+    return failed_precondition("forward: an attention tap needs the CPU backend (this model runs "
+                               "on " + be.description() + ")");
   int64_t total_rows = 0, n_out = 0, pages_needed = 0;
   std::unordered_set<SeqId> seen;
   std::vector<int64_t> start(inputs.size());
-  const int B = m.cache->page_size();
+  const int B = table.page_size();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const SequenceInput& in = inputs[i];
-    if (!m.cache->has_sequence(in.seq))
+    if (!table.has_sequence(in.seq))
       return not_found("forward: sequence " + std::to_string(in.seq) + " does not exist");
     if (!seen.insert(in.seq).second)
       return invalid_argument("forward: sequence " + std::to_string(in.seq) +
@@ -185,7 +236,7 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
       if (id < 0 || id >= hp.n_vocab)
         return out_of_range("forward: token id " + std::to_string(id) +
                             " is outside the vocabulary [0, " + std::to_string(hp.n_vocab) + ")");
-    CISA_ASSIGN_OR_RETURN(int64_t len, m.cache->length(in.seq));
+    CISA_ASSIGN_OR_RETURN(int64_t len, table.length(in.seq));
     if (len + n > m.context)
       return out_of_range("forward: sequence " + std::to_string(in.seq) + " would hold " +
                           std::to_string(len + n) + " tokens, more than the context of " +
@@ -214,39 +265,43 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
         break;
     }
   }
-  if (pages_needed > m.cache->free_pages())
+  if (pages_needed > table.free_pages())
     return resource_exhausted("forward: needs " + std::to_string(pages_needed) + " KV pages but " +
-                              std::to_string(m.cache->free_pages()) + " are free");
+                              std::to_string(table.free_pages()) + " are free");
   if (n_out > 0 && !logits)
     return invalid_argument("forward: logits requested but no output vector given");
   if (logits) logits->assign(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab), 0.0f);
 
   // ---- steps ----
-  const int E = hp.n_embd, d = hp.head_dim;
+  const int64_t E = hp.n_embd, d = hp.head_dim, half = d / 2, V = hp.n_vocab;
+  const int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
   StepState& st = m.st;
   std::vector<int64_t> done(inputs.size(), 0);
-  std::vector<int32_t> row_token;
   std::vector<int64_t> out_rows;  // step rows whose logits are wanted, in output order
-  std::vector<float> xo;
   int64_t out_written = 0, rows_done = 0;
   size_t cur = 0;
-  const bool any_swa =
-      std::find(hp.layer_swa.begin(), hp.layer_swa.end(), true) != hp.layer_swa.end();
+  bool any_swa = false, any_dense_global = false, any_cisa = false;
+  for (int l = 0; l < hp.n_layer; ++l) {
+    any_swa = any_swa || !hp.is_global(l);
+    any_dense_global = any_dense_global || (hp.is_global(l) && !m.layer_cisa[size_t(l)]);
+    any_cisa = any_cisa || m.layer_cisa[size_t(l)];
+  }
+  ThreadPool* host_pool = be.cpu_pool();
   while (cur < inputs.size()) {
     st.batch.clear();
-    row_token.clear();
+    st.tokens.clear();
     out_rows.clear();
     int64_t budget = m.opt.prefill_block;
     while (cur < inputs.size() && budget > 0) {
       const SequenceInput& in = inputs[cur];
       const int64_t n = static_cast<int64_t>(in.tokens.size());
       const int64_t c = std::min(budget, n - done[cur]);
-      const int64_t row0 = static_cast<int64_t>(row_token.size());
+      const int64_t row0 = static_cast<int64_t>(st.tokens.size());
       st.batch.push_back(
           {.seq = in.seq, .first = start[cur] + done[cur], .count = static_cast<int32_t>(c)});
       for (int64_t j = 0; j < c; ++j) {
         const int64_t idx = done[cur] + j;
-        row_token.push_back(in.tokens[static_cast<size_t>(idx)]);
+        st.tokens.push_back(in.tokens[static_cast<size_t>(idx)]);
         bool want =
             in.outputs == OutputMode::kAll || (in.outputs == OutputMode::kLast && idx == n - 1);
         if (in.outputs == OutputMode::kPositions)
@@ -257,61 +312,81 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
       budget -= c;
       if (done[cur] == n) ++cur;
     }
-    const int64_t rows = static_cast<int64_t>(row_token.size());
+    const int64_t rows = static_cast<int64_t>(st.tokens.size());
     st.rows = rows;
-    for (const BatchEntry& e : st.batch) CISA_RETURN_IF_ERROR(m.cache->reserve(e.seq, e.count));
+    for (const BatchEntry& e : st.batch) CISA_RETURN_IF_ERROR(be.reserve(e.seq, e.count));
 
-    const size_t R = static_cast<size_t>(rows);
-    st.pos.resize(R);
-    st.x.resize(R * E);
-    st.xn.resize(R * E);
-    st.o.resize(R * E);
-    st.q.resize(R * hp.n_head * d);
-    st.att.resize(R * hp.n_head * d);
-    st.k.resize(R * hp.n_head_kv * d);
-    st.v.resize(R * hp.n_head_kv * d);
-    st.gate.resize(R * hp.n_ff);
-    st.up.resize(R * hp.n_ff);
-    st.index_q.resize(R * hp.n_head_kv * d);
-    st.proj.resize(R * d);
+    const int64_t f4 = sizeof(float);
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.token_ids, rows * 4, "token ids"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.x, rows * E * f4, "residual stream"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.xn, rows * E * f4, "normed activations"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.o, rows * E * f4, "sub-block outputs"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.q, rows * Hq * d * f4, "queries"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.att, rows * Hq * d * f4, "attention outputs"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.k, rows * Hkv * d * f4, "keys"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.v, rows * Hkv * d * f4, "values"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.gate, rows * F * f4, "MLP gate"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.up, rows * F * f4, "MLP up"));
+    CISA_RETURN_IF_ERROR(ensure_buffer(be, st.index_q, rows * Hkv * d * f4, "index queries"));
+    st.pos.resize(static_cast<size_t>(rows));
     {
       size_t r = 0;
       for (const BatchEntry& e : st.batch)
         for (int32_t j = 0; j < e.count; ++j) st.pos[r++] = e.first + j;
     }
     // Embeddings, scaled (Gemma multiplies by sqrt(n_embd)).
-    const WeightView& emb = m.w.tok_embd;
-    m.for_rows(rows, [&](int64_t r) {
-      float* x = st.x.data() + r * E;
-      (void)dequantize_row(emb.type, emb.row(row_token[static_cast<size_t>(r)]), x,
-                           E);  // type checked at load
-      if (hp.embed_scale != 1.0f)
-        for (int i = 0; i < E; ++i) x[i] *= hp.embed_scale;
-    });
-    // RoPE angle tables for this step's positions, one per base in use.
+    CISA_RETURN_IF_ERROR(be.upload(st.token_ids->data(), st.tokens.data(), rows * 4));
+    CISA_RETURN_IF_ERROR(
+        be.embed(m.w.tok_embd, st.token_ids->i32(), rows, hp.embed_scale, st.x->f32()));
+    // RoPE angle tables for this step's positions, one per base in use, made on the host.
+    st.host_cos.resize(static_cast<size_t>(rows * half));
+    st.host_sin.resize(static_cast<size_t>(rows * half));
     for (int t = 0; t < 2; ++t) {
       if (t == 1 && !any_swa) continue;
       const double base = t == 0 ? hp.rope_base : hp.rope_base_swa;
-      st.rope_cos[t].resize(R * (d / 2));
-      st.rope_sin[t].resize(R * (d / 2));
-      m.for_rows(rows, [&](int64_t r) {
-        ops::rope_table(&st.pos[static_cast<size_t>(r)], 1, d, base,
-                        st.rope_cos[t].data() + r * (d / 2), st.rope_sin[t].data() + r * (d / 2));
-      });
+      auto table_rows = [&](int64_t r, int) {
+        ops::rope_table(&st.pos[static_cast<size_t>(r)], 1, static_cast<int>(d), base,
+                        st.host_cos.data() + r * half, st.host_sin.data() + r * half);
+      };
+      if (host_pool && rows >= 8) {
+        host_pool->parallel_for(rows, table_rows);
+      } else {
+        for (int64_t r = 0; r < rows; ++r) table_rows(r, 0);
+      }
+      CISA_RETURN_IF_ERROR(ensure_buffer(be, st.rope_cos[t], rows * half * f4, "RoPE cosines"));
+      CISA_RETURN_IF_ERROR(ensure_buffer(be, st.rope_sin[t], rows * half * f4, "RoPE sines"));
+      CISA_RETURN_IF_ERROR(be.upload(st.rope_cos[t]->data(), st.host_cos.data(), rows * half * f4));
+      CISA_RETURN_IF_ERROR(be.upload(st.rope_sin[t]->data(), st.host_sin.data(), rows * half * f4));
     }
-    st.global_planned = st.swa_planned = false;
+    // Page lists of the step, one plan per kind of layer (CISA layers select per layer).
+    if (any_swa)
+      CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kSliding, st.batch,
+                                   {.kind = PlanKind::kDense,
+                                    .sliding_window = hp.sliding_window}));
+    if (any_dense_global)
+      CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kGlobal, st.batch, {.kind = PlanKind::kDense}));
+    if (any_cisa)
+      CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kCisa, st.batch,
+                                   {.kind = PlanKind::kCisa,
+                                    .selection = m.opt.attention.selection}));
     CISA_RETURN_IF_ERROR(m.run_layers());
 
     // Final norm and logits for the wanted rows only (the output matrix is the largest one).
     if (!out_rows.empty()) {
       const int64_t no = static_cast<int64_t>(out_rows.size());
-      xo.resize(static_cast<size_t>(no) * E);
-      m.for_rows(no, [&](int64_t i) {
-        ops::rms_norm(st.x.data() + out_rows[static_cast<size_t>(i)] * E, m.w.output_norm.data(),
-                      xo.data() + i * E, E, hp.rms_eps);
-      });
-      CISA_RETURN_IF_ERROR(matmul(m.w.output, xo.data(), logits->data() + out_written * hp.n_vocab,
-                                  no, m.pool, &m.mm));
+      CISA_RETURN_IF_ERROR(ensure_buffer(be, st.xo, no * E * f4, "output rows"));
+      CISA_RETURN_IF_ERROR(be.gather_rows(st.x->f32(), out_rows, E, st.xo->f32()));
+      CISA_RETURN_IF_ERROR(
+          be.rms_norm(st.xo->f32(), m.w.output_norm, st.xo->f32(), no, hp.n_embd, hp.rms_eps));
+      float* dst = logits->data() + out_written * V;
+      if (be.kind() == BackendKind::kCpu) {
+        // Host memory is the CPU backend's memory: the product lands in `logits` directly.
+        CISA_RETURN_IF_ERROR(be.matmul(m.w.output, st.xo->f32(), dst, no));
+      } else {
+        CISA_RETURN_IF_ERROR(ensure_buffer(be, st.logits, no * V * f4, "logits"));
+        CISA_RETURN_IF_ERROR(be.matmul(m.w.output, st.xo->f32(), st.logits->f32(), no));
+        CISA_RETURN_IF_ERROR(be.download(dst, st.logits->data(), no * V * f4));
+      }
       out_written += no;
     }
     rows_done += rows;
@@ -319,6 +394,7 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
     m.stats.steps += 1;
     if (progress) progress(rows_done, total_rows);
   }
+  CISA_RETURN_IF_ERROR(be.synchronize());
   m.stats.seconds_total +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return Status::Ok();

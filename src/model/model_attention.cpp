@@ -4,10 +4,8 @@
 #include <chrono>
 #include <string>
 
-#include "cisa/attention_llamacpp.h"
-#include "cisa/selection.h"
+#include "cisa/plan.h"
 #include "model_impl.h"
-#include "model_ops.h"
 
 namespace cisa {
 namespace {
@@ -17,7 +15,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // A supplied selector's lists are checked for shape before anything indexes them (the traffic
-// count below and attend(), which checks groups and page ownership itself).
+// count below and the backend's attend(), which checks groups and page ownership itself).
 Status check_selector_lists(const PageLists& l, int num_kv_heads) {
   bool ok = l.num_kv_heads == num_kv_heads &&
             l.offsets.size() == static_cast<size_t>(l.num_lists() + 1) && l.offsets[0] == 0 &&
@@ -35,194 +33,127 @@ Status check_selector_lists(const PageLists& l, int num_kv_heads) {
 Status Model::Impl::attention(int layer) {
   const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
   const int64_t rows = st.rows;
-  const int d = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, hg = hp.heads_per_group();
+  const int d = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   const bool swa = hp.layer_swa[static_cast<size_t>(layer)];
   const bool cisa = layer_cisa[static_cast<size_t>(layer)];
   const bool tapped = tap && !swa;
   const bool want_index = cisa || tapped;  // a tap sees the index queries of dense layers too
   const int table = swa ? 1 : 0;
-  const int half = d / 2;
   const bool llamacpp_numerics = opt.attention_numerics == AttentionNumerics::kLlamaCpp;
+  float* const q = st.q->f32();
+  float* const k = st.k->f32();
+  float* const v = st.v->f32();
+  float* const iq = st.index_q->f32();
+  const float* const xn = st.xn->f32();
 
-  CISA_RETURN_IF_ERROR(matmul(L.wq, st.xn.data(), st.q.data(), rows, pool, &mm));
-  CISA_RETURN_IF_ERROR(matmul(L.wk, st.xn.data(), st.k.data(), rows, pool, &mm));
-  CISA_RETURN_IF_ERROR(matmul(L.wv, st.xn.data(), st.v.data(), rows, pool, &mm));
+  CISA_RETURN_IF_ERROR(be->matmul(L.wq, xn, q, rows));
+  CISA_RETURN_IF_ERROR(be->matmul(L.wk, xn, k, rows));
+  CISA_RETURN_IF_ERROR(be->matmul(L.wv, xn, v, rows));
 
   // CISA index queries, before the model's query post-processing: a supplied projection W̃ x,
   // or the mean of the group's projected query heads (= (mean of their W_q rows) x).
   if (want_index) {
-    for (int g = 0; g < Hkv; ++g) {
-      const float* wp = index_weights[static_cast<size_t>(layer)][static_cast<size_t>(g)];
-      if (wp) {
-        WeightView iw{.type = GgmlType::F32,
-                      .n_rows = d,
-                      .n_cols = hp.n_embd,
-                      .row_bytes = static_cast<uint64_t>(hp.n_embd) * sizeof(float),
-                      .data = reinterpret_cast<const uint8_t*>(wp)};
-        CISA_RETURN_IF_ERROR(matmul(iw, st.xn.data(), st.proj.data(), rows, pool, &mm));
-        for (int64_t r = 0; r < rows; ++r)
-          std::copy(st.proj.begin() + r * d, st.proj.begin() + (r + 1) * d,
-                    st.index_q.begin() + (r * Hkv + g) * d);
-      } else {
-        const float inv = 1.0f / static_cast<float>(hg);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* dst = st.index_q.data() + (r * Hkv + g) * d;
-          const float* src = st.q.data() + (r * Hq + g * hg) * d;
-          for (int i = 0; i < d; ++i) {
-            float s = 0.0f;
-            for (int h = 0; h < hg; ++h) s += src[h * d + i];
-            dst[i] = s * inv;
-          }
-        }
-      }
-    }
+    const std::vector<BackendMatrix>& iw = index_w[static_cast<size_t>(layer)];
+    if (std::any_of(iw.begin(), iw.end(), [](const BackendMatrix& m) { return m.id < 0; }))
+      CISA_RETURN_IF_ERROR(be->mean_heads(q, rows, Hq, Hkv, d, iq));
+    for (int g = 0; g < Hkv; ++g)
+      if (iw[static_cast<size_t>(g)].id >= 0)
+        CISA_RETURN_IF_ERROR(
+            be->matmul(iw[static_cast<size_t>(g)], xn, iq + g * d, rows, int64_t{Hkv} * d));
   }
 
   // q/k RMSNorm per head (Gemma), then RoPE at each row's position.
-  const float* qn = hp.qk_norm ? L.q_norm.data() : nullptr;
-  const float* kn = hp.qk_norm ? L.k_norm.data() : nullptr;
-  for_rows(rows, [&](int64_t r) {
-    const float* cs = st.rope_cos[table].data() + r * half;
-    const float* sn = st.rope_sin[table].data() + r * half;
-    for (int h = 0; h < Hq; ++h) {
-      float* x = st.q.data() + (r * Hq + h) * d;
-      if (qn) ops::rms_norm(x, qn, x, d, hp.rms_eps);
-      ops::rope_apply(x, cs, sn, d, hp.rope_style);
-      // (llama.cpp numerics round the query themselves, after Gemma's scaling: not twice.)
-      if (opt.round_kv_f16 && !llamacpp_numerics) ops::round_to_f16(x, d);
-    }
-    for (int h = 0; h < Hkv; ++h) {
-      float* x = st.k.data() + (r * Hkv + h) * d;
-      if (kn) ops::rms_norm(x, kn, x, d, hp.rms_eps);
-      ops::rope_apply(x, cs, sn, d, hp.rope_style);
-      if (opt.round_kv_f16) {
-        // llama.cpp's default cache holds K and V in f16, and its q·k product rounds the queries to
-        // f16 as well; rounding the same values here reproduces those numerics (conformance tests).
-        ops::round_to_f16(x, d);
-        ops::round_to_f16(st.v.data() + (r * Hkv + h) * d, d);
-      }
-      if (want_index) {
-        float* iq = st.index_q.data() + (r * Hkv + h) * d;
-        if (qn) ops::rms_norm(iq, qn, iq, d, hp.rms_eps);
-        ops::rope_apply(iq, cs, sn, d, hp.rope_style);
-      }
-    }
-  });
+  const float* cs = st.rope_cos[table]->f32();
+  const float* sn = st.rope_sin[table]->f32();
+  if (hp.qk_norm) {
+    CISA_RETURN_IF_ERROR(be->rms_norm(q, L.q_norm, q, rows * Hq, d, hp.rms_eps));
+    CISA_RETURN_IF_ERROR(be->rms_norm(k, L.k_norm, k, rows * Hkv, d, hp.rms_eps));
+  }
+  CISA_RETURN_IF_ERROR(be->rope(q, rows, Hq, d, cs, sn, hp.rope_style));
+  CISA_RETURN_IF_ERROR(be->rope(k, rows, Hkv, d, cs, sn, hp.rope_style));
+  if (want_index) {
+    if (hp.qk_norm) CISA_RETURN_IF_ERROR(be->rms_norm(iq, L.q_norm, iq, rows * Hkv, d, hp.rms_eps));
+    CISA_RETURN_IF_ERROR(be->rope(iq, rows, Hkv, d, cs, sn, hp.rope_style));
+  }
+  if (opt.round_kv_f16) {
+    // llama.cpp's default cache holds K and V in f16, and its q·k product rounds the queries to
+    // f16 as well; rounding the same values here reproduces those numerics (conformance tests).
+    // (llama.cpp numerics round the query themselves, after Gemma's scaling: not twice.)
+    if (!llamacpp_numerics) CISA_RETURN_IF_ERROR(be->round_f16(q, rows * Hq * d));
+    CISA_RETURN_IF_ERROR(be->round_f16(k, rows * Hkv * d));
+    CISA_RETURN_IF_ERROR(be->round_f16(v, rows * Hkv * d));
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
-  int64_t row = 0;
-  for (const BatchEntry& e : st.batch) {
-    const size_t off = static_cast<size_t>(row * Hkv * d);
-    CISA_RETURN_IF_ERROR(
-        cache->append(layer, e.seq, e.count, st.k.data() + off, st.v.data() + off));
-    row += e.count;
-  }
+  CISA_RETURN_IF_ERROR(be->append_kv(layer, st.batch, k, v));
   double tap_seconds = 0;  // kept out of the attention timings
   if (tapped) {
     const auto t_tap = std::chrono::steady_clock::now();
     CISA_RETURN_IF_ERROR(tap({.layer = layer,
                               .batch = st.batch,
                               .positions = st.pos,
-                              .q = st.q.data(),
-                              .index_q = st.index_q.data(),
-                              .cache = cache.get()}));
+                              .q = q,
+                              .index_q = iq,
+                              .cache = be->cpu_cache()}));
     tap_seconds = seconds_since(t_tap);
   }
 
-  const PageLists* lists = nullptr;
-  if (swa) {
-    if (!st.swa_planned) {
-      CISA_RETURN_IF_ERROR(plan_dense(*cache, layer, st.batch, hp.sliding_window, &st.swa_lists));
-      st.swa_planned = true;
+  const PlanSlot slot = swa ? PlanSlot::kSliding : cisa ? PlanSlot::kCisa : PlanSlot::kGlobal;
+  if (cisa) {
+    // Planning: CISA's own top-k of index scores, or the selector the options supply (the
+    // eval's oracle); either way attention below reads exactly the listed pages.
+    if (opt.attention.selector) {
+      CISA_RETURN_IF_ERROR(opt.attention.selector({.layer = layer,
+                                                   .batch = st.batch,
+                                                   .q = q,
+                                                   .num_q_heads = Hq,
+                                                   .scale = hp.attn_scale,
+                                                   .index_q = iq,
+                                                   .selection = &opt.attention.selection,
+                                                   .cache = be->cpu_cache(),
+                                                   .pool = be->cpu_pool()},
+                                                  &st.selector_lists));
+      CISA_RETURN_IF_ERROR(check_selector_lists(st.selector_lists, Hkv));
+      CISA_RETURN_IF_ERROR(be->set_page_lists(slot, st.selector_lists));
+    } else {
+      CISA_RETURN_IF_ERROR(be->select(slot, layer, iq));
     }
-    lists = &st.swa_lists;
-  } else {
-    // The dense plan of global layers is the same for every global layer of a step.
-    if (!st.global_planned) {
-      CISA_RETURN_IF_ERROR(plan_dense(*cache, layer, st.batch, 0, &st.global_lists));
-      st.global_planned = true;
-    }
-    lists = &st.global_lists;
-    if (cisa) {
-      // Planning: CISA's own top-k of index scores, or the selector the options supply (the
-      // eval's oracle); either way attention below reads exactly the listed pages.
-      if (opt.attention.selector) {
-        CISA_RETURN_IF_ERROR(opt.attention.selector({.layer = layer,
-                                                     .batch = st.batch,
-                                                     .q = st.q.data(),
-                                                     .num_q_heads = Hq,
-                                                     .scale = hp.attn_scale,
-                                                     .index_q = st.index_q.data(),
-                                                     .selection = &opt.attention.selection,
-                                                     .cache = cache.get(),
-                                                     .pool = &pool},
-                                                    &st.cisa_lists));
-        CISA_RETURN_IF_ERROR(check_selector_lists(st.cisa_lists, Hkv));
-      } else {
-        CISA_RETURN_IF_ERROR(select_pages(*cache, layer, st.batch, st.index_q.data(),
-                                          opt.attention.selection, &pool, &st.cisa_lists));
-      }
-      lists = &st.cisa_lists;
-    }
-    // Traffic per query position (SPEC §8): dense reads pages 0 … c(t); a CISA group's positions
-    // each read their group's list.
-    const int64_t B = cache->page_size();
-    int64_t dense_pages = 0;
-    for (int64_t r = 0; r < rows; ++r) dense_pages += st.pos[static_cast<size_t>(r)] / B + 1;
-    dense_pages *= Hkv;
-    int64_t read_pages = dense_pages;
-    if (cisa) {
-      // A position t of a group reads the group's pages up to its own page c(t) (later ones are
-      // masked and skipped), so charge each position the list's chunks ≤ c(t).
-      read_pages = 0;
-      for (size_t i = 0; i < lists->groups.size(); ++i)
-        for (int g = 0; g < Hkv; ++g) {
-          const auto chunks = lists->list_chunks(static_cast<int64_t>(i), g);
-          for (int64_t t = lists->groups[i].first; t <= lists->groups[i].last; ++t)
-            read_pages +=
-                std::upper_bound(chunks.begin(), chunks.end(), static_cast<int32_t>(t / B)) -
-                chunks.begin();
-        }
-    }
-    stats.global_pages_dense += dense_pages;
-    stats.global_pages_read += read_pages;
   }
-  if (llamacpp_numerics) {
-    // llama.cpp's Gemma graphs multiply the queries by the attention scale before attention (and
-    // then attend with scale 1); its Llama graphs scale the q·k products.
-    const LlamaCppAttentionParams lp{.scale = hp.attn_scale,
-                                     .sliding_window = swa ? hp.sliding_window : 0,
-                                     .scale_queries = hp.arch == ModelArch::kGemma3};
-    CISA_RETURN_IF_ERROR(attend_llamacpp(*cache, layer, st.batch, *lists, st.q.data(), Hq, lp,
-                                         st.att.data(), pool));
-  } else {
-    const AttentionParams ap{.scale = hp.attn_scale,
-                             .sliding_window = swa ? hp.sliding_window : 0};
-    CISA_RETURN_IF_ERROR(attend(*cache, layer, st.batch, *lists, st.q.data(), Hq, ap,
-                                st.att.data(), nullptr, pool, &aws));
+  // llama.cpp's Gemma graphs multiply the queries by the attention scale before attention (and
+  // then attend with scale 1); its Llama graphs scale the q·k products.
+  const AttendParams ap{.scale = hp.attn_scale,
+                        .sliding_window = swa ? hp.sliding_window : 0,
+                        .numerics = opt.attention_numerics,
+                        .scale_queries = llamacpp_numerics && hp.arch == ModelArch::kGemma3};
+  CISA_RETURN_IF_ERROR(be->attend(slot, layer, q, Hq, ap, st.att->f32()));
+  if (!swa) {
+    // Traffic per query position (SPEC §8): dense reads pages 0 … c(t); a CISA group's positions
+    // each read their group's list up to c(t) (later pages are masked and skipped).
+    const int B = be->cache_config().page_size;
+    int64_t dense_pages = 0, read_pages = 0;
+    for (const QueryGroup& g : be->plan_groups(slot)) {
+      const int64_t dense = pages_read_dense(g, B);
+      dense_pages += dense;
+      read_pages += cisa ? pages_read(g, B, opt.attention.selection) : dense;
+    }
+    stats.global_pages_dense += dense_pages * Hkv;
+    stats.global_pages_read += read_pages * Hkv;
   }
   const double dt = seconds_since(t0) - tap_seconds;
   stats.seconds_attention += dt;
   if (!swa) stats.seconds_global_attention += dt;
 
-  return matmul(L.wo, st.att.data(), st.o.data(), rows, pool, &mm);
+  return be->matmul(L.wo, st.att->f32(), st.o->f32(), rows);
 }
 
 Status Model::Impl::mlp(int layer) {
   const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
-  const int64_t rows = st.rows, F = hp.n_ff;
-  CISA_RETURN_IF_ERROR(matmul(L.gate, st.xn.data(), st.gate.data(), rows, pool, &mm));
-  CISA_RETURN_IF_ERROR(matmul(L.up, st.xn.data(), st.up.data(), rows, pool, &mm));
-  for_rows(rows, [&](int64_t r) {
-    ops::gated_activation(hp.activation, st.gate.data() + r * F, st.up.data() + r * F,
-                          st.gate.data() + r * F, F);
-  });
-  return matmul(L.down, st.gate.data(), st.o.data(), rows, pool, &mm);
-}
-
-void Model::Impl::norm_rows(const float* x, const std::vector<float>& wt, float* y, int64_t rows,
-                            int n) {
-  for_rows(rows, [&](int64_t r) { ops::rms_norm(x + r * n, wt.data(), y + r * n, n, hp.rms_eps); });
+  const int64_t rows = st.rows;
+  float* const gate = st.gate->f32();
+  CISA_RETURN_IF_ERROR(be->matmul(L.gate, st.xn->f32(), gate, rows));
+  CISA_RETURN_IF_ERROR(be->matmul(L.up, st.xn->f32(), st.up->f32(), rows));
+  CISA_RETURN_IF_ERROR(be->gated_activation(hp.activation, gate, st.up->f32(), gate, rows, hp.n_ff));
+  return be->matmul(L.down, gate, st.o->f32(), rows);
 }
 
 }  // namespace cisa

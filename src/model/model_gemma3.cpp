@@ -4,7 +4,6 @@
 // Sliding-window layers attend to the last `sliding_window` positions with RoPE base 10,000;
 // global layers attend to everything with the metadata's base.
 #include "model_impl.h"
-#include "model_ops.h"
 
 namespace cisa {
 
@@ -12,21 +11,17 @@ Status Model::Impl::layer_gemma3(int layer) {
   const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
   const int64_t rows = st.rows;
   const int E = hp.n_embd;
-  norm_rows(st.x.data(), L.attn_norm, st.xn.data(), rows, E);
+  float* const x = st.x->f32();
+  float* const xn = st.xn->f32();
+  float* const o = st.o->f32();
+  CISA_RETURN_IF_ERROR(be->rms_norm(x, L.attn_norm, xn, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(attention(layer));
-  for_rows(rows, [&](int64_t r) {
-    float* o = st.o.data() + r * E;
-    ops::rms_norm(o, L.post_attn_norm.data(), o, E, hp.rms_eps);
-    ops::add_inplace(st.x.data() + r * E, o, E);
-  });
-  norm_rows(st.x.data(), L.ffn_norm, st.xn.data(), rows, E);
+  CISA_RETURN_IF_ERROR(be->rms_norm(o, L.post_attn_norm, o, rows, E, hp.rms_eps));
+  CISA_RETURN_IF_ERROR(be->add(x, o, rows * E));
+  CISA_RETURN_IF_ERROR(be->rms_norm(x, L.ffn_norm, xn, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(mlp(layer));
-  for_rows(rows, [&](int64_t r) {
-    float* o = st.o.data() + r * E;
-    ops::rms_norm(o, L.post_ffn_norm.data(), o, E, hp.rms_eps);
-    ops::add_inplace(st.x.data() + r * E, o, E);
-  });
-  return Status::Ok();
+  CISA_RETURN_IF_ERROR(be->rms_norm(o, L.post_ffn_norm, o, rows, E, hp.rms_eps));
+  return be->add(x, o, rows * E);
 }
 
 }  // namespace cisa

@@ -1,5 +1,10 @@
-// model_impl.h — the inside of cisa::Model: bound weights, the per-step state and the pieces
-// the architecture files share. Not a public header.
+// model_impl.h — the inside of cisa::Model: weights bound to the backend, the per-step state and
+// the pieces the architecture files share. Not a public header.
+//
+// Everything a layer touches lives in the backend's memory (backend.h): matrices are
+// BackendMatrix handles, norm gains backend f32 vectors, activations BackendBuffers. The layer
+// code only calls backend operations; host work is limited to cutting steps, RoPE angle tables
+// (computed here, uploaded), page selectors and taps (CPU backend only) and the traffic counts.
 #pragma once
 
 #include <cstdint>
@@ -7,77 +12,89 @@
 #include <optional>
 #include <vector>
 
-#include "cisa/attention.h"
+#include "cisa/backend.h"
 #include "cisa/batch.h"
 #include "cisa/gguf.h"
-#include "cisa/kv_cache.h"
 #include "cisa/model.h"
-#include "cisa/quant.h"
-#include "cisa/thread_pool.h"
 #include "cisa/tokenizer.h"
 
 namespace cisa {
 
 struct LayerWeights {
-  WeightView wq, wk, wv, wo;  // [n_head·d][n_embd], [n_kv·d][n_embd] ×2, [n_embd][n_head·d]
-  WeightView gate, up, down;  // [n_ff][n_embd] ×2, [n_embd][n_ff]
-  std::vector<float> attn_norm, ffn_norm;            // [n_embd]
-  std::vector<float> q_norm, k_norm;                 // [head_dim] (qk_norm only)
-  std::vector<float> post_attn_norm, post_ffn_norm;  // [n_embd] (post_norms only)
+  BackendMatrix wq, wk, wv, wo;  // [n_head·d][n_embd], [n_kv·d][n_embd] ×2, [n_embd][n_head·d]
+  BackendMatrix gate, up, down;  // [n_ff][n_embd] ×2, [n_embd][n_ff]
+  const float* attn_norm = nullptr;       // backend f32 [n_embd]
+  const float* ffn_norm = nullptr;        // backend f32 [n_embd]
+  const float* q_norm = nullptr;          // backend f32 [head_dim] (qk_norm only)
+  const float* k_norm = nullptr;          // backend f32 [head_dim] (qk_norm only)
+  const float* post_attn_norm = nullptr;  // backend f32 [n_embd] (post_norms only)
+  const float* post_ffn_norm = nullptr;   // backend f32 [n_embd] (post_norms only)
 };
 
 struct ModelWeights {
-  WeightView tok_embd;  // [n_vocab][n_embd]
-  WeightView output;    // [n_vocab][n_embd]; the embeddings when tied
-  std::vector<float> output_norm;
+  BackendMatrix tok_embd;  // [n_vocab][n_embd]
+  BackendMatrix output;    // [n_vocab][n_embd]; the embeddings when tied
+  const float* output_norm = nullptr;  // backend f32 [n_embd]
   std::vector<LayerWeights> layers;
-  std::vector<std::vector<float>> f32_storage;  // the widened matrices (ModelOptions::weights_f32)
+  // Host f32 copies of the widened matrices (ModelOptions::weights_f32); the CPU backend's views
+  // point into them.
+  std::vector<std::vector<float>> f32_storage;
 };
 
+// model.cpp: bounds of every option (threads, context, sequences, block, selection).
+Status validate_model_options(const ModelOptions& o);
 // model_hparams.cpp: the architecture's hyper-parameters from the metadata, checked.
 Result<ModelHparams> read_hparams(const GgufFile& f);
-// model_weights.cpp: every tensor the architecture needs, with its shape and type checked.
-// f32: widen every quantised matrix to f32 at load (exact products, ~4x the memory).
-Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32);
+// model_weights.cpp: every tensor the architecture needs, with its shape and type checked, bound
+// to the backend. f32: widen every quantised matrix to f32 at load (exact products, ~4x memory).
+Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32,
+                                  Backend& be);
+// model_synthetic.cpp: random weights of a synthetic model's shape (synthetic_hparams, model.h).
+Result<ModelWeights> random_weights(const ModelHparams& hp, Backend& be);
 
-// The rows of one forward step and their buffers (reused across steps).
+using BufferPtr = std::unique_ptr<BackendBuffer>;
+
+// The rows of one forward step and their buffers (backend memory unless marked host; grown, never
+// shrunk, across steps).
 struct StepState {
-  std::vector<BatchEntry> batch;
+  std::vector<BatchEntry> batch;  // host
   int64_t rows = 0;
-  std::vector<int64_t> pos;                     // [rows] absolute positions
-  std::vector<float> x;                         // [rows][n_embd] residual stream
-  std::vector<float> xn;                        // [rows][n_embd] normalised input of a sub-block
-  std::vector<float> q;                         // [rows][n_head][d]
-  std::vector<float> k, v;                      // [rows][n_kv][d]
-  std::vector<float> att;                       // [rows][n_head][d] attention output
-  std::vector<float> o;                         // [rows][n_embd] sub-block output
-  std::vector<float> gate, up;                  // [rows][n_ff]
-  std::vector<float> index_q;                   // [rows][n_kv][d] CISA index queries
-  std::vector<float> proj;                      // [rows][d] one supplied index projection's output
-  std::vector<float> rope_cos[2], rope_sin[2];  // [rows][d/2]; 0: global base, 1: sliding base
-  PageLists global_lists, swa_lists, cisa_lists;
-  bool global_planned = false, swa_planned = false;
+  std::vector<int64_t> pos;        // host [rows] absolute positions
+  std::vector<int32_t> tokens;     // host [rows]
+  std::vector<float> host_cos, host_sin;  // host [rows][d/2], one table at a time
+  BufferPtr token_ids;             // int32 [rows]
+  BufferPtr x;                     // [rows][n_embd] residual stream
+  BufferPtr xn;                    // [rows][n_embd] normalised input of a sub-block
+  BufferPtr q;                     // [rows][n_head][d]
+  BufferPtr k, v;                  // [rows][n_kv][d]
+  BufferPtr att;                   // [rows][n_head][d] attention output
+  BufferPtr o;                     // [rows][n_embd] sub-block output
+  BufferPtr gate, up;              // [rows][n_ff]
+  BufferPtr index_q;               // [rows][n_kv][d] CISA index queries
+  BufferPtr rope_cos[2], rope_sin[2];  // [rows][d/2]; 0: global base, 1: sliding base
+  BufferPtr xo;                    // [outputs][n_embd] final-normed rows whose logits are wanted
+  BufferPtr logits;                // [outputs][n_vocab] (backends other than the CPU)
+  PageLists selector_lists;        // host: a PageSelector's output
 };
 
 struct Model::Impl {
-  explicit Impl(int threads) : pool(threads) {}
-
   std::optional<GgufFile> file;
   std::optional<Tokenizer> tok;
   ModelHparams hp;
   ModelOptions opt;
   ModelWeights w;
   int64_t context = 0;
-  std::unique_ptr<PagedKvCache> cache;
-  ThreadPool pool;
-  MatmulScratch mm;
-  AttentionWorkspace aws;
+  std::unique_ptr<Backend> be;
   StepState st;
   ForwardStats stats;
-  std::vector<bool> layer_cisa;                          // per layer
-  AttentionTap tap;                                      // calibration/diagnostics observer
-  std::vector<std::vector<const float*>> index_weights;  // [layer][kv group] or nullptr
+  std::vector<bool> layer_cisa;                      // per layer
+  AttentionTap tap;                                  // calibration/diagnostics observer
+  std::vector<std::vector<BackendMatrix>> index_w;   // [layer][kv group]; id −1: mean of heads
 
+  // model.cpp: the backend the options ask for, checked against what the options need of it.
+  Status make_backend();
+  // model.cpp: which layers run CISA, the supplied index projections, and the KV cache.
+  Status setup_attention_and_cache();
   // One step over st.batch (rows already embedded into st.x); model.cpp.
   Status run_layers();
   // st.xn → st.o: q/k/v projections, (q/k norm), RoPE, cache append, plan or selection,
@@ -88,18 +105,9 @@ struct Model::Impl {
   // The architecture's layer, reading and updating st.x; model_gemma3.cpp, model_llama.cpp.
   Status layer_gemma3(int layer);
   Status layer_llama(int layer);
-
-  // y[r] = rms_norm(x[r]) ⊙ w for rows of n values, threaded over rows.
-  void norm_rows(const float* x, const std::vector<float>& w, float* y, int64_t rows, int n);
-  // Threads fn(row) over rows when there are enough of them to pay for waking the pool.
-  template <class F>
-  void for_rows(int64_t rows, F&& fn) {
-    if (rows < 8) {
-      for (int64_t r = 0; r < rows; ++r) fn(r);
-      return;
-    }
-    pool.parallel_for(rows, [&](int64_t r, int) { fn(r); });
-  }
 };
+
+// Grows `b` to at least `bytes` (contents are not kept).
+Status ensure_buffer(Backend& be, BufferPtr& b, int64_t bytes, const char* what);
 
 }  // namespace cisa

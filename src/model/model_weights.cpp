@@ -1,5 +1,6 @@
-// Binds the GGUF tensors an architecture needs, checking each one's presence, shape and type.
-// Matrices stay views into the mapped file (quantised); norm gains are copied out as floats.
+// Binds the GGUF tensors an architecture needs, checking each one's presence, shape and type,
+// to the backend: matrices are bound from views into the mapped file (the CPU keeps them
+// quantised), norm gains are widened to floats and copied into backend memory.
 #include <string>
 
 #include "model_impl.h"
@@ -15,8 +16,8 @@ std::string dims(int64_t a, int64_t b) {
 
 // A matrix with `cols` inputs (ne0) and `rows` outputs (ne1); widened to f32 into `store` when
 // it is non-null.
-Result<WeightView> matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
-                          std::vector<std::vector<float>>* store) {
+Result<WeightView> matrix_view(const GgufFile& f, const std::string& name, int64_t cols,
+                               int64_t rows, std::vector<std::vector<float>>* store) {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) return data_loss("model file is missing tensor '" + name + "'");
   if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
@@ -37,8 +38,14 @@ Result<WeightView> matrix(const GgufFile& f, const std::string& name, int64_t co
                     .data = reinterpret_cast<const uint8_t*>(buf.data())};
 }
 
-// A vector of n gains, any float or quantised type widened to f32.
-Result<std::vector<float>> vec(const GgufFile& f, const std::string& name, int64_t n) {
+Result<BackendMatrix> matrix(const GgufFile& f, const std::string& name, int64_t cols,
+                             int64_t rows, std::vector<std::vector<float>>* store, Backend& be) {
+  CISA_ASSIGN_OR_RETURN(WeightView w, matrix_view(f, name, cols, rows, store));
+  return be.bind_matrix(w);
+}
+
+// A vector of n gains, any float or quantised type widened to f32, in backend memory.
+Result<const float*> vec(const GgufFile& f, const std::string& name, int64_t n, Backend& be) {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) return data_loss("model file is missing tensor '" + name + "'");
   if (t->n_elements != n || t->ne[0] != n)
@@ -49,43 +56,44 @@ Result<std::vector<float>> vec(const GgufFile& f, const std::string& name, int64
                          ", which is not supported");
   std::vector<float> out(static_cast<size_t>(n));
   CISA_RETURN_IF_ERROR(dequantize_row(t->type, t->data, out.data(), n));
-  return out;
+  return be.bind_vector(out);
 }
 
 }  // namespace
 
-Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32) {
+Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32,
+                                  Backend& be) {
   ModelWeights w;
   std::vector<std::vector<float>>* st = f32 ? &w.f32_storage : nullptr;
   const int64_t E = hp.n_embd, F = hp.n_ff, Dq = int64_t{hp.n_head} * hp.head_dim,
                 Dkv = int64_t{hp.n_head_kv} * hp.head_dim;
-  CISA_ASSIGN_OR_RETURN(w.tok_embd, matrix(f, "token_embd.weight", E, hp.n_vocab, st));
+  CISA_ASSIGN_OR_RETURN(w.tok_embd, matrix(f, "token_embd.weight", E, hp.n_vocab, st, be));
   if (hp.tied_output) {
     w.output = w.tok_embd;
   } else {
-    CISA_ASSIGN_OR_RETURN(w.output, matrix(f, "output.weight", E, hp.n_vocab, st));
+    CISA_ASSIGN_OR_RETURN(w.output, matrix(f, "output.weight", E, hp.n_vocab, st, be));
   }
-  CISA_ASSIGN_OR_RETURN(w.output_norm, vec(f, "output_norm.weight", E));
+  CISA_ASSIGN_OR_RETURN(w.output_norm, vec(f, "output_norm.weight", E, be));
   w.layers.resize(static_cast<size_t>(hp.n_layer));
   for (int l = 0; l < hp.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    CISA_ASSIGN_OR_RETURN(L.wq, matrix(f, p + "attn_q.weight", E, Dq, st));
-    CISA_ASSIGN_OR_RETURN(L.wk, matrix(f, p + "attn_k.weight", E, Dkv, st));
-    CISA_ASSIGN_OR_RETURN(L.wv, matrix(f, p + "attn_v.weight", E, Dkv, st));
-    CISA_ASSIGN_OR_RETURN(L.wo, matrix(f, p + "attn_output.weight", Dq, E, st));
-    CISA_ASSIGN_OR_RETURN(L.gate, matrix(f, p + "ffn_gate.weight", E, F, st));
-    CISA_ASSIGN_OR_RETURN(L.up, matrix(f, p + "ffn_up.weight", E, F, st));
-    CISA_ASSIGN_OR_RETURN(L.down, matrix(f, p + "ffn_down.weight", F, E, st));
-    CISA_ASSIGN_OR_RETURN(L.attn_norm, vec(f, p + "attn_norm.weight", E));
-    CISA_ASSIGN_OR_RETURN(L.ffn_norm, vec(f, p + "ffn_norm.weight", E));
+    CISA_ASSIGN_OR_RETURN(L.wq, matrix(f, p + "attn_q.weight", E, Dq, st, be));
+    CISA_ASSIGN_OR_RETURN(L.wk, matrix(f, p + "attn_k.weight", E, Dkv, st, be));
+    CISA_ASSIGN_OR_RETURN(L.wv, matrix(f, p + "attn_v.weight", E, Dkv, st, be));
+    CISA_ASSIGN_OR_RETURN(L.wo, matrix(f, p + "attn_output.weight", Dq, E, st, be));
+    CISA_ASSIGN_OR_RETURN(L.gate, matrix(f, p + "ffn_gate.weight", E, F, st, be));
+    CISA_ASSIGN_OR_RETURN(L.up, matrix(f, p + "ffn_up.weight", E, F, st, be));
+    CISA_ASSIGN_OR_RETURN(L.down, matrix(f, p + "ffn_down.weight", F, E, st, be));
+    CISA_ASSIGN_OR_RETURN(L.attn_norm, vec(f, p + "attn_norm.weight", E, be));
+    CISA_ASSIGN_OR_RETURN(L.ffn_norm, vec(f, p + "ffn_norm.weight", E, be));
     if (hp.qk_norm) {
-      CISA_ASSIGN_OR_RETURN(L.q_norm, vec(f, p + "attn_q_norm.weight", hp.head_dim));
-      CISA_ASSIGN_OR_RETURN(L.k_norm, vec(f, p + "attn_k_norm.weight", hp.head_dim));
+      CISA_ASSIGN_OR_RETURN(L.q_norm, vec(f, p + "attn_q_norm.weight", hp.head_dim, be));
+      CISA_ASSIGN_OR_RETURN(L.k_norm, vec(f, p + "attn_k_norm.weight", hp.head_dim, be));
     }
     if (hp.post_norms) {
-      CISA_ASSIGN_OR_RETURN(L.post_attn_norm, vec(f, p + "post_attention_norm.weight", E));
-      CISA_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(f, p + "post_ffw_norm.weight", E));
+      CISA_ASSIGN_OR_RETURN(L.post_attn_norm, vec(f, p + "post_attention_norm.weight", E, be));
+      CISA_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(f, p + "post_ffw_norm.weight", E, be));
     }
   }
   return w;

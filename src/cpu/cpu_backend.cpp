@@ -1,0 +1,389 @@
+// The CPU backend of the model runtime (backend.h): host memory, the reference kernels.
+//
+// Every operation runs the code the model ran before the backend seam existed: quant.h matmul on
+// the GGUF blocks (or on f32 matrices), model_ops.h's per-row loops threaded over rows, the
+// PagedKvCache, select_pages, plan_dense, attend and attend_llamacpp. Backend memory is host
+// memory, so a pointer from allocate() is an ordinary host pointer.
+//
+// Planning is lazy here: plan() records the batch and the spec (and, for a CISA slot, cuts the
+// query groups), and a dense slot's page lists are built by the first attend() that uses it, after
+// that layer's K/V are written (plan_dense checks them), then shared by every later layer.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cisa/attention.h"
+#include "cisa/attention_llamacpp.h"
+#include "cisa/backend.h"
+#include "cisa/selection.h"
+#include "cisa/thread_pool.h"
+#include "model/model_ops.h"
+
+namespace cisa {
+namespace {
+
+// One value of the backends' shared generator (splitmix64 of seed and index, four 16-bit
+// uniforms summed, centred and scaled to unit variance): the CUDA fill uses the same formula,
+// so a synthetic model holds the same weights on either backend (up to the device's rounding).
+float random_value(uint64_t seed, uint64_t i, float scale) {
+  uint64_t x = seed * 0x100000001b3ull + i + 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  float s = 0.0f;
+  for (int j = 0; j < 4; ++j)
+    s += static_cast<float>((x >> (16 * j)) & 0xffffu) * (1.0f / 65536.0f);
+  return (s - 2.0f) * 1.7320508f * scale;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+class CpuBuffer final : public BackendBuffer {
+ public:
+  CpuBuffer(void* p, int64_t bytes) : p_(p), bytes_(bytes) {}
+  void* data() override { return p_.get(); }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  std::unique_ptr<void, FreeDeleter> p_;
+  int64_t bytes_;
+};
+
+struct Slot {
+  bool planned = false;     // plan() ran for this step
+  bool has_lists = false;   // lists hold the step's pages (dense: built; CISA: for lists_layer)
+  int lists_layer = -1;     // CISA: the layer select() ran for; −2 after set_page_lists
+  PlanSpec spec;
+  std::vector<BatchEntry> batch;
+  PageLists lists;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) {}
+
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  std::string description() const override {
+    return std::string("cpu (") + matmul_isa() + ", " + std::to_string(pool_.num_threads()) +
+           " threads)";
+  }
+
+  Result<std::unique_ptr<BackendBuffer>> allocate(int64_t bytes, const char* what) override {
+    if (bytes < 0) return invalid_argument(std::string("allocate ") + what + ": negative size");
+    const int64_t rounded = (std::max<int64_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, static_cast<size_t>(rounded));
+    if (!p)
+      return resource_exhausted(std::string("cannot allocate ") + std::to_string(bytes) +
+                                " bytes of host memory for " + what);
+    return std::unique_ptr<BackendBuffer>(new CpuBuffer(p, bytes));
+  }
+  Status upload(void* dst, const void* src, int64_t bytes) override {
+    return copy(dst, src, bytes, "upload");
+  }
+  Status download(void* dst, const void* src, int64_t bytes) override {
+    return copy(dst, src, bytes, "download");
+  }
+  Status synchronize() override { return Status::Ok(); }
+  int64_t free_memory() const override {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+  }
+
+  // ---- weights ----
+  Result<BackendMatrix> bind_matrix(const WeightView& w) override {
+    if (!ggml_type_is_supported(w.type))
+      return unimplemented(std::string("bind_matrix: type ") + ggml_type_name(w.type) +
+                           " is not supported");
+    if (w.n_rows <= 0 || w.n_cols <= 0 || !w.data)
+      return invalid_argument("bind_matrix: empty matrix");
+    views_.push_back(w);
+    return BackendMatrix{w.n_rows, w.n_cols, static_cast<int>(views_.size() - 1)};
+  }
+  Result<BackendMatrix> random_matrix(int64_t rows, int64_t cols, uint64_t seed,
+                                      float scale) override {
+    if (rows <= 0 || cols <= 0) return invalid_argument("random_matrix: empty shape");
+    const int64_t bytes = rows * cols * static_cast<int64_t>(sizeof(float));
+    if (bytes > free_memory())
+      return resource_exhausted("random_matrix: " + std::to_string(rows) + " x " +
+                                std::to_string(cols) + " f32 needs " + std::to_string(bytes) +
+                                " bytes, more than the host's free memory");
+    std::vector<float>& m = owned_.emplace_back(static_cast<size_t>(rows * cols));
+    float* p = m.data();
+    pool_.parallel_for(rows, [&](int64_t r, int) {
+      for (int64_t c = 0; c < cols; ++c)
+        p[r * cols + c] = random_value(seed, static_cast<uint64_t>(r * cols + c), scale);
+    });
+    owned_bytes_ += bytes;
+    return bind_matrix({.type = GgmlType::F32,
+                        .n_rows = rows,
+                        .n_cols = cols,
+                        .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
+                        .data = reinterpret_cast<const uint8_t*>(p)});
+  }
+  Result<const float*> bind_vector(std::span<const float> v) override {
+    owned_.emplace_back(v.begin(), v.end());
+    owned_bytes_ += static_cast<int64_t>(v.size() * sizeof(float));
+    return static_cast<const float*>(owned_.back().data());
+  }
+  int64_t weight_bytes() const override {
+    int64_t b = owned_bytes_;  // random matrices and gains; views of the file count as mapped
+    for (const WeightView& w : views_) b += static_cast<int64_t>(w.row_bytes) * w.n_rows;
+    return b;
+  }
+
+  // ---- operations ----
+  Status embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows, float scale,
+               float* x) override {
+    CISA_ASSIGN_OR_RETURN(const WeightView* w, view(table, "embed"));
+    for (int64_t r = 0; r < rows; ++r)
+      if (tokens[r] < 0 || tokens[r] >= w->n_rows)
+        return out_of_range("embed: token " + std::to_string(tokens[r]) + " outside [0, " +
+                            std::to_string(w->n_rows) + ")");
+    const int64_t E = w->n_cols;
+    for_rows(rows, [&](int64_t r) {
+      float* xr = x + r * E;
+      (void)dequantize_row(w->type, w->row(tokens[r]), xr, E);  // type checked at bind
+      if (scale != 1.0f)
+        for (int64_t i = 0; i < E; ++i) xr[i] *= scale;
+    });
+    return Status::Ok();
+  }
+  Status matmul(const BackendMatrix& m, const float* x, float* y, int64_t rows,
+                int64_t ldy) override {
+    CISA_ASSIGN_OR_RETURN(const WeightView* w, view(m, "matmul"));
+    return cisa::matmul(*w, x, y, rows, pool_, &mm_, 0, ldy);
+  }
+  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                  float eps) override {
+    if (n <= 0) return invalid_argument("rms_norm: n must be positive");
+    for_rows(rows, [&](int64_t r) { ops::rms_norm(x + r * n, w, y + r * n, n, eps); });
+    return Status::Ok();
+  }
+  Status rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
+              RopeStyle style) override {
+    if (d <= 0 || d % 2 != 0 || heads <= 0)
+      return invalid_argument("rope: head_dim must be positive and even, heads positive");
+    const int half = d / 2;
+    for_rows(rows, [&](int64_t r) {
+      for (int h = 0; h < heads; ++h)
+        ops::rope_apply(x + (r * heads + h) * d, cos + r * half, sin + r * half, d, style);
+    });
+    return Status::Ok();
+  }
+  Status gated_activation(Activation act, const float* gate, const float* up, float* out,
+                          int64_t rows, int64_t n) override {
+    for_rows(rows, [&](int64_t r) {
+      ops::gated_activation(act, gate + r * n, up + r * n, out + r * n, n);
+    });
+    return Status::Ok();
+  }
+  Status add(float* y, const float* x, int64_t n) override {
+    for_chunks(n, [&](int64_t i0, int64_t len) { ops::add_inplace(y + i0, x + i0, len); });
+    return Status::Ok();
+  }
+  Status round_f16(float* x, int64_t n) override {
+    for_chunks(n, [&](int64_t i0, int64_t len) { ops::round_to_f16(x + i0, len); });
+    return Status::Ok();
+  }
+  Status mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out) override {
+    if (hkv <= 0 || hq % hkv != 0)
+      return invalid_argument("mean_heads: " + std::to_string(hq) +
+                              " query heads do not split into " + std::to_string(hkv) +
+                              " KV groups");
+    const int hg = hq / hkv;
+    const float inv = 1.0f / static_cast<float>(hg);
+    for_rows(rows, [&](int64_t r) {
+      for (int g = 0; g < hkv; ++g) {
+        const float* src = q + (r * hq + g * hg) * d;
+        float* dst = out + (r * hkv + g) * d;
+        for (int i = 0; i < d; ++i) {
+          float s = 0.0f;
+          for (int h = 0; h < hg; ++h) s += src[h * d + i];
+          dst[i] = s * inv;
+        }
+      }
+    });
+    return Status::Ok();
+  }
+  Status fill_random(float* x, int64_t n, uint64_t seed, float scale) override {
+    for_chunks(n, [&](int64_t i0, int64_t len) {
+      for (int64_t i = i0; i < i0 + len; ++i) x[i] = random_value(seed, static_cast<uint64_t>(i), scale);
+    });
+    return Status::Ok();
+  }
+  Status gather_rows(const float* x, std::span<const int64_t> rows, int64_t width,
+                     float* out) override {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0) return invalid_argument("gather_rows: negative row index");
+      std::memcpy(out + static_cast<int64_t>(i) * width, x + rows[i] * width,
+                  static_cast<size_t>(width) * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+  // ---- cache ----
+  Status create_cache(const KvCacheConfig& config) override {
+    CISA_ASSIGN_OR_RETURN(cache_, PagedKvCache::create(config));
+    return Status::Ok();
+  }
+  const KvCacheConfig& cache_config() const override {
+    static const KvCacheConfig kNone;
+    return cache_ ? cache_->config() : kNone;
+  }
+  const PageTable& pages() const override {
+    static const PageTable kNone;
+    return cache_ ? cache_->pages() : kNone;
+  }
+  Result<SeqId> add_sequence() override {
+    CISA_RETURN_IF_ERROR(need_cache("add_sequence"));
+    return cache_->add_sequence();
+  }
+  Status release_sequence(SeqId seq) override {
+    CISA_RETURN_IF_ERROR(need_cache("release_sequence"));
+    return cache_->release_sequence(seq);
+  }
+  Status reserve(SeqId seq, int64_t n) override {
+    CISA_RETURN_IF_ERROR(need_cache("reserve"));
+    return cache_->reserve(seq, n);
+  }
+  Status append_kv(int layer, std::span<const BatchEntry> batch, const float* k,
+                   const float* v) override {
+    CISA_RETURN_IF_ERROR(need_cache("append_kv"));
+    const int64_t row_values = int64_t{cache_->num_kv_heads()} * cache_->head_dim();
+    int64_t row = 0;
+    for (const BatchEntry& e : batch) {
+      CISA_RETURN_IF_ERROR(
+          cache_->append(layer, e.seq, e.count, k + row * row_values, v + row * row_values));
+      row += e.count;
+    }
+    return Status::Ok();
+  }
+
+  // ---- attention ----
+  Status plan(PlanSlot s, std::span<const BatchEntry> batch, const PlanSpec& spec) override {
+    CISA_RETURN_IF_ERROR(need_cache("plan"));
+    if (spec.sliding_window < 0) return invalid_argument("plan: sliding_window must be >= 0");
+    Slot& sl = slot(s);
+    sl.planned = sl.has_lists = false;
+    sl.lists_layer = -1;
+    sl.spec = spec;
+    sl.batch.assign(batch.begin(), batch.end());
+    sl.lists.clear();
+    if (spec.kind == PlanKind::kCisa) {
+      CISA_RETURN_IF_ERROR(validate_selection_params(spec.selection));
+      CISA_RETURN_IF_ERROR(
+          plan_query_groups(cache_->page_size(), batch, spec.selection, &sl.lists));
+    }
+    sl.planned = true;
+    return Status::Ok();
+  }
+  const std::vector<QueryGroup>& plan_groups(PlanSlot s) const override {
+    return slots_[static_cast<int>(s)].lists.groups;
+  }
+  Status select(PlanSlot s, int layer, const float* index_q) override {
+    Slot& sl = slot(s);
+    if (!sl.planned || sl.spec.kind != PlanKind::kCisa)
+      return failed_precondition("select: the slot has no CISA plan for this step");
+    CISA_RETURN_IF_ERROR(select_pages(*cache_, layer, sl.batch, index_q, sl.spec.selection,
+                                      &pool_, &sl.lists, &sel_ws_));
+    sl.has_lists = true;
+    sl.lists_layer = layer;
+    return Status::Ok();
+  }
+  Status set_page_lists(PlanSlot s, const PageLists& lists) override {
+    Slot& sl = slot(s);
+    if (!sl.planned) return failed_precondition("set_page_lists: the slot is not planned");
+    sl.lists = lists;
+    sl.has_lists = true;
+    sl.lists_layer = -2;
+    return Status::Ok();
+  }
+  Status attend(PlanSlot s, int layer, const float* q, int num_q_heads, const AttendParams& p,
+                float* out) override {
+    Slot& sl = slot(s);
+    if (!sl.planned) return failed_precondition("attend: the slot is not planned for this step");
+    if (sl.spec.kind == PlanKind::kDense && !sl.has_lists) {
+      CISA_RETURN_IF_ERROR(
+          plan_dense(*cache_, layer, sl.batch, sl.spec.sliding_window, &sl.lists));
+      sl.has_lists = true;
+    }
+    if (sl.spec.kind == PlanKind::kCisa && !(sl.has_lists && (sl.lists_layer == layer ||
+                                                               sl.lists_layer == -2)))
+      return failed_precondition("attend: no page lists selected for layer " +
+                                 std::to_string(layer));
+    if (p.numerics == AttentionNumerics::kLlamaCpp) {
+      const LlamaCppAttentionParams lp{
+          .scale = p.scale, .sliding_window = p.sliding_window, .scale_queries = p.scale_queries};
+      return attend_llamacpp(*cache_, layer, sl.batch, sl.lists, q, num_q_heads, lp, out, pool_);
+    }
+    const AttentionParams ap{.scale = p.scale, .sliding_window = p.sliding_window};
+    return cisa::attend(*cache_, layer, sl.batch, sl.lists, q, num_q_heads, ap, out, nullptr,
+                        pool_, &aws_);
+  }
+
+  const PagedKvCache* cpu_cache() const override { return cache_.get(); }
+  ThreadPool* cpu_pool() override { return &pool_; }
+
+ private:
+  static Status copy(void* dst, const void* src, int64_t bytes, const char* what) {
+    if (bytes < 0) return invalid_argument(std::string(what) + ": negative size");
+    if (bytes > 0 && (!dst || !src)) return invalid_argument(std::string(what) + ": null pointer");
+    if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(bytes));
+    return Status::Ok();
+  }
+  Result<const WeightView*> view(const BackendMatrix& m, const char* what) const {
+    if (m.id < 0 || static_cast<size_t>(m.id) >= views_.size())
+      return invalid_argument(std::string(what) + ": matrix id " + std::to_string(m.id) +
+                              " is not bound to this backend");
+    return &views_[static_cast<size_t>(m.id)];
+  }
+  Status need_cache(const char* what) const {
+    if (!cache_) return failed_precondition(std::string(what) + ": create_cache was not called");
+    return Status::Ok();
+  }
+  Slot& slot(PlanSlot s) { return slots_[static_cast<int>(s)]; }
+
+  // Threads fn(row) over rows when there are enough of them to pay for waking the pool.
+  template <class F>
+  void for_rows(int64_t rows, F&& fn) {
+    if (rows < 8) {
+      for (int64_t r = 0; r < rows; ++r) fn(r);
+      return;
+    }
+    pool_.parallel_for(rows, [&](int64_t r, int) { fn(r); });
+  }
+  // fn(first, count) over chunks of a flat array of n values.
+  template <class F>
+  void for_chunks(int64_t n, F&& fn) {
+    constexpr int64_t kChunk = 16384;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    for_rows(chunks, [&](int64_t c) { fn(c * kChunk, std::min(kChunk, n - c * kChunk)); });
+  }
+
+  ThreadPool pool_;
+  MatmulScratch mm_;
+  AttentionWorkspace aws_;
+  SelectionWorkspace sel_ws_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::vector<WeightView> views_;
+  std::vector<std::vector<float>> owned_;  // random matrices and gains (stable addresses)
+  int64_t owned_bytes_ = 0;
+  Slot slots_[3];
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
+  if (options.threads < 0)
+    return invalid_argument("threads must be >= 0 (got " + std::to_string(options.threads) + ")");
+  return std::unique_ptr<Backend>(new CpuBackend(options.threads));
+}
+
+}  // namespace cisa

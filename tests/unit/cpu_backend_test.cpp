@@ -1,0 +1,401 @@
+// The CPU backend (backend.h) op by op on random inputs: each operation against the reference code
+// it wraps (model_ops.h, quant.h; bit for bit) and against fp64 formulas written out here; the
+// paged cache, dense and CISA plans and attention against an fp64 brute-force attention; and the
+// errors of calls out of order or with bad handles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cisa/backend.h"
+#include "cisa/quant.h"
+#include "model/model_ops.h"
+
+namespace cisa {
+namespace {
+
+std::vector<float> randn(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = make_cpu_backend({.threads = 2});
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    be = std::move(*b);
+  }
+  // A backend buffer holding `v`.
+  std::unique_ptr<BackendBuffer> buf(const std::vector<float>& v) {
+    auto b = be->allocate(static_cast<int64_t>(v.size() * sizeof(float)), "test");
+    EXPECT_TRUE(b.ok());
+    EXPECT_TRUE(be->upload((*b)->data(), v.data(), (*b)->bytes()).ok());
+    return std::move(*b);
+  }
+  std::vector<float> get(BackendBuffer& b, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(be->download(v.data(), b.data(), static_cast<int64_t>(n * sizeof(float))).ok());
+    return v;
+  }
+  std::unique_ptr<Backend> be;
+};
+
+TEST_F(CpuBackendTest, DescribesItself) {
+  EXPECT_EQ(be->kind(), BackendKind::kCpu);
+  EXPECT_NE(be->description().find("cpu ("), std::string::npos) << be->description();
+  ASSERT_NE(be->cpu_pool(), nullptr);
+  EXPECT_EQ(be->cpu_pool()->num_threads(), 2);
+  EXPECT_EQ(be->cpu_cache(), nullptr);  // no cache before create_cache
+  EXPECT_GT(be->free_memory(), 0);
+  EXPECT_FALSE(make_cpu_backend({.threads = -1}).ok());
+}
+
+TEST_F(CpuBackendTest, MatmulOfF32AndQ8_0MatchesReferenceAndFp64) {
+  std::mt19937 rng(3);
+  const int64_t rows = 5, n_out = 48, n_in = 64;
+  const std::vector<float> w = randn(rng, n_out * n_in), x = randn(rng, rows * n_in);
+  // Q8_0 blocks of the same matrix: an f16 scale and 32 int8 codes per block.
+  std::vector<uint8_t> q8(static_cast<size_t>(n_out * (n_in / 32) * 34));
+  for (int64_t b = 0; b < n_out * n_in / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(w[b * 32 + i]));
+    const uint16_t d16 = f32_to_f16(amax / 127.0f);
+    const float d = f16_to_f32(d16);
+    std::memcpy(&q8[b * 34], &d16, 2);
+    for (int i = 0; i < 32; ++i)
+      q8[b * 34 + 2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(w[b * 32 + i] / d)));
+  }
+  const WeightView vf{.type = GgmlType::F32, .n_rows = n_out, .n_cols = n_in,
+                      .row_bytes = n_in * 4, .data = reinterpret_cast<const uint8_t*>(w.data())};
+  const WeightView vq{.type = GgmlType::Q8_0, .n_rows = n_out, .n_cols = n_in,
+                      .row_bytes = n_in / 32 * 34, .data = q8.data()};
+  ThreadPool pool(1);
+  for (const WeightView& v : {vf, vq}) {
+    auto m = be->bind_matrix(v);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_EQ(m->n_rows, n_out);
+    EXPECT_EQ(m->n_cols, n_in);
+    auto xb = buf(x);
+    auto yb = *be->allocate(rows * n_out * 4, "y");
+    ASSERT_TRUE(be->matmul(*m, xb->f32(), yb->f32(), rows).ok());
+    std::vector<float> ref(static_cast<size_t>(rows * n_out));
+    ASSERT_TRUE(matmul(v, x.data(), ref.data(), rows, pool).ok());
+    const std::vector<float> y = get(*yb, ref.size());
+    // fp64 of the stored weights; Q8_0 also rounds the activations to 8 bits (~0.05 here).
+    std::vector<float> wd(static_cast<size_t>(n_out * n_in));
+    for (int64_t o = 0; o < n_out; ++o)
+      ASSERT_TRUE(dequantize_row(v.type, v.row(o), wd.data() + o * n_in, n_in).ok());
+    const double tol = v.type == GgmlType::F32 ? 1e-5 : 0.2;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < n_out; ++o) {
+        double want = 0;
+        for (int64_t c = 0; c < n_in; ++c) want += double(wd[o * n_in + c]) * x[r * n_in + c];
+        EXPECT_EQ(y[r * n_out + o], ref[r * n_out + o]);
+        EXPECT_NEAR(y[r * n_out + o], want, tol) << ggml_type_name(v.type);
+      }
+    // Strided output: y[r·ldy + o].
+    auto wide = *be->allocate(rows * 2 * n_out * 4, "wide");
+    ASSERT_TRUE(be->matmul(*m, xb->f32(), wide->f32() + n_out, rows, 2 * n_out).ok());
+    const std::vector<float> yw = get(*wide, static_cast<size_t>(rows * 2 * n_out));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < n_out; ++o) EXPECT_EQ(yw[r * 2 * n_out + n_out + o], y[r * n_out + o]);
+  }
+  EXPECT_GT(be->weight_bytes(), 0);
+  auto xb = buf(x);
+  EXPECT_FALSE(be->matmul(BackendMatrix{n_out, n_in, 99}, xb->f32(), xb->f32(), 1).ok());
+}
+
+TEST_F(CpuBackendTest, RandomMatrixIsSeededAndNormalWithTheGivenScale) {
+  auto a = be->random_matrix(64, 256, 7, 0.02f), b = be->random_matrix(64, 256, 7, 0.02f),
+       c = be->random_matrix(64, 256, 8, 0.02f);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  // Read the matrices back through matmul with unit vectors: column j of W for x = e_j.
+  std::vector<float> eye(256 * 256, 0.0f);
+  for (int i = 0; i < 256; ++i) eye[i * 256 + i] = 1.0f;
+  auto x = buf(eye);
+  auto ya = *be->allocate(256 * 64 * 4, "a"), yb = *be->allocate(256 * 64 * 4, "b"),
+       yc = *be->allocate(256 * 64 * 4, "c");
+  ASSERT_TRUE(be->matmul(*a, x->f32(), ya->f32(), 256).ok());
+  ASSERT_TRUE(be->matmul(*b, x->f32(), yb->f32(), 256).ok());
+  ASSERT_TRUE(be->matmul(*c, x->f32(), yc->f32(), 256).ok());
+  const auto va = get(*ya, 256 * 64), vb = get(*yb, 256 * 64), vc = get(*yc, 256 * 64);
+  EXPECT_EQ(va, vb);
+  EXPECT_NE(va, vc);
+  double s = 0, ss = 0;
+  for (float v : va) s += v, ss += double(v) * v;
+  const double n = static_cast<double>(va.size()), mean = s / n, sd = std::sqrt(ss / n - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.002);
+  EXPECT_NEAR(sd, 0.02, 0.001);
+  // fill_random is the same generator: element (r, c) of the matrix is value r·cols + c.
+  auto f = *be->allocate(64 * 256 * 4, "fill");
+  ASSERT_TRUE(be->fill_random(f->f32(), 64 * 256, 7, 0.02f).ok());
+  const auto vf = get(*f, 64 * 256);
+  for (int r = 0; r < 64; ++r)
+    for (int col = 0; col < 256; ++col) ASSERT_EQ(va[col * 64 + r], vf[r * 256 + col]);
+  EXPECT_FALSE(be->random_matrix(0, 4, 1, 1.0f).ok());
+}
+
+TEST_F(CpuBackendTest, EmbedNormRopeActivationAddRoundMeanGatherMatchReferences) {
+  std::mt19937 rng(5);
+  const int64_t rows = 11, E = 32, V = 9;
+  const std::vector<float> table = randn(rng, V * E);
+  auto t = be->bind_matrix({.type = GgmlType::F32, .n_rows = V, .n_cols = E, .row_bytes = E * 4,
+                            .data = reinterpret_cast<const uint8_t*>(table.data())});
+  ASSERT_TRUE(t.ok());
+  std::vector<int32_t> tok(rows);
+  for (int64_t r = 0; r < rows; ++r) tok[r] = static_cast<int32_t>((r * 5) % V);
+  auto tb = *be->allocate(rows * 4, "tokens");
+  ASSERT_TRUE(be->upload(tb->data(), tok.data(), rows * 4).ok());
+  auto xb = *be->allocate(rows * E * 4, "x");
+  ASSERT_TRUE(be->embed(*t, tb->i32(), rows, 2.5f, xb->f32()).ok());
+  std::vector<float> x = get(*xb, rows * E);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < E; ++i) EXPECT_EQ(x[r * E + i], table[tok[r] * E + i] * 2.5f);
+  tok[3] = static_cast<int32_t>(V);
+  ASSERT_TRUE(be->upload(tb->data(), tok.data(), rows * 4).ok());
+  EXPECT_EQ(be->embed(*t, tb->i32(), rows, 1.0f, xb->f32()).code(), StatusCode::kOutOfRange);
+
+  // rms_norm: fp64 and ops::rms_norm, with and without a gain, in place.
+  const std::vector<float> g = randn(rng, E);
+  auto gb = be->bind_vector(g);
+  ASSERT_TRUE(gb.ok());
+  x = randn(rng, rows * E, 3.0f);
+  auto in = buf(x);
+  auto out = *be->allocate(rows * E * 4, "y");
+  ASSERT_TRUE(be->rms_norm(in->f32(), *gb, out->f32(), rows, E, 1e-6f).ok());
+  std::vector<float> y = get(*out, rows * E);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < E; ++i) ss += double(x[r * E + i]) * x[r * E + i];
+    const double inv = 1.0 / std::sqrt(ss / E + 1e-6);
+    std::vector<float> ref(E);
+    ops::rms_norm(&x[r * E], g.data(), ref.data(), E, 1e-6f);
+    for (int64_t i = 0; i < E; ++i) {
+      EXPECT_EQ(y[r * E + i], ref[i]);
+      EXPECT_NEAR(y[r * E + i], x[r * E + i] * inv * g[i], 1e-5);
+    }
+  }
+  ASSERT_TRUE(be->rms_norm(in->f32(), nullptr, in->f32(), rows, E, 1e-6f).ok());
+  y = get(*in, rows * E);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> ref(E);
+    ops::rms_norm(&x[r * E], nullptr, ref.data(), E, 1e-6f);
+    for (int64_t i = 0; i < E; ++i) EXPECT_EQ(y[r * E + i], ref[i]);
+  }
+
+  // rope over [rows][heads][d] with per-row tables: each head rotated by its row's angles.
+  const int heads = 3, d = 16;
+  std::vector<int64_t> pos(rows);
+  for (int64_t r = 0; r < rows; ++r) pos[r] = 100 + 37 * r;
+  std::vector<float> cs(rows * d / 2), sn(rows * d / 2);
+  ops::rope_table(pos.data(), rows, d, 10000.0, cs.data(), sn.data());
+  auto csb = buf(cs), snb = buf(sn);
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kNorm}) {
+    x = randn(rng, rows * heads * d);
+    auto xr = buf(x);
+    ASSERT_TRUE(be->rope(xr->f32(), rows, heads, d, csb->f32(), snb->f32(), style).ok());
+    y = get(*xr, x.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int h = 0; h < heads; ++h) {
+        const float* src = &x[(r * heads + h) * d];
+        const float* got = &y[(r * heads + h) * d];
+        for (int i = 0; i < d / 2; ++i) {
+          const int a = style == RopeStyle::kNeox ? i : 2 * i;
+          const int b = style == RopeStyle::kNeox ? i + d / 2 : 2 * i + 1;
+          const double th = pos[r] * std::pow(10000.0, -2.0 * i / d);
+          EXPECT_NEAR(got[a], src[a] * std::cos(th) - src[b] * std::sin(th), 2e-3);
+          EXPECT_NEAR(got[b], src[a] * std::sin(th) + src[b] * std::cos(th), 2e-3);
+        }
+        std::vector<float> ref(src, src + d);
+        ops::rope_apply(ref.data(), &cs[r * d / 2], &sn[r * d / 2], d, style);
+        for (int i = 0; i < d; ++i) EXPECT_EQ(got[i], ref[i]);
+      }
+  }
+  EXPECT_FALSE(be->rope(xb->f32(), rows, heads, 15, csb->f32(), snb->f32(), RopeStyle::kNorm).ok());
+
+  // gated_activation: SiLU against fp64, both against ops (in place over gate).
+  const int64_t F = 40;
+  const std::vector<float> ga = randn(rng, rows * F, 2.0f), up = randn(rng, rows * F);
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+    auto gbuf = buf(ga), ubuf = buf(up);
+    ASSERT_TRUE(be->gated_activation(act, gbuf->f32(), ubuf->f32(), gbuf->f32(), rows, F).ok());
+    y = get(*gbuf, ga.size());
+    std::vector<float> ref(ga.size());
+    ops::gated_activation(act, ga.data(), up.data(), ref.data(), rows * F);
+    EXPECT_EQ(y, ref);
+    for (size_t i = 0; i < ga.size(); ++i) {
+      const double gx = ga[i];
+      const double a = act == Activation::kSilu
+                           ? gx / (1 + std::exp(-gx))
+                           : 0.5 * gx * (1 + std::tanh(0.7978845608 * (gx + 0.044715 * gx * gx * gx)));
+      EXPECT_NEAR(y[i], a * up[i], 5e-3 * std::abs(a * up[i]) + 1e-5);
+    }
+  }
+
+  // add and round_f16 over more values than one chunk, so that both run threaded.
+  const int64_t n = 70000;
+  const std::vector<float> p = randn(rng, n), q = randn(rng, n);
+  auto pb = buf(p), qb = buf(q);
+  ASSERT_TRUE(be->add(pb->f32(), qb->f32(), n).ok());
+  y = get(*pb, n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], p[i] + q[i]);
+  ASSERT_TRUE(be->round_f16(qb->f32(), n).ok());
+  y = get(*qb, n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], f16_to_f32(f32_to_f16(q[i])));
+
+  // mean_heads: the mean of each KV group's query heads.
+  const int hq = 6, hkv = 2, hd = 8;
+  x = randn(rng, rows * hq * hd);
+  auto qh = buf(x);
+  auto mh = *be->allocate(rows * hkv * hd * 4, "mean");
+  ASSERT_TRUE(be->mean_heads(qh->f32(), rows, hq, hkv, hd, mh->f32()).ok());
+  y = get(*mh, rows * hkv * hd);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int gi = 0; gi < hkv; ++gi)
+      for (int i = 0; i < hd; ++i) {
+        double s = 0;
+        for (int h = 0; h < 3; ++h) s += x[(r * hq + gi * 3 + h) * hd + i];
+        EXPECT_NEAR(y[(r * hkv + gi) * hd + i], s / 3, 1e-6);
+      }
+  EXPECT_FALSE(be->mean_heads(qh->f32(), rows, 5, 2, hd, mh->f32()).ok());
+
+  // gather_rows.
+  const std::vector<int64_t> pick = {7, 0, 7, 10};
+  auto gout = *be->allocate(4 * hq * hd * 4, "gather");
+  ASSERT_TRUE(be->gather_rows(qh->f32(), pick, hq * hd, gout->f32()).ok());
+  y = get(*gout, 4 * hq * hd);
+  for (size_t i = 0; i < pick.size(); ++i)
+    for (int j = 0; j < hq * hd; ++j) EXPECT_EQ(y[i * hq * hd + j], x[pick[i] * hq * hd + j]);
+}
+
+// fp64 causal attention of every query head over positions 0 … t of one sequence, optionally
+// within a sliding window; k, v: [n][hkv][d] as appended.
+std::vector<double> brute_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                    const std::vector<float>& v, int64_t first, int64_t rows,
+                                    int hq, int hkv, int d, int64_t window) {
+  std::vector<double> out(static_cast<size_t>(rows * hq * d), 0.0);
+  const double scale = 1.0 / std::sqrt(double(d));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = first + r;
+    for (int h = 0; h < hq; ++h) {
+      const int g = h / (hq / hkv);
+      std::vector<double> s;
+      const int64_t s0 = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+      double mx = -1e300;
+      for (int64_t j = s0; j <= t; ++j) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += double(q[(r * hq + h) * d + i]) * k[(j * hkv + g) * d + i];
+        s.push_back(dot * scale);
+        mx = std::max(mx, s.back());
+      }
+      double den = 0;
+      for (double& e : s) den += (e = std::exp(e - mx));
+      for (int64_t j = s0; j <= t; ++j)
+        for (int i = 0; i < d; ++i)
+          out[(r * hq + h) * d + i] += s[j - s0] / den * v[(j * hkv + g) * d + i];
+    }
+  }
+  return out;
+}
+
+TEST_F(CpuBackendTest, CachePlansAndAttentionMatchBruteForce) {
+  std::mt19937 rng(9);
+  const int hq = 4, hkv = 2, d = 16, layers = 2;
+  KvCacheConfig kc{.num_layers = layers, .num_kv_heads = hkv, .head_dim = d, .num_pages = 64};
+  // Out-of-order calls before the cache exists.
+  EXPECT_FALSE(be->add_sequence().ok());
+  ASSERT_TRUE(be->create_cache(kc).ok());
+  ASSERT_NE(be->cpu_cache(), nullptr);
+  EXPECT_EQ(be->cache_config().num_kv_heads, hkv);
+  SeqId s = *be->add_sequence();
+  const int64_t n = 300;
+  ASSERT_TRUE(be->reserve(s, n).ok());
+  EXPECT_EQ(*be->pages().reserved(s), n);
+  const std::vector<BatchEntry> batch = {{.seq = s, .first = 0, .count = static_cast<int32_t>(n)}};
+  std::vector<float> k = randn(rng, n * hkv * d), v = randn(rng, n * hkv * d),
+                     q = randn(rng, n * hq * d);
+  auto kb = buf(k), vb = buf(v), qb = buf(q), iq = *be->allocate(n * hkv * d * 4, "index q");
+  auto ob = *be->allocate(n * hq * d * 4, "out");
+  ASSERT_TRUE(be->mean_heads(qb->f32(), n, hq, hkv, d, iq->f32()).ok());
+
+  // attend() before a plan, select() on a dense plan.
+  EXPECT_EQ(be->attend(PlanSlot::kGlobal, 0, qb->f32(), hq, {}, ob->f32()).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(be->plan(PlanSlot::kGlobal, batch, {.kind = PlanKind::kDense}).ok());
+  ASSERT_TRUE(be->plan(PlanSlot::kSliding, batch, {.kind = PlanKind::kDense, .sliding_window = 40}).ok());
+  const SelectionParams full{.budget = 64, .window = 2, .qshare = 4};   // covers every chunk
+  const SelectionParams sparse{.budget = 3, .window = 2, .qshare = 4};  // a few chunks
+  ASSERT_TRUE(be->plan(PlanSlot::kCisa, batch, {.kind = PlanKind::kCisa, .selection = full}).ok());
+  EXPECT_FALSE(be->select(PlanSlot::kGlobal, 0, iq->f32()).ok());
+  ASSERT_TRUE(be->append_kv(0, batch, kb->f32(), vb->f32()).ok());
+  EXPECT_EQ(*be->pages().tokens(0, s), n);
+
+  for (int64_t window : {int64_t{0}, int64_t{40}}) {
+    const PlanSlot slot = window ? PlanSlot::kSliding : PlanSlot::kGlobal;
+    ASSERT_TRUE(be->attend(slot, 0, qb->f32(), hq, {.sliding_window = window}, ob->f32()).ok());
+    EXPECT_EQ(be->plan_groups(slot).size(), 1u);
+    const auto want = brute_attention(q, k, v, 0, n, hq, hkv, d, window);
+    const auto got = get(*ob, want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5) << window;
+    // llama.cpp numerics: f16 K/V and query, so only close.
+    ASSERT_TRUE(be->attend(slot, 0, qb->f32(), hq,
+                           {.sliding_window = window, .numerics = AttentionNumerics::kLlamaCpp},
+                           ob->f32()).ok());
+    const auto lc = get(*ob, want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(lc[i], want[i], 2e-2) << window;
+  }
+  const std::vector<float> dense_out = [&] {
+    EXPECT_TRUE(be->attend(PlanSlot::kGlobal, 0, qb->f32(), hq, {}, ob->f32()).ok());
+    return get(*ob, q.size());
+  }();
+
+  // CISA: attend needs this layer's select(); a budget covering the context equals dense.
+  EXPECT_EQ(be->attend(PlanSlot::kCisa, 0, qb->f32(), hq, {}, ob->f32()).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(be->select(PlanSlot::kCisa, 0, iq->f32()).ok());
+  ASSERT_TRUE(be->attend(PlanSlot::kCisa, 0, qb->f32(), hq, {}, ob->f32()).ok());
+  const auto cisa_full = get(*ob, q.size());
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(cisa_full[i], dense_out[i], 1e-5);
+
+  // A small budget reads fewer pages and differs from dense; a later layer needs its own select.
+  ASSERT_TRUE(be->plan(PlanSlot::kCisa, batch, {.kind = PlanKind::kCisa, .selection = sparse}).ok());
+  ASSERT_TRUE(be->select(PlanSlot::kCisa, 0, iq->f32()).ok());
+  ASSERT_TRUE(be->attend(PlanSlot::kCisa, 0, qb->f32(), hq, {}, ob->f32()).ok());
+  const auto cisa_sparse = get(*ob, q.size());
+  double diff = 0;
+  for (size_t i = 0; i < q.size(); ++i) diff = std::max(diff, double(std::abs(cisa_sparse[i] - dense_out[i])));
+  EXPECT_GT(diff, 1e-3);
+  int64_t read = 0, dense = 0;
+  for (const QueryGroup& g : be->plan_groups(PlanSlot::kCisa)) {
+    read += pages_read(g, 16, sparse);
+    dense += pages_read_dense(g, 16);
+  }
+  EXPECT_LT(read, dense);
+  EXPECT_GT(be->plan_groups(PlanSlot::kCisa).size(), 1u);  // dense prefix, then QShare groups
+  ASSERT_TRUE(be->append_kv(1, batch, kb->f32(), vb->f32()).ok());
+  EXPECT_FALSE(be->attend(PlanSlot::kCisa, 1, qb->f32(), hq, {}, ob->f32()).ok());
+  // Host lists set from outside replace the selection.
+  ASSERT_TRUE(be->set_page_lists(PlanSlot::kCisa, PageLists{}).ok());
+  EXPECT_FALSE(be->attend(PlanSlot::kCisa, 1, qb->f32(), hq, {}, ob->f32()).ok());  // empty lists
+
+  ASSERT_TRUE(be->release_sequence(s).ok());
+  EXPECT_FALSE(be->pages().has_sequence(s));
+}
+
+TEST_F(CpuBackendTest, BadSizesAreErrors) {
+  EXPECT_FALSE(be->allocate(-1, "x").ok());
+  auto b = *be->allocate(16, "x");
+  EXPECT_FALSE(be->upload(b->data(), nullptr, 16).ok());
+  EXPECT_FALSE(be->download(nullptr, b->data(), 16).ok());
+  EXPECT_FALSE(be->upload(b->data(), b->data(), -4).ok());
+  EXPECT_FALSE(be->bind_matrix(WeightView{}).ok());
+  EXPECT_FALSE(be->create_cache({.head_dim = 12}).ok());
+}
+
+}  // namespace
+}  // namespace cisa
