@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -91,7 +92,17 @@ class CpuBackend final : public Backend {
     return copy(dst, src, bytes, "download");
   }
   Status synchronize() override { return Status::Ok(); }
+  // MemAvailable of /proc/meminfo (free memory plus what the page cache can give back), else the
+  // free pages sysconf reports.
   int64_t free_memory() const override {
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char line[256];
+      long long kb = -1;
+      while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+      std::fclose(f);
+      if (kb >= 0) return static_cast<int64_t>(kb) * 1024;
+    }
     const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
   }
@@ -379,6 +390,16 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+const char* backend_kind_name(BackendKind k) {
+  return k == BackendKind::kCpu ? "cpu" : "cuda";
+}
+
+Result<BackendKind> parse_backend_kind(const std::string& s) {
+  if (s == "cpu") return BackendKind::kCpu;
+  if (s == "cuda") return BackendKind::kCuda;
+  return invalid_argument("unknown backend '" + s + "' (expected cpu or cuda)");
+}
 
 Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
   if (options.threads < 0)

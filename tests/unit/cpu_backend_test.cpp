@@ -53,6 +53,11 @@ TEST_F(CpuBackendTest, DescribesItself) {
   EXPECT_EQ(be->cpu_cache(), nullptr);  // no cache before create_cache
   EXPECT_GT(be->free_memory(), 0);
   EXPECT_FALSE(make_cpu_backend({.threads = -1}).ok());
+  EXPECT_STREQ(backend_kind_name(BackendKind::kCpu), "cpu");
+  EXPECT_STREQ(backend_kind_name(BackendKind::kCuda), "cuda");
+  EXPECT_EQ(*parse_backend_kind("cuda"), BackendKind::kCuda);
+  EXPECT_EQ(*parse_backend_kind("cpu"), BackendKind::kCpu);
+  EXPECT_EQ(parse_backend_kind("tpu").status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(CpuBackendTest, MatmulOfF32AndQ8_0MatchesReferenceAndFp64) {
