@@ -2,7 +2,7 @@
 // error for unknown names and oversized contexts, no tokenizer or file (and accessors that stay
 // safe), and a tiny synthetic model's forward running dense and CISA: several sequences batched
 // equal to separate runs, CISA with a budget covering the context equal to dense, and a small
-// budget reading fewer pages.
+// budget reading fewer pages; and the same model on a backend that is not the CPU's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -167,6 +167,118 @@ TEST(ModelSynthetic, TinyModelRunsDenseAndCisa) {
   double diff = 0;
   for (size_t i = 0; i < s1.size(); ++i) diff = std::max(diff, double(std::abs(s1[i] - d1[i])));
   EXPECT_GT(diff, 0.0);
+}
+
+// The CPU backend under another name: the model then takes the paths of a non-CPU backend
+// (logits through a backend buffer and download, no host cache for taps and selectors).
+class DisguisedBackend final : public Backend {
+ public:
+  explicit DisguisedBackend(std::unique_ptr<Backend> in) : in_(std::move(in)) {}
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string description() const override { return "disguised cpu"; }
+  Result<std::unique_ptr<BackendBuffer>> allocate(int64_t b, const char* w) override {
+    return in_->allocate(b, w);
+  }
+  Status upload(void* d, const void* s, int64_t b) override { return in_->upload(d, s, b); }
+  Status download(void* d, const void* s, int64_t b) override { return in_->download(d, s, b); }
+  Status synchronize() override { return in_->synchronize(); }
+  int64_t free_memory() const override { return in_->free_memory(); }
+  Result<BackendMatrix> bind_matrix(const WeightView& w) override { return in_->bind_matrix(w); }
+  Result<BackendMatrix> random_matrix(int64_t r, int64_t c, uint64_t seed, float sc) override {
+    return in_->random_matrix(r, c, seed, sc);
+  }
+  Result<const float*> bind_vector(std::span<const float> v) override { return in_->bind_vector(v); }
+  int64_t weight_bytes() const override { return in_->weight_bytes(); }
+  Status embed(const BackendMatrix& t, const int32_t* tok, int64_t rows, float sc, float* x) override {
+    return in_->embed(t, tok, rows, sc, x);
+  }
+  Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows, int64_t ldy) override {
+    return in_->matmul(w, x, y, rows, ldy);
+  }
+  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps) override {
+    return in_->rms_norm(x, w, y, rows, n, eps);
+  }
+  Status rope(float* x, int64_t rows, int heads, int d, const float* c, const float* s,
+              RopeStyle st) override {
+    return in_->rope(x, rows, heads, d, c, s, st);
+  }
+  Status gated_activation(Activation a, const float* g, const float* u, float* o, int64_t rows,
+                          int64_t n) override {
+    return in_->gated_activation(a, g, u, o, rows, n);
+  }
+  Status add(float* y, const float* x, int64_t n) override { return in_->add(y, x, n); }
+  Status round_f16(float* x, int64_t n) override { return in_->round_f16(x, n); }
+  Status mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* o) override {
+    return in_->mean_heads(q, rows, hq, hkv, d, o);
+  }
+  Status fill_random(float* x, int64_t n, uint64_t seed, float sc) override {
+    return in_->fill_random(x, n, seed, sc);
+  }
+  Status gather_rows(const float* x, std::span<const int64_t> r, int64_t w, float* o) override {
+    return in_->gather_rows(x, r, w, o);
+  }
+  Status create_cache(const KvCacheConfig& c) override { return in_->create_cache(c); }
+  const KvCacheConfig& cache_config() const override { return in_->cache_config(); }
+  const PageTable& pages() const override { return in_->pages(); }
+  Result<SeqId> add_sequence() override { return in_->add_sequence(); }
+  Status release_sequence(SeqId s) override { return in_->release_sequence(s); }
+  Status reserve(SeqId s, int64_t n) override { return in_->reserve(s, n); }
+  Status append_kv(int l, std::span<const BatchEntry> b, const float* k, const float* v) override {
+    return in_->append_kv(l, b, k, v);
+  }
+  Status plan(PlanSlot s, std::span<const BatchEntry> b, const PlanSpec& p) override {
+    return in_->plan(s, b, p);
+  }
+  const std::vector<QueryGroup>& plan_groups(PlanSlot s) const override {
+    return in_->plan_groups(s);
+  }
+  Status select(PlanSlot s, int l, const float* iq) override { return in_->select(s, l, iq); }
+  Status set_page_lists(PlanSlot s, const PageLists& l) override {
+    return in_->set_page_lists(s, l);
+  }
+  Status attend(PlanSlot s, int l, const float* q, int hq, const AttendParams& p,
+                float* o) override {
+    return in_->attend(s, l, q, hq, p, o);
+  }
+
+ private:
+  std::unique_ptr<Backend> in_;
+};
+
+TEST(ModelSynthetic, AnotherBackendGivesTheSameLogitsAndRefusesCpuOnlyFeatures) {
+  ModelOptions o{.threads = 2, .context = 512};
+  o.attention.mode = AttentionMode::kCisa;
+  o.attention.selection = {.budget = 4, .window = 2, .qshare = 4};
+  auto cpu = Model::load_synthetic("tiny-llama", o);
+  ModelOptions od = o;
+  od.backend = [](const BackendOptions& bo) -> Result<std::unique_ptr<Backend>> {
+    CISA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> in, make_cpu_backend(bo));
+    return std::unique_ptr<Backend>(new DisguisedBackend(std::move(in)));
+  };
+  auto other = Model::load_synthetic("tiny-llama", od);
+  ASSERT_TRUE(cpu.ok() && other.ok()) << other.status().message();
+  EXPECT_EQ((*other)->backend().kind(), BackendKind::kCuda);
+  EXPECT_EQ((*other)->cpu_cache(), nullptr);
+  const std::vector<int32_t> toks = random_tokens(300, 256, 8);
+  EXPECT_EQ(run(**cpu, toks), run(**other, toks));
+  EXPECT_EQ((*cpu)->stats().global_pages_read, (*other)->stats().global_pages_read);
+
+  // A tap needs the CPU cache: forward refuses before any work.
+  (*other)->set_attention_tap([](const AttentionTapData&) { return Status::Ok(); });
+  SeqId s = *(*other)->add_sequence();
+  SequenceInput in{.seq = s, .tokens = toks};
+  std::vector<float> logits;
+  EXPECT_EQ((*other)->forward({&in, 1}, &logits).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*(*other)->sequence_length(s), 0);
+  (*other)->set_attention_tap({});
+  EXPECT_TRUE((*other)->forward({&in, 1}, &logits).ok());
+
+  ModelOptions sel = od;
+  sel.attention.selector = [](const PageSelectorInput&, PageLists*) { return Status::Ok(); };
+  EXPECT_EQ(Model::load_synthetic("tiny-llama", sel).status().code(), StatusCode::kInvalidArgument);
+  ModelOptions num = od;
+  num.attention_numerics = AttentionNumerics::kLlamaCpp;
+  EXPECT_EQ(Model::load_synthetic("tiny-llama", num).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
