@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "cisa/plan.h"
 #include "eval_internal.h"
 
 namespace cisa::eval {
@@ -117,7 +118,8 @@ int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size) {
   if (c.kind == ConfigKind::kDense) return 0;
   if (c.budget > 0) return c.budget;
   // E at the end of the prompt: full chunks older than the window, minus sinks (SPEC §3).
-  const int64_t eligible = std::max<int64_t>(0, tokens / page_size - c.window - c.sinks);
+  const int64_t eligible =
+      eligible_count(tokens, page_size, {.window = c.window, .sink_pages = c.sinks});
   return std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(static_cast<double>(eligible) / c.compression)));
 }
