@@ -1,0 +1,196 @@
+// The whole model on the GPU against the CPU engine, on the real models and the golden prompts
+// (tests/golden/fixtures: about 100, 2,000 and 8,000 tokens of Jane Austen, up to 256 scored
+// positions each). Both engines run the same token IDs; at every scored position we compare the
+// full next-token distributions: top-1 agreement and mean KL(CPU ‖ GPU) over the whole vocabulary.
+// Bars (the model-runtime issue's): dense top-1 >= 99% and mean KL < 0.01; CISA with the same k,
+// W, G and indexer top-1 >= 98% and KL < 0.02. The CPU reference multiplies the weights exactly
+// in f32 (ModelOptions::weights_f32) with an f32 KV cache, so the difference measured is the
+// GPU's own rounding (bf16 weights, activations into the GEMMs, K/V), not the CPU's 8-bit
+// activations. Also: a batch of sequences of different lengths decodes the same greedy tokens as
+// each sequence alone. Skips without a GPU, without the CUDA model backend, or without the models.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cisa/model.h"
+#include "cisa/model_store.h"
+#include "cisa/sampling.h"
+#include "golden/logits_fixture.h"
+
+#if defined(CISA_WITH_CUDA_MODEL)
+#include "cisa/cuda_backend.h"
+#include "cisa/cuda_model_backend.h"
+#endif
+
+namespace cisa {
+namespace {
+
+#if defined(CISA_WITH_CUDA_MODEL)
+
+struct Compare {
+  int64_t n = 0, top1_same = 0;
+  double kl_sum = 0, kl_max = 0;
+};
+
+// KL(p ‖ q) of the softmax of two logit rows, in double, and whether their argmax agree.
+void compare_rows(const float* ref, const float* got, int V, Compare* c) {
+  auto lse = [V](const float* x) {
+    double m = -INFINITY;
+    for (int i = 0; i < V; ++i) m = std::max(m, static_cast<double>(x[i]));
+    double z = 0;
+    for (int i = 0; i < V; ++i) z += std::exp(x[i] - m);
+    return m + std::log(z);
+  };
+  const double lr = lse(ref), lg = lse(got);
+  double kl = 0;
+  for (int i = 0; i < V; ++i) {
+    const double lp = ref[i] - lr, lq = got[i] - lg;
+    kl += std::exp(lp) * (lp - lq);
+  }
+  c->n += 1;
+  c->top1_same += argmax({ref, static_cast<size_t>(V)}) == argmax({got, static_cast<size_t>(V)});
+  c->kl_sum += kl;
+  c->kl_max = std::max(c->kl_max, kl);
+}
+
+struct Case {
+  const char* model;
+  bool cisa;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << (c.cisa ? "/cisa" : "/dense"); }
+
+class CudaModelGolden : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda::device_available(&why)) GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << why << ")";
+    auto path = resolve_model(GetParam().model);
+    if (!path.ok()) GTEST_SKIP() << "model " << GetParam().model << " is absent: " << path.status().message();
+    path_ = *path;
+    std::string err;
+    const std::string fx = std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/logits_" + GetParam().model + ".bin";
+    if (!read_fixture(fx, &fixture_, &err)) GTEST_SKIP() << "no logits fixture " << fx << ": " << err;
+  }
+
+  std::unique_ptr<Model> load(bool gpu, int64_t context) {
+    ModelOptions o;
+    o.context = (context + 255) / 256 * 256;
+    o.max_sequences = 3;
+    o.threads = 0;
+    if (gpu) {
+      o.kv_dtype = KvDtype::kBF16;
+      o.backend = cuda::make_model_backend;
+    } else {
+      o.kv_dtype = KvDtype::kF32;
+      o.weights_f32 = true;
+    }
+    if (GetParam().cisa) {
+      // The CLI's defaults for the model's training context (README): k = n/256, W = n/1024, G 16,
+      // with k and W shrunk 4x so that the 2,000- and 8,000-token prompts run mostly sparse.
+      auto probe = Model::load(path_, {.context = 256});
+      EXPECT_TRUE(probe.ok());
+      const int64_t n = probe.ok() ? (*probe)->hparams().n_ctx_train : 8192;
+      o.attention.mode = AttentionMode::kCisa;
+      o.attention.selection = {.budget = std::max<int64_t>(16, n / 1024), .window = std::max<int64_t>(4, n / 4096),
+                               .qshare = 16};
+    }
+    auto m = Model::load(path_, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  std::string path_;
+  Fixture fixture_;
+};
+
+TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
+  int64_t longest = 0;
+  for (const auto& p : fixture_.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+  auto cpu = load(false, longest), gpu = load(true, longest);
+  ASSERT_TRUE(cpu && gpu);
+  const int V = cpu->hparams().n_vocab;
+  Compare all;
+  for (const FixturePrompt& p : fixture_.prompts) {
+    std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
+    std::vector<float> ref, got;
+    for (Model* m : {cpu.get(), gpu.get()}) {
+      auto seq = m->add_sequence();
+      ASSERT_TRUE(seq.ok());
+      SequenceInput in{.seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
+      const Status s = m->forward({&in, 1}, m == cpu.get() ? &ref : &got);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_TRUE(m->release_sequence(*seq).ok());
+    }
+    ASSERT_EQ(ref.size(), got.size());
+    for (float x : got) ASSERT_TRUE(std::isfinite(x)) << "non-finite GPU logit";
+    Compare c;
+    for (size_t j = 0; j < pos.size(); ++j) compare_rows(ref.data() + j * V, got.data() + j * V, V, &c);
+    std::printf("[ gpu-cpu  ] %s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL %.2e\n",
+                GetParam().model, GetParam().cisa ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
+                static_cast<long long>(c.n), 100.0 * c.top1_same / c.n, c.kl_sum / c.n, c.kl_max);
+    all.n += c.n;
+    all.top1_same += c.top1_same;
+    all.kl_sum += c.kl_sum;
+  }
+  const double top1 = static_cast<double>(all.top1_same) / all.n, kl = all.kl_sum / all.n;
+  const double top1_bar = GetParam().cisa ? 0.98 : 0.99, kl_bar = GetParam().cisa ? 0.02 : 0.01;
+  std::printf("[ gpu-cpu  ] %s %s, all prompts: top-1 %.2f%% (bar %.0f%%), mean KL %.2e (bar %.2g)\n", GetParam().model,
+              GetParam().cisa ? "cisa" : "dense", 100 * top1, 100 * top1_bar, kl, kl_bar);
+  EXPECT_GE(top1, top1_bar);
+  EXPECT_LT(kl, kl_bar);
+}
+
+// Greedy decoding of three sequences of different prompt lengths in one batch (each decode step
+// one forward call holding a row of every sequence) gives each sequence's tokens alone.
+TEST_P(CudaModelGolden, BatchedGreedyEqualsSeparateRuns) {
+  if (GetParam().cisa) GTEST_SKIP() << "run once per model (dense)";
+  ASSERT_GE(fixture_.prompts.size(), 2u);
+  const FixturePrompt& a = fixture_.prompts[0];
+  const FixturePrompt& b = fixture_.prompts[1];
+  const std::vector<std::vector<int32_t>> prompts = {
+      a.ids, {b.ids.begin(), b.ids.begin() + std::min<size_t>(b.ids.size(), 700)}, {a.ids.begin(), a.ids.begin() + 9}};
+  constexpr int kSteps = 12;
+  auto gpu = load(true, 1024);
+  ASSERT_TRUE(gpu);
+  const int V = gpu->hparams().n_vocab;
+  auto greedy = [&](std::vector<size_t> which) {
+    std::vector<SeqId> seqs;
+    std::vector<std::vector<int32_t>> out(which.size());
+    std::vector<std::vector<int32_t>> next(which.size());
+    for (size_t i = 0; i < which.size(); ++i) {
+      seqs.push_back(*gpu->add_sequence());
+      next[i] = prompts[which[i]];
+    }
+    for (int step = 0; step <= kSteps; ++step) {
+      std::vector<SequenceInput> in;
+      for (size_t i = 0; i < which.size(); ++i) in.push_back({.seq = seqs[i], .tokens = next[i]});
+      std::vector<float> logits;
+      const Status s = gpu->forward(in, &logits);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      if (!s.ok()) break;
+      for (size_t i = 0; i < which.size(); ++i) {
+        const int32_t t = argmax({logits.data() + i * V, static_cast<size_t>(V)});
+        out[i].push_back(t);
+        next[i] = {t};
+      }
+    }
+    for (SeqId s : seqs) EXPECT_TRUE(gpu->release_sequence(s).ok());
+    return out;
+  };
+  const auto together = greedy({0, 1, 2});
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i], greedy({i})[0]) << "sequence " << i;
+}
+
+const Case kCases[] = {{"gemma3-270m", false}, {"gemma3-270m", true}, {"smollm2-135m", false}, {"smollm2-135m", true}};
+INSTANTIATE_TEST_SUITE_P(Models, CudaModelGolden, ::testing::ValuesIn(kCases));
+
+#else
+TEST(CudaModelGolden, Skipped) { GTEST_SKIP() << "built without the CUDA model backend"; }
+#endif
+
+}  // namespace
+}  // namespace cisa
