@@ -4,8 +4,8 @@
 // checks every tensor's shape and type, and builds a tokenizer and a paged KV cache. forward()
 // runs any number of sequences, each with a run of new tokens, through the network in blocks of
 // at most `prefill_block` rows (the rows of all sequences together): a 2,000-token prompt and
-// three one-token decode steps can share one call. Weights stay quantised (quant.h); attention
-// runs on the core's page lists (attention.h), dense or CISA per layer.
+// three one-token decode steps can share one call. On the CPU backend weights stay quantised
+// (quant.h); attention runs on the core's page lists (plan.h), dense or CISA per layer.
 //
 //   CISA_ASSIGN_OR_RETURN(std::string path, cisa::resolve_model("gemma3-270m"));
 //   CISA_ASSIGN_OR_RETURN(auto model, cisa::Model::load(path, {.threads = 2, .context = 8192}));
@@ -147,6 +147,22 @@ struct ModelOptions {
   BackendFactory backend;
 };
 
+// Attention for one Model::forward call, overriding the model's own for that call (a server's
+// per-request settings). The CISA layers are those the model was loaded with (AttentionMode::kCisa
+// at load keeps their page representatives): kDense runs them dense for this call, kCisa runs them
+// with `selection`. A model loaded dense has no CISA layers and refuses kCisa here.
+struct StepAttention {
+  AttentionMode mode = AttentionMode::kCisa;
+  SelectionParams selection;  // kCisa only; checked with validate_selection_params
+  bool operator==(const StepAttention& o) const {
+    const SelectionParams &a = selection, &b = o.selection;
+    return mode == o.mode && (mode == AttentionMode::kDense ||
+                              (a.budget == b.budget && a.window == b.window &&
+                               a.qshare == b.qshare && a.qshare_query == b.qshare_query &&
+                               a.sink_pages == b.sink_pages));
+  }
+};
+
 // Which rows of an input produce logits.
 enum class OutputMode { kNone, kLast, kAll, kPositions };
 
@@ -225,9 +241,12 @@ class Model {
   // Appends every input's tokens to its sequence and writes the requested logits to `logits`,
   // resized to [outputs][n_vocab]: inputs in order, rows ascending within an input. Everything is
   // checked before any work (token ids, context, free pages, positions); an error leaves every
-  // sequence as it was.
+  // sequence as it was. `attention`, when given, applies to this call only (StepAttention).
   Status forward(std::span<const SequenceInput> inputs, std::vector<float>* logits,
-                 const ProgressFn& progress = {});
+                 const ProgressFn& progress = {}, const StepAttention* attention = nullptr);
+  // True when some layer runs CISA (loaded with AttentionMode::kCisa): forward() then accepts a
+  // StepAttention of either mode.
+  bool has_cisa_layers() const;
 
   const ForwardStats& stats() const;
   void reset_stats();
