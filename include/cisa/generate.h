@@ -12,9 +12,12 @@
 //   // out[0].tokens, out[0].text, out[0].finish, out[0].timings
 //
 // Batching. Every request runs in its own sequence of the model's KV cache. One step is ONE
-// Model::forward call: the whole prompt of each request admitted in this step (forward cuts it
-// into blocks of prefill_block rows) and one token of every request already decoding, sequences
-// of different lengths side by side. A finished request drops out and its sequence is released at
+// Model::forward call: one token of every request already decoding and the prompts of requests
+// admitted earlier — whole (forward cuts them into blocks of prefill_block rows), or with
+// GeneratorOptions::prefill_chunk at most that many prompt rows per step, the rest in later
+// steps — sequences of different lengths side by side. Requests carrying different attention
+// settings (GenerationRequest::attention) never share a step: each step serves the settings of
+// the running request that has waited longest. A finished request drops out and its sequence is released at
 // once, so a waiting request can take it in the next step. At most ModelOptions::max_sequences
 // requests run at once (the KV cache holds that many full-context sequences, so a running request
 // never runs out of pages); the rest wait in the order they were added.
@@ -38,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -61,6 +65,16 @@ struct GenerationRequest {
   bool ignore_eos = false;           // keep going after an end-of-generation token
   std::vector<int32_t> stop_tokens;  // finish with kStop when one is sampled
   std::vector<std::string> stop_strings;  // non-empty valid UTF-8; need a tokenizer
+  // This request's attention (model.h StepAttention); empty: the model's own. A step runs only
+  // requests of equal attention, so requests of different settings take turns.
+  std::optional<StepAttention> attention;
+};
+
+struct GeneratorOptions {
+  // Prompt rows one step feeds in all (chunked prefill): a long prompt then enters in chunks beside
+  // the decoding requests, which get a token every step instead of waiting for the whole prefill.
+  // 0: every admitted prompt whole in its first step.
+  int64_t prefill_chunk = 0;
 };
 
 // Seconds on a steady clock.
@@ -136,7 +150,8 @@ class StopStringStream {
 //   const cisa::GenerationResult& ra = g.result(a);
 class Generator {
  public:
-  explicit Generator(Model& model, GenerationCallbacks callbacks = {});
+  explicit Generator(Model& model, GenerationCallbacks callbacks = {},
+                     GeneratorOptions options = {});
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
@@ -144,6 +159,9 @@ class Generator {
   // Checks a request and queues it; returns its index (0, 1, … in order of adding). Errors
   // (kInvalidArgument, kOutOfRange for a prompt without room in the context) add nothing.
   Result<size_t> add(GenerationRequest request);
+  // The checks add() makes, without adding: a server calls this on its HTTP threads (it only
+  // reads the model's shape, context and tokenizer, which never change).
+  static Status check(const Model& model, const GenerationRequest& request);
   // One forward call over the admitted prompts and decoding requests, then one sampled token for
   // each. A forward error finishes every request of the step with kError (sequences released) and
   // is returned; other requests are unaffected. Does nothing when there is nothing to run.
@@ -154,11 +172,16 @@ class Generator {
   // Finishes every unfinished request with kError carrying `why`.
   void abort(const Status& why);
 
+  // Drops a finished request's result and text (a long-running server calls this once it has
+  // delivered them); result(index) is then an empty result. No effect on unfinished requests.
+  void forget(size_t index);
+
   bool done() const;                                   // nothing waiting or running
   size_t num_requests() const;                         // added so far
   size_t num_running() const;                          // holding a sequence
+  size_t num_waiting() const;                          // added, not yet holding a sequence
   const GenerationResult& result(size_t index) const;  // index < num_requests()
-  std::vector<GenerationResult> take_results();        // moves every result out
+  std::vector<GenerationResult> take_results();        // moves every result out (by index)
 
   struct State;
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -109,6 +109,9 @@ struct Request {
   StopStringStream text;
   Phase phase = Phase::kWaiting;
   SeqId seq = -1;
+  size_t index = 0;        // what add() returned
+  int64_t prefilled = 0;   // prompt tokens already in the sequence
+  uint64_t last_step = 0;  // the step that last ran this request (attention-group fairness)
   int64_t limit = 0;  // generated tokens allowed: min(max_tokens, context − prompt)
   double t_added = 0;
   bool cancel_requested = false;
@@ -120,18 +123,28 @@ struct Generator::State {
   Model& model;
   GenerationCallbacks cb;
   const Tokenizer* tok = nullptr;
-  std::deque<Request> reqs;  // stable addresses; index = position
+  GeneratorOptions opt;
+  std::map<size_t, Request> reqs;  // unfinished or not yet forgotten, by index; stable addresses
+  size_t next_index = 0;
+  uint64_t steps = 0;
   size_t running = 0;
   bool in_step = false;
   std::vector<SequenceInput> inputs;
-  std::vector<size_t> order;  // request index of each input
+  std::vector<Request*> order;  // the request of each input
+  std::vector<char> has_output;  // per input: its last row has logits (not a middle chunk)
   std::vector<float> logits;
 
-  State(Model& m, GenerationCallbacks c) : model(m), cb(std::move(c)), tok(tokenizer_of(m)) {}
+  State(Model& m, GenerationCallbacks c, GeneratorOptions o)
+      : model(m), cb(std::move(c)), tok(tokenizer_of(m)), opt(o) {}
+
+  Request* find(size_t i) {
+    auto it = reqs.find(i);
+    return it == reqs.end() ? nullptr : &it->second;
+  }
 
   // Ends a request: final text, sequence released, on_finish. Returns a release error.
   Status finish(size_t i, FinishReason why, const Status& error = Status::Ok()) {
-    Request& r = reqs[i];
+    Request& r = reqs.at(i);
     if (r.phase == Phase::kFinished) return Status::Ok();
     Status rel = Status::Ok();
     if (r.seq >= 0) {
@@ -152,7 +165,7 @@ struct Generator::State {
 
   // After a sampled token: the reason it finishes the request, or kNone.
   FinishReason take_token(size_t i, int32_t token) {
-    Request& r = reqs[i];
+    Request& r = reqs.at(i);
     r.res.tokens.push_back(token);
     FinishReason why = FinishReason::kNone;
     std::string released;
@@ -173,18 +186,18 @@ struct Generator::State {
   }
 };
 
-Generator::Generator(Model& model, GenerationCallbacks callbacks)
-    : s_(std::make_unique<State>(model, std::move(callbacks))) {}
+Generator::Generator(Model& model, GenerationCallbacks callbacks, GeneratorOptions options)
+    : s_(std::make_unique<State>(model, std::move(callbacks), options)) {}
 
 Generator::~Generator() {
-  for (Request& r : s_->reqs)
+  for (auto& [i, r] : s_->reqs)
     if (r.seq >= 0) (void)s_->model.release_sequence(r.seq);
 }
 
-Result<size_t> Generator::add(GenerationRequest request) {
+Status Generator::check(const Model& model, const GenerationRequest& request) {
   const int64_t n = static_cast<int64_t>(request.prompt.size());
-  const int64_t ctx = s_->model.context();
-  const int32_t vocab = s_->model.hparams().n_vocab;
+  const int64_t ctx = model.context();
+  const int32_t vocab = model.hparams().n_vocab;
   if (n == 0) return invalid_argument("generate: the prompt is empty");
   if (n >= ctx)
     return out_of_range("generate: a prompt of " + std::to_string(n) +
@@ -197,22 +210,37 @@ Result<size_t> Generator::add(GenerationRequest request) {
   if (request.max_tokens < 1)
     return invalid_argument("generate: max_tokens must be >= 1 (got " +
                             std::to_string(request.max_tokens) + ")");
-  if (!request.stop_strings.empty() && !s_->tok)
+  if (!request.stop_strings.empty() && !model.has_tokenizer())
     return invalid_argument("generate: stop strings need a tokenizer; this model has none");
   for (const std::string& s : request.stop_strings)
     if (s.empty() || !valid_utf8(s))
       return invalid_argument("generate: a stop string must be non-empty valid UTF-8");
+  if (request.attention && request.attention->mode == AttentionMode::kCisa) {
+    if (!model.has_cisa_layers())
+      return failed_precondition(
+          "generate: CISA attention asked for, but the model was loaded with dense attention");
+    CISA_RETURN_IF_ERROR(validate_selection_params(request.attention->selection));
+  }
+  return validate_sampling_params(request.sampling);
+}
+
+Result<size_t> Generator::add(GenerationRequest request) {
+  CISA_RETURN_IF_ERROR(check(s_->model, request));
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  const int64_t ctx = s_->model.context();
   auto sampler = Sampler::create(request.sampling);
   if (!sampler.ok()) return sampler.status();
 
-  Request& r = s_->reqs.emplace_back();
+  const size_t index = s_->next_index++;
+  Request& r = s_->reqs[index];
+  r.index = index;
   r.sampler.emplace(std::move(*sampler));
   r.text = StopStringStream(request.stop_strings);
   r.limit = std::min(request.max_tokens, ctx - n);
   r.res.prompt_tokens = n;
   r.t_added = now_s();
   r.req = std::move(request);
-  return s_->reqs.size() - 1;
+  return index;
 }
 
 Status Generator::step() {
@@ -221,63 +249,88 @@ Status Generator::step() {
   // Admit waiting requests, in order, into free sequences.
   const size_t slots = static_cast<size_t>(std::max(1, s.model.options().max_sequences));
   Status first_error = Status::Ok();
-  for (size_t i = 0; i < s.reqs.size() && s.running < slots; ++i) {
-    Request& r = s.reqs[i];
+  for (auto& [i, r] : s.reqs) {
+    if (s.running >= slots) break;
     if (r.phase != Phase::kWaiting) continue;
     auto seq = s.model.add_sequence();
     if (!seq.ok()) {
-      Status rel = s.finish(i, FinishReason::kError, seq.status());
+      (void)s.finish(i, FinishReason::kError, seq.status());
       if (first_error.ok()) first_error = seq.status();
-      (void)rel;
       continue;
     }
     r.seq = *seq;
     r.phase = Phase::kPrefill;
     ++s.running;
   }
-  // One input per running request: its prompt, or its last token.
+  // The attention group of this step: that of the running request that waited longest.
+  const Request* oldest = nullptr;
+  for (const auto& [i, r] : s.reqs)
+    if ((r.phase == Phase::kPrefill || r.phase == Phase::kDecoding) &&
+        (!oldest || r.last_step < oldest->last_step))
+      oldest = &r;
+  if (!oldest) return first_error;
+  const std::optional<StepAttention> group = oldest->req.attention;
+  // One input per running request of the group: one token of each decoding request first, then
+  // prompts (whole, or chunks of at most prefill_chunk rows in all).
   s.inputs.clear();
   s.order.clear();
-  bool any_prefill = false;
-  for (size_t i = 0; i < s.reqs.size(); ++i) {
-    Request& r = s.reqs[i];
-    if (r.phase == Phase::kPrefill) {
-      s.inputs.push_back({.seq = r.seq, .tokens = r.req.prompt});
-      any_prefill = true;
-    } else if (r.phase == Phase::kDecoding) {
-      s.inputs.push_back({.seq = r.seq, .tokens = {&r.res.tokens.back(), 1}});
-    } else {
-      continue;
-    }
-    s.order.push_back(i);
+  s.has_output.clear();
+  for (auto& [i, r] : s.reqs) {
+    if (r.phase != Phase::kDecoding || !(r.req.attention == group)) continue;
+    s.inputs.push_back({.seq = r.seq, .tokens = {&r.res.tokens.back(), 1}});
+    s.order.push_back(&r);
+    s.has_output.push_back(1);
   }
-  if (s.inputs.empty()) return first_error;
+  int64_t prompt_rows = s.opt.prefill_chunk > 0 ? s.opt.prefill_chunk : INT64_MAX;
+  bool any_prefill = false;
+  for (auto& [i, r] : s.reqs) {
+    if (prompt_rows <= 0) break;
+    if (r.phase != Phase::kPrefill || !(r.req.attention == group)) continue;
+    const int64_t n = static_cast<int64_t>(r.req.prompt.size());
+    const int64_t c = std::min(prompt_rows, n - r.prefilled);
+    const bool last = r.prefilled + c == n;
+    s.inputs.push_back({.seq = r.seq,
+                        .tokens = {r.req.prompt.data() + r.prefilled, static_cast<size_t>(c)},
+                        .outputs = last ? OutputMode::kLast : OutputMode::kNone});
+    s.order.push_back(&r);
+    s.has_output.push_back(last ? 1 : 0);
+    prompt_rows -= c;
+    any_prefill = true;
+  }
+  ++s.steps;
+  for (Request* r : s.order) r->last_step = s.steps;
 
   const double t0 = now_s();
-  Status fw =
-      s.model.forward(s.inputs, &s.logits, any_prefill ? s.cb.on_prefill_progress : ProgressFn{});
+  Status fw = s.model.forward(s.inputs, &s.logits,
+                              any_prefill ? s.cb.on_prefill_progress : ProgressFn{},
+                              group ? &*group : nullptr);
   const double dt = now_s() - t0;
   if (!fw.ok()) {
-    for (size_t i : s.order) (void)s.finish(i, FinishReason::kError, fw);
+    for (Request* r : s.order) (void)s.finish(r->index, FinishReason::kError, fw);
     return fw;
   }
   const size_t vocab = static_cast<size_t>(s.model.hparams().n_vocab);
   s.in_step = true;
+  size_t out_row = 0;
   for (size_t k = 0; k < s.order.size(); ++k) {
-    const size_t i = s.order[k];
-    Request& r = s.reqs[i];
+    Request& r = *s.order[k];
+    const bool output = s.has_output[k];
+    const size_t row = output ? out_row++ : 0;
     if (r.phase == Phase::kFinished) continue;  // abort() from an earlier callback of this step
     GenerationTimings& t = r.res.timings;
     if (r.phase == Phase::kPrefill) {
-      t.prefill_seconds = dt;
+      t.prefill_seconds += dt;
+      r.prefilled += static_cast<int64_t>(s.inputs[k].tokens.size());
+      if (!output) continue;  // a middle chunk of the prompt: no token yet
       r.phase = Phase::kDecoding;
     } else {
       t.decode_seconds += dt;
       ++t.decode_steps;
     }
+    const size_t i = r.index;
     FinishReason why = FinishReason::kCancelled;
     if (!r.cancel_requested) {  // cancelled from an earlier request's callback in this step
-      const int32_t next = r.sampler->sample({s.logits.data() + k * vocab, vocab});
+      const int32_t next = r.sampler->sample({s.logits.data() + row * vocab, vocab});
       if (r.res.tokens.empty()) t.time_to_first_token = now_s() - r.t_added;
       why = s.take_token(i, next);
     }
@@ -288,8 +341,8 @@ Status Generator::step() {
   }
   s.in_step = false;
   // Requests cancelled from a callback after their own turn in this step, or while waiting.
-  for (size_t i = 0; i < s.reqs.size(); ++i)
-    if (s.reqs[i].cancel_requested && s.reqs[i].phase != Phase::kFinished) {
+  for (auto& [i, r] : s.reqs)
+    if (r.cancel_requested && r.phase != Phase::kFinished) {
       Status rel = s.finish(i, FinishReason::kCancelled);
       if (first_error.ok() && !rel.ok()) first_error = rel;
     }
@@ -297,33 +350,45 @@ Status Generator::step() {
 }
 
 void Generator::cancel(size_t index) {
-  if (index >= s_->reqs.size()) return;
-  s_->reqs[index].cancel_requested = true;
+  Request* r = s_->find(index);
+  if (!r) return;
+  r->cancel_requested = true;
   if (!s_->in_step) (void)s_->finish(index, FinishReason::kCancelled);
 }
 
 void Generator::abort(const Status& why) {
-  for (size_t i = 0; i < s_->reqs.size(); ++i) (void)s_->finish(i, FinishReason::kError, why);
+  for (auto& [i, r] : s_->reqs) (void)s_->finish(i, FinishReason::kError, why);
+}
+
+void Generator::forget(size_t index) {
+  auto it = s_->reqs.find(index);
+  if (it != s_->reqs.end() && it->second.phase == Phase::kFinished) s_->reqs.erase(it);
 }
 
 bool Generator::done() const {
-  for (const Request& r : s_->reqs)
+  for (const auto& [i, r] : s_->reqs)
     if (r.phase != Phase::kFinished) return false;
   return true;
 }
 size_t Generator::num_requests() const {
-  return s_->reqs.size();
+  return s_->next_index;
+}
+size_t Generator::num_waiting() const {
+  size_t n = 0;
+  for (const auto& [i, r] : s_->reqs) n += r.phase == Phase::kWaiting;
+  return n;
 }
 size_t Generator::num_running() const {
   return s_->running;
 }
 const GenerationResult& Generator::result(size_t index) const {
-  return s_->reqs.at(index).res;
+  static const GenerationResult kForgotten;
+  auto it = s_->reqs.find(index);
+  return it == s_->reqs.end() ? kForgotten : it->second.res;
 }
 std::vector<GenerationResult> Generator::take_results() {
-  std::vector<GenerationResult> out;
-  out.reserve(s_->reqs.size());
-  for (Request& r : s_->reqs) out.push_back(std::move(r.res));
+  std::vector<GenerationResult> out(s_->next_index);
+  for (auto& [i, r] : s_->reqs) out[i] = std::move(r.res);
   return out;
 }
 

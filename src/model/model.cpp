@@ -207,9 +207,30 @@ Status Model::Impl::run_layers() {
   return Status::Ok();
 }
 
+bool Model::has_cisa_layers() const {
+  const std::vector<bool>& c = impl_->layer_cisa;
+  return std::find(c.begin(), c.end(), true) != c.end();
+}
+
 Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>* logits,
-                      const ProgressFn& progress) {
+                      const ProgressFn& progress, const StepAttention* attention) {
   Impl& m = *impl_;
+  if (attention && attention->mode == AttentionMode::kCisa) {
+    if (!has_cisa_layers())
+      return failed_precondition(
+          "forward: CISA attention asked for a call, but the model was loaded with dense "
+          "attention (no CISA layers)");
+    CISA_RETURN_IF_ERROR(validate_selection_params(attention->selection));
+  }
+  // The override holds for this call only, whichever way it returns.
+  struct CallAttention {
+    Impl& m;
+    ~CallAttention() { m.call_attention = nullptr; }
+  } call_scope{m};
+  m.call_attention = attention;
+  const bool call_dense = attention && attention->mode == AttentionMode::kDense;
+  const SelectionParams& selection =
+      attention && !call_dense ? attention->selection : m.opt.attention.selection;
   const ModelHparams& hp = m.hp;
   Backend& be = *m.be;
   const PageTable& table = be.pages();
@@ -283,8 +304,9 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
   bool any_swa = false, any_dense_global = false, any_cisa = false;
   for (int l = 0; l < hp.n_layer; ++l) {
     any_swa = any_swa || !hp.is_global(l);
-    any_dense_global = any_dense_global || (hp.is_global(l) && !m.layer_cisa[size_t(l)]);
-    any_cisa = any_cisa || m.layer_cisa[size_t(l)];
+    const bool cisa_layer = m.layer_cisa[size_t(l)] && !call_dense;
+    any_dense_global = any_dense_global || (hp.is_global(l) && !cisa_layer);
+    any_cisa = any_cisa || cisa_layer;
   }
   ThreadPool* host_pool = be.cpu_pool();
   while (cur < inputs.size()) {
@@ -368,7 +390,7 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
     if (any_cisa)
       CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kCisa, st.batch,
                                    {.kind = PlanKind::kCisa,
-                                    .selection = m.opt.attention.selection}));
+                                    .selection = selection}));
     CISA_RETURN_IF_ERROR(m.run_layers());
 
     // Final norm and logits for the wanted rows only (the output matrix is the largest one).

@@ -35,7 +35,11 @@ Status Model::Impl::attention(int layer) {
   const int64_t rows = st.rows;
   const int d = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   const bool swa = hp.layer_swa[static_cast<size_t>(layer)];
-  const bool cisa = layer_cisa[static_cast<size_t>(layer)];
+  // A forward() call's StepAttention may run the CISA layers dense, or with its own selection.
+  const bool cisa = layer_cisa[static_cast<size_t>(layer)] &&
+                    !(call_attention && call_attention->mode == AttentionMode::kDense);
+  const SelectionParams& selection =
+      call_attention && cisa ? call_attention->selection : opt.attention.selection;
   const bool tapped = tap && !swa;
   const bool want_index = cisa || tapped;  // a tap sees the index queries of dense layers too
   const int table = swa ? 1 : 0;
@@ -109,7 +113,7 @@ Status Model::Impl::attention(int layer) {
                                                    .num_q_heads = Hq,
                                                    .scale = hp.attn_scale,
                                                    .index_q = iq,
-                                                   .selection = &opt.attention.selection,
+                                                   .selection = &selection,
                                                    .cache = be->cpu_cache(),
                                                    .pool = be->cpu_pool()},
                                                   &st.selector_lists));
@@ -134,7 +138,7 @@ Status Model::Impl::attention(int layer) {
     for (const QueryGroup& g : be->plan_groups(slot)) {
       const int64_t dense = pages_read_dense(g, B);
       dense_pages += dense;
-      read_pages += cisa ? pages_read(g, B, opt.attention.selection) : dense;
+      read_pages += cisa ? pages_read(g, B, selection) : dense;
     }
     stats.global_pages_dense += dense_pages * Hkv;
     stats.global_pages_read += read_pages * Hkv;

@@ -88,6 +88,7 @@ struct Model::Impl {
   StepState st;
   ForwardStats stats;
   std::vector<bool> layer_cisa;                      // per layer
+  const StepAttention* call_attention = nullptr;     // forward()'s override, during the call
   AttentionTap tap;                                  // calibration/diagnostics observer
   std::vector<std::vector<BackendMatrix>> index_w;   // [layer][kv group]; id −1: mean of heads
 

@@ -11,7 +11,8 @@ int cmd_bench(int argc, char** argv) {
       "usage: cisa bench <what> [options]   (cisa bench <what> --help)\n\n"
       "  attention   dense vs CISA attention on the CPU (or CUDA) backend, one layer\n"
       "  model       prefill and decode tokens/s of a GGUF model at a context, beside llama.cpp\n"
-      "  layer       one-layer GPU benchmark against cuDNN / FlashAttention anchors (CUDA builds)\n";
+      "  layer       one-layer GPU benchmark against cuDNN / FlashAttention anchors (CUDA builds)\n"
+      "  serve       load generator for `cisa serve` (or any OpenAI-compatible server)\n";
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::printf("%s", usage);
     return argc < 2 ? 2 : 0;
@@ -19,6 +20,9 @@ int cmd_bench(int argc, char** argv) {
   if (!std::strcmp(argv[1], "attention")) return bench_attention(argc - 1, argv + 1);
 #ifdef CISA_WITH_MODEL
   if (!std::strcmp(argv[1], "model")) return bench_model(argc - 1, argv + 1);
+#endif
+#ifdef CISA_WITH_SERVER
+  if (!std::strcmp(argv[1], "serve")) return bench_serve(argc - 1, argv + 1);
 #endif
   if (!std::strcmp(argv[1], "layer")) {
 #ifdef CISA_WITH_CUDA

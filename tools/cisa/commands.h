@@ -21,5 +21,9 @@ int cmd_diagnose(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int bench_model(int argc, char** argv);
 #endif
+#ifdef CISA_WITH_SERVER
+int cmd_serve(int argc, char** argv);
+int bench_serve(int argc, char** argv);
+#endif
 
 }  // namespace cisa::cli

@@ -24,6 +24,9 @@ const Command kCommands[] = {
     {"diagnose", cisa::cli::cmd_diagnose, "CISA selection diagnostics on real activations (SPEC 9)"},
     {"eval", cisa::cli::cmd_eval, "quality of CISA against dense: RULER-style tasks, long-document likelihood"},
 #endif
+#ifdef CISA_WITH_SERVER
+    {"serve", cisa::cli::cmd_serve, "OpenAI-compatible server with continuous batching"},
+#endif
 };
 
 void usage() {
