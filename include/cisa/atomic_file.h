@@ -4,7 +4,7 @@
 //
 //   CISA_RETURN_IF_ERROR(cisa::check_output_path(out));     // before an hour of work
 //   ...
-//   CISA_RETURN_IF_ERROR(cisa::write_file_atomic(out, doc.dump(2) + "\n"));
+//   CISA_RETURN_IF_ERROR(cisa::write_file_atomic(out, bytes));   // or write_json_atomic (json.h)
 //
 // A regular file (or a path that does not exist yet) is replaced atomically: the bytes go to a
 // temporary file in the same folder, which is flushed to disk (fsync) and then renamed over the

@@ -1,29 +1,17 @@
+// json_dump / json_quote / json_parse: the project's format over nlohmann::ordered_json (json.h).
 #include "cisa/json.h"
 
 #include <cmath>
 #include <cstdio>
 
+#include "cisa/atomic_file.h"
+
 namespace cisa {
-
-Json& Json::operator[](const std::string& key) {
-  if (std::holds_alternative<std::nullptr_t>(v_)) v_ = Object{};
-  auto& obj = std::get<Object>(v_);
-  for (auto& [k, v] : obj)
-    if (k == key) return v;
-  obj.emplace_back(key, Json());
-  return obj.back().second;
-}
-
-void Json::push_back(Json j) {
-  if (std::holds_alternative<std::nullptr_t>(v_)) v_ = Array{};
-  std::get<Array>(v_).push_back(std::move(j));
-}
-
 namespace {
 
 // Length of the well-formed UTF-8 sequence starting at s[i] (Unicode 15, table 3-7: no overlong
 // forms, no surrogates, nothing above U+10FFFF), or 0 when the bytes there are not one.
-size_t utf8_sequence_length(const std::string& s, size_t i) {
+size_t utf8_sequence_length(std::string_view s, size_t i) {
   const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = at(i);
   size_t n = 0;
@@ -43,10 +31,8 @@ size_t utf8_sequence_length(const std::string& s, size_t i) {
   return n;
 }
 
-}  // namespace
-
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
+void quote_to(std::string& out, std::string_view s) {
+  out += '"';
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
@@ -67,63 +53,145 @@ std::string json_quote(const std::string& s) {
           i += n - 1;
         } else {
           // Not UTF-8 (a cut multi-byte character, a Latin-1 byte): the replacement character,
-          // one per offending byte, as a JSON encoder given these bytes would write.
+          // one per offending byte.
           out += "\\ufffd";
         }
     }
   }
-  return out + "\"";
+  out += '"';
 }
 
-void Json::dump_to(std::string& out, int indent, int depth) const {
+void dump_to(std::string& out, const Json& j, int indent, int depth) {
   auto newline = [&](int d) {
     if (indent < 0) return;
     out += '\n';
-    out.append(static_cast<size_t>(indent * d), ' ');
+    out.append(static_cast<size_t>(indent) * static_cast<size_t>(d), ' ');
   };
-  if (std::holds_alternative<std::nullptr_t>(v_)) {
-    out += "null";
-  } else if (auto* b = std::get_if<bool>(&v_)) {
-    out += *b ? "true" : "false";
-  } else if (auto* i = std::get_if<int64_t>(&v_)) {
-    out += std::to_string(*i);
-  } else if (auto* d = std::get_if<double>(&v_)) {
-    if (!std::isfinite(*d)) {
-      out += "null";  // JSON has no NaN or infinity
-    } else {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.10g", *d);
-      out += buf;
+  switch (j.type()) {
+    case Json::value_t::boolean:
+      out += j.get<bool>() ? "true" : "false";
+      break;
+    case Json::value_t::number_integer:
+      out += std::to_string(j.get<int64_t>());
+      break;
+    case Json::value_t::number_unsigned:
+      out += std::to_string(j.get<uint64_t>());
+      break;
+    case Json::value_t::number_float: {
+      const double d = j.get<double>();
+      if (!std::isfinite(d)) {
+        out += "null";  // JSON has no NaN or infinity
+      } else {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.10g", d);
+        out += buf;
+      }
+      break;
     }
-  } else if (auto* s = std::get_if<std::string>(&v_)) {
-    out += json_quote(*s);
-  } else if (auto* a = std::get_if<Array>(&v_)) {
-    out += '[';
-    for (size_t k = 0; k < a->size(); ++k) {
-      if (k) out += ',';
-      newline(depth + 1);
-      (*a)[k].dump_to(out, indent, depth + 1);
+    case Json::value_t::string:
+      quote_to(out, j.get_ref<const std::string&>());
+      break;
+    case Json::value_t::array: {
+      out += '[';
+      bool first = true;
+      for (const Json& v : j) {
+        if (!first) out += ',';
+        first = false;
+        newline(depth + 1);
+        dump_to(out, v, indent, depth + 1);
+      }
+      if (!j.empty()) newline(depth);
+      out += ']';
+      break;
     }
-    if (!a->empty()) newline(depth);
-    out += ']';
-  } else {
-    const auto& o = std::get<Object>(v_);
-    out += '{';
-    for (size_t k = 0; k < o.size(); ++k) {
-      if (k) out += ',';
-      newline(depth + 1);
-      out += json_quote(o[k].first);
-      out += indent < 0 ? ":" : ": ";
-      o[k].second.dump_to(out, indent, depth + 1);
+    case Json::value_t::object: {
+      out += '{';
+      bool first = true;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!first) out += ',';
+        first = false;
+        newline(depth + 1);
+        quote_to(out, it.key());
+        out += indent < 0 ? ":" : ": ";
+        dump_to(out, it.value(), indent, depth + 1);
+      }
+      if (!j.empty()) newline(depth);
+      out += '}';
+      break;
     }
-    if (!o.empty()) newline(depth);
-    out += '}';
+    default:  // null; binary and discarded values are never built by the project
+      out += "null";
   }
 }
 
-std::string Json::dump(int indent) const {
+struct TooDeep {};
+
+}  // namespace
+
+std::string json_quote(std::string_view s) {
   std::string out;
-  dump_to(out, indent, 0);
+  quote_to(out, s);
+  return out;
+}
+
+std::string json_dump(const Json& j, int indent) {
+  std::string out;
+  dump_to(out, j, indent, 0);
+  return out;
+}
+
+Result<Json> json_parse(std::string_view text) {
+  // nlohmann's parser keeps its own stack (no recursion); the bound is on what callers walk.
+  const Json::parser_callback_t bound_depth = [](int depth, Json::parse_event_t, Json&) {
+    if (depth > kJsonMaxDepth) throw TooDeep{};
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), bound_depth);
+  } catch (const TooDeep&) {
+    return data_loss("JSON: nesting deeper than " + std::to_string(kJsonMaxDepth));
+  } catch (const Json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 7: ..." without the tag.
+    std::string what = e.what();
+    if (const size_t tag = what.find("] "); what.rfind("[json.exception.", 0) == 0 && tag != std::string::npos)
+      what.erase(0, tag + 2);
+    return data_loss("JSON: " + what);
+  }
+}
+
+Status write_json_atomic(const std::string& path, const Json& j, int indent) {
+  return write_file_atomic(path, json_dump(j, indent) + "\n");
+}
+
+const Json* json_member(const Json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  const auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+double json_number(const Json& j, const char* key, double fallback) {
+  const Json* v = json_member(j, key);
+  return v && v->is_number() ? v->get<double>() : fallback;
+}
+
+std::string json_string(const Json& j, const char* key, const std::string& fallback) {
+  const Json* v = json_member(j, key);
+  return v && v->is_string() ? v->get<std::string>() : fallback;
+}
+
+std::vector<double> json_numbers(const Json& j, const char* key) {
+  std::vector<double> out;
+  if (const Json* v = json_member(j, key); v && v->is_array())
+    for (const Json& x : *v)
+      if (x.is_number()) out.push_back(x.get<double>());
+  return out;
+}
+
+std::vector<std::string> json_strings(const Json& j, const char* key) {
+  std::vector<std::string> out;
+  if (const Json* v = json_member(j, key); v && v->is_array())
+    for (const Json& x : *v)
+      if (x.is_string()) out.push_back(x.get<std::string>());
   return out;
 }
 

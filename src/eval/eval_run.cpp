@@ -15,7 +15,6 @@
 #include "cisa/json.h"
 #include "cisa/tokenizer.h"
 #include "eval_internal.h"
-#include "eval_json.h"
 
 namespace cisa::eval {
 namespace {
@@ -45,10 +44,9 @@ Json stats_json(const ForwardStats& s) {
 
 template <class T>
 Json array_of(const std::vector<T>& v) {
-  Json::Array a;
-  a.reserve(v.size());
-  for (const T& x : v) a.emplace_back(x);
-  return Json(std::move(a));
+  Json a = Json::array();
+  for (const T& x : v) a.push_back(x);
+  return a;
 }
 
 struct Work {
@@ -94,7 +92,7 @@ class ModelCache {
 // cost O(n²)); an interrupted append leaves at most a cut last line, which a resume drops.
 Status append_line(const std::string& path, const Json& j) {
   std::ofstream out(path, std::ios::app | std::ios::binary);
-  out << j.dump() << "\n";
+  out << json_dump(j) << "\n";
   out.flush();
   out.close();
   if (!out) return data_loss("cannot append to '" + path + "'");
@@ -129,8 +127,8 @@ Status run_eval(const EvalPlan& plan) {
     while (std::getline(in, line)) {
       ++lineno;
       if (line.empty()) continue;
-      auto v = detail::parse_json(line);
-      if (!v.ok() || v->string("id").empty() || v->string("config").empty()) {
+      auto v = json_parse(line);
+      if (!v.ok() || json_string(*v, "id").empty() || json_string(*v, "config").empty()) {
         // A line cut by an interrupted write: everything before it counts, it is redone.
         std::fprintf(stderr, "cisa eval: dropping unreadable line %lld of %s (%s)\n",
                      static_cast<long long>(lineno), results.c_str(),
@@ -138,7 +136,7 @@ Status run_eval(const EvalPlan& plan) {
         ++dropped;
         continue;
       }
-      done.emplace(v->string("id"), v->string("config"));
+      done.emplace(json_string(*v, "id"), json_string(*v, "config"));
       kept += line;
       kept += '\n';
     }
@@ -154,10 +152,10 @@ Status run_eval(const EvalPlan& plan) {
     std::ifstream m(fs::path(plan.run_dir) / "run.json");
     std::stringstream ss;
     ss << m.rdbuf();
-    if (auto meta = detail::parse_json(ss.str()); m && meta.ok()) {
-      const auto ex = static_cast<int64_t>(meta->number("examples", -1));
-      const auto sd = static_cast<int64_t>(meta->number("seed", -1));
-      const std::string model = meta->string("model_path");
+    if (auto meta = json_parse(ss.str()); m && meta.ok()) {
+      const auto ex = static_cast<int64_t>(json_number(*meta, "examples", -1));
+      const auto sd = static_cast<int64_t>(json_number(*meta, "seed", -1));
+      const std::string model = json_string(*meta, "model_path");
       if (ex != plan.examples || sd != static_cast<int64_t>(plan.seed) || model != plan.model_path)
         return failed_precondition("--resume of '" + plan.run_dir +
                                    "' needs the same model, --examples (" + std::to_string(ex) +
@@ -187,8 +185,7 @@ Status run_eval(const EvalPlan& plan) {
     Json cfgs = Json::array();
     for (const auto& c : plan.configs) cfgs.push_back(c.name);
     meta["configs"] = cfgs;
-    CISA_RETURN_IF_ERROR(
-        write_file_atomic((fs::path(plan.run_dir) / "run.json").string(), meta.dump(2) + "\n"));
+    CISA_RETURN_IF_ERROR(write_json_atomic((fs::path(plan.run_dir) / "run.json").string(), meta));
   }
 
   // Generate every example first: the totals make the ETA honest from the first example on.

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "cisa/atomic_file.h"
+#include "cisa/json.h"
 #include "eval_internal.h"
-#include "eval_json.h"
 
 namespace cisa::eval {
 namespace {
@@ -49,28 +49,28 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     ++lines;
-    auto v = detail::parse_json(line);
+    const auto v = json_parse(line);
     // A line cut by an interrupted write, or one that is no result at all.
-    if (!v.ok() || v->string("id").empty() || v->string("config").empty() ||
-        v->string("task").empty())
+    if (!v.ok() || json_string(*v, "id").empty() || json_string(*v, "config").empty() ||
+        json_string(*v, "task").empty())
       continue;
     Record r;
-    r.id = v->string("id");
-    r.task = v->string("task");
-    r.config = v->string("config");
-    r.length = static_cast<int64_t>(v->number("length"));
-    r.index = static_cast<int64_t>(v->number("index"));
-    r.budget = static_cast<int64_t>(v->number("budget"));
-    r.score = v->number("score");
-    r.gen_tokens = v->number("generated_tokens");
-    if (const auto* s = v->get("stats")) {
-      r.pages_read = s->number("global_pages_read");
-      r.pages_dense = s->number("global_pages_dense");
+    r.id = json_string(*v, "id");
+    r.task = json_string(*v, "task");
+    r.config = json_string(*v, "config");
+    r.length = static_cast<int64_t>(json_number(*v, "length"));
+    r.index = static_cast<int64_t>(json_number(*v, "index"));
+    r.budget = static_cast<int64_t>(json_number(*v, "budget"));
+    r.score = json_number(*v, "score");
+    r.gen_tokens = json_number(*v, "generated_tokens");
+    if (const Json* s = json_member(*v, "stats")) {
+      r.pages_read = json_number(*s, "global_pages_read");
+      r.pages_dense = json_number(*s, "global_pages_dense");
     }
     r.doc = r.task == "doc";
-    r.nll = v->numbers("nll");
-    r.kl = v->numbers("kl");
-    r.agree = v->numbers("agree");
+    r.nll = json_numbers(*v, "nll");
+    r.kl = json_numbers(*v, "kl");
+    r.agree = json_numbers(*v, "agree");
     recs.push_back(std::move(r));
   }
   if (recs.empty())
@@ -82,10 +82,10 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
     std::ifstream m(fs::path(run_dir) / "run.json");
     std::stringstream ss;
     ss << m.rdbuf();
-    if (auto meta = detail::parse_json(ss.str()); meta.ok()) {
-      command = meta->string("command");
-      model = meta->string("model");
-      configs = meta->strings("configs");
+    if (auto meta = json_parse(ss.str()); meta.ok()) {
+      command = json_string(*meta, "command");
+      model = json_string(*meta, "model");
+      configs = json_strings(*meta, "configs");
     }
   }
   for (const auto& r : recs)

@@ -1,6 +1,7 @@
 // The decode roofline and the report of `cisa bench model`'s fixed-output protocol (see
 // bench_model_report.h and docs/bench-model.md).
 #include "bench_model_report.h"
+#include "cli_common.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -194,7 +195,7 @@ int print_protocol_report(const ProtocolReport& rep) {
     j["cisa_vs_dense"] = v;
   }
   if (a.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("%s%s: B=%lld requests x L=%lld context, T=%lld tokens each, fill %s, %s, KV %s\n",

@@ -6,7 +6,6 @@
 // flushed before each. It also measures the machine's read bandwidth, so the memory-bound decode
 // can be judged against it.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -23,11 +22,14 @@
 #include "cisa/selection.h"
 #include "cisa/traffic.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
 
 namespace {
+
+constexpr FailWith fail{"cisa bench attention"};
 
 struct Options {
   int64_t context = 65536, budget = 256, window = 32, qshare = 16, prefill = 512, head_dim = 128;
@@ -39,10 +41,6 @@ struct Timing {
   double median_ms = 0, min_ms = 0;
   double select_ms = 0;  // CISA: median of the selection step alone
 };
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -174,17 +172,14 @@ int bench_attention(int argc, char** argv) {
   a.add_flag("--json", &json, "print one JSON document on stdout");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
   if (o.backend == "cuda") {
-    std::fprintf(stderr, "cisa bench attention: the CUDA backend is benchmarked by `cisa bench layer --backend cuda`\n");
-    return 2;
+    return fail("the CUDA backend is benchmarked by `cisa bench layer --backend cuda`", 2);
   }
   if (o.context < 2 * o.prefill || o.prefill <= 0 || o.repeats <= 0) {
-    std::fprintf(stderr, "cisa bench attention: need --context >= 2 x --prefill-queries > 0 and --repeats > 0\n");
-    return 2;
+    return fail("need --context >= 2 x --prefill-queries > 0 and --repeats > 0", 2);
   }
   SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = o.qshare};
   if (Status s = validate_selection_params(sp); !s.ok()) {
-    std::fprintf(stderr, "cisa bench attention: %s\n", s.message().c_str());
-    return 2;
+    return fail(s.message(), 2);
   }
   const KvDtype dtype = *parse_kv_dtype(o.dtype);
   std::vector<Geometry> geos;
@@ -205,8 +200,7 @@ int bench_attention(int argc, char** argv) {
   }
   if (!out_file.empty())
     if (Status s = check_output_path(out_file); !s.ok()) {
-      std::fprintf(stderr, "cisa bench attention: --out: %s\n", s.message().c_str());
-      return 2;
+      return fail("--out: " + s.message(), 2);
     }
   ThreadPool pool(static_cast<int>(o.threads));
   auto progress = [&](const std::string& what) { std::fprintf(stderr, "  %s\n", what.c_str()); };
@@ -224,8 +218,7 @@ int bench_attention(int argc, char** argv) {
     progress("[" + gname + "] filling " + std::to_string(o.context) + " tokens of random K/V");
     auto cache_r = PagedKvCache::create(cache_config(o, geo, dtype));
     if (!cache_r.ok()) {
-      std::fprintf(stderr, "cisa bench attention: %s\n", cache_r.status().to_string().c_str());
-      return 1;
+      return fail(cache_r.status().to_string());
     }
     auto cache = std::move(cache_r).value();
     const SeqId seq = *cache->add_sequence();
@@ -260,15 +253,15 @@ int bench_attention(int argc, char** argv) {
         std::vector<double> total, sel;
         for (int64_t r = 0; r <= reps; ++r) {  // r = 0 is the warm-up
           flusher.flush(pool);
-          const double t0 = now_ms();
+          const Stopwatch clock;
           if (cisa) CISA_RETURN_IF_ERROR(select_pages(*cache, 0, batch, iq.data(), p, &pool, &lists));
           else CISA_RETURN_IF_ERROR(plan_dense(*cache, 0, batch, 0, &lists));
-          const double t1 = now_ms();
+          const double select_ms = clock.ms();
           CISA_RETURN_IF_ERROR(attend(*cache, 0, batch, lists, q.data(), geo.hq, {}, out.data(), lse.data(), pool, &ws));
-          const double t2 = now_ms();
+          const double total_ms = clock.ms();
           if (r > 0) {
-            total.push_back(t2 - t0);
-            sel.push_back(t1 - t0);
+            total.push_back(total_ms);
+            sel.push_back(select_ms);
           }
         }
         t->median_ms = median(total);
@@ -312,12 +305,11 @@ int bench_attention(int argc, char** argv) {
   for (const auto& r : rows) results.push_back(row_json(r, bw));
   doc["results"] = results;
   if (!out_file.empty())
-    if (Status s = write_file_atomic(out_file, doc.dump(2) + "\n"); !s.ok()) {
-      std::fprintf(stderr, "cisa bench attention: --out: %s\n", s.message().c_str());
-      return 1;
+    if (Status s = write_json_atomic(out_file, doc); !s.ok()) {
+      return fail("--out: " + s.message());
     }
   if (json) {
-    std::printf("%s\n", doc.dump(2).c_str());
+    print_json(doc);
     return 0;
   }
   std::printf("CPU attention, one layer: N=%lld  k=%lld  W=%lld  G=%lld  d=%lld  %s K/V  %d threads\n",

@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,10 +23,13 @@
 #include "cisa/cuda_backend.h"
 #include "cisa/json.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
 namespace {
+
+constexpr FailWith fail{"cisa bench layer"};
 
 struct Geometry {
   std::string name;
@@ -46,7 +48,7 @@ constexpr int kB = 16;
 
 bool cuda_ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "cisa bench layer: %s: %s\n", what, cudaGetErrorString(e));
+  fail(std::string(what) + ": " + cudaGetErrorString(e));
   return false;
 }
 
@@ -76,8 +78,7 @@ double median_ms(F&& launch, const Options& o) {
 
 void must(const Status& s, const char* what) {
   if (!s.ok()) {
-    std::fprintf(stderr, "cisa bench layer: %s: %s\n", what, s.to_string().c_str());
-    std::exit(1);
+    std::exit(fail(std::string(what) + ": " + s.to_string()));
   }
 }
 
@@ -86,7 +87,7 @@ void must(const Status& s, const char* what) {
 void dump_lists(const std::string& path, const PageLists& l) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) {
-    std::fprintf(stderr, "cisa bench layer: cannot write %s\n", path.c_str());
+    fail("cannot write " + path);
     return;
   }
   const int64_t hdr[2] = {static_cast<int64_t>(l.groups.size()), l.num_kv_heads};
@@ -156,13 +157,11 @@ int bench_layer(int argc, char** argv) {
   a.add_flag("--json", &json, "print one JSON document on stdout (the table goes to stderr)");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
   if (o.context % kB || o.context < 2 * o.prefill || o.iters < 1 || o.warmup < 0 || o.prefill < 1) {
-    std::fprintf(stderr, "cisa bench layer: need --context a multiple of 16 and >= 2 x --prefill-queries, --iters >= 1\n");
-    return 2;
+    return fail("need --context a multiple of 16 and >= 2 x --prefill-queries, --iters >= 1", 2);
   }
   std::string why;
   if (!cuda::device_available(&why)) {
-    std::fprintf(stderr, "cisa bench layer: no usable CUDA device (%s)\n", why.c_str());
-    return 1;
+    return fail("no usable CUDA device (" + why + ")");
   }
   FILE* table_out = json ? stderr : stdout;
   std::vector<Geometry> geos = {{"4:1", 4, 1, 16, {4, 16, 32}}, {"32:1", 32, 1, 32, {4}}, {"32:2", 32, 2, 16, {4}}};
@@ -264,9 +263,9 @@ int bench_layer(int argc, char** argv) {
 
       // Dense through the same kernels.
       cuda::Plan dense;
-      auto t0 = std::chrono::steady_clock::now();
+      Stopwatch clock;
       must(cuda::plan_dense(layer, tables, batch, geo.hq, 0, &dense), "dense plan");
-      const double dense_plan_host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double dense_plan_host_ms = clock.ms();
       const double d_setup = median_ms([&] { (void)cuda::run_select(dense, layer, nullptr, nullptr); }, o);
       const double d_attn = median_ms(
           [&] { (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
@@ -297,9 +296,9 @@ int bench_layer(int argc, char** argv) {
       for (int64_t G : prefill ? geo.prefill_g : std::vector<int64_t>{1}) {
         SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = G};
         cuda::Plan plan;
-        t0 = std::chrono::steady_clock::now();
+        clock.restart();
         must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan), "sparse plan");
-        const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double host_ms = clock.ms();
         auto stage = [&](cuda::SelectStage st) { (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr); };
         const double setup = median_ms([&] { stage(cuda::SelectStage::kSetup); }, o);
         const double score = median_ms([&] { stage(cuda::SelectStage::kScore); }, o);
@@ -382,7 +381,7 @@ int bench_layer(int argc, char** argv) {
   cudaFree(buf.index_q);
   cudaFree(buf.tables);
   cudaFree(buf.rep_pages);
-  if (json) std::printf("%s\n", doc.dump(2).c_str());
+  if (json) print_json(doc);
   return 0;
 }
 

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,42 +32,19 @@
 #include "cisa/quant.h"
 #include "bench_model_protocol.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "model_cli.h"
 
 namespace cisa::cli {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-int fail(const std::string& msg) {
-  std::fprintf(stderr, "cisa bench model: %s\n", msg.c_str());
-  return 1;
-}
+constexpr FailWith fail{"cisa bench model"};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Finds `"key": <number>` after position `from` in a JSON text; NaN when absent.
-double json_number(const std::string& text, const std::string& key, size_t from = 0) {
-  const size_t k = text.find("\"" + key + "\"", from);
-  if (k == std::string::npos) return NAN;
-  const size_t c = text.find(':', k);
-  if (c == std::string::npos) return NAN;
-  return std::strtod(text.c_str() + c + 1, nullptr);
-}
-
-std::string json_string(const std::string& text, const std::string& key) {
-  const size_t k = text.find("\"" + key + "\"");
-  if (k == std::string::npos) return "";
-  const size_t q0 = text.find('"', text.find(':', k) + 1);
-  const size_t q1 = q0 == std::string::npos ? q0 : text.find('"', q0 + 1);
-  return q1 == std::string::npos ? "" : text.substr(q0 + 1, q1 - q0 - 1);
 }
 
 std::string cpu_name() {
@@ -135,24 +111,25 @@ Status measure(const std::string& path, const ModelCliOptions& mo,
   for (int64_t r = 0; r < repeat; ++r) {
     CISA_ASSIGN_OR_RETURN(SeqId seq, model.add_sequence());
     model.reset_stats();
-    const double t0 = now_s();
+    Stopwatch clock;
     for (int64_t b0 = 0; b0 < context; b0 += batch) {
       CISA_RETURN_IF_ERROR(run(seq, b0, std::min<int64_t>(batch, context - b0)));
       if (tty)
-        print_progress(mode, std::min<int64_t>(b0 + batch, context), context, now_s() - t0);
+        print_progress(mode, std::min<int64_t>(b0 + batch, context), context, clock.seconds());
     }
-    const double t1 = now_s();
+    const double prefill_s = clock.seconds();
     out->prefill = model.stats();
+    clock.restart();
     for (int64_t i = 0; i < n_decode; ++i) CISA_RETURN_IF_ERROR(run(seq, context + i, 1));
-    const double t2 = now_s();
+    const double decode_s = clock.seconds();
     out->total = model.stats();
-    out->prefill_tok_s.push_back(context / (t1 - t0));
-    out->decode_tok_s.push_back(n_decode / (t2 - t1));
+    out->prefill_tok_s.push_back(context / prefill_s);
+    out->decode_tok_s.push_back(n_decode / decode_s);
     if (tty) std::fputc('\n', stderr);
     std::fprintf(stderr,
                  "cisa %s run %lld/%lld: prefill %.1f tok/s (%.2f s), decode %.2f tok/s (%.2f s)\n",
                  mode, static_cast<long long>(r + 1), static_cast<long long>(repeat),
-                 out->prefill_tok_s.back(), t1 - t0, out->decode_tok_s.back(), t2 - t1);
+                 out->prefill_tok_s.back(), prefill_s, out->decode_tok_s.back(), decode_s);
     CISA_RETURN_IF_ERROR(model.release_sequence(seq));
   }
   out->attention = attention_summary(model, out->prefill, out->total);
@@ -314,17 +291,22 @@ int bench_model(int argc, char** argv) {
     } else {
       anchor_note = "could not start python3";
     }
-    const size_t res = out.find("\"results\"");
-    ll_pre = json_number(out, "prefill_tok_s", res == std::string::npos ? 0 : res);
-    ll_dec = json_number(out, "decode_tok_s", res == std::string::npos ? 0 : res);
+    // One document: {"llama_cpp_python": ..., "results": [{"prefill_tok_s": ...}, ...]}.
+    const auto doc = json_parse(out);
+    const Json none;
+    const Json& ll = doc.ok() ? *doc : none;
+    const Json* results = json_member(ll, "results");
+    const Json& first = results && results->is_array() && !results->empty() ? (*results)[0] : none;
+    ll_pre = json_number(first, "prefill_tok_s", NAN);
+    ll_dec = json_number(first, "decode_tok_s", NAN);
     if (anchor_note.empty() && (std::isnan(ll_pre) || std::isnan(ll_dec)))
       anchor_note = "could not read its JSON";
     if (anchor_note.empty()) {
-      anchor["llama_cpp_python"] = json_string(out, "llama_cpp_python");
-      anchor["kv_type"] = json_string(out, "kv_type");
-      anchor["flash_attn"] = json_string(out, "flash_attn");
+      anchor["llama_cpp_python"] = json_string(ll, "llama_cpp_python");
+      anchor["kv_type"] = json_string(ll, "kv_type");
+      anchor["flash_attn"] = json_string(ll, "flash_attn");
       anchor["command"] = cmd;
-      anchor["system_info"] = json_string(out, "system_info");
+      anchor["system_info"] = json_string(ll, "system_info");
       anchor["prefill_tok_s"] = ll_pre;
       anchor["decode_tok_s"] = ll_dec;
     }
@@ -396,7 +378,7 @@ int bench_model(int argc, char** argv) {
     }
   }
   if (json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("%s, context %lld, %d threads, batch %d, KV %s\n", model_arg.c_str(),

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +22,7 @@
 #include "cisa/sampling.h"
 #include "cisa/thread_pool.h"
 #include "cisa/tokenizer.h"
+#include "cli_common.h"
 #ifdef CISA_WITH_CUDA_MODEL
 #include "cisa/cuda_bandwidth.h"
 #endif
@@ -30,22 +30,15 @@
 namespace cisa::cli {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-int fail(const std::string& msg) {
-  std::fprintf(stderr, "cisa bench model: %s\n", msg.c_str());
-  return 1;
-}
+constexpr FailWith fail{"cisa bench model"};
 
 // Progress lines on stderr with an ETA: redrawn in place on a terminal, else one line every ~10 s
 // (so a log file shows that a long fill is moving).
 class Progress {
  public:
-  explicit Progress(std::string label) : label_(std::move(label)), t0_(now_s()) {}
+  explicit Progress(std::string label) : label_(std::move(label)) {}
   void update(int64_t done, int64_t total, const char* unit) {
-    const double t = now_s() - t0_;
+    const double t = clock_.seconds();
     if (!tty_ && t - last_ < 10.0 && done < total) return;
     last_ = t;
     const double eta = done > 0 ? t * static_cast<double>(total - done) / done : 0.0;
@@ -58,7 +51,8 @@ class Progress {
 
  private:
   std::string label_;
-  double t0_, last_ = -1e9;
+  Stopwatch clock_;
+  double last_ = -1e9;
   bool tty_ = isatty(STDERR_FILENO) != 0;
 };
 
@@ -158,7 +152,7 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   mopt.context = (a.context + a.tokens + 1 + 15) / 16 * 16;
   mopt.max_sequences = static_cast<int>(a.batch);
   if (mopt.attention.mode == AttentionMode::kCisa) mopt.attention.index = index;
-  const double tl = now_s();
+  const Stopwatch load_clock;
   std::unique_ptr<Model> loaded;
   if (!mo.synthetic.empty()) {
     CISA_ASSIGN_OR_RETURN(loaded, Model::load_synthetic(mo.synthetic, mopt));
@@ -166,7 +160,7 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
     CISA_ASSIGN_OR_RETURN(loaded, Model::load(a.model_path, mopt));
   }
   Model& m = *loaded;
-  out->load_s = now_s() - tl;
+  out->load_s = load_clock.seconds();
   const int V = m.hparams().n_vocab;
   const size_t B = static_cast<size_t>(a.batch);
   std::vector<float> logits;
@@ -193,19 +187,19 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   out->peak_memory = memory_in_use(m, device_total);
   const bool random_fill = a.fill == "random";
   if (random_fill) {
-    const double t0 = now_s();
+    const Stopwatch clock;
     CISA_RETURN_IF_ERROR(fill_random_cache(m, seqs, a.context, static_cast<uint64_t>(a.seed)));
-    out->fill_s = now_s() - t0;
+    out->fill_s = clock.seconds();
     next = random_tokens(a.batch, V, static_cast<uint64_t>(a.seed) + 99);
   } else {
     for (size_t b = 0; b < B; ++b) in[b] = {.seq = seqs[b], .tokens = prompts[b]};
     Progress pr(std::string("prefill ") + mo.attention);
-    const double t0 = now_s();
+    const Stopwatch clock;
     CISA_RETURN_IF_ERROR(m.forward(in, &logits, [&](int64_t done, int64_t total) {
       pr.update(done, total, "tokens");
     }));
     argmax_rows(logits, V, &next);  // the first generated token of every request
-    out->ttft_s = now_s() - t0;
+    out->ttft_s = clock.seconds();
   }
   out->prefill = m.stats();
   out->peak_memory = std::max(out->peak_memory, memory_in_use(m, device_total));
@@ -214,10 +208,10 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   Progress pr(std::string("decode ") + mo.attention);
   for (int64_t i = 0; i < steps; ++i) {
     for (size_t b = 0; b < B; ++b) in[b] = {.seq = seqs[b], .tokens = {&next[b], 1}};
-    const double t0 = now_s();
+    const Stopwatch clock;
     CISA_RETURN_IF_ERROR(m.forward(in, &logits));
     argmax_rows(logits, V, &next);  // greedy; EOS is never checked
-    out->step_s.push_back(now_s() - t0);
+    out->step_s.push_back(clock.seconds());
     pr.update(i + 1, steps, "steps");
   }
   out->total = m.stats();

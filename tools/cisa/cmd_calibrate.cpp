@@ -2,7 +2,6 @@
 // attention-distribution matching on calibration text (SPEC §6) and write the indexer file.
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <string>
@@ -14,15 +13,13 @@
 #include "cisa/model_store.h"
 #include "cisa/plan.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
 namespace {
 
-int fail(const std::string& msg) {
-  std::fprintf(stderr, "cisa calibrate: %s\n", msg.c_str());
-  return 1;
-}
+constexpr FailWith fail{"cisa calibrate"};
 
 std::string candidate_name(const CandidateScore& c) {
   if (c.head < 0) return "mean";
@@ -129,14 +126,11 @@ int cmd_calibrate(int argc, char** argv) {
   o.max_tokens = max_tokens;
   o.prefill_block = static_cast<int>(prefill_block);
   const bool tty = !quiet && isatty(STDERR_FILENO);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
+  const Stopwatch clock;
   double last_print = -1;
   o.progress = [&](const CalibProgress& pr) {
     if (quiet) return;
-    const double s = elapsed();
+    const double s = clock.seconds();
     if (tty ? s - last_print < 0.2 && pr.tokens_done < pr.tokens_total : s - last_print < 10)
       return;
     last_print = s;
@@ -162,7 +156,7 @@ int cmd_calibrate(int argc, char** argv) {
     j["window"] = window;
     j["sink_pages"] = sink_pages;
     j["criterion"] = criterion;
-    j["seconds"] = elapsed();
+    j["seconds"] = clock.seconds();
     Json docs = Json::array();
     for (const CalibDocument& d : idx->settings.documents) {
       Json dj = Json::object();
@@ -191,12 +185,12 @@ int cmd_calibrate(int argc, char** argv) {
       groups.push_back(gj);
     }
     j["groups"] = groups;
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   } else {
     int64_t tokens = 0;
     for (const CalibDocument& d : idx->settings.documents) tokens += d.tokens;
     std::printf("%s: %zu documents, %lld tokens, %.1f s\n", path->c_str(),
-                idx->settings.documents.size(), static_cast<long long>(tokens), elapsed());
+                idx->settings.documents.size(), static_cast<long long>(tokens), clock.seconds());
     print_calibration_table(*idx, stdout);
     std::printf("wrote %s\n", out_path.c_str());
   }

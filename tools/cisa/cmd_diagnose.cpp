@@ -2,7 +2,6 @@
 // a table, --json, and --plot (scripts/plot_diagnose.py draws the PNG).
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,15 +14,13 @@
 #include "cisa/model_store.h"
 #include "cisa/plan.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
 namespace {
 
-int fail(const std::string& msg) {
-  std::fprintf(stderr, "cisa diagnose: %s\n", msg.c_str());
-  return 1;
-}
+constexpr FailWith fail{"cisa diagnose"};
 
 Json to_json(const DiagnoseReport& r, const DiagnoseOptions& o, const std::string& model,
              const std::string& indexer) {
@@ -161,10 +158,10 @@ int cmd_diagnose(int argc, char** argv) {
   o.threads = static_cast<int>(threads);
   o.max_tokens = max_tokens;
   const bool tty = !quiet && isatty(STDERR_FILENO);
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   o.progress = [&](int64_t done, int64_t total) {
     if (quiet) return;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = clock.seconds();
     const double eta =
         done > 0 ? s * static_cast<double>(total - done) / static_cast<double>(done) : 0;
     std::fprintf(stderr, "%sprefill %lld/%lld tokens  %.0f tok/s  ETA %.0fs%s", tty ? "\r" : "",
@@ -180,14 +177,14 @@ int cmd_diagnose(int argc, char** argv) {
     if (script.empty())
       return fail("--plot: scripts/plot_diagnose.py not found (run from the repository)");
     const std::string json_path = plot_path + ".json";
-    if (Status s = write_file_atomic(json_path, j.dump(2) + "\n"); !s.ok()) return fail(s.message());
+    if (Status s = write_json_atomic(json_path, j); !s.ok()) return fail(s.message());
     if (plot_path.find('\'') != std::string::npos || script.find('\'') != std::string::npos)
       return fail("--plot: the paths may not contain a quote");
     const std::string cmd = "python3 '" + script + "' '" + json_path + "' '" + plot_path + "'";
     if (std::system(cmd.c_str()) != 0) return fail("the plot script failed: " + cmd);
   }
   if (json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   } else {
     print_table(*report, o);
     if (!plot_path.empty())

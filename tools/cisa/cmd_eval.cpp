@@ -10,16 +10,14 @@
 #include "cisa/json.h"
 #include "cisa/model_store.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "model_cli.h"
 
 namespace cisa::cli {
 namespace {
 
-int fail(const std::string& msg) {
-  std::fprintf(stderr, "cisa eval: %s\n", msg.c_str());
-  return 1;
-}
+constexpr FailWith fail{"cisa eval"};
 
 // Splits "a,b c" style lists: every value of a repeated option, each cut at commas.
 std::vector<std::string> split_list(const std::vector<std::string>& values) {
@@ -158,7 +156,7 @@ int cmd_eval(int argc, char** argv) {
     j["run_dir"] = out_dir;
     j["results"] = out_dir + "/results.jsonl";
     j["summary"] = out_dir + "/summary.md";
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   } else {
     std::printf("%s", summary->c_str());
   }

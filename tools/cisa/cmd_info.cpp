@@ -10,10 +10,13 @@
 #include "cisa/json.h"
 #include "cisa/model_store.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
 namespace {
+
+constexpr FailWith fail{"cisa info"};
 
 // One hyper-parameter: a label and the metadata key (relative to "<arch>.") it comes from.
 struct HParam {
@@ -114,20 +117,21 @@ int cmd_info(int argc, char** argv) {
   a.add_flag("--json", &json, "print one JSON document");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
 
-  auto fail = [&](const Status& s) {
-    std::fprintf(stderr, "cisa info: %s\n", s.message().c_str());
+  // The error on stderr; with --json also as a document on stdout.
+  auto fail_doc = [&](const Status& s) {
+    const int rc = fail(s.message());
     if (json) {
       Json j = Json::object();
       j["ok"] = false;
       j["error"] = s.message();
-      std::printf("%s\n", j.dump(2).c_str());
+      print_json(j);
     }
-    return 1;
+    return rc;
   };
   auto path = resolve_model(model, mdir);
-  if (!path.ok()) return fail(path.status());
+  if (!path.ok()) return fail_doc(path.status());
   auto file = GgufFile::open(*path);
-  if (!file.ok()) return fail(file.status());
+  if (!file.ok()) return fail_doc(file.status());
   const GgufFile& f = *file;
   const std::string arch(f.architecture());
 
@@ -201,7 +205,7 @@ int cmd_info(int argc, char** argv) {
       }
       j["tensors"] = tl;
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
 

@@ -3,7 +3,6 @@
 // with --json one JSON document).
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -17,20 +16,14 @@
 #include "cisa/sampling.h"
 #include "cisa/tokenizer.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "model_cli.h"
 
 namespace cisa::cli {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-int fail(const std::string& msg) {
-  std::fprintf(stderr, "cisa run: %s\n", msg.c_str());
-  return 1;
-}
+constexpr FailWith fail{"cisa run"};
 
 }  // namespace
 
@@ -94,7 +87,7 @@ int cmd_run(int argc, char** argv) {
       .prompt = ids, .max_tokens = n_predict, .sampling = sp, .ignore_eos = ignore_eos};
   ForwardStats prefill_stats;
   bool prefilled = false;
-  const double t0 = now_s();
+  const Stopwatch clock;
   auto end_prefill = [&] {
     if (prefilled) return;
     prefilled = true;
@@ -103,7 +96,7 @@ int cmd_run(int argc, char** argv) {
   };
   GenerationCallbacks cb;
   cb.on_prefill_progress = [&](int64_t done, int64_t total) {
-    if (tty) print_progress("prefill", done, total, now_s() - t0);
+    if (tty) print_progress("prefill", done, total, clock.seconds());
   };
   cb.on_token = [&](const GeneratedToken& t) {
     end_prefill();
@@ -150,7 +143,7 @@ int cmd_run(int argc, char** argv) {
   j["attention"] = attention_summary(model, prefill_stats, st);
   if (json) {
     j["text"] = text;
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   } else if (!mo.quiet) {
     std::fprintf(stderr,
                  "\n%lld prompt tokens: prefill %.2f s (%.1f tok/s); %lld tokens generated, decode "

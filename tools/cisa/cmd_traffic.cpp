@@ -4,11 +4,14 @@
 #include "cisa/json.h"
 #include "cisa/traffic.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
 
 namespace {
+
+constexpr FailWith fail{"cisa traffic"};
 
 Json point_json(const TrafficPoint& x) {
   Json j = Json::object();
@@ -42,7 +45,7 @@ int print_check_table(bool json) {
                   nominal_compression(p), r1, r4, r32, f4);
     }
   }
-  if (json) std::printf("%s\n", rows.dump(2).c_str());
+  if (json) print_json(rows);
   return 0;
 }
 
@@ -68,12 +71,10 @@ int cmd_traffic(int argc, char** argv) {
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
   if (table) return print_check_table(json);
   if (!a.given("--context") || !a.given("--budget")) {
-    std::fprintf(stderr, "cisa traffic: --context and --budget are required (or --table)\n");
-    return 2;
+    return fail("--context and --budget are required (or --table)", 2);
   }
   if (Status s = validate_traffic_params(p); !s.ok()) {
-    std::fprintf(stderr, "cisa traffic: %s\n", s.message().c_str());
-    return 2;
+    return fail(s.message(), 2);
   }
   const TrafficReport r = attention_traffic(p);
   if (json) {
@@ -91,7 +92,7 @@ int cmd_traffic(int argc, char** argv) {
     j["ceiling_end_of_prefill"] = r.ceiling_end;
     j["ceiling_decode"] = r.ceiling_decode;
     j["ceiling_whole_prefill"] = r.ceiling_prefill;
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("context N=%lld  k=%lld  W=%lld  G=%lld  B=%lld  d=%lld   nominal compression %.2fx\n\n",
