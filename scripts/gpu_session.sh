@@ -72,9 +72,9 @@ if [ "$mode" != tests ]; then
   log "cisa bench rc=$?"
   tail -40 "$OUT/layer_cisa.log"
   # AB_GEOMETRY=4:1 (or all, …): the same benchmark again with every attention launch on the
-  # mma.sync kernel (CISA_CUDA_ATTENTION=mma), for a same-session comparison with wgmma.
+  # mma.sync kernel (--attention-kernel mma), for a same-session comparison with wgmma.
   if [ -n "${AB_GEOMETRY:-}" ]; then
-    CISA_CUDA_ATTENTION=mma ./build/gpu-session/cisa bench layer --backend cuda --json --geometry "$AB_GEOMETRY" \
+    ./build/gpu-session/cisa bench layer --backend cuda --json --geometry "$AB_GEOMETRY" --attention-kernel mma \
       >"$OUT/layer_cisa_mma.json" 2>"$OUT/layer_cisa_mma.log"
     log "cisa bench (mma.sync) rc=$?"
     tail -14 "$OUT/layer_cisa_mma.log"

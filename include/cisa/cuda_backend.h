@@ -85,19 +85,35 @@ class Plan {
   std::unique_ptr<Impl> impl_;
 };
 
-// Dense plan: one group per entry over every page up to its last query's page, or, with
-// sliding_window > 0, the pages within the window (as cisa::plan_dense).
-Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables,
-                  std::span<const BatchEntry> batch, int num_q_heads, int64_t sliding_window,
-                  Plan* plan);
+// The attention mainloop of a plan (A/B measurements; kAuto is the fast path).
+enum class AttentionKernel {
+  kAuto,      // wgmma where it applies (d = 128, full prefill tiles), mma.sync elsewhere
+  kMma,       // every launch on the mma.sync kernel
+  kWgmmaV5,   // wgmma tiles on the v4/v5 kernel instead of the warp-specialised one (v6)
+};
 
-// Planner switches (for ablations; the defaults are the fast path).
+// Planner switches (for ablations; the defaults are the fast path). `cisa bench layer` sets them
+// from its flags (--attention-kernel, --blocks-per-sm, --ws-copy-warps).
 struct PlanOptions {
   // Attend lists of at most 16 query rows (4:1 with G = 4) in unions of up to 4 consecutive
   // QShare groups of one sequence and KV group: one block, one warp per group, every page of the
   // union read once (KV-outer). Off: one block per list, pages re-read by every group.
+  // plan_sparse only (dense plans have no unions).
   bool group_unions = true;
+  AttentionKernel attention_kernel = AttentionKernel::kAuto;
+  // Target blocks per SM of the split-KV work decomposition; 0: tile_sizes.cuh's
+  // (kBlocksPerSmTarget, kDecodeBlocksPerSm for page-split decode). At most 1024.
+  int blocks_per_sm = 0;
+  // Producer warps copying K/V in the warp-specialised kernel's 128-row tiles: 0 for
+  // tile_sizes.cuh's kWsCopyWarps, or 1.
+  int ws_copy_warps = 0;
 };
+
+// Dense plan: one group per entry over every page up to its last query's page, or, with
+// sliding_window > 0, the pages within the window (as cisa::plan_dense).
+Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables,
+                  std::span<const BatchEntry> batch, int num_q_heads, int64_t sliding_window,
+                  Plan* plan, const PlanOptions& options = {});
 
 // CISA plan: dense prefix, QShare groups of G, selection from the eligible chunks, window, tail
 // and sinks (as cisa::select_pages). The selected part is filled by run_select.

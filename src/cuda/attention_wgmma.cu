@@ -13,8 +13,6 @@
 // masked, like the mma.sync kernel.
 #include <cfloat>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 
 #include "attention_rows.cuh"
 #include "attention_wgmma.cuh"
@@ -224,17 +222,17 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions) {
   return tiles::kWgmmaAttention && head_dim == kD && page_warps == 1 && !unions;
 }
 
-cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream) {
+cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, bool v5_tiles,
+                                   int ws_copy_warps, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
-  // CISA_CUDA_ATTENTION=wgmma-v5 keeps every tile on the v4/v5 kernel (A/B runs).
-  const char* force = std::getenv("CISA_CUDA_ATTENTION");
-  const bool v5 = force && std::strcmp(force, "wgmma-v5") == 0;
+  // v5_tiles (AttentionKernel::kWgmmaV5) keeps every tile on the v4/v5 kernel (A/B runs).
   if (warps == 8)
-    return tiles::kWgmmaWarpSpecialized && !v5 ? launch_attention_wgmma_ws(a, num_tasks, false, stream)
-                                               : launch_typed<2>(a, num_tasks, stream);
-  return tiles::kWsPairedTiles && !v5 ? launch_attention_wgmma_ws(a, num_tasks, true, stream)
-                                      : launch_typed<1>(a, num_tasks, stream);
+    return tiles::kWgmmaWarpSpecialized && !v5_tiles
+               ? launch_attention_wgmma_ws(a, num_tasks, false, ws_copy_warps, stream)
+               : launch_typed<2>(a, num_tasks, stream);
+  return tiles::kWsPairedTiles && !v5_tiles ? launch_attention_wgmma_ws(a, num_tasks, true, 0, stream)
+                                            : launch_typed<1>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

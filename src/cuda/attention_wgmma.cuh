@@ -6,7 +6,8 @@
 // warpgroups taking turns), 64-row tiles the v4 kernel (attention_wgmma.cu). Head dim 128 only;
 // other head dims, union tasks and page-split decode keep the mma.sync kernel (attention.cuh).
 //
-//   if (wgmma_attention_applies(d, page_warps, unions)) launch_attention_wgmma(args, tasks, warps, stream);
+//   if (wgmma_attention_applies(d, page_warps, unions))
+//     launch_attention_wgmma(args, tasks, warps, /*v5_tiles=*/false, /*ws_copy_warps=*/0, stream);
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,11 +22,15 @@ namespace cisa::cuda::detail {
 bool wgmma_attention_applies(int head_dim, int page_warps, bool unions);
 
 // warps: 4 or 8 (row tile 64 or 128 = one or two warpgroups); same tasks as launch_attention.
-cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, cudaStream_t stream);
+// v5_tiles: every tile on the v4/v5 kernel instead of the warp-specialised one (A/B runs,
+// AttentionKernel::kWgmmaV5); ws_copy_warps as PlanOptions::ws_copy_warps (0: the default).
+cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, bool v5_tiles,
+                                   int ws_copy_warps, cudaStream_t stream);
 
 // The warp-specialised kernel (attention_wgmma_ws.cu; the same contract): 128-row tiles, or
-// (paired) tiles of up to 64 rows, two tasks per block.
+// (paired) tiles of up to 64 rows, two tasks per block. copy_warps (unpaired tiles only): 1, or 0
+// for tiles::kWsCopyWarps.
 cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
-                                      cudaStream_t stream);
+                                      int copy_warps, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

@@ -19,7 +19,6 @@
 //
 //   launch_attention_wgmma_ws(args, num_tasks, /*paired=*/rows_per_tile <= 64, stream);
 #include <climits>
-#include <cstdlib>
 
 #include "attention_rows.cuh"
 #include "attention_wgmma.cuh"
@@ -345,15 +344,13 @@ cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t st
 }  // namespace
 
 cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
-                                      cudaStream_t stream) {
+                                      int copy_warps, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD) return cudaErrorInvalidValue;
   if (paired) return launch_cw<4, true>(a, num_tasks, stream);
-  // CISA_CUDA_WS_COPY_WARPS=1 copies with one producer warp (A/B runs of kWsCopyWarps).
-  const char* e = std::getenv("CISA_CUDA_WS_COPY_WARPS");
-  const int cw = e && std::atoi(e) == 1 ? 1 : tiles::kWsCopyWarps;
-  return cw == 1 ? launch_cw<1, false>(a, num_tasks, stream)
-                 : launch_cw<tiles::kWsCopyWarps, false>(a, num_tasks, stream);
+  // copy_warps = 1 copies with one producer warp (A/B runs of kWsCopyWarps).
+  return copy_warps == 1 ? launch_cw<1, false>(a, num_tasks, stream)
+                         : launch_cw<tiles::kWsCopyWarps, false>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

@@ -2,8 +2,6 @@
 // decomposition (plan), and the launch sequences of the run step.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 
@@ -174,19 +172,18 @@ Status plan_attention(Plan::Impl& P) {
   P.page_warps = 1;
   if (P.unions.empty() && P.warps == 4 && P.head_dim <= tiles::kPageSplitMaxHeadDim)
     P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
-  // CISA_CUDA_ATTENTION=mma keeps every launch on the mma.sync kernel (A/B measurements).
-  const char* force = std::getenv("CISA_CUDA_ATTENTION");
+  // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements).
   P.wgmma = detail::wgmma_attention_applies(P.head_dim, P.page_warps, !P.unions.empty()) &&
-            !(force && std::strcmp(force, "mma") == 0);
+            P.options.attention_kernel != AttentionKernel::kMma;
   int64_t pairs = static_cast<int64_t>(P.unions.size());
   for (size_t L = 0; L < P.lists.size(); ++L) {
     if (union_at[L] != -1) continue;
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
   }
-  // CISA_CUDA_BLOCKS_PER_SM=n overrides the split target (A/B runs of the work decomposition).
+  // PlanOptions::blocks_per_sm overrides the split target (A/B runs of the work decomposition).
   int64_t per_sm = P.page_warps > 1 ? tiles::kDecodeBlocksPerSm : tiles::kBlocksPerSmTarget;
-  if (const char* e = std::getenv("CISA_CUDA_BLOCKS_PER_SM"); e && std::atoi(e) > 0) per_sm = std::atoi(e);
+  if (P.options.blocks_per_sm > 0) per_sm = P.options.blocks_per_sm;
   const int64_t target = static_cast<int64_t>(sms) * per_sm;
   P.tasks.clear();
   P.merges.clear();
@@ -319,11 +316,18 @@ Status finish_plan(Plan::Impl& P) {
 }
 
 Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
-                  int hq, Plan* plan) {
+                  int hq, const PlanOptions& options, Plan* plan) {
   if (!plan) return invalid_argument("cuda: null plan");
+  if (options.blocks_per_sm < 0 || options.blocks_per_sm > 1024)
+    return invalid_argument("cuda: PlanOptions::blocks_per_sm must be in [0, 1024] (got " +
+                            std::to_string(options.blocks_per_sm) + ")");
+  if (options.ws_copy_warps != 0 && options.ws_copy_warps != 1)
+    return invalid_argument("cuda: PlanOptions::ws_copy_warps must be 0 (default) or 1 (got " +
+                            std::to_string(options.ws_copy_warps) + ")");
   CISA_RETURN_IF_ERROR(validate_layer(layer));
   CISA_RETURN_IF_ERROR(validate_batch_tables(tables, batch, hq, layer.num_kv_heads));
   auto& P = *plan->impl();
+  P.options = options;
   P.num_q_heads = hq;
   P.num_kv_heads = layer.num_kv_heads;
   P.head_dim = layer.head_dim;
@@ -349,8 +353,8 @@ ListDesc make_list(const DeviceBlockTables& tables, std::span<const BatchEntry> 
 }  // namespace
 
 Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
-                  int num_q_heads, int64_t sliding_window, Plan* plan) {
-  CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
+                  int num_q_heads, int64_t sliding_window, Plan* plan, const PlanOptions& options) {
+  CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (sliding_window < 0) return invalid_argument("cuda: sliding_window must be >= 0");
   auto& P = *plan->impl();
   P.group_unions = false;
@@ -374,7 +378,7 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std
 Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
                    int num_q_heads, const SelectionParams& p, Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
-  CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, plan));
+  CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
   auto& P = *plan->impl();
   P.group_unions = options.group_unions;
@@ -486,7 +490,10 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   const auto n_tasks = static_cast<int64_t>(P.tasks.size());
   // The wgmma kernel folds the scale into its exponent, which needs it positive.
   CISA_RETURN_IF_ERROR(cuda_status(
-      P.wgmma && a.scale > 0.0f ? detail::launch_attention_wgmma(a, n_tasks, P.warps, s)
+      P.wgmma && a.scale > 0.0f
+          ? detail::launch_attention_wgmma(a, n_tasks, P.warps,
+                                           P.options.attention_kernel == AttentionKernel::kWgmmaV5,
+                                           P.options.ws_copy_warps, s)
               : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
   return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),

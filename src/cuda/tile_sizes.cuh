@@ -47,7 +47,7 @@ constexpr int kDecodeBlocksPerSm = 2;
 // Full row tiles (64 or 128 rows, no unions, no page-split warps) at d = 128 run Q·Kᵀ and P·V as
 // wgmma (sm_90a): mma.sync peaked at ~236 TFLOP/s on prefill (v3); wgmma issues a 64-row
 // warpgroup's MMA at once from registers (Q, P) and shared memory (K, V). Off: every launch
-// uses the mma.sync kernel (also at run time: environment CISA_CUDA_ATTENTION=mma, for A/B runs).
+// uses the mma.sync kernel (also per plan: PlanOptions::attention_kernel = kMma, for A/B runs).
 constexpr bool kWgmmaAttention = true;
 // Keys per tile. Two warpgroups (128-row tiles, one 256-thread block per SM at ~230 registers):
 // 128 keys, S = 64 × 128 f32 per warpgroup (64 registers per thread, m64n128 for Q·Kᵀ as for

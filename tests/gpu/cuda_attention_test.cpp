@@ -238,12 +238,9 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
 // Page-split (decode) tasks longer than one page-ID segment (kSegPages), as the planner makes
 // them: the pipeline restarts mid-task and the last tile of each segment is ragged (zero-filled
 // rows). LongTasksMatchCpu covers the row-tile kernel; the benchmark's dense decode tasks are
-// 4,096 pages (8 segments) on this one. CISA_CUDA_BLOCKS_PER_SM=1 makes 70 lists one task each.
+// 4,096 pages (8 segments) on this one. PlanOptions::blocks_per_sm = 1 makes 70 lists one task each.
 TEST(CudaAttention, DecodeTasksAcrossSegmentsMatchCpu) {
   CISA_REQUIRE_GPU();
-  const char* old = std::getenv("CISA_CUDA_BLOCKS_PER_SM");
-  const std::string saved = old ? old : "";
-  setenv("CISA_CUDA_BLOCKS_PER_SM", "1", 1);
   std::mt19937 rng(29);
   std::vector<int64_t> lengths;
   std::vector<BatchEntry> batch;
@@ -255,9 +252,8 @@ TEST(CudaAttention, DecodeTasksAcrossSegmentsMatchCpu) {
   DeviceMirror m;
   m.build(*w.cache, 0, 70);
   cuda::Plan plan;
-  ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan).ok());
-  if (old) setenv("CISA_CUDA_BLOCKS_PER_SM", saved.c_str(), 1);
-  else unsetenv("CISA_CUDA_BLOCKS_PER_SM");
+  ASSERT_TRUE(
+      cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, {.blocks_per_sm = 1}).ok());
   const auto* P = plan.impl();
   ASSERT_EQ(P->page_warps, 4);
   int64_t longest = 0;
@@ -303,16 +299,15 @@ TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
       auto* P = plan.impl();
       EXPECT_EQ(P->wgmma, cuda::tiles::kWgmmaAttention) << "variant " << variant;
       EXPECT_EQ(P->warps, variant == 2 ? 4 : 8) << "variant " << variant;
-      // 128-row tiles: the warp-specialised kernel (v6), then the v4/v5 kernel (CISA_CUDA_ATTENTION=
-      // wgmma-v5), then mma.sync. 64-row tiles run the same wgmma kernel in both wgmma modes.
+      // 128-row tiles: the warp-specialised kernel (v6), then the v4/v5 kernel
+      // (AttentionKernel::kWgmmaV5), then mma.sync.
       for (int mode = 0; mode < 3; ++mode) {
         const bool wg = mode < 2;
         SCOPED_TRACE("variant " + std::to_string(variant) + (mode == 0 ? " wgmma" : mode == 1 ? " wgmma-v5" : " mma.sync") +
                      " warps " + std::to_string(P->warps));
         P->wgmma = wg;
-        if (mode == 1) setenv("CISA_CUDA_ATTENTION", "wgmma-v5", 1);
+        P->options.attention_kernel = mode == 1 ? cuda::AttentionKernel::kWgmmaV5 : cuda::AttentionKernel::kAuto;
         run_and_compare(w, m, plan, window);
-        if (mode == 1) unsetenv("CISA_CUDA_ATTENTION");
       }
     }
   }
@@ -321,6 +316,37 @@ TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
 // Tasks longer than kSegPages pages stage their page IDs in several passes. The planner splits
 // long lists across blocks, so the test rewrites the plan's tasks to one per row tile (all pages,
 // no split-KV) to reach ~750 pages per task.
+// PlanOptions pick the mainloop at plan time (kMma: never wgmma) and the split target; the plan
+// keeps them for run_attention. Every choice must still match the CPU.
+TEST(CudaAttention, PlanOptionsChooseKernelAndSplits) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  auto w = make_world(1, 4, 128, {6000, 3000}, {{0, 5984, 16}, {1, 2999, 1}}, rng);
+  DeviceMirror m;
+  m.build(*w.cache, 0, 2);
+  int64_t default_tasks = 0;
+  for (auto kernel : {cuda::AttentionKernel::kAuto, cuda::AttentionKernel::kMma, cuda::AttentionKernel::kWgmmaV5}) {
+    for (int blocks_per_sm : {0, 1}) {
+      SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " blocks/SM " + std::to_string(blocks_per_sm));
+      cuda::Plan plan;
+      const cuda::PlanOptions o{.attention_kernel = kernel, .blocks_per_sm = blocks_per_sm};
+      ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, o).ok());
+      const auto* P = plan.impl();
+      EXPECT_EQ(P->options.attention_kernel, kernel);
+      if (kernel == cuda::AttentionKernel::kMma) {
+        EXPECT_FALSE(P->wgmma);
+      }
+      const auto tasks = static_cast<int64_t>(P->tasks.size());
+      if (blocks_per_sm == 0 && kernel == cuda::AttentionKernel::kAuto) default_tasks = tasks;
+      if (blocks_per_sm == 1) {
+        EXPECT_LE(tasks, default_tasks) << "fewer splits with a lower target";
+      }
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+      run_and_compare(w, m, plan, 0);
+    }
+  }
+}
+
 TEST(CudaAttention, LongTasksMatchCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(17);
@@ -423,6 +449,14 @@ TEST(CudaBackendErrors, BadInputsGiveClearStatuses) {
             cisa::StatusCode::kInvalidArgument);  // no representative pointer
   EXPECT_EQ(cisa::cuda::plan_sparse(layer, tables, batch, 4, {.budget = -1}, &plan).code(),
             cisa::StatusCode::kInvalidArgument);
+  // Planner switches out of range are refused, whichever plan they are given to.
+  for (cisa::cuda::PlanOptions bad : {cisa::cuda::PlanOptions{.blocks_per_sm = -1},
+                                      cisa::cuda::PlanOptions{.blocks_per_sm = 1025},
+                                      cisa::cuda::PlanOptions{.ws_copy_warps = 2}}) {
+    st = cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan, bad);
+    EXPECT_EQ(st.code(), cisa::StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("PlanOptions::"), std::string::npos) << st.message();
+  }
   layer.k = nullptr;
   EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kInvalidArgument);
 }

@@ -41,6 +41,18 @@ struct Options {
   int64_t context = 1048576, budget = 4096, window = 128, prefill = 512, iters = 10, warmup = 3;
   std::string dump_dir, geometry = "all", phase = "all";
   bool contiguous = false;  // block tables in pool order instead of a random permutation
+  // Planner switches for A/B runs (cuda::PlanOptions).
+  std::string attention_kernel = "auto";
+  int64_t blocks_per_sm = 0, ws_copy_warps = 0;
+  cuda::PlanOptions plan_options() const {
+    cuda::PlanOptions p;
+    p.attention_kernel = attention_kernel == "mma"        ? cuda::AttentionKernel::kMma
+                         : attention_kernel == "wgmma-v5" ? cuda::AttentionKernel::kWgmmaV5
+                                                          : cuda::AttentionKernel::kAuto;
+    p.blocks_per_sm = static_cast<int>(blocks_per_sm);
+    p.ws_copy_warps = static_cast<int>(ws_copy_warps);
+    return p;
+  }
 };
 
 constexpr int kD = 128;
@@ -154,6 +166,13 @@ int bench_layer(int argc, char** argv) {
   a.add_flag("--contiguous-pages", &o.contiguous,
              "block tables in pool order (consecutive pages adjacent in memory) instead of a random permutation");
   a.add_string("--dump-lists", &o.dump_dir, "write each plan's page lists here for bench/anchors_layer.py");
+  a.add_choice("--attention-kernel", &o.attention_kernel, {"auto", "mma", "wgmma-v5"},
+               "attention mainloop: auto (wgmma for full prefill tiles at d = 128), mma (mma.sync "
+               "everywhere) or wgmma-v5 (the v4/v5 kernel instead of the warp-specialised one)");
+  a.add_int("--blocks-per-sm", &o.blocks_per_sm,
+            "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
+  a.add_int("--ws-copy-warps", &o.ws_copy_warps,
+            "producer warps copying K/V in 128-row wgmma tiles: 1, or 0 for the default", {0, 1});
   a.add_flag("--json", &json, "print one JSON document on stdout (the table goes to stderr)");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
   if (o.context % kB || o.context < 2 * o.prefill || o.iters < 1 || o.warmup < 0 || o.prefill < 1) {
@@ -211,13 +230,14 @@ int bench_layer(int argc, char** argv) {
   doc["kernels"] = "v6: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer unions, "
                    "wgmma for 64-row prefill tiles) + warp-specialised wgmma kernel for 128-row tiles (producer warps, "
                    "mbarriers, ping-pong consumer warpgroups), one-wave decode splits, warp-per-row split-KV merge";
-  const char* attn_env = std::getenv("CISA_CUDA_ATTENTION");
-  const bool mma_only = attn_env && std::string(attn_env) == "mma";
-  const bool v5_tiles = attn_env && std::string(attn_env) == "wgmma-v5";
-  doc["attention_mainloop"] = mma_only ? "mma.sync everywhere (CISA_CUDA_ATTENTION=mma)"
-                              : v5_tiles ? "v4/v5 wgmma kernel for full prefill tiles (CISA_CUDA_ATTENTION=wgmma-v5)"
-                                         : "wgmma for full prefill tiles at d = 128 (128-row tiles warp-specialised), "
-                                           "mma.sync elsewhere";
+  const cuda::PlanOptions popt = o.plan_options();
+  doc["attention_mainloop"] =
+      popt.attention_kernel == cuda::AttentionKernel::kMma ? "mma.sync everywhere (--attention-kernel mma)"
+      : popt.attention_kernel == cuda::AttentionKernel::kWgmmaV5
+          ? "v4/v5 wgmma kernel for full prefill tiles (--attention-kernel wgmma-v5)"
+          : "wgmma for full prefill tiles at d = 128 (128-row tiles warp-specialised), mma.sync elsewhere";
+  if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
+  if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
   doc["index_query_model"] = "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();
   std::mt19937 rng(42);
@@ -264,7 +284,7 @@ int bench_layer(int argc, char** argv) {
       // Dense through the same kernels.
       cuda::Plan dense;
       Stopwatch clock;
-      must(cuda::plan_dense(layer, tables, batch, geo.hq, 0, &dense), "dense plan");
+      must(cuda::plan_dense(layer, tables, batch, geo.hq, 0, &dense, popt), "dense plan");
       const double dense_plan_host_ms = clock.ms();
       const double d_setup = median_ms([&] { (void)cuda::run_select(dense, layer, nullptr, nullptr); }, o);
       const double d_attn = median_ms(
@@ -297,7 +317,7 @@ int bench_layer(int argc, char** argv) {
         SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = G};
         cuda::Plan plan;
         clock.restart();
-        must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan), "sparse plan");
+        must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan, popt), "sparse plan");
         const double host_ms = clock.ms();
         auto stage = [&](cuda::SelectStage st) { (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr); };
         const double setup = median_ms([&] { stage(cuda::SelectStage::kSetup); }, o);
@@ -317,7 +337,9 @@ int bench_layer(int argc, char** argv) {
         double attn_no_unions = attn;
         if (plan.num_unions() > 0) {
           cuda::Plan flat;
-          must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &flat, {.group_unions = false}), "flat plan");
+          cuda::PlanOptions flat_options = popt;
+          flat_options.group_unions = false;
+          must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &flat, flat_options), "flat plan");
           must(cuda::run_select(flat, layer, buf.index_q, nullptr), "flat select");
           attn_no_unions =
               median_ms([&] { (void)cuda::run_attention(flat, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
