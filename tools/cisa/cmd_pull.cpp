@@ -13,9 +13,15 @@
 
 #include "cisa/model_store.h"
 #include "cli_args.h"
+#include "cli_common.h"
 #include "commands.h"
 
 namespace cisa::cli {
+namespace {
+
+constexpr FailWith fail{"cisa pull"};
+
+}  // namespace
 
 int cmd_pull(int argc, char** argv) {
   std::string names;
@@ -44,23 +50,18 @@ int cmd_pull(int argc, char** argv) {
     return 0;
   }
   if (model.empty()) {
-    std::fprintf(stderr, "cisa pull: name a model (%s, or all); see --list\n", names.c_str());
-    return 2;
+    return fail("name a model (" + names + ", or all); see --list", 2);
   }
   if (model != "all" && !find_known_model(model)) {
-    std::fprintf(stderr, "cisa pull: unknown model '%s' (supported: %s)\n", model.c_str(),
-                 names.c_str());
-    return 2;
+    return fail("unknown model '" + model + "' (supported: " + names + ")", 2);
   }
   auto src = find_source_dir();
   if (!src.ok()) {
-    std::fprintf(stderr, "cisa pull: %s\n", src.status().message().c_str());
-    return 1;
+    return fail(src.status().message());
   }
   auto dir = models_dir(mdir);
   if (!dir.ok()) {
-    std::fprintf(stderr, "cisa pull: %s\n", dir.status().message().c_str());
-    return 1;
+    return fail(dir.status().message());
   }
   std::vector<std::string> args = {"python3", *src + "/scripts/pull_model.py", model,
                                    "--models-dir", *dir};
@@ -90,8 +91,7 @@ int cmd_pull(int argc, char** argv) {
     }
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
-  std::fprintf(stderr, "cisa pull: the download script was killed\n");
-  return 1;
+  return fail("the download script was killed");
 }
 
 }  // namespace cisa::cli
