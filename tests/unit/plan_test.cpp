@@ -123,7 +123,10 @@ TEST(PageTable, ReservationsAreAllOrNothing) {
   EXPECT_EQ(*t.tokens(0, a), 112);
   EXPECT_EQ(*t.length(a), 0);  // layer 1 wrote nothing
   EXPECT_EQ(t.mark_written(2, a, 1).code(), StatusCode::kOutOfRange);
-  for (int32_t p : *t.block_table(a)) EXPECT_EQ(t.page_owner(p), a);
+  // The Result must outlive the loop (a range-for over *temporary dangles; ASan saw it).
+  const auto table_a = t.block_table(a);
+  ASSERT_TRUE(table_a.ok());
+  for (int32_t p : *table_a) EXPECT_EQ(t.page_owner(p), a);
   ASSERT_TRUE(t.release_sequence(a).ok());
   EXPECT_EQ(t.free_pages(), 10);
   EXPECT_FALSE(t.has_sequence(a));

@@ -362,7 +362,7 @@ TEST(Matmul, ThreadedMatchesReferenceForEveryType) {
 
 TEST(Matmul, ErrorsAreReported) {
   ThreadPool pool(1);
-  std::vector<uint8_t> w(34 * 2);
+  std::vector<uint8_t> w(2 * 68);  // 2 rows of 64 Q8_0 weights (two 34-byte blocks each)
   std::vector<float> x(64), y(2);
   WeightView v{GgmlType::Q8_0, 2, 64, 68, w.data()};
   EXPECT_TRUE(matmul(v, x.data(), y.data(), 1, pool).ok());
