@@ -303,6 +303,26 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
     EXPECT_EQ(cpu.offsets, gpu.offsets);
     EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
     EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
+    // Name the first difference: its list, its place in the list, and the scores of both chunks.
+    for (size_t i = 0; i < std::min(cpu.chunks.size(), gpu.chunks.size()); ++i) {
+      if (cpu.chunks[i] == gpu.chunks[i]) continue;
+      const auto list = std::upper_bound(cpu.offsets.begin(), cpu.offsets.end(), static_cast<int64_t>(i)) -
+                        cpu.offsets.begin() - 1;
+      std::vector<float> sc;
+      std::vector<int64_t> so;
+      ASSERT_TRUE(cuda::download_scores(plan, &sc, &so).ok());
+      const auto& g = cpu.groups[static_cast<size_t>(list)];
+      const int64_t first = p.sink_pages;  // scores start at the first eligible chunk
+      auto score = [&](int32_t c) {
+        const int64_t j = so[static_cast<size_t>(list)] + (c - first);
+        return j < so[static_cast<size_t>(list) + 1] ? sc[static_cast<size_t>(j)] : NAN;
+      };
+      ADD_FAILURE() << "first difference at entry " << i << " (list " << list << ", group " << g.first << ".."
+                    << g.last << ", entry " << i - static_cast<size_t>(cpu.offsets[static_cast<size_t>(list)])
+                    << "): CPU chunk " << cpu.chunks[i] << " (GPU score " << score(cpu.chunks[i]) << "), GPU chunk "
+                    << gpu.chunks[i] << " (GPU score " << score(gpu.chunks[i]) << ")";
+      break;
+    }
   }
 }
 
