@@ -216,6 +216,9 @@ struct EvalPlan {
   int threads = 0;
   int prefill_block = 512;
   KvDtype kv_dtype = KvDtype::kF32;
+  // Makes the backend every model of the run runs on (backend.h); empty: the CPU backend.
+  BackendFactory backend;
+  std::string backend_name = "cpu";  // recorded in the report
   // Index projections of every global layer from an indexer file (cisa calibrate), used by the
   // configurations with the `cal` option; empty when none was given.
   std::vector<IndexProjection> index;

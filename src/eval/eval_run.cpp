@@ -69,6 +69,7 @@ class ModelCache {
     o.max_sequences = 1;
     o.prefill_block = plan_.prefill_block;
     o.kv_dtype = plan_.kv_dtype;
+    o.backend = plan_.backend;
     CISA_ASSIGN_OR_RETURN(o.attention, config_attention(c, length, page_size, &o.rep));
     if (c.calibrated) {
       if (plan_.index.empty())
@@ -180,6 +181,7 @@ Status run_eval(const EvalPlan& plan) {
     meta["n_ctx_train"] = hp.n_ctx_train;
     meta["command"] = plan.command_line;
     if (!plan.indexer_path.empty()) meta["indexer"] = plan.indexer_path;
+    if (plan.backend_name != "cpu") meta["backend"] = plan.backend_name;
     meta["examples"] = plan.examples;
     meta["seed"] = static_cast<int64_t>(plan.seed);
     Json cfgs = Json::array();

@@ -44,7 +44,7 @@ int cmd_eval(int argc, char** argv) {
               "(budget in chunks), xR (nominal remote compression: k = E/R at "
               "the length), "
               "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
-  std::string model_arg, out_dir, texts_dir, kv = "f32", indexer_path;
+  std::string model_arg, out_dir, texts_dir, kv = "auto", backend = "cpu", indexer_path;
   std::vector<std::string> task_args, length_args, config_args;
   int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000;
   bool resume = false, summary_only = false, json = false;
@@ -71,7 +71,9 @@ int cmd_eval(int argc, char** argv) {
                "indexer file from cisa calibrate, for configurations with the 'cal' option");
   p.add_int("--threads", &threads, "worker threads (default: all)");
   p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
-  p.add_choice("--kv-dtype", &kv, {"f32", "bf16"}, "KV cache storage (default f32)");
+  p.add_choice("--kv-dtype", &kv, {"auto", "f32", "bf16"},
+               "KV cache storage (default auto: f32 on the CPU, bf16 on CUDA)");
+  p.add_choice("--backend", &backend, {"cpu", "cuda"}, "where the models run (default cpu)");
   p.add_int("--bootstrap", &bootstrap, "bootstrap resamples for the intervals (default 2000)");
   p.add_flag("--json", &json, "print one JSON document (the run directory and summary path)");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
@@ -129,7 +131,12 @@ int cmd_eval(int argc, char** argv) {
     plan.resume = resume;
     plan.threads = static_cast<int>(threads);
     plan.prefill_block = static_cast<int>(prefill_block);
-    plan.kv_dtype = kv == "bf16" ? KvDtype::kBF16 : KvDtype::kF32;
+    if (backend == "cuda" && kv == "f32") return fail("--backend cuda keeps K/V in bf16: drop --kv-dtype f32");
+    plan.kv_dtype = kv == "bf16" || (kv == "auto" && backend == "cuda") ? KvDtype::kBF16 : KvDtype::kF32;
+    auto factory = cli::backend_factory(backend);
+    if (!factory.ok()) return fail(factory.status().message());
+    plan.backend = *factory;
+    plan.backend_name = backend;
     bool any_cal = false;
     for (const auto& c : plan.configs) any_cal = any_cal || c.calibrated;
     if (any_cal && indexer_path.empty()) return fail("a configuration uses 'cal': give --indexer FILE");
