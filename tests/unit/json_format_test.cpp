@@ -56,7 +56,8 @@ TEST(JsonFormat, Escapes) {
   // Other control characters and DEL as \u00xx (lower-case hex), \b and \f included.
   EXPECT_EQ(json_quote("\b\f\x01\x1f\x7f"), "\"\\u0008\\u000c\\u0001\\u001f\\u007f\"");
   // Well-formed UTF-8 passes through; each byte of a malformed sequence becomes \ufffd.
-  EXPECT_EQ(json_quote("\xc3\xa9\xe2\x96\x81\xf0\x9f\x98\x80"), "\"\xc3\xa9\xe2\x96\x81\xf0\x9f\x98\x80\"");
+  EXPECT_EQ(json_quote("\xc3\xa9\xe2\x96\x81\xf0\x9f\x98\x80"),
+            "\"\xc3\xa9\xe2\x96\x81\xf0\x9f\x98\x80\"");
   EXPECT_EQ(json_quote("a\xe2\x96"), "\"a\\ufffd\\ufffd\"");
   EXPECT_EQ(json_quote("\xe9t\xe9"), "\"\\ufffdt\\ufffd\"");
   // Keys are escaped the same way; the whole document is then valid UTF-8 JSON.
@@ -138,10 +139,9 @@ TEST(JsonParse, UnicodeEscapes) {
 }
 
 TEST(JsonParse, RejectsMalformedWithAMessage) {
-  for (const char* bad :
-       {"", "{", "{\"a\":}", "{\"a\":1,}", "[1 2]", "{\"a\":\"x}", "{\"a\":tru}", "{} x",
-        "{\"a\":\"\\q\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":1e}", "\"\x01\"", "\"\xff\"",
-        "{\"a\":NaN}"}) {
+  for (const char* bad : {"", "{", "{\"a\":}", "{\"a\":1,}", "[1 2]", "{\"a\":\"x}", "{\"a\":tru}",
+                          "{} x", "{\"a\":\"\\q\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":1e}",
+                          "\"\x01\"", "\"\xff\"", "{\"a\":NaN}"}) {
     auto r = json_parse(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);

@@ -35,7 +35,9 @@ class Stopwatch {
   Stopwatch() : t0_(Clock::now()) {}
   void restart() { t0_ = Clock::now(); }
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
-  double ms() const { return std::chrono::duration<double, std::milli>(Clock::now() - t0_).count(); }
+  double ms() const {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -43,6 +45,8 @@ class Stopwatch {
 };
 
 // A subcommand's --json document on stdout: json_dump(j, 2) and a newline.
-inline void print_json(const Json& j) { std::printf("%s\n", json_dump(j, 2).c_str()); }
+inline void print_json(const Json& j) {
+  std::printf("%s\n", json_dump(j, 2).c_str());
+}
 
 }  // namespace cisa::cli
