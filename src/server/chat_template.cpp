@@ -93,6 +93,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages) const
       out += m.content;
       out += "<end_of_turn>\n";
     }
+    // A conversation of system text only: that text is the user's turn.
+    if (first_user && !system.empty()) out += "<start_of_turn>user\n" + system + "<end_of_turn>\n";
     out += "<start_of_turn>model\n";
     return out;
   }
