@@ -216,7 +216,7 @@ class Model {
   // A model of the exact shape of a public one (synthetic_model_names()) with random weights
   // (roughly normal, standard deviation 0.02, the same for a given name on every run; norm gains
   // 1): for speed measurements only, its outputs mean nothing. No file and no tokenizer.
-  // options.context may go up to 1M tokens (0: the model's training context).
+  // options.context may go up to 2M tokens (0: the model's training context).
   static Result<std::unique_ptr<Model>> load_synthetic(const std::string& name,
                                                        const ModelOptions& options = {});
   ~Model();

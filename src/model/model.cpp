@@ -123,6 +123,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
   CISA_RETURN_IF_ERROR(impl->make_backend());
+  CISA_RETURN_IF_ERROR(admit_model_memory(hp, options, context, *impl->be, /*weights_in_file=*/true));
   CISA_ASSIGN_OR_RETURN(impl->w, bind_weights(file, hp, options.weights_f32, *impl->be));
   CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
   if (tok.vocab_size() != hp.n_vocab)

@@ -107,14 +107,15 @@ Result<std::unique_ptr<Model>> Model::load_synthetic(const std::string& name,
                                                      const ModelOptions& options) {
   CISA_RETURN_IF_ERROR(validate_model_options(options));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(name));
-  constexpr int64_t kMaxSyntheticContext = int64_t{1} << 20;
+  constexpr int64_t kMaxSyntheticContext = int64_t{1} << 21;  // 2M: 1M prompts plus their output
   const int64_t context = options.context ? options.context : hp.n_ctx_train;
   if (context > kMaxSyntheticContext)
     return invalid_argument("context " + std::to_string(context) +
-                            " exceeds the synthetic models' limit of 1M (1048576) tokens");
+                            " exceeds the synthetic models' limit of 2M (2097152) tokens");
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
   CISA_RETURN_IF_ERROR(impl->make_backend());
+  CISA_RETURN_IF_ERROR(admit_model_memory(hp, options, context, *impl->be, /*weights_in_file=*/false));
   CISA_ASSIGN_OR_RETURN(impl->w, random_weights(hp, *impl->be));
   impl->hp = std::move(hp);
   impl->context = context;

@@ -57,9 +57,13 @@ TEST(ModelSynthetic, ShapesOfThePublicModels) {
 
   EXPECT_EQ(synthetic_hparams("llama-9").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(Model::load_synthetic("llama-9", {}).status().code(), StatusCode::kNotFound);
-  // Up to 1M tokens of context, not more; options are checked as for load().
-  EXPECT_EQ(Model::load_synthetic("tiny-llama", {.context = (int64_t{1} << 20) + 1}).status().code(),
+  // Up to 2M tokens of context (a 1M prompt and its output), not more; options are checked as
+  // for load(); a model larger than the backend's free memory is refused before allocating.
+  EXPECT_EQ(Model::load_synthetic("tiny-llama", {.context = (int64_t{1} << 21) + 1}).status().code(),
             StatusCode::kInvalidArgument);
+  const auto big = Model::load_synthetic("qwen2.5-7b", {.context = int64_t{1} << 20, .max_sequences = 64});
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("KV cache"), std::string::npos) << big.status().message();
   EXPECT_FALSE(Model::load_synthetic("tiny-llama", {.threads = -2}).ok());
 }
 
