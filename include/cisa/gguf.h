@@ -4,8 +4,15 @@
 // and an aligned data section (docs/gguf.md describes the layout). GgufFile parses all of it up
 // front, checking every length, count, type and offset against the bytes it was given, so that
 // nothing afterwards can read past the buffer. Strings and tensor data are views into the bytes:
-// a GgufFile made by open() owns its read-only memory mapping (and stays valid when moved); one
-// made by parse() borrows the caller's span, which must outlive it.
+// a GgufFile made by open() owns them (a read-only memory mapping, or with GgufLoad::kRead a
+// private copy; either stays valid when the GgufFile is moved); one made by parse() borrows the
+// caller's span, which must outlive it.
+//
+// A mapped file that another process truncates in place while it is mapped makes the next read of
+// a page past the new end fault (SIGBUS), which no bounds check can catch. open() checks the file
+// once more after mapping it, check_file() re-checks it on demand (one fstat), and GgufLoad::kRead
+// (llama.cpp's --no-mmap) removes the window at the cost of the file's size in memory; docs/gguf.md
+// says which window remains. Replacing the file by rename (what `cisa pull` does) is safe.
 //
 //   CISA_ASSIGN_OR_RETURN(cisa::GgufFile f,
 //   cisa::GgufFile::open("models/gemma-3-270m-q4_k_m.gguf"));
@@ -145,11 +152,24 @@ struct GgufTensor {
 // ---- the file
 // ------------------------------------------------------------------------------------
 
+// How GgufFile::open brings a file's bytes into memory.
+enum class GgufLoad {
+  kMap,   // mmap, read-only (the default): nothing is read until used, pages are shared with the
+          // page cache and other processes; a truncation in place while mapped is a SIGBUS
+  kRead,  // read the whole file into owned, page-aligned memory: costs its size in memory and the
+          // read time at open; later changes to the file cannot affect it
+};
+
+struct GgufOpenOptions {
+  GgufLoad load = GgufLoad::kMap;
+};
+
 class GgufFile {
  public:
-  // Maps the file read-only and parses it. Errors: kNotFound (no such file), kDataLoss
-  // (truncated or corrupt), kUnimplemented (unsupported version), kInvalidArgument (not GGUF).
-  static Result<GgufFile> open(const std::string& path);
+  // Maps (or reads, by options.load) the file and parses it. Errors: kNotFound (no such file),
+  // kDataLoss (truncated or corrupt, or changed while being opened), kUnimplemented (unsupported
+  // version), kInvalidArgument (not GGUF).
+  static Result<GgufFile> open(const std::string& path, const GgufOpenOptions& options = {});
   // Parses bytes the caller keeps alive for the lifetime of the result.
   static Result<GgufFile> parse(std::span<const uint8_t> bytes);
 
@@ -164,6 +184,14 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }  // file offset of the data section
   std::span<const uint8_t> bytes() const { return bytes_; }
   const std::string& path() const { return path_; }  // empty for parse()
+  // True for open() with GgufLoad::kMap: the bytes are the file's pages, not a copy.
+  bool is_mapped() const;
+  // For a mapped file: OK while the file has the size and modification time open() saw (one
+  // fstat of the descriptor it keeps); kDataLoss saying how it changed otherwise, e.g. "shrank
+  // from 253113024 to 4096 bytes (truncated while in use)". Call it before touching tensor data
+  // after a pause (loading weights, a new request); it cannot stop a truncation that happens
+  // after it returns. Always OK for kRead and parse(), whose bytes cannot change.
+  Status check_file() const;
 
   // -- metadata --
   std::span<const GgufKv> metadata() const { return kvs_; }
@@ -196,7 +224,7 @@ class GgufFile {
   GgufFile();
   static Status parse_into(GgufFile& f);
 
-  struct Mapping;  // an owned mmap (open() only)
+  struct Mapping;  // the owned bytes of open(): a mapping and its descriptor, or a heap copy
   std::unique_ptr<Mapping> mapping_;
   std::string path_;
   std::span<const uint8_t> bytes_;

@@ -7,8 +7,9 @@
 //   CISA_ASSIGN_OR_RETURN(std::string path, cisa::resolve_model("gemma3-270m"));
 //   CISA_ASSIGN_OR_RETURN(cisa::GgufFile f, cisa::GgufFile::open(path));
 //
-// The models directory is, in order: the models_dir argument, $CISA_MODELS_DIR, `models/` in the
-// source tree (found by walking up from the executable, then from the working directory).
+// The models directory is, in order: the models_dir argument (the CLI's --models-dir), the
+// environment variable CISA_MODELS_DIR (a user setting: any directory holding the .gguf files),
+// `models/` in the source tree (find_source_dir). docs/models.md says the same for users.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +33,11 @@ struct KnownModel {
 std::span<const KnownModel> known_models();
 const KnownModel* find_known_model(std::string_view name);
 
-// The cisa source tree (the directory holding scripts/pull_model.py), or kNotFound.
+// The cisa source tree (the directory holding scripts/pull_model.py), or kNotFound. Looked for,
+// in order: above the executable (a build folder inside the checkout), the source directory the
+// binary was compiled from (the CISA_BUILD_SOURCE_DIR definition that CMake gives
+// model_store.cpp; used while it still holds the script, so out-of-tree build folders work),
+// above the working directory (a binary copied elsewhere and run from a checkout).
 Result<std::string> find_source_dir();
 // The models directory as described above (it may not exist yet); kNotFound only when no
 // override is set and no source tree can be found.

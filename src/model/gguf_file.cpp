@@ -9,28 +9,75 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <type_traits>
 
 #include "cisa/gguf.h"
 
 namespace cisa {
 
-// An owned read-only mapping of a whole file; the address never changes, so views into it stay
-// valid when the GgufFile that owns it is moved.
+// The bytes of an opened file, owned: either a read-only mapping (kMap; the descriptor stays open
+// so that check_file() can fstat it) or a heap copy (kRead). Either way the address never
+// changes, so views into it stay valid when the GgufFile that owns it is moved.
 struct GgufFile::Mapping {
-  void* addr = nullptr;
+  void* addr = nullptr;  // mmap'ed (fd >= 0) or allocated with kHeapAlign (fd < 0)
   size_t size = 0;
+  int fd = -1;
+  struct stat at_open {};  // the file as open() found it (kMap)
   ~Mapping() {
-    if (addr) munmap(addr, size);
+    if (fd >= 0) {
+      if (addr) munmap(addr, size);
+      ::close(fd);
+    } else if (addr) {
+      ::operator delete(addr, kHeapAlign);
+    }
   }
+  // A heap copy is page-aligned, as a mapping is, so tensor data keeps the file's alignment.
+  static constexpr std::align_val_t kHeapAlign{4096};
 };
+
+namespace {
+
+std::string describe_change(const struct stat& then, const struct stat& now) {
+  if (now.st_size < then.st_size)
+    return "shrank from " + std::to_string(then.st_size) + " to " + std::to_string(now.st_size) +
+           " bytes (truncated while in use)";
+  if (now.st_size != then.st_size)
+    return "grew from " + std::to_string(then.st_size) + " to " + std::to_string(now.st_size) +
+           " bytes (rewritten while in use)";
+  return "was modified in place (rewritten while in use)";
+}
+
+bool same_file_state(const struct stat& a, const struct stat& b) {
+  return a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec &&
+         a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
+}
+
+}  // namespace
 
 GgufFile::GgufFile() = default;
 GgufFile::GgufFile(GgufFile&&) noexcept = default;
 GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
 GgufFile::~GgufFile() = default;
 
-Result<GgufFile> GgufFile::open(const std::string& path) {
+namespace {
+
+// Reads size bytes from the start of fd into dst; the count read (short at an early end of file).
+Result<size_t> read_all(int fd, uint8_t* dst, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, dst + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return data_loss(std::string("read failed: ") + std::strerror(errno));
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+}  // namespace
+
+Result<GgufFile> GgufFile::open(const std::string& path, const GgufOpenOptions& options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
@@ -38,37 +85,66 @@ Result<GgufFile> GgufFile::open(const std::string& path) {
     if (e == ENOENT) return not_found("cannot open '" + path + "': " + why);
     return invalid_argument("cannot open '" + path + "': " + why);
   }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    return invalid_argument("cannot stat '" + path + "': " + why);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument("'" + path + "' is not a regular file");
-  }
-  if (st.st_size == 0) {
-    ::close(fd);
-    return data_loss("'" + path + "' is empty: not a GGUF file (truncated)");
-  }
+  if (fstat(fd, &st) != 0)
+    return invalid_argument("cannot stat '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return invalid_argument("'" + path + "' is not a regular file");
+  if (st.st_size == 0) return data_loss("'" + path + "' is empty: not a GGUF file (truncated)");
+
   auto map = std::make_unique<Mapping>();
   map->size = static_cast<size_t>(st.st_size);
-  void* addr = mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (addr == MAP_FAILED)
-    return resource_exhausted("cannot map '" + path + "': " + std::strerror(e));
-  map->addr = addr;
+  map->at_open = st;
+  if (options.load == GgufLoad::kRead) {
+    map->addr = ::operator new(map->size, Mapping::kHeapAlign, std::nothrow);
+    if (!map->addr)
+      return resource_exhausted("cannot allocate " + std::to_string(map->size) +
+                                " bytes to read '" + path + "'");
+    auto n = read_all(fd, static_cast<uint8_t*>(map->addr), map->size);
+    if (!n.ok()) return Status(n.status().code(), "'" + path + "': " + n.status().message());
+    struct stat after {};
+    if (fstat(fd, &after) != 0) after = st;
+    if (*n < map->size || !same_file_state(st, after))
+      return data_loss("'" + path + "' " + describe_change(st, after) + " while being read (" +
+                       std::to_string(*n) + " of " + std::to_string(map->size) + " bytes read)");
+  } else {
+    void* addr = mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED)
+      return resource_exhausted("cannot map '" + path + "': " + std::strerror(errno));
+    map->addr = addr;
+    map->fd = fd;  // kept open for check_file(); ~Mapping closes it
+    closer.fd = -1;
+  }
 
   GgufFile f;
   f.mapping_ = std::move(map);
   f.path_ = path;
   f.bytes_ =
       std::span<const uint8_t>(static_cast<const uint8_t*>(f.mapping_->addr), f.mapping_->size);
+  // A file that shrank between fstat and mmap would fault (SIGBUS) in the parse below.
+  CISA_RETURN_IF_ERROR(f.check_file());
   Status s = parse_into(f);
   if (!s.ok()) return Status(s.code(), "'" + path + "': " + s.message());
   return f;
+}
+
+bool GgufFile::is_mapped() const {
+  return mapping_ && mapping_->fd >= 0;
+}
+
+Status GgufFile::check_file() const {
+  if (!is_mapped()) return Status();
+  struct stat now {};
+  if (fstat(mapping_->fd, &now) != 0)
+    return data_loss("cannot stat '" + path_ + "': " + std::strerror(errno));
+  if (same_file_state(mapping_->at_open, now)) return Status();
+  return data_loss("'" + path_ + "' " + describe_change(mapping_->at_open, now) +
+                   " after it was mapped; reopen it (GgufLoad::kRead keeps a private copy)");
 }
 
 // ---- typed getters ----------------------------------------------------------------------------

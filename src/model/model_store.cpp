@@ -55,18 +55,27 @@ const KnownModel* find_known_model(std::string_view name) {
 
 Result<std::string> find_source_dir() {
   std::vector<char> buf(4096);
+  // 1. Above the executable: a build folder inside the checkout (build/<preset>/cisa).
   const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
   if (n > 0) {
     const std::string found = source_above(parent(std::string(buf.data(), static_cast<size_t>(n))));
     if (!found.empty()) return found;
   }
+  // 2. The source tree this binary was compiled from (CMake sets CISA_BUILD_SOURCE_DIR), while it
+  // still exists: a build folder outside the checkout (cmake -S . -B /tmp/build).
+#ifdef CISA_BUILD_SOURCE_DIR
+  if (is_file(std::string(CISA_BUILD_SOURCE_DIR) + "/scripts/pull_model.py"))
+    return std::string(CISA_BUILD_SOURCE_DIR);
+#endif
+  // 3. Above the working directory: a binary copied elsewhere, run from inside a checkout.
   if (getcwd(buf.data(), buf.size())) {
     const std::string found = source_above(buf.data());
     if (!found.empty()) return found;
   }
   return not_found(
-      "cannot find the cisa source tree (scripts/pull_model.py) above the executable or the "
-      "working directory; set CISA_MODELS_DIR or pass --models-dir");
+      "cannot find the cisa source tree (scripts/pull_model.py) above the executable, at the "
+      "path it was built from, or above the working directory; set CISA_MODELS_DIR or pass "
+      "--models-dir");
 }
 
 Result<std::string> models_dir(const std::string& override_dir) {

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "cisa/model_store.h"
@@ -21,6 +22,8 @@ TEST(ModelStore, KnownModelsTable) {
   EXPECT_EQ(find_known_model("gpt2"), nullptr);
 }
 
+// Holds in a build folder inside the checkout (found above the executable) and outside it, e.g.
+// `cmake -S . -B /tmp/build` (found through the path the binary was compiled from).
 TEST(ModelStore, FindsTheSourceTree) {
   auto src = find_source_dir();
   ASSERT_TRUE(src.ok()) << src.status().to_string();
@@ -30,6 +33,20 @@ TEST(ModelStore, FindsTheSourceTree) {
   ASSERT_EQ(stat(CISA_SOURCE_DIR, &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);
   EXPECT_EQ(*models_dir("/x/y"), "/x/y");
+}
+
+// The models directory: the argument, then $CISA_MODELS_DIR, then <source tree>/models.
+TEST(ModelStore, ModelsDirOrder) {
+  const char* saved = std::getenv("CISA_MODELS_DIR");
+  const std::string restore = saved ? saved : "";
+  setenv("CISA_MODELS_DIR", "/from/env", 1);
+  EXPECT_EQ(*models_dir(), "/from/env");
+  EXPECT_EQ(*models_dir("/from/arg"), "/from/arg");
+  unsetenv("CISA_MODELS_DIR");
+  auto dflt = models_dir();
+  ASSERT_TRUE(dflt.ok()) << dflt.status().to_string();
+  EXPECT_EQ(*dflt, *find_source_dir() + "/models");
+  if (saved) setenv("CISA_MODELS_DIR", restore.c_str(), 1);
 }
 
 TEST(ModelStore, ResolvesNamesAndPaths) {
