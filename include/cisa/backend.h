@@ -156,6 +156,11 @@ class Backend {
   // out[i] = x[rows[i]] for rows of `width` values; rows: host span.
   virtual Status gather_rows(const float* x, std::span<const int64_t> rows, int64_t width,
                              float* out) = 0;
+  // out[r] = the index of the largest value of row r of x: [rows][n] (ties: the smaller index;
+  // NaN never wins; a row of NaN gives 0), cisa::argmax's rule (sampling.h); out: int32 [rows],
+  // backend memory. Greedy decoding without moving logits. The default downloads the rows and
+  // runs cisa::argmax on the host; the CPU and CUDA backends override it.
+  virtual Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out);
 
   // ---- paged KV cache ----
   virtual Status create_cache(const KvCacheConfig& config) = 0;

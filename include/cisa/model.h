@@ -173,6 +173,16 @@ struct SequenceInput {
   std::span<const int64_t> positions;  // kPositions: indices into `tokens`, strictly ascending
 };
 
+// What a forward() call returns for its output rows (inputs in order, rows ascending within an
+// input; OutputMode picks the rows). Either or both may be given.
+struct ForwardOutputs {
+  std::vector<float>* logits = nullptr;    // resized to [outputs][n_vocab]
+  // Resized to [outputs]: the greedy next token of every output row, argmax of its logits (ties to
+  // the smaller id, NaN never wins: cisa::argmax, sampling.h), computed by the backend, so the
+  // logits never leave its memory unless `logits` asks for them too.
+  std::vector<int32_t>* argmax = nullptr;
+};
+
 // Counters over every forward() since load or reset_stats().
 struct ForwardStats {
   int64_t tokens = 0;  // rows processed
@@ -243,6 +253,10 @@ class Model {
   // checked before any work (token ids, context, free pages, positions); an error leaves every
   // sequence as it was. `attention`, when given, applies to this call only (StepAttention).
   Status forward(std::span<const SequenceInput> inputs, std::vector<float>* logits,
+                 const ProgressFn& progress = {}, const StepAttention* attention = nullptr);
+  // The same step, returning what `out` asks for: logits and/or the greedy tokens
+  // (ForwardOutputs). forward(inputs, &logits) is forward(inputs, {.logits = &logits}).
+  Status forward(std::span<const SequenceInput> inputs, const ForwardOutputs& out,
                  const ProgressFn& progress = {}, const StepAttention* attention = nullptr);
   // True when some layer runs CISA (loaded with AttentionMode::kCisa): forward() then accepts a
   // StepAttention of either mode.

@@ -21,6 +21,7 @@
 #include "cisa/attention.h"
 #include "cisa/attention_llamacpp.h"
 #include "cisa/backend.h"
+#include "cisa/sampling.h"
 #include "cisa/selection.h"
 #include "cisa/thread_pool.h"
 #include "model/model_ops.h"
@@ -238,6 +239,14 @@ class CpuBackend final : public Backend {
     }
     return Status::Ok();
   }
+  Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) override {
+    if (rows < 0 || n < 0) return invalid_argument("argmax_rows: negative rows or width");
+    if (rows == 0) return Status::Ok();
+    if (!x || !out) return invalid_argument("argmax_rows: null input or output");
+    for (int64_t r = 0; r < rows; ++r)
+      out[r] = argmax({x + r * n, static_cast<size_t>(n)});
+    return Status::Ok();
+  }
 
   // ---- cache ----
   Status create_cache(const KvCacheConfig& config) override {
@@ -390,6 +399,18 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+Status Backend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  if (rows < 0 || n < 0) return invalid_argument("argmax_rows: negative rows or width");
+  if (rows == 0) return Status::Ok();
+  if (!x || !out) return invalid_argument("argmax_rows: null input or output");
+  std::vector<float> host(static_cast<size_t>(rows * n));
+  CISA_RETURN_IF_ERROR(download(host.data(), x, rows * n * int64_t{sizeof(float)}));
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    ids[static_cast<size_t>(r)] = argmax({host.data() + r * n, static_cast<size_t>(n)});
+  return upload(out, ids.data(), rows * int64_t{sizeof(int32_t)});
+}
 
 const char* backend_kind_name(BackendKind k) {
   return k == BackendKind::kCpu ? "cpu" : "cuda";

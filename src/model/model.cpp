@@ -215,7 +215,14 @@ bool Model::has_cisa_layers() const {
 
 Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>* logits,
                       const ProgressFn& progress, const StepAttention* attention) {
+  return forward(inputs, ForwardOutputs{.logits = logits}, progress, attention);
+}
+
+Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutputs& out,
+                      const ProgressFn& progress, const StepAttention* attention) {
   Impl& m = *impl_;
+  std::vector<float>* const logits = out.logits;
+  std::vector<int32_t>* const greedy = out.argmax;
   if (attention && attention->mode == AttentionMode::kCisa) {
     if (!has_cisa_layers())
       return failed_precondition(
@@ -290,9 +297,11 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
   if (pages_needed > table.free_pages())
     return resource_exhausted("forward: needs " + std::to_string(pages_needed) + " KV pages but " +
                               std::to_string(table.free_pages()) + " are free");
-  if (n_out > 0 && !logits)
+  if (n_out > 0 && !logits && !greedy)
     return invalid_argument("forward: logits requested but no output vector given");
-  if (logits) logits->assign(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab), 0.0f);
+  // Every element is written below: no fill of what the vector already holds.
+  if (logits) logits->resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
+  if (greedy) greedy->resize(static_cast<size_t>(n_out));
 
   // ---- steps ----
   const int64_t E = hp.n_embd, d = hp.head_dim, half = d / 2, V = hp.n_vocab;
@@ -401,15 +410,18 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
       CISA_RETURN_IF_ERROR(be.gather_rows(st.x->f32(), out_rows, E, st.xo->f32()));
       CISA_RETURN_IF_ERROR(
           be.rms_norm(st.xo->f32(), m.w.output_norm, st.xo->f32(), no, hp.n_embd, hp.rms_eps));
-      float* dst = logits->data() + out_written * V;
-      if (be.kind() == BackendKind::kCpu) {
-        // Host memory is the CPU backend's memory: the product lands in `logits` directly.
-        CISA_RETURN_IF_ERROR(be.matmul(m.w.output, st.xo->f32(), dst, no));
-      } else {
-        CISA_RETURN_IF_ERROR(ensure_buffer(be, st.logits, no * V * f4, "logits"));
-        CISA_RETURN_IF_ERROR(be.matmul(m.w.output, st.xo->f32(), st.logits->f32(), no));
-        CISA_RETURN_IF_ERROR(be.download(dst, st.logits->data(), no * V * f4));
+      float* dst = logits ? logits->data() + out_written * V : nullptr;
+      // Host memory is the CPU backend's memory: the product lands in `logits` directly.
+      const bool direct = dst && be.kind() == BackendKind::kCpu;
+      if (!direct) CISA_RETURN_IF_ERROR(ensure_buffer(be, st.logits, no * V * f4, "logits"));
+      float* const product = direct ? dst : st.logits->f32();
+      CISA_RETURN_IF_ERROR(be.matmul(m.w.output, st.xo->f32(), product, no));
+      if (greedy) {  // the greedy tokens, on the backend: only `no` ids move
+        CISA_RETURN_IF_ERROR(ensure_buffer(be, st.argmax, no * 4, "greedy tokens"));
+        CISA_RETURN_IF_ERROR(be.argmax_rows(product, no, V, st.argmax->i32()));
+        CISA_RETURN_IF_ERROR(be.download(greedy->data() + out_written, st.argmax->data(), no * 4));
       }
+      if (dst && !direct) CISA_RETURN_IF_ERROR(be.download(dst, product, no * V * f4));
       out_written += no;
     }
     rows_done += rows;

@@ -73,7 +73,8 @@ struct StepState {
   BufferPtr index_q;               // [rows][n_kv][d] CISA index queries
   BufferPtr rope_cos[2], rope_sin[2];  // [rows][d/2]; 0: global base, 1: sliding base
   BufferPtr xo;                    // [outputs][n_embd] final-normed rows whose logits are wanted
-  BufferPtr logits;                // [outputs][n_vocab] (backends other than the CPU)
+  BufferPtr logits;                // [outputs][n_vocab] (unless the CPU writes the caller's vector)
+  BufferPtr argmax;                // int32 [outputs]: greedy tokens (ForwardOutputs::argmax)
   PageLists selector_lists;        // host: a PageSelector's output
 };
 

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "cisa/backend.h"
+#include "cisa/model.h"
+#include "cisa/sampling.h"
 #include "cisa/quant.h"
 #include "model/model_ops.h"
 
@@ -400,6 +403,89 @@ TEST_F(CpuBackendTest, BadSizesAreErrors) {
   EXPECT_FALSE(be->upload(b->data(), b->data(), -4).ok());
   EXPECT_FALSE(be->bind_matrix(WeightView{}).ok());
   EXPECT_FALSE(be->create_cache({.head_dim = 12}).ok());
+}
+
+// argmax_rows follows cisa::argmax (ties to the smaller index, NaN never wins, all NaN gives 0),
+// in the CPU backend's override and in the Backend default (download, host argmax, upload).
+TEST_F(CpuBackendTest, ArgmaxRowsFollowTheArgmaxRule) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {
+      {1, 3, 3, 2}, {nan, 1, nan, 1}, {nan, nan, nan, nan}, {-inf, -inf, -inf, -inf},
+      {-1, nan, -0.5f, -2}, {0.0f, -0.0f, 0.0f, -1}, {2, 1, 0, inf}, {-3, -2, -2, nan}};
+  const std::vector<int32_t> want = {1, 1, 0, 0, 2, 0, 3, 1};
+  std::vector<float> flat;
+  for (const auto& r : rows) {
+    flat.insert(flat.end(), r.begin(), r.end());
+    EXPECT_EQ(argmax(r), want[flat.size() / 4 - 1]) << "cisa::argmax itself, row " << flat.size() / 4 - 1;
+  }
+  auto x = buf(flat);
+  const auto n_rows = static_cast<int64_t>(rows.size());
+  auto ids = *be->allocate(n_rows * 4, "ids");
+  for (int variant = 0; variant < 2; ++variant) {
+    std::fill_n(ids->i32(), n_rows, -7);
+    const Status st = variant == 0 ? be->argmax_rows(x->f32(), n_rows, 4, ids->i32())
+                                   : be->Backend::argmax_rows(x->f32(), n_rows, 4, ids->i32());
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(std::vector<int32_t>(ids->i32(), ids->i32() + n_rows), want) << "variant " << variant;
+  }
+  EXPECT_FALSE(be->argmax_rows(x->f32(), -1, 4, ids->i32()).ok());
+  EXPECT_FALSE(be->argmax_rows(nullptr, 2, 4, ids->i32()).ok());
+  EXPECT_TRUE(be->argmax_rows(nullptr, 0, 4, nullptr).ok());
+}
+
+// Model::forward with ForwardOutputs::argmax gives the argmax of the logits path's rows, alone or
+// with the logits, over prefill (several output modes, several blocks) and decode steps that cross
+// page boundaries; the two models have the same synthetic weights.
+TEST(ModelGreedy, ArgmaxOutputsAreTheArgmaxOfTheLogits) {
+  const ModelOptions mo{.threads = 2, .context = 256, .max_sequences = 3, .prefill_block = 24};
+  auto a = Model::load_synthetic("tiny-llama", mo);
+  auto b = Model::load_synthetic("tiny-llama", mo);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Model* models[2] = {a->get(), b->get()};
+  const int V = (*a)->hparams().n_vocab;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> tok(0, V - 1);
+  std::vector<int32_t> prompt[3];
+  for (int s = 0; s < 3; ++s)
+    for (int i = 0; i < 13 + 7 * s; ++i) prompt[s].push_back(tok(rng));
+  std::vector<SeqId> seqs[2];
+  for (Model* m : models)
+    for (int s = 0; s < 3; ++s) seqs[m == models[0] ? 0 : 1].push_back(*m->add_sequence());
+  const std::vector<int64_t> positions = {0, 5, 12};
+  auto inputs = [&](int k) {
+    return std::vector<SequenceInput>{
+        {.seq = seqs[k][0], .tokens = prompt[0], .outputs = OutputMode::kAll},
+        {.seq = seqs[k][1], .tokens = prompt[1], .outputs = OutputMode::kPositions, .positions = positions},
+        {.seq = seqs[k][2], .tokens = prompt[2], .outputs = OutputMode::kLast}};
+  };
+  std::vector<int32_t> ids, ids_both;
+  std::vector<float> logits, logits_both;
+  ASSERT_TRUE(models[0]->forward(inputs(0), ForwardOutputs{.argmax = &ids}).ok());
+  ASSERT_TRUE(models[1]->forward(inputs(1), &logits).ok());
+  auto expect_argmax_of = [&](const std::vector<float>& lg, const std::vector<int32_t>& got, const char* what) {
+    ASSERT_EQ(lg.size(), got.size() * static_cast<size_t>(V)) << what;
+    for (size_t r = 0; r < got.size(); ++r)
+      EXPECT_EQ(got[r], argmax({lg.data() + r * V, static_cast<size_t>(V)})) << what << ", row " << r;
+  };
+  ASSERT_EQ(ids.size(), 13u + 3u + 1u);
+  expect_argmax_of(logits, ids, "prefill");
+  std::vector<int32_t> next = {ids[12], ids[15], ids[16]};
+  for (int step = 0; step < 40; ++step) {  // 20 + 40 positions: pages of 16 fill several times
+    std::vector<SequenceInput> in[2];
+    for (int k = 0; k < 2; ++k)
+      for (int s = 0; s < 3; ++s) in[k].push_back({.seq = seqs[k][s], .tokens = {&next[s], 1}});
+    ASSERT_TRUE(models[0]->forward(in[0], ForwardOutputs{.argmax = &ids}).ok());
+    ASSERT_TRUE(models[1]->forward(in[1], ForwardOutputs{.logits = &logits_both, .argmax = &ids_both}).ok());
+    expect_argmax_of(logits_both, ids, "decode, greedy alone");
+    EXPECT_EQ(ids, ids_both) << "step " << step;
+    next = ids;
+  }
+  // Nowhere to put the outputs is an error; kNone rows need neither vector.
+  const int32_t t = 1;
+  const SequenceInput last{.seq = seqs[0][0], .tokens = {&t, 1}};
+  EXPECT_EQ(models[0]->forward({&last, 1}, ForwardOutputs{}).code(), StatusCode::kInvalidArgument);
+  const SequenceInput none{.seq = seqs[0][0], .tokens = {&t, 1}, .outputs = OutputMode::kNone};
+  EXPECT_TRUE(models[0]->forward({&none, 1}, ForwardOutputs{}).ok());
 }
 
 }  // namespace

@@ -136,13 +136,6 @@ Status fill_random_cache(Model& m, const std::vector<SeqId>& seqs, int64_t L, ui
   return be.synchronize();
 }
 
-// One argmax per sequence from [B][V] logits.
-void argmax_rows(const std::vector<float>& logits, int n_vocab, std::vector<int32_t>* next) {
-  for (size_t b = 0; b < next->size(); ++b)
-    (*next)[b] = argmax({logits.data() + b * static_cast<size_t>(n_vocab),
-                         static_cast<size_t>(n_vocab)});
-}
-
 // Loads the model for `mo`, warms up, then runs the protocol once.
 Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
                     const std::vector<std::vector<int32_t>>& prompts,
@@ -163,7 +156,6 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   out->load_s = load_clock.seconds();
   const int V = m.hparams().n_vocab;
   const size_t B = static_cast<size_t>(a.batch);
-  std::vector<float> logits;
   std::vector<SequenceInput> in(B);
   std::vector<int32_t> next(B);
   std::vector<SeqId> seqs(B);
@@ -173,10 +165,10 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
       CISA_ASSIGN_OR_RETURN(seqs[b], m.add_sequence());
       in[b] = {.seq = seqs[b], .tokens = {w.data(), 16}};
     }
-    CISA_RETURN_IF_ERROR(m.forward(in, &logits));
+    CISA_RETURN_IF_ERROR(m.forward(in, ForwardOutputs{.argmax = &next}));
     for (int i = 0; i < 2; ++i) {
       for (size_t b = 0; b < B; ++b) in[b].tokens = {w.data() + 16, 1};
-      CISA_RETURN_IF_ERROR(m.forward(in, &logits));
+      CISA_RETURN_IF_ERROR(m.forward(in, ForwardOutputs{.argmax = &next}));
     }
     for (SeqId s : seqs) CISA_RETURN_IF_ERROR(m.release_sequence(s));
   }
@@ -195,22 +187,23 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
     for (size_t b = 0; b < B; ++b) in[b] = {.seq = seqs[b], .tokens = prompts[b]};
     Progress pr(std::string("prefill ") + mo.attention);
     const Stopwatch clock;
-    CISA_RETURN_IF_ERROR(m.forward(in, &logits, [&](int64_t done, int64_t total) {
-      pr.update(done, total, "tokens");
-    }));
-    argmax_rows(logits, V, &next);  // the first generated token of every request
+    // The first generated token of every request, greedy on the backend.
+    CISA_RETURN_IF_ERROR(m.forward(in, ForwardOutputs{.argmax = &next},
+                                   [&](int64_t done, int64_t total) { pr.update(done, total, "tokens"); }));
     out->ttft_s = clock.seconds();
   }
   out->prefill = m.stats();
   out->peak_memory = std::max(out->peak_memory, memory_in_use(m, device_total));
   // Decode: every request generates exactly T tokens (the prompt's prefill made the first).
+  // Greedy on the backend: only the B token ids leave it (ForwardOutputs::argmax).
   const int64_t steps = random_fill ? a.tokens : a.tokens - 1;
   Progress pr(std::string("decode ") + mo.attention);
+  std::vector<int32_t> greedy(B);
   for (int64_t i = 0; i < steps; ++i) {
     for (size_t b = 0; b < B; ++b) in[b] = {.seq = seqs[b], .tokens = {&next[b], 1}};
     const Stopwatch clock;
-    CISA_RETURN_IF_ERROR(m.forward(in, &logits));
-    argmax_rows(logits, V, &next);  // greedy; EOS is never checked
+    CISA_RETURN_IF_ERROR(m.forward(in, ForwardOutputs{.argmax = &greedy}));  // EOS never checked
+    next.swap(greedy);
     out->step_s.push_back(clock.seconds());
     pr.update(i + 1, steps, "steps");
   }

@@ -58,6 +58,20 @@ struct Plan {
 // n, k, rows, ldy, alignment of w, x, y
 using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
 
+// The operands of one run() (what the first call of a shape times its candidates on).
+struct Call {
+  const void* w;
+  const void* x;
+  void* y;
+  cudaStream_t stream;
+};
+
+// Products of up to kTimedRowsMax rows (decode steps: the weights' bytes are the whole cost, and
+// the heuristic's first pick can be far from the bandwidth) time up to kCandidates algorithms.
+constexpr int kCandidates = 8;
+constexpr int64_t kTimedRowsMax = 256;
+constexpr int kTimedRuns = 3;
+
 }  // namespace
 
 struct Gemm::Impl {
@@ -74,8 +88,9 @@ struct Gemm::Impl {
     if (workspace) cudaFree(workspace);
   }
 
-  // The cached plan of a shape, made (layouts + heuristic) on first use.
-  Result<const Plan*> plan(const ShapeKey& key) {
+  // The cached plan of a shape, made (layouts + heuristic, and for small row counts the fastest of
+  // the heuristic's candidates, timed on `call`) on first use.
+  Result<const Plan*> plan(const ShapeKey& key, const Call& call) {
     if (auto it = plans.find(key); it != plans.end()) return it->second.get();
     const auto [n, k, rows, ldy, align_w, align_x, align_y] = key;
     auto p = std::make_unique<Plan>();
@@ -95,21 +110,67 @@ struct Gemm::Impl {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; ++i)
       s = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]);
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(handle, desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+      s = cublasLtMatmulAlgoGetHeuristic(handle, desc, p->a, p->b, p->c, p->c, pref, kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS) return blas_error(s, "algorithm heuristic");
-    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
+    if (found < 1 || results[0].state != CUBLAS_STATUS_SUCCESS)
       return internal_error("cuda gemm: cuBLASLt has no bf16 → f32 algorithm for n = " + std::to_string(n) +
                             ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) + ", ldy = " +
                             std::to_string(ldy) + " (alignments " + std::to_string(align_w) + "/" +
                             std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
-                            cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : result.state));
-    p->algo = result.algo;
+                            cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
+    p->algo = results[0].algo;
+    if (rows <= kTimedRowsMax && found > 1) p->algo = fastest(*p, results, found, call);
     if (plans.size() >= kMaxCachedShapes) plans.clear();
     return plans.emplace(key, std::move(p)).first->second.get();
+  }
+
+  // The fastest of the heuristic's candidates on this call's own operands (each run once to warm
+  // up, then timed over kTimedRuns with events on the call's stream; the result is overwritten by
+  // the call itself). The heuristic's first pick when the stream is being captured or timing fails.
+  cublasLtMatmulAlgo_t fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int found,
+                               const Call& call) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return cand[0].algo;
+    }
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+      cudaGetLastError();
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+      return cand[0].algo;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    auto run = [&](const cublasLtMatmulAlgo_t& a) {
+      return cublasLtMatmul(handle, desc, &alpha, call.w, p.a, call.x, p.b, &beta, call.y, p.c, call.y, p.c, &a,
+                            workspace, kWorkspaceBytes, call.stream);
+    };
+    cublasLtMatmulAlgo_t best = cand[0].algo;
+    float best_ms = -1.0f;
+    for (int i = 0; i < found; ++i) {
+      if (cand[i].state != CUBLAS_STATUS_SUCCESS || run(cand[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+      bool ok = cudaEventRecord(ev[0], call.stream) == cudaSuccess;
+      for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(cand[i].algo) == CUBLAS_STATUS_SUCCESS;
+      ok = ok && cudaEventRecord(ev[1], call.stream) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess;
+      float ms = 0.0f;
+      ok = ok && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess;
+      if (!ok) {
+        cudaGetLastError();
+        continue;
+      }
+      if (best_ms < 0.0f || ms < best_ms) {
+        best_ms = ms;
+        best = cand[i].algo;
+      }
+    }
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    return best;
   }
 };
 
@@ -146,7 +207,7 @@ Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int
   if (!w || !x || !y) return invalid_argument("cuda gemm: null W, x or y pointer");
   std::lock_guard<std::mutex> lock(impl_->mu);
   const ShapeKey key{n, k, rows, ldy, alignment_of(w), alignment_of(x), alignment_of(y)};
-  CISA_ASSIGN_OR_RETURN(const Plan* p, impl_->plan(key));
+  CISA_ASSIGN_OR_RETURN(const Plan* p, impl_->plan(key, {w, x, y, static_cast<cudaStream_t>(stream)}));
   const float alpha = 1.0f, beta = 0.0f;
   CISA_BLAS_OK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                               impl_->workspace, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),

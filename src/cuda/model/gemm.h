@@ -2,9 +2,12 @@
 // weights and activations, f32 accumulation (CUBLAS_COMPUTE_32F) and an f32 result, on cuBLASLt.
 //
 // One Gemm per backend (it owns a cuBLASLt handle and a 32 MiB workspace); it caches the matmul
-// description and the heuristic's algorithm per shape and pointer alignment, so repeated shapes
-// (every decode step) skip the heuristic. run() only enqueues on `stream` (CUDA-graph safe once a
-// shape has been seen: the first call of a shape queries the heuristic, host work only).
+// description and an algorithm per shape and pointer alignment, so repeated shapes (every decode
+// step) skip the choice. For up to 256 rows (decode: the weights' bytes are the cost) the first
+// call of a shape times up to 8 of the heuristic's candidates on its own operands (synchronising
+// the stream once) and keeps the fastest; more rows take the heuristic's first pick. run() only
+// enqueues on `stream` once a shape has been seen (CUDA-graph safe; during a capture a new shape
+// takes the heuristic's first pick, untimed).
 // Not for concurrent use from several streams: the workspace is shared (calls are serialised
 // on the host by a mutex, but two streams could still overlap on the device).
 //

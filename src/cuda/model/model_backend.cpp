@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -62,6 +63,9 @@ constexpr int64_t kFillChunk = int64_t{1} << 24;
 constexpr int64_t kBindChunkBytes = int64_t{8} << 20;
 // Largest matrix side bind_matrix / random_matrix accept (cuBLASLt dimensions are int32).
 constexpr int64_t kMaxMatrixSide = std::numeric_limits<int32_t>::max();
+// download(): copies of at least this many bytes are staged through pinned chunks of kPinnedChunk.
+constexpr int64_t kPinnedDownloadMin = int64_t{256} << 10;
+constexpr int64_t kPinnedChunk = int64_t{4} << 20;
 
 // The device fill hashes seed · kSeedMul + i (as the CPU backend's random_value does); a chunk
 // starting at element i0 continues the same sequence with seed' = seed + i0 · kSeedMul⁻¹ (mod
@@ -124,6 +128,22 @@ Status DeviceMemory::reserve(int64_t bytes, const std::string& what, cudaStream_
   return Status::Ok();
 }
 
+// ---- PinnedMemory ----
+
+PinnedMemory::~PinnedMemory() {
+  if (ptr_) cudaFreeHost(ptr_);
+}
+
+Status PinnedMemory::reserve(int64_t bytes, const char* what) {
+  if (bytes <= bytes_) return Status::Ok();
+  if (ptr_) cudaFreeHost(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  CISA_RETURN_IF_ERROR(check_cuda(cudaMallocHost(&ptr_, static_cast<size_t>(bytes)), what));
+  bytes_ = bytes;
+  return Status::Ok();
+}
+
 // ---- factory ----
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
@@ -156,6 +176,8 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(stream_);  // nothing queued may outlive the memory freed below
     cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t& e : staged_)
+    if (e) cudaEventDestroy(e);
 }
 
 Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& options) {
@@ -189,8 +211,36 @@ Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
   if (bytes < 0) return invalid_argument("cuda download: negative size");
   if (bytes == 0) return synchronize();
   if (!host_dst || !src) return invalid_argument("cuda download: null pointer");
-  CISA_RETURN_IF_ERROR(check_cuda(
-      cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_), "cuda download"));
+  if (bytes < kPinnedDownloadMin) {
+    CISA_RETURN_IF_ERROR(check_cuda(
+        cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_), "cuda download"));
+    return synchronize();
+  }
+  // Large copies (logits) go through two pinned chunks: the device fills chunk i + 1 while the host
+  // copies chunk i out to the (pageable) destination.
+  for (int b = 0; b < 2; ++b) {
+    CISA_RETURN_IF_ERROR(staging_[b].reserve(kPinnedChunk, "cuda download: pinned staging"));
+    if (!staged_[b])
+      CISA_RETURN_IF_ERROR(check_cuda(cudaEventCreateWithFlags(&staged_[b], cudaEventDisableTiming),
+                                      "cuda download: staging event"));
+  }
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(host_dst);
+  const int64_t chunks = (bytes + kPinnedChunk - 1) / kPinnedChunk;
+  auto issue = [&](int64_t c) -> Status {
+    const int64_t off = c * kPinnedChunk, len = std::min(kPinnedChunk, bytes - off);
+    CISA_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(staging_[c % 2].get(), s + off, static_cast<size_t>(len),
+                                                    cudaMemcpyDeviceToHost, stream_),
+                                    "cuda download"));
+    return check_cuda(cudaEventRecord(staged_[c % 2], stream_), "cuda download: event");
+  };
+  CISA_RETURN_IF_ERROR(issue(0));
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) CISA_RETURN_IF_ERROR(issue(c + 1));  // its buffer was copied out at c − 1
+    CISA_RETURN_IF_ERROR(check_cuda(cudaEventSynchronize(staged_[c % 2]), "cuda download: waiting"));
+    const int64_t off = c * kPinnedChunk, len = std::min(kPinnedChunk, bytes - off);
+    std::memcpy(d + off, staging_[c % 2].get(), static_cast<size_t>(len));
+  }
   return synchronize();
 }
 
@@ -363,6 +413,15 @@ Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, i
   CISA_RETURN_IF_ERROR(d_gather_rows_.reserve(n * 8, "gather_rows indices", stream_));
   CISA_RETURN_IF_ERROR(upload(d_gather_rows_.get(), rows.data(), n * 8));
   return launched(detail::launch_gather_rows(x, d_gather_rows_.as<int64_t>(), n, width, out, stream_), "gather_rows");
+}
+
+Status CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  if (rows < 0 || n < 0) return invalid_argument("cuda argmax_rows: negative rows or width");
+  if (n > std::numeric_limits<int32_t>::max())
+    return invalid_argument("cuda argmax_rows: rows of " + std::to_string(n) + " values do not fit int32 indices");
+  if (rows == 0) return Status::Ok();
+  if (!out || (n > 0 && !x)) return invalid_argument("cuda argmax_rows: null input or output");
+  return launched(detail::launch_argmax_rows(x, rows, n, out, stream_), "argmax_rows");
 }
 
 }  // namespace cisa::cuda

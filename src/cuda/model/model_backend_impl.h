@@ -54,6 +54,23 @@ class DeviceMemory {
   int64_t bytes_ = 0;
 };
 
+// Page-locked host memory (cudaMallocHost) owned by value, grow-only: the staging buffers of
+// download(), which the DMA engine writes at full speed and without a driver bounce.
+class PinnedMemory {
+ public:
+  PinnedMemory() = default;
+  ~PinnedMemory();
+  PinnedMemory(const PinnedMemory&) = delete;
+  PinnedMemory& operator=(const PinnedMemory&) = delete;
+  // Grows to at least `bytes` (contents lost); the caller makes sure no copy still uses it.
+  Status reserve(int64_t bytes, const char* what);
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<CudaBackend>> create(const BackendOptions& options);
@@ -90,6 +107,7 @@ class CudaBackend final : public Backend {
   Status fill_random(float* x, int64_t n, uint64_t seed, float scale) override;
   Status gather_rows(const float* x, std::span<const int64_t> rows, int64_t width,
                      float* out) override;
+  Status argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) override;
 
   // ---- paged KV cache (device_kv_cache.cpp) ----
   Status create_cache(const KvCacheConfig& config) override;
@@ -166,6 +184,9 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes_ = 0;
   DeviceMemory scratch_bf16_;
   DeviceMemory d_gather_rows_;  // int64 [n] row indices of gather_rows
+  // download(): two pinned chunks, one filled by the device while the host copies the other out.
+  PinnedMemory staging_[2];
+  cudaEvent_t staged_[2] = {nullptr, nullptr};
 
   KvCacheConfig config_;
   bool has_cache_ = false;

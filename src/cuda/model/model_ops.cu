@@ -250,6 +250,79 @@ cudaError_t launch_gather_rows(const float* x, const int64_t* rows, int64_t n, i
   return cudaGetLastError();
 }
 
+namespace {
+
+// ---- argmax ----
+
+constexpr int kArgmaxThreads = 1024;
+
+// (v, i) beats (bv, bi): a NaN never beats anything, anything not NaN beats a NaN (the unset
+// state is (NaN, n)), else the larger value, and on equal values the smaller index.
+__device__ __forceinline__ bool argmax_better(float v, int64_t i, float bv, int64_t bi) {
+  if (isnan(v)) return false;
+  if (isnan(bv)) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t rows, int64_t n,
+                                   int32_t* __restrict__ out) {
+  __shared__ float s_v[kArgmaxThreads / 32];
+  __shared__ int64_t s_i[kArgmaxThreads / 32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* row = x + r * n;
+    float bv = __int_as_float(0x7fc00000);
+    int64_t bi = n;
+    // Each thread's indices ascend, so a strict > keeps its first maximum.
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = row[i];
+      if (argmax_better(v, i, bv, bi)) {
+        bv = v;
+        bi = i;
+      }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+      const float ov = __shfl_down_sync(0xffffffffu, bv, off);
+      const int64_t oi = __shfl_down_sync(0xffffffffu, bi, off);
+      if (argmax_better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+    if (lane == 0) {
+      s_v[warp] = bv;
+      s_i[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int warps = static_cast<int>(blockDim.x / 32);
+      bv = lane < warps ? s_v[lane] : __int_as_float(0x7fc00000);
+      bi = lane < warps ? s_i[lane] : n;
+      for (int off = 16; off > 0; off /= 2) {
+        const float ov = __shfl_down_sync(0xffffffffu, bv, off);
+        const int64_t oi = __shfl_down_sync(0xffffffffu, bi, off);
+        if (argmax_better(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) out[r] = n == 0 ? -1 : isnan(bv) ? 0 : static_cast<int32_t>(bi);
+    }
+    __syncthreads();  // the shared slots are reused by the next row
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream) {
+  if (rows < 0 || n < 0 || n > INT32_MAX) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (!out || (n > 0 && !x)) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(rows > 65535 ? 65535 : rows);
+  argmax_rows_kernel<<<grid, kArgmaxThreads, 0, stream>>>(x, rows, n, out);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_append_kv(const float* k, const float* v, const int64_t* slots, int64_t rows,
                              int num_kv_heads, int head_dim, uint16_t* k_pool, uint16_t* v_pool,
                              cudaStream_t stream) {

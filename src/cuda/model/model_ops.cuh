@@ -54,6 +54,11 @@ cudaError_t launch_mean_heads(const float* q, int64_t rows, int hq, int hkv, int
 cudaError_t launch_gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t width,
                                float* out, cudaStream_t stream);
 
+// out[r] = argmax of x[r][0..n): ties to the smaller index, NaN never wins, a row of NaN gives 0,
+// n = 0 gives -1 (cisa::argmax, sampling.h). x: [rows][n], out: int32 [rows]. One block per row.
+cudaError_t launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out,
+                               cudaStream_t stream);
+
 // bf16 ↔ f32, n values (round to nearest even, bit-identical to cisa::f32_to_bf16).
 cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
