@@ -78,13 +78,13 @@ struct StepState {
   PageLists selector_lists;        // host: a PageSelector's output
 };
 
-struct Model::Impl {
 // model_memory.cpp: refuses, before anything is allocated, a model whose weights copies, KV
 // cache (context x max_sequences) and step activations exceed the backend's free memory.
 // weights_in_file: the weights are a GGUF's (the CPU backend multiplies them in place).
 Status admit_model_memory(const ModelHparams& h, const ModelOptions& o, int64_t context, Backend& be,
                           bool weights_in_file);
 
+struct Model::Impl {
   std::optional<GgufFile> file;
   std::optional<Tokenizer> tok;
   ModelHparams hp;
