@@ -1,6 +1,6 @@
 // matmul_vs_ggml — our quantised matmul beside ggml's own mul_mat (the CPU library inside the
 // llama-cpp-python wheel) on the same random blocks, shapes of Gemma 3 270M and SmolLM2.
-// Built and run by scripts/matmul_vs_ggml.sh (not part of the CMake build: it links the
+// Built and run by bench/scripts/matmul_vs_ggml.sh (not part of the CMake build: it links the
 // wheel's libggml-cpu.so). ggml's few entry points are declared here by hand.
 //
 // Prints GFLOP/s for both, their ratio, and max|y_ours - y_ggml| / max|y_ggml| (the two

@@ -3,7 +3,7 @@
 
 Run on the GPU machine after `cisa bench layer --json --dump-lists DIR > cisa.json`:
 
-    python3 bench/anchors_layer.py --lists DIR --cisa cisa.json --out results.json
+    python3 bench/python/anchors_layer.py --lists DIR --cisa cisa.json --out results.json
 
 Measures, for the geometries of the cisa run (d = 128, bf16, history N):
   * ceilings: device-to-device copy (TB/s, bytes read + written) and a bf16 8192^3 matmul (TFLOP/s);
@@ -153,8 +153,8 @@ def main():
         "torch": torch.__version__,
         "commit": args.commit,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "scripts/gpu_session.sh all (cisa bench layer --backend cuda --json --dump-lists; "
-                   "python3 bench/anchors_layer.py)",
+        "command": "bench/scripts/gpu_session.sh all (cisa bench layer --backend cuda --json --dump-lists; "
+                   "python3 bench/python/anchors_layer.py)",
         "cisa": cisa,
         "ceilings": ceilings(args.iters),
         "anchors": [],

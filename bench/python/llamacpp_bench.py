@@ -2,7 +2,7 @@
 """Times llama.cpp's prefill and decode on a GGUF model, as the anchor for `cisa bench model`.
 
 llama.cpp comes from the same PyPI source as the conformance fixtures (llama-cpp-python, built
-from source for this CPU; see scripts/make_llamacpp_fixtures.py for the install line). The
+from source for this CPU; see tests/golden/scripts/make_llamacpp_fixtures.py for the install line). The
 measurement follows llama-bench's method through llama.cpp's C API:
 
   prefill  the context is filled with N tokens in batches of --batch (one llama_decode call per
@@ -13,7 +13,7 @@ measurement follows llama-bench's method through llama.cpp's C API:
 Token ids are a fixed pseudo-random sequence over the vocabulary (speed does not depend on
 content). A short warm-up run precedes the timed ones; with --repeat R the median is reported.
 
-    python3 scripts/llamacpp_bench.py -m models/gemma-3-270m-q4_k_m.gguf --context 1024 8192 \\
+    python3 bench/python/llamacpp_bench.py -m models/gemma-3-270m-q4_k_m.gguf --context 1024 8192 \\
         --threads 2 [--decode 64] [--repeat 3] [--json]
 
 With --json one JSON document goes to stdout: {"anchor": "llama.cpp", "llama_cpp_python": ...,

@@ -3,7 +3,7 @@
 # memory-side probe (bench/cuda/decode_read_probe.cu), `cisa bench layer --phase decode` of the
 # given binaries, decode-only PyTorch anchors, and ncu counters of our dense decode kernel, of the
 # probe's copy-only kernel and of FlashAttention's / cuDNN's decode kernels on the same shapes.
-#   PROBE=.devbin/probe BINS=".devbin/v8 .devbin/v9" scripts/gpu_decode_probe.sh
+#   PROBE=.devbin/probe BINS=".devbin/v8 .devbin/v9" bench/scripts/gpu_decode_probe.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -34,7 +34,7 @@ for round in 1 2; do
   done
   if [ $round = 1 ] && [ -z "${NO_ANCHORS:-}" ] && [ -n "${BINS:-}" ]; then
     last=$(basename $(echo $BINS | awk '{print $NF}'))
-    PYTHONUNBUFFERED=1 timeout 150 python3 bench/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists /nonexistent \
+    PYTHONUNBUFFERED=1 timeout 150 python3 bench/python/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists /nonexistent \
       --cisa "$OUT/decode_${last}_1.json" --out "$OUT/layer_results.json" --no-flex --gather-geometries none 2>&1 |
       tee "$OUT/anchors.log" | tail -22
     log "anchors rc=${PIPESTATUS[0]}"

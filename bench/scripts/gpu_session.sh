@@ -2,21 +2,21 @@
 # One GPU session on the device machine: build the CUDA backend, run the GPU tests, then the
 # one-layer benchmark and its PyTorch anchors. Everything it writes lands under $OUT.
 #
-#   scripts/gpu_session.sh [tests|cisa|bench|all]      (default: all)
+#   bench/scripts/gpu_session.sh [tests|cisa|bench|all]      (default: all)
 #
 # tests: build + GPU tests; cisa: tests + `cisa bench layer` (no PyTorch anchors); bench: the
 # benchmark and anchors without tests; all: everything. Decode-only A/B runs of several binaries
-# (with decode anchors and ncu): scripts/gpu_decode_probe.sh.
+# (with decode anchors and ncu): bench/scripts/gpu_decode_probe.sh.
 #
 # Build: an explicit CMake configure of only the targets this needs (cisa_cuda, the GPU tests,
 # the cisa CLI), sm_90a, Release, in build/gpu-session. Options (environment): CISA_PREBUILT,
 # AB_GEOMETRY, AB_PREBUILT, STOP_ON_TEST_FAIL, ANCHOR_ARGS (see where each is used below).
 set -uo pipefail
 mode=${1:-all}
-case "$mode" in tests | cisa | bench | all) ;; *) echo "gpu_session.sh: unknown mode '$mode' (tests, cisa, bench or all; decode A/B runs: scripts/gpu_decode_probe.sh)" >&2; exit 2 ;; esac
+case "$mode" in tests | cisa | bench | all) ;; *) echo "gpu_session.sh: unknown mode '$mode' (tests, cisa, bench or all; decode A/B runs: bench/scripts/gpu_decode_probe.sh)" >&2; exit 2 ;; esac
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 log() { echo "[gpu_session $(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
 
@@ -88,9 +88,9 @@ if [ "$mode" != tests ]; then
     tail -14 "$OUT/layer_cisa_prev.log"
   fi
   if [ "$mode" = cisa ]; then log "done (no anchors in mode cisa)"; exit 0; fi
-  # ANCHOR_ARGS: extra options of bench/anchors_layer.py (e.g. --no-flex --gather-geometries 4:1
+  # ANCHOR_ARGS: extra options of bench/python/anchors_layer.py (e.g. --no-flex --gather-geometries 4:1
   # when device time is short).
-  PYTHONUNBUFFERED=1 python3 bench/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists "$scratch" --cisa "$OUT/layer_cisa.json" \
+  PYTHONUNBUFFERED=1 python3 bench/python/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" --lists "$scratch" --cisa "$OUT/layer_cisa.json" \
     --out "$OUT/layer_results.json" ${ANCHOR_ARGS:-} 2>&1 | tee "$OUT/anchors.log" | tail -60
   log "anchors rc=${PIPESTATUS[0]}"
 fi

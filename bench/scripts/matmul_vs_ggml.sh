@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds bench/matmul_vs_ggml.cpp against our matmul sources and the libggml-cpu.so shipped in
 # the llama-cpp-python wheel (pip install llama-cpp-python), then runs it.
-#   scripts/matmul_vs_ggml.sh [threads]     (default 1: CPU-time comparison of one core)
+#   bench/scripts/matmul_vs_ggml.sh [threads]     (default 1: CPU-time comparison of one core)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 lib=$(python3 -c "import llama_cpp, os; print(os.path.join(os.path.dirname(llama_cpp.__file__), 'lib'))")
 out=${TMPDIR:-/tmp}/cisa_matmul_vs_ggml
 cd "$root"

@@ -1,7 +1,8 @@
 // The llama.cpp logits fixtures (tests/golden/fixtures/logits_<model>.bin, written by
-// scripts/make_llamacpp_fixtures.py; format in its docstring): token IDs of prompts of about 100,
-// 2,000 and 8,000 tokens and, at up to 256 positions of each, llama.cpp's top-k logits and the
-// log-sum-exp of all its logits. A bounds-checked reader shared by the golden and GPU tests.
+// tests/golden/scripts/make_llamacpp_fixtures.py; format in its docstring): token IDs of prompts of
+// about 100, 2,000 and 8,000 tokens and, at up to 256 positions of each, llama.cpp's top-k logits
+// and the log-sum-exp of all its logits. A bounds-checked reader shared by the golden and GPU
+// tests.
 //
 //   cisa::Fixture f;
 //   std::string err;

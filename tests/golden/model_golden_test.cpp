@@ -1,8 +1,8 @@
 // Our forward passes against llama.cpp's logits on the two real models.
 //
-// tests/golden/fixtures/logits_<model>.bin (scripts/make_llamacpp_fixtures.py, format in its
-// docstring) holds llama.cpp's token IDs for prompts of about 100, 2,000 and 8,000 tokens of Jane
-// Austen and, at up to 256 positions of each, llama.cpp's top-20 logits and the log-sum-exp of
+// tests/golden/fixtures/logits_<model>.bin (tests/golden/scripts/make_llamacpp_fixtures.py, format
+// in its docstring) holds llama.cpp's token IDs for prompts of about 100, 2,000 and 8,000 tokens of
+// Jane Austen and, at up to 256 positions of each, llama.cpp's top-20 logits and the log-sum-exp of
 // all its logits. Both engines round every matmul input to 8 bits, which makes the forward pass
 // chaotic: any last-bit difference upstream flips some roundings downstream, and agreement drops
 // to ~95% of positions (llama.cpp against itself with an f32 instead of an f16 KV cache: 94%).
@@ -133,7 +133,8 @@ class ModelGolden : public ::testing::TestWithParam<ModelCase> {
     std::string err;
     if (!read_fixture(fx, &fixture_, &err)) {
       if (err == "absent")
-        GTEST_SKIP() << "no logits fixture " << fx << " (scripts/make_llamacpp_fixtures.py)";
+        GTEST_SKIP() << "no logits fixture " << fx
+                     << " (tests/golden/scripts/make_llamacpp_fixtures.py)";
       FAIL() << fx << ": " << err;
     }
     if (const char* e = std::getenv("CISA_MODEL_GOLDEN_MAX_TOKENS"); e && *e)
@@ -293,8 +294,8 @@ TEST_P(ModelGolden, BlockedPrefillAndDecodeMatchLlamaCpp) {
 
 // The exact function of the stored weights: with every matrix widened to f32 (no 8-bit
 // activations) the forward pass must reproduce an fp64 numpy implementation written from the
-// architectures' descriptions (scripts/make_model_reference.py, weights dequantised by the gguf
-// package) to f32 rounding: same top-1 everywhere, top-20 logits within 0.02, KL < 1e-5.
+// architectures' descriptions (tests/golden/scripts/make_model_reference.py, weights dequantised by
+// the gguf package) to f32 rounding: same top-1 everywhere, top-20 logits within 0.02, KL < 1e-5.
 // This separates the architecture (checked here tightly) from quantisation noise (the llama.cpp
 // comparisons above, whose spread is that of 8-bit activations).
 TEST_P(ModelGolden, ExactForwardMatchesFp64Reference) {
@@ -304,7 +305,8 @@ TEST_P(ModelGolden, ExactForwardMatchesFp64Reference) {
   std::string err;
   if (!read_fixture(fx, &ref, &err)) {
     if (err == "absent")
-      GTEST_SKIP() << "no reference fixture " << fx << " (scripts/make_model_reference.py)";
+      GTEST_SKIP() << "no reference fixture " << fx
+                   << " (tests/golden/scripts/make_model_reference.py)";
     FAIL() << fx << ": " << err;
   }
   ASSERT_EQ(ref.prompts.size(), 1u);

@@ -1,5 +1,5 @@
 // Dequantisation and the tensor table checked against the `gguf` Python package
-// (scripts/make_quant_fixtures.py wrote the fixtures under tests/golden/fixtures/).
+// (tests/golden/scripts/make_quant_fixtures.py wrote the fixtures under tests/golden/fixtures/).
 //
 // Synthetic fixtures (blocks quantised by gguf from seeded random floats) need no model file.
 // Real-tensor fixtures read the model files from $CISA_MODELS_DIR or <repo>/models and skip,
@@ -94,7 +94,8 @@ TEST(QuantGolden, SyntheticBlocksMatchGgufPackage) {
   const std::vector<Fixture> index = load_index();
   const std::vector<float> expected = load_expected();
   const std::vector<uint8_t> raw = read_all(kFixtures + "quant_synthetic.bin");
-  ASSERT_FALSE(index.empty()) << "fixtures missing: run scripts/make_quant_fixtures.py";
+  ASSERT_FALSE(index.empty())
+      << "fixtures missing: run tests/golden/scripts/make_quant_fixtures.py";
   int checked = 0;
   std::map<std::string, int> types;
   for (const Fixture& f : index) {

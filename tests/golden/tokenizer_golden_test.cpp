@@ -1,8 +1,8 @@
 // Our tokenizers against llama.cpp on the two real models.
 //
 // The fixtures (tests/golden/fixtures/tokens_*.json, logits_*.bin) were written by
-// scripts/make_llamacpp_fixtures.py from llama.cpp's own tokenizer; the models come from
-// $CISA_MODELS_DIR or <repo>/models (scripts/pull_model.py). Every case must give identical
+// tests/golden/scripts/make_llamacpp_fixtures.py from llama.cpp's own tokenizer; the models come
+// from $CISA_MODELS_DIR or <repo>/models (scripts/pull_model.py). Every case must give identical
 // token IDs, identical detokenized bytes, and every vocabulary entry must render to the same
 // bytes (checked through per-block digests).
 #include <gtest/gtest.h>
@@ -257,7 +257,7 @@ class TokenizerGolden : public ::testing::TestWithParam<ModelCase> {
         std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/tokens_" + mc.name + ".json";
     const std::string text = read_file(fixture);
     ASSERT_FALSE(text.empty()) << "missing fixture " << fixture
-                               << " (scripts/make_llamacpp_fixtures.py)";
+                               << " (tests/golden/scripts/make_llamacpp_fixtures.py)";
     ASSERT_TRUE(JParser(text).parse(fx_)) << "cannot parse " << fixture;
 
     const std::string path = models_dir() + "/" + mc.file;

@@ -5,7 +5,7 @@
 // Each stage is timed alone with CUDA events: median of --iters runs after warm-up. Every run
 // reads far more than the 60 MB L2 (K/V of ≥ 0.55 GB per step), so no run is served from the
 // previous one's cache. The PyTorch anchors (cuDNN, FlashAttention, gather+FA, FlexAttention)
-// are measured by bench/anchors_layer.py from the page lists this writes with --dump-lists.
+// are measured by bench/python/anchors_layer.py from the page lists this writes with --dump-lists.
 #ifdef CISA_WITH_CUDA
 
 #include <cuda_runtime.h>
@@ -165,7 +165,8 @@ int bench_layer(int argc, char** argv) {
   a.add_choice("--phase", &o.phase, {"all", "prefill", "decode"}, "phase to run (default all)");
   a.add_flag("--contiguous-pages", &o.contiguous,
              "block tables in pool order (consecutive pages adjacent in memory) instead of a random permutation");
-  a.add_string("--dump-lists", &o.dump_dir, "write each plan's page lists here for bench/anchors_layer.py");
+  a.add_string("--dump-lists", &o.dump_dir,
+               "write each plan's page lists here for bench/python/anchors_layer.py");
   a.add_choice("--attention-kernel", &o.attention_kernel, {"auto", "mma", "wgmma-v5"},
                "attention mainloop: auto (wgmma for full prefill tiles at d = 128), mma (mma.sync "
                "everywhere) or wgmma-v5 (the v4/v5 kernel instead of the warp-specialised one)");

@@ -1,6 +1,6 @@
 // cisa bench model — prefill and decode tokens/s of a GGUF model at a given context, measured the
-// way llama-bench does (scripts/llamacpp_bench.py), and llama.cpp's numbers for the same file and
-// settings from that script, run in the same invocation, beside ours with the ratio.
+// way llama-bench does (bench/python/llamacpp_bench.py), and llama.cpp's numbers for the same file
+// and settings from that script, run in the same invocation, beside ours with the ratio.
 //
 //   prefill  N pseudo-random tokens in forward steps of --batch rows (logits for each step's
 //            last row only); tokens/s = N / wall time.
@@ -261,19 +261,21 @@ int bench_model(int argc, char** argv) {
   const double dense_pre = cisa ? median(dense_m.prefill_tok_s) : NAN;
   const double dense_dec = cisa ? median(dense_m.decode_tok_s) : NAN;
 
-  // The anchor: llama.cpp through scripts/llamacpp_bench.py, after our runs (never concurrently).
+  // The anchor: llama.cpp through bench/python/llamacpp_bench.py, after our runs (never
+  // concurrently).
   Json anchor = Json::object();
   double ll_pre = NAN, ll_dec = NAN;
   std::string anchor_note;
   auto src = find_source_dir();
-  const std::string script = src.ok() ? *src + "/scripts/llamacpp_bench.py" : "";
+  const std::string script = src.ok() ? *src + "/bench/python/llamacpp_bench.py" : "";
   if (no_anchor) {
     anchor_note = "not run (--no-anchor)";
   } else if (script.empty() || std::system(("test -f '" + script + "'").c_str()) != 0) {
-    anchor_note = "scripts/llamacpp_bench.py not found";
+    anchor_note = "bench/python/llamacpp_bench.py not found";
   } else if (std::system("python3 -c 'import llama_cpp' >/dev/null 2>&1") != 0) {
     anchor_note =
-        "llama_cpp is not importable (pip install llama-cpp-python; see scripts/llamacpp_bench.py)";
+        "llama_cpp is not importable (pip install llama-cpp-python; see "
+        "bench/python/llamacpp_bench.py)";
   } else {
     const std::string cmd = "python3 '" + script + "' -m '" + *path + "' --context " +
                             std::to_string(context) + " --decode " + std::to_string(n_decode) +

@@ -11,7 +11,7 @@ tokenizers and forward passes. This script installs nothing; set up once with
 
 (only the .deb's data files are needed: `apt-get download` avoids pulling in R itself) and run
 
-    python3 scripts/make_llamacpp_fixtures.py --models-dir models \\
+    python3 tests/golden/scripts/make_llamacpp_fixtures.py --models-dir models \\
         --janeausten-dir /tmp/janeausten [--only tokens|logits] [--model gemma3-270m|smollm2-135m]
 
 Run time on the shared 2-core machine (load average 4-9 from other builds): token fixtures 6 s;
@@ -66,7 +66,7 @@ import time
 import warnings
 import zlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 
 MODELS = {
@@ -262,7 +262,7 @@ def token_fixture(L, name: str, path: pathlib.Path, sha: str) -> dict:
     v = m.vocab
     null = -1
     doc = {
-        "generator": "scripts/make_llamacpp_fixtures.py",
+        "generator": "tests/golden/scripts/make_llamacpp_fixtures.py",
         "llama_cpp_python": L.__version__,
         "model": name,
         "model_file": path.name,
@@ -370,7 +370,7 @@ def logits_fixture(L, name: str, path: pathlib.Path, sha: str, books, threads: i
         "type_k": "f16", "type_v": "f16", "device": "CPU", "outputs": "stored positions only",
     }
     meta = {
-        "generator": "scripts/make_llamacpp_fixtures.py",
+        "generator": "tests/golden/scripts/make_llamacpp_fixtures.py",
         "llama_cpp_python": L.__version__,
         "model": name, "model_file": path.name, "model_sha256": sha,
         "settings": settings,

@@ -4,7 +4,7 @@ the `gguf` PyPI package dequantises them (no activation quantisation, no reduced
 cache): the exact function of the stored weights that cisa's forward pass implements.
 
     pip install gguf numpy        # written with gguf 0.19.0
-    python3 scripts/make_model_reference.py [--models-dir models] [--tokens 64]
+    python3 tests/golden/scripts/make_model_reference.py [--models-dir models] [--tokens 64]
 
 For each model it takes the first --tokens token IDs of llama.cpp's "p100" prompt from
 tests/golden/fixtures/logits_<model>.bin (so the tokens do not depend on our tokenizer) and writes
@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 MODELS = {"gemma3-270m": "gemma-3-270m-q4_k_m.gguf", "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 TOP_K = 20
 
@@ -164,7 +164,7 @@ def main() -> int:
             out.extend(struct.pack("<I", len(bb)) + bb)
 
         from importlib.metadata import version
-        put(json.dumps({"generator": "scripts/make_model_reference.py", "gguf": version("gguf"),
+        put(json.dumps({"generator": "tests/golden/scripts/make_model_reference.py", "gguf": version("gguf"),
                         "numpy": np.__version__, "model": name, "precision": "fp64, weights dequantised by gguf"},
                        sort_keys=True))
         out += struct.pack("<III", n_vocab, TOP_K, 1)

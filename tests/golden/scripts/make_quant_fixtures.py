@@ -19,7 +19,7 @@ Files written under tests/golden/fixtures/:
   quant_tensors_<model>.txt
 
   pip install gguf numpy
-  python3 scripts/make_quant_fixtures.py [--models-dir models]
+  python3 tests/golden/scripts/make_quant_fixtures.py [--models-dir models]
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ try:
 except ImportError:
     sys.exit("make_quant_fixtures: needs the gguf package (pip install gguf)")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 OUT = REPO / "tests" / "golden" / "fixtures"
 
 MODELS = {
@@ -82,7 +82,7 @@ def main() -> int:
 
     index = ["# kind model-or-name tensor type row n raw_offset raw_bytes f32_offset",
              "# real: rows of a tensor in a model file; synthetic: raw blocks in quant_synthetic.bin",
-             f"# written by scripts/make_quant_fixtures.py with gguf {importlib.metadata.version('gguf')}"]
+             f"# written by tests/golden/scripts/make_quant_fixtures.py with gguf {importlib.metadata.version('gguf')}"]
     expected: list[np.ndarray] = []
     raw: list[bytes] = []
     f32_off = 0
