@@ -133,6 +133,7 @@ struct Generator::State {
   std::vector<Request*> order;  // the request of each input
   std::vector<char> has_output;  // per input: its last row has logits (not a middle chunk)
   std::vector<float> logits;
+  std::vector<int32_t> greedy;  // a step whose every output row is greedy: the backend's argmax
 
   State(Model& m, GenerationCallbacks c, GeneratorOptions o)
       : model(m), cb(std::move(c)), tok(tokenizer_of(m)), opt(o) {}
@@ -300,9 +301,17 @@ Status Generator::step() {
   ++s.steps;
   for (Request* r : s.order) r->last_step = s.steps;
 
+  // When every row that yields a token is greedy, the backend picks the tokens itself (argmax,
+  // the rule of Sampler's greedy path) and the logits never leave its memory.
+  bool all_greedy = true;
+  for (size_t k = 0; k < s.order.size(); ++k) {
+    const SamplingParams& sp = s.order[k]->sampler->params();
+    if (s.has_output[k] && !(sp.greedy || sp.temperature == 0.0f)) all_greedy = false;
+  }
+  const ForwardOutputs outs = all_greedy ? ForwardOutputs{.argmax = &s.greedy}
+                                         : ForwardOutputs{.logits = &s.logits};
   const double t0 = now_s();
-  Status fw = s.model.forward(s.inputs, &s.logits,
-                              any_prefill ? s.cb.on_prefill_progress : ProgressFn{},
+  Status fw = s.model.forward(s.inputs, outs, any_prefill ? s.cb.on_prefill_progress : ProgressFn{},
                               group ? &*group : nullptr);
   const double dt = now_s() - t0;
   if (!fw.ok()) {
@@ -330,7 +339,7 @@ Status Generator::step() {
     const size_t i = r.index;
     FinishReason why = FinishReason::kCancelled;
     if (!r.cancel_requested) {  // cancelled from an earlier request's callback in this step
-      const int32_t next = r.sampler->sample({s.logits.data() + row * vocab, vocab});
+      const int32_t next = all_greedy ? s.greedy[row] : r.sampler->sample({s.logits.data() + row * vocab, vocab});
       if (r.res.tokens.empty()) t.time_to_first_token = now_s() - r.t_added;
       why = s.take_token(i, next);
     }
