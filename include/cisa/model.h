@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cisa/backend.h"
+#include "cisa/gguf.h"
 #include "cisa/kv_cache.h"
 #include "cisa/plan.h"
 #include "cisa/selection.h"
@@ -136,6 +137,11 @@ struct ModelOptions {
   // Widen every quantised matrix to f32 at load and multiply in f32 (no 8-bit activations): the
   // exact function of the stored weights, for reference checks; ~4x the memory, much slower.
   bool weights_f32 = false;
+  // How the GGUF comes into memory (gguf.h): kMap (the default) maps it; kRead reads it whole, like
+  // llama.cpp's --no-mmap, so that a file truncated or rewritten while the model runs cannot crash
+  // it (costs the file's size in memory). With kMap, forward() re-checks the file's size first
+  // (GgufFile::check_file) and fails with kDataLoss instead of touching a truncated mapping.
+  GgufLoad weights_load = GgufLoad::kMap;
   // kLlamaCpp (backend.h) runs every layer (dense and CISA alike, on the same page lists) through
   // attend_llamacpp: llama.cpp's CPU rounding order with an f16 KV cache, for conformance checks
   // against its logits. ~2x slower than kDefault (Gemma 3). CPU backend only.

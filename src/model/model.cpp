@@ -113,7 +113,7 @@ Status Model::Impl::make_backend() {
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelOptions& options) {
   CISA_RETURN_IF_ERROR(validate_model_options(options));
-  CISA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  CISA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path, {.load = options.weights_load}));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_hparams(file));
   const int64_t context = options.context ? options.context : hp.n_ctx_train;
   if (context > hp.n_ctx_train)
@@ -221,6 +221,8 @@ Status Model::forward(std::span<const SequenceInput> inputs, std::vector<float>*
 Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutputs& out,
                       const ProgressFn& progress, const StepAttention* attention) {
   Impl& m = *impl_;
+  // A mapped GGUF truncated since the last step would end in SIGBUS at the next weight read.
+  if (m.file) CISA_RETURN_IF_ERROR(m.file->check_file());
   std::vector<float>* const logits = out.logits;
   std::vector<int32_t>* const greedy = out.argmax;
   if (attention && attention->mode == AttentionMode::kCisa) {

@@ -39,6 +39,8 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
   p.add_string("--indexer", &o->indexer,
                "CISA: indexer file from cisa calibrate (default: mean of each group's query heads)");
+  p.add_flag("--no-mmap", &o->no_mmap,
+             "read the model file into memory instead of mapping it (safe if the file changes)");
   p.add_flag("--llamacpp-numerics", &o->llamacpp_numerics,
              "attention with llama.cpp's CPU rounding (f16 K/V, its exp; conformance, slower)");
   p.add_flag("--quiet", &o->quiet, "no progress bar or summary on stderr");
@@ -124,6 +126,7 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
     return invalid_argument("--dense-layers must be >= 0");
   m.attention.dense_layers = static_cast<int>(o.dense_layers);
   if (o.llamacpp_numerics) m.attention_numerics = AttentionNumerics::kLlamaCpp;
+  if (o.no_mmap) m.weights_load = GgufLoad::kRead;
   if (m.attention.mode == AttentionMode::kCisa)
     CISA_RETURN_IF_ERROR(validate_selection_params(m.attention.selection));
   return m;

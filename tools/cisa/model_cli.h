@@ -44,6 +44,7 @@ struct ModelCliOptions {
   std::string qshare_query = "mean", rep = "mean";
   std::string indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
   bool llamacpp_numerics = false;  // attention rounded exactly as llama.cpp's CPU code (slower)
+  bool no_mmap = false;  // read the GGUF into memory (ModelOptions::weights_load = kRead)
   bool quiet = false;
 };
 
