@@ -2,6 +2,7 @@
 // per-request attention against generate() runs alone (on a tiny llama written by the test, and
 // on models loaded dense / CISA), request parsing rules, the HTTP server in-process (errors,
 // streaming, a client that disconnects), and the chat formats on the real models when present.
+#include <unistd.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -31,7 +32,7 @@ const std::string& tiny_path() {
   static const std::string path = [] {
     TinyLlama m;
     m.randomize(5, 0.6f);
-    return m.write(::testing::TempDir() + "/server_tiny.gguf");
+    return m.write(::testing::TempDir() + "/server_tiny_" + std::to_string(::getpid()) + ".gguf");
   }();
   return path;
 }

@@ -19,6 +19,7 @@
 //  3. Hence p_j ∝ exp(q_w·r_j/√d) over E_t (to ~1e-15), i.e. p = π for candidate w exactly,
 //     while the other heads' content queries (−Q_w, and an unrelated matrix) and the element-wise
 //     mean ((Q_w − Q_w + R)/3 on the content dimensions) give other distributions.
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -151,7 +152,7 @@ CalibrateOptions options(CalibCriterion criterion) {
 
 TEST(CalibSyntheticModel, PicksTheCandidateThatMatchesDenseAttention) {
   const testing::TinyLlama tiny = build_model(21);
-  const std::string path = tiny.write(::testing::TempDir() + "/calib_synthetic.gguf");
+  const std::string path = tiny.write(::testing::TempDir() + "/calib_synthetic_" + std::to_string(::getpid()) + ".gguf");
   const std::vector<CalibText> texts = {{"doc-a", paged_text(128, 1)},
                                         {"doc-b", paged_text(100, 2)}};
   // The text tokenises to one token per letter after BOS, so pages hold one letter each.
@@ -200,7 +201,7 @@ TEST(CalibSyntheticModel, PicksTheCandidateThatMatchesDenseAttention) {
     EXPECT_NEAR(g.candidates[static_cast<size_t>(g.chosen)].captured, g.oracle, 1e-9);
 
   // The file round-trips, matches its model, and rebuilds the winner's W_q rows exactly.
-  const std::string file = ::testing::TempDir() + "/calib_synthetic.cisaidx";
+  const std::string file = ::testing::TempDir() + "/calib_synthetic_" + std::to_string(::getpid()) + ".cisaidx";
   ASSERT_TRUE(save_indexer(*idx, file).ok());
   auto back = load_indexer(file);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
@@ -233,7 +234,7 @@ TEST(CalibSyntheticModel, PicksTheCandidateThatMatchesDenseAttention) {
   std::vector<uint8_t> bytes = serialize_indexer(*idx);
   bytes[bytes.size() / 2] ^= 0x10;
   EXPECT_EQ(parse_indexer(bytes).status().code(), StatusCode::kDataLoss);
-  const std::string other = build_model(22).write(::testing::TempDir() + "/calib_other.gguf");
+  const std::string other = build_model(22).write(::testing::TempDir() + "/calib_other_" + std::to_string(::getpid()) + ".gguf");
   auto other_file = GgufFile::open(other);
   ASSERT_TRUE(other_file.ok());
   EXPECT_EQ(check_indexer_matches(*back, *model_identity(*other_file)).code(),

@@ -2,6 +2,7 @@
 // them: --backend, --kv-dtype auto, --synthetic/--prompt-tokens, and --indexer being honoured or
 // refused wherever it is accepted (bench model used to ignore it). Built without the CUDA model
 // backend, so --backend cuda must fail with a message saying so.
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -106,7 +107,7 @@ TEST(CliModelOptions, SyntheticModelLoadsWithRandomPrompt) {
 TEST(CliBenchModel, IndexerIsHonouredOrRefused) {
   testing::TinyLlama tiny;
   tiny.randomize(3, 0.3f);
-  const std::string path = tiny.write(::testing::TempDir() + "/cli_tiny.gguf");
+  const std::string path = tiny.write(::testing::TempDir() + "/cli_tiny_" + std::to_string(::getpid()) + ".gguf");
   const std::string ctx = "64";
   // The llama.cpp-anchored benchmark runs on this file without --indexer (the control) ...
   EXPECT_EQ(bench_model_with({"-m", path, "--context", ctx, "--decode", "2", "--no-anchor",

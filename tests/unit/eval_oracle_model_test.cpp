@@ -8,6 +8,7 @@
 //  - at a small budget, on every step and layer, the dense mass the oracle's pages capture
 //    (fp64 brute force from the cache's keys) is at least CISA's, and more somewhere;
 //  - selector errors and malformed lists stop forward() with a clear error.
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,7 +27,7 @@ namespace {
 std::string tiny_model(const char* name, uint64_t seed) {
   testing::TinyLlama m;
   m.randomize(seed, 0.5f);
-  return m.write(::testing::TempDir() + "/" + name);
+  return m.write(::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name);
 }
 
 // n letter tokens after BOS, from a fixed linear congruential sequence.

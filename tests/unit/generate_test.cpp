@@ -9,6 +9,7 @@
 //  - streamed text is whole UTF-8 characters and adds up to the result's text (real model).
 #include "cisa/generate.h"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -32,7 +33,7 @@ const std::string& tiny_path() {
   static const std::string path = [] {
     TinyLlama m;
     m.randomize(11, 0.5f);
-    return m.write(::testing::TempDir() + "/generate_tiny.gguf");
+    return m.write(::testing::TempDir() + "/generate_tiny_" + std::to_string(::getpid()) + ".gguf");
   }();
   return path;
 }

@@ -2,6 +2,8 @@
 // llama.cpp's --no-mmap) computes what the mapped default computes and survives the file being
 // truncated; with the mapped default, forward() notices the truncation and fails with kDataLoss
 // before it touches a weight (instead of SIGBUS). Uses the tiny f32 llama of tiny_llama_builder.h.
+#include <string>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -26,7 +28,7 @@ std::vector<float> last_logits(Model& m, const std::vector<int32_t>& tokens, Sta
 TEST(ModelFile, ReadModeMatchesMappedAndSurvivesTruncation) {
   testing::TinyLlama tiny;
   tiny.randomize(11, 0.3f);
-  const std::string path = ::testing::TempDir() + "/model_file_test.gguf";
+  const std::string path = ::testing::TempDir() + "/model_file_test_" + std::to_string(::getpid()) + ".gguf";
   tiny.write(path);
   const std::vector<int32_t> tokens = {1, 5, 7, 9, 11, 4};
 

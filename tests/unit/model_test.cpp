@@ -3,6 +3,7 @@
 // calls, and CISA with a budget covering the context equal to dense. The real-model cases skip
 // when the models are not downloaded (scripts/pull_model.py); logits against llama.cpp are in
 // tests/golden/model_golden_test.cpp.
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,7 +41,7 @@ std::string write_gguf(const std::string& name,
     u64(v.size());
     b += v;
   }
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name;
   std::ofstream(path, std::ios::binary) << b;
   return path;
 }
