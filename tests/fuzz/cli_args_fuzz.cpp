@@ -129,7 +129,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool json = false, greedy = false;
   int64_t context = kUnset, tokens = kUnset, offset = kUnset;
   double temperature = -1.0, top_p = -1.0, scale = -1.0;
-  std::string model = "unset", prompt = "unset", backend = "unset", file = "unset";
+  // The initial values hold a NUL, which no argv string can: "still unset" can never be confused
+  // with a value the fuzzer passed (it once passed the word "unset" itself).
+  const std::string kUnsetText("\0unset", 6);
+  std::string model = kUnsetText, prompt = kUnsetText, backend = kUnsetText, file = kUnsetText;
   std::vector<std::string> docs;
 
   cli::ArgParser p("cisa fuzz", "the fuzzer's parser");
@@ -173,7 +176,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // rc == -1: the command would run with these values.
   if (context_required && !p.given("--context")) fail("a required option was not given");
   if (model_required && (config & 8) && !p.given("--model")) fail("required --model missing");
-  if (model_required && !(config & 8) && file == "unset") fail("required positional missing");
+  if (model_required && !(config & 8) && file == kUnsetText) fail("required positional missing");
   const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
   if (p.given("--context") ? !in(context, 1, cli::kMaxContextTokens) : context != kUnset)
     fail("--context out of range");
@@ -187,7 +190,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!din("--temperature", temperature, 0, 100) || !din("--top-p", top_p, 0, 1) ||
       !din("--scale", scale, -1e300, 1e300))
     fail("a double option is not finite or out of range");
-  if (p.given("--backend") ? backend != "cpu" && backend != "cuda" : backend != "unset")
+  if (p.given("--backend") ? backend != "cpu" && backend != "cuda" : backend != kUnsetText)
     fail("--backend is not one of its choices");
   return 0;
 }
