@@ -6,8 +6,8 @@
 
 #include <random>
 
-#include "cisa/attention.h"
-#include "cisa/selection.h"
+#include "cisa/cpu/attention.h"
+#include "cisa/cpu/selection.h"
 
 namespace {
 
@@ -21,8 +21,12 @@ struct Fixture {
   std::vector<float> q, iq, out;
 
   Fixture(int64_t n, int hkv, KvDtype dt) {
-    cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = 128,
-                                             .page_size = 16, .num_pages = n / 16 + 1, .dtype = dt}));
+    cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                             .num_kv_heads = hkv,
+                                             .head_dim = 128,
+                                             .page_size = 16,
+                                             .num_pages = n / 16 + 1,
+                                             .dtype = dt}));
     seq = *cache->add_sequence();
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
@@ -40,9 +44,14 @@ struct Fixture {
 };
 
 // A one-layer cache holding one sequence of n tokens of N(0, 1) keys and values.
-std::unique_ptr<PagedKvCache> filled_cache(int64_t n, int hkv, int d, KvDtype dt, uint32_t seed, SeqId* seq) {
-  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                                .page_size = 16, .num_pages = n / 16 + 1, .dtype = dt}));
+std::unique_ptr<PagedKvCache> filled_cache(int64_t n, int hkv, int d, KvDtype dt, uint32_t seed,
+                                           SeqId* seq) {
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                .num_kv_heads = hkv,
+                                                .head_dim = d,
+                                                .page_size = 16,
+                                                .num_pages = n / 16 + 1,
+                                                .dtype = dt}));
   *seq = *cache->add_sequence();
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
@@ -79,10 +88,12 @@ void BM_Attention(benchmark::State& state) {
   PageLists lists;
   for (auto _ : state) {
     if (cisa)
-      (void)select_pages(*f.cache, 0, batch, f.iq.data(), {.budget = 64, .window = 16, .qshare = 16}, &f.pool, &lists);
+      (void)select_pages(*f.cache, 0, batch, f.iq.data(),
+                         {.budget = 64, .window = 16, .qshare = 16}, &f.pool, &lists);
     else
       (void)plan_dense(*f.cache, 0, batch, 0, &lists);
-    (void)attend(*f.cache, 0, batch, lists, f.q.data(), 4, {}, f.out.data(), nullptr, f.pool, &f.ws);
+    (void)attend(*f.cache, 0, batch, lists, f.q.data(), 4, {}, f.out.data(), nullptr, f.pool,
+                 &f.ws);
     benchmark::DoNotOptimize(f.out.data());
   }
   state.SetLabel(cisa ? "cisa k=64 W=16 G=16" : "dense");
@@ -94,8 +105,12 @@ BENCHMARK(BM_Attention)->ArgsProduct({{0, 1}, {1, 64}})->Unit(benchmark::kMicros
 void BM_PrefillBlockGemmaGlobal(benchmark::State& state) {
   const int64_t n = state.range(0);
   const int d = 256, hq = 4, nq = 512;
-  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = 1, .head_dim = d,
-                                                .page_size = 16, .num_pages = n / 16 + 1, .dtype = KvDtype::kF32}));
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                .num_kv_heads = 1,
+                                                .head_dim = d,
+                                                .page_size = 16,
+                                                .num_pages = n / 16 + 1,
+                                                .dtype = KvDtype::kF32}));
   const SeqId seq = *cache->add_sequence();
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
@@ -119,8 +134,8 @@ void BM_PrefillBlockGemmaGlobal(benchmark::State& state) {
     (void)attend(*cache, 0, batch, lists, q.data(), hq, {}, out.data(), nullptr, pool, &ws);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel("4:1 d=256 f32, 512 queries, threads=" + std::to_string(state.range(1)));
 }
 BENCHMARK(BM_PrefillBlockGemmaGlobal)
@@ -150,8 +165,8 @@ void BM_DecodeDense32x8(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   const double flops = 4.0 * d * hq * static_cast<double>(n);
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel("32:8 d=128 bf16 decode, threads=" + std::to_string(state.range(1)));
 }
 BENCHMARK(BM_DecodeDense32x8)
@@ -170,7 +185,8 @@ void BM_DecodeCisa4x1(benchmark::State& state) {
   auto cache = filled_cache(n, hkv, d, KvDtype::kBF16, 5, &seq);
   std::mt19937 rng(50);
   std::normal_distribution<float> nd;
-  std::vector<float> q(static_cast<size_t>(hq * d)), iq(static_cast<size_t>(hkv * d)), out(q.size());
+  std::vector<float> q(static_cast<size_t>(hq * d)), iq(static_cast<size_t>(hkv * d)),
+      out(q.size());
   for (auto& x : q) x = nd(rng);
   for (auto& x : iq) x = nd(rng);
   std::vector<BatchEntry> batch = {{seq, n - 1, 1}};
@@ -184,9 +200,13 @@ void BM_DecodeCisa4x1(benchmark::State& state) {
     (void)attend(*cache, 0, batch, lists, q.data(), hq, {}, out.data(), nullptr, pool, &ws);
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetLabel(attend_only ? "4:1 k=256 W=32 attention only" : "4:1 k=256 W=32 select + attention");
+  state.SetLabel(attend_only ? "4:1 k=256 W=32 attention only"
+                             : "4:1 k=256 W=32 select + attention");
 }
-BENCHMARK(BM_DecodeCisa4x1)->ArgsProduct({{65536}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_DecodeCisa4x1)
+    ->ArgsProduct({{65536}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 

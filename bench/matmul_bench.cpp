@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 
 namespace {
 

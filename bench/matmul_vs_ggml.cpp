@@ -16,7 +16,7 @@
 #include <cstring>
 #include <random>
 #include <vector>
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 extern "C" {
 struct ggml_context;
 struct ggml_tensor;

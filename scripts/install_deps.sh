@@ -2,7 +2,7 @@
 # Installs what building and testing cisa needs on a Debian machine (idempotent).
 set -euo pipefail
 need=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev python3 clang bible-kjv \
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev python3 clang clang-format bible-kjv \
            pkg-config libcpp-httplib-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

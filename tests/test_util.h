@@ -11,9 +11,9 @@
 #include <set>
 #include <vector>
 
-#include "cisa/attention.h"
-#include "cisa/bf16.h"
-#include "cisa/kv_cache.h"
+#include "cisa/core/bf16.h"
+#include "cisa/cpu/attention.h"
+#include "cisa/cpu/kv_cache.h"
 
 namespace cisa::test {
 
@@ -25,7 +25,8 @@ inline std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale = 
 }
 
 // Reads one stored key or value element back as f32 (what attention actually sees).
-inline float stored(const PagedKvCache& c, bool key, int layer, SeqId seq, int64_t pos, int g, int i) {
+inline float stored(const PagedKvCache& c, bool key, int layer, SeqId seq, int64_t pos, int g,
+                    int i) {
   auto table = *c.block_table(seq);
   const int32_t page = table[static_cast<size_t>(pos / c.page_size())];
   const void* p = key ? c.k_page(layer, page, g) : c.v_page(layer, page, g);
@@ -35,7 +36,8 @@ inline float stored(const PagedKvCache& c, bool key, int layer, SeqId seq, int64
 }
 
 // Appends `n` random tokens to `seq` in every layer; returns nothing, asserts success.
-inline void append_random(PagedKvCache& c, SeqId seq, int64_t n, std::mt19937& rng, float scale = 1.0f) {
+inline void append_random(PagedKvCache& c, SeqId seq, int64_t n, std::mt19937& rng,
+                          float scale = 1.0f) {
   ASSERT_TRUE(c.reserve(seq, n).ok());
   const size_t row = static_cast<size_t>(c.num_kv_heads() * c.head_dim());
   for (int l = 0; l < c.num_layers(); ++l) {
@@ -67,8 +69,9 @@ inline void append_interleaved(PagedKvCache& c, const std::vector<SeqId>& seqs,
 // fp64 attention of one query head over an explicit set of key positions.
 // Returns the output (head_dim values) and writes the log-sum-exp.
 inline std::vector<double> reference_attention(const PagedKvCache& c, int layer, SeqId seq, int g,
-                                               const float* q, const std::vector<int64_t>& positions,
-                                               double scale, double* lse) {
+                                               const float* q,
+                                               const std::vector<int64_t>& positions, double scale,
+                                               double* lse) {
   const int d = c.head_dim();
   auto table = *c.block_table(seq);
   // One stored row (head_dim values) of K or V, widened to double.
@@ -96,18 +99,20 @@ inline std::vector<double> reference_attention(const PagedKvCache& c, int layer,
   std::vector<double> out(static_cast<size_t>(d), 0.0);
   for (size_t i = 0; i < positions.size(); ++i) {
     row(false, positions[i], r);
-    for (int k = 0; k < d; ++k) out[static_cast<size_t>(k)] += s[i] / sum * r[static_cast<size_t>(k)];
+    for (int k = 0; k < d; ++k)
+      out[static_cast<size_t>(k)] += s[i] / sum * r[static_cast<size_t>(k)];
   }
   if (lse) *lse = mx + std::log(sum);
   return out;
 }
 
 // Key positions a query at t sees through a list of logical chunks (causal, optional window).
-inline std::vector<int64_t> visible_positions(std::span<const int32_t> chunks, int page_size, int64_t t,
-                                              int64_t window = 0) {
+inline std::vector<int64_t> visible_positions(std::span<const int32_t> chunks, int page_size,
+                                              int64_t t, int64_t window = 0) {
   std::vector<int64_t> pos;
   for (int32_t j : chunks)
-    for (int64_t s = static_cast<int64_t>(j) * page_size; s < (j + 1) * static_cast<int64_t>(page_size); ++s)
+    for (int64_t s = static_cast<int64_t>(j) * page_size;
+         s < (j + 1) * static_cast<int64_t>(page_size); ++s)
       if (s <= t && (window == 0 || s > t - window)) pos.push_back(s);
   return pos;
 }

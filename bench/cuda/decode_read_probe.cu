@@ -5,10 +5,11 @@
 // per SM) from the arithmetic by running copy-only versions of the kernel's pipeline.
 //
 // Build (here or on the device):
-//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -Isrc bench/cuda/decode_read_probe.cu -o decode_read_probe
-// Run: ./decode_read_probe [geometry ...]   (default: 4:1 32:1 32:2; 1,048,576-token histories, d = 128)
-// Prints one line per variant: milliseconds (median of 7 after 2 warm-ups) and TB/s on the bytes
-// the variant must read (every K and V byte of every page once).
+//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -Isrc bench/cuda/decode_read_probe.cu -o
+//   decode_read_probe
+// Run: ./decode_read_probe [geometry ...]   (default: 4:1 32:1 32:2; 1,048,576-token histories, d =
+// 128) Prints one line per variant: milliseconds (median of 7 after 2 warm-ups) and TB/s on the
+// bytes the variant must read (every K and V byte of every page once).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,9 +49,10 @@ __device__ __forceinline__ int64_t page_off(int64_t phys, int kv, int kvh, bool 
 // SWZ: unpadded rows with 16-byte chunks XOR-swizzled inside 128-byte groups (attention.cu since
 // v9) instead of rows padded by 16 bytes (v1–v8).
 template <int ST, int TP, int THREADS, bool SWZ = false>
-__global__ void __launch_bounds__(THREADS) paged_copy_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                                                             const int32_t* __restrict__ table, const Task* tasks, int kvh,
-                                                             bool adj, int spin, uint32_t* sink) {
+__global__ void __launch_bounds__(THREADS)
+    paged_copy_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                      const int32_t* __restrict__ table, const Task* tasks, int kvh, bool adj,
+                      int spin, uint32_t* sink) {
   extern __shared__ __align__(128) uint16_t smem[];
   constexpr int NT = TP * kB;
   constexpr int LD = SWZ ? kD : kLD;
@@ -67,7 +69,8 @@ __global__ void __launch_bounds__(THREADS) paged_copy_kernel(const uint16_t* __r
       const int tok = e / CPR, c8 = (e % CPR) * 8;
       const int pi = tile * TP + tok / kB;
       const bool ok = pi < n_pages;
-      const int64_t base = page_off(ok ? __ldg(tab + pi) : 0, t.kv, kvh, adj) + (tok % kB) * kD + c8;
+      const int64_t base =
+          page_off(ok ? __ldg(tab + pi) : 0, t.kv, kvh, adj) + (tok % kB) * kD + c8;
       const int so = (stage * NT + tok) * LD + (SWZ ? ((c8 / 8) ^ (tok & 7)) * 8 : c8);
       cp_async16(ks + so, k + base, ok ? 16 : 0);
       cp_async16(vs + so, adj ? k + base + kPageElems : v + base, ok ? 16 : 0);
@@ -99,9 +102,10 @@ __global__ void __launch_bounds__(THREADS) paged_copy_kernel(const uint16_t* __r
 // The same pages read straight into registers (16-byte non-caching loads, TP pages of K and V
 // per step all in flight), no shared memory.
 template <int TP, int THREADS>
-__global__ void __launch_bounds__(THREADS) paged_ldg_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                                                            const int32_t* __restrict__ table, const Task* tasks, int kvh,
-                                                            bool adj, uint32_t* sink) {
+__global__ void __launch_bounds__(THREADS)
+    paged_ldg_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                     const int32_t* __restrict__ table, const Task* tasks, int kvh, bool adj,
+                     uint32_t* sink) {
   constexpr int PIECES = TP * kB * kD / 8;  // 16-byte pieces of K (and of V) per step
   static_assert(PIECES % THREADS == 0, "whole steps");
   const Task t = tasks[blockIdx.x];
@@ -114,13 +118,17 @@ __global__ void __launch_bounds__(THREADS) paged_ldg_kernel(const uint16_t* __re
     for (int j = 0; j < PIECES / THREADS; ++j) {
       const int e = threadIdx.x + j * THREADS;
       const int pi = p0 + e / (kB * kD / 8);
-      const int64_t base = page_off(pi < n_pages ? __ldg(tab + pi) : __ldg(tab), t.kv, kvh, adj) + (e % (kB * kD / 8)) * 8;
+      const int64_t base = page_off(pi < n_pages ? __ldg(tab + pi) : __ldg(tab), t.kv, kvh, adj) +
+                           (e % (kB * kD / 8)) * 8;
       const uint16_t* kp = k + base;
       const uint16_t* vp = adj ? k + base + kPageElems : v + base;
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(r[2 * j].x), "=r"(r[2 * j].y), "=r"(r[2 * j].z), "=r"(r[2 * j].w) : "l"(kp));
+                   : "=r"(r[2 * j].x), "=r"(r[2 * j].y), "=r"(r[2 * j].z), "=r"(r[2 * j].w)
+                   : "l"(kp));
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(r[2 * j + 1].x), "=r"(r[2 * j + 1].y), "=r"(r[2 * j + 1].z), "=r"(r[2 * j + 1].w) : "l"(vp));
+                   : "=r"(r[2 * j + 1].x), "=r"(r[2 * j + 1].y), "=r"(r[2 * j + 1].z),
+                     "=r"(r[2 * j + 1].w)
+                   : "l"(vp));
     }
 #pragma unroll
     for (int j = 0; j < 2 * PIECES / THREADS; ++j) acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
@@ -138,7 +146,8 @@ __global__ void flat_read_kernel(const uint4* __restrict__ p, int64_t n, uint32_
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(r[j].x), "=r"(r[j].y), "=r"(r[j].z), "=r"(r[j].w) : "l"(p + i + j * stride));
+                   : "=r"(r[j].x), "=r"(r[j].y), "=r"(r[j].z), "=r"(r[j].w)
+                   : "l"(p + i + j * stride));
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
   }
@@ -157,13 +166,13 @@ __global__ void fill_kernel(uint32_t* p, int64_t n, uint32_t seed) {
   }
 }
 
-#define CHECK(x)                                                                                \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
+#define CHECK(x)                                                                               \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
+      std::exit(1);                                                                            \
+    }                                                                                          \
   } while (0)
 
 template <class F>
@@ -211,7 +220,8 @@ int main(int argc, char** argv) {
 
   // One pool of 2 × 8.6 GB serves every geometry: separate layout = K first half, V second half.
   int64_t max_elems = 0;
-  for (const auto& g : all) max_elems = std::max<int64_t>(max_elems, g.seqs * kPagesPerSeq * g.kvh * kPageElems);
+  for (const auto& g : all)
+    max_elems = std::max<int64_t>(max_elems, g.seqs * kPagesPerSeq * g.kvh * kPageElems);
   uint16_t* pool = nullptr;
   uint32_t* sink = nullptr;
   CHECK(cudaMalloc(&pool, 2 * max_elems * 2));
@@ -234,7 +244,8 @@ int main(int argc, char** argv) {
     perm = iota;
     std::shuffle(perm.begin(), perm.end(), rng);
     auto row = [&](const std::string& what, double ms, int occ) {
-      std::printf("%-5s %-44s %8.3f %7.3f %5d\n", g.name.c_str(), what.c_str(), ms, bytes / (ms * 1e-3) / 1e12, occ);
+      std::printf("%-5s %-44s %8.3f %7.3f %5d\n", g.name.c_str(), what.c_str(), ms,
+                  bytes / (ms * 1e-3) / 1e12, occ);
       std::fflush(stdout);
     };
     {
@@ -265,18 +276,21 @@ int main(int argc, char** argv) {
         const uint16_t* k = pool;
         const uint16_t* v = pool + max_elems;
         const std::string lay = std::string(adj ? "K|V adjacent" : "K, V pools") + ", " + order;
-        auto copy = [&](auto kernel, int st, int tp, int threads, int bps, int spin, const std::string& name,
-                        bool swz = false) {
+        auto copy = [&](auto kernel, int st, int tp, int threads, int bps, int spin,
+                        const std::string& name, bool swz = false) {
           const size_t smem = sizeof(uint16_t) * 2 * st * tp * kB * (swz ? kD : kLD);
-          CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
           int occ = 0;
           CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
           const int n = make_tasks(bps);
-          const double ms = median_ms([&] { kernel<<<n, threads, smem>>>(k, v, table, tasks, g.kvh, adj, spin, sink); });
+          const double ms = median_ms(
+              [&] { kernel<<<n, threads, smem>>>(k, v, table, tasks, g.kvh, adj, spin, sink); });
           row(name + ", " + lay, ms, occ);
         };
         copy(paged_copy_kernel<3, 4, 128>, 3, 4, 128, 2, 0, "cp.async 3x4pg 2/SM");
-        copy(paged_copy_kernel<3, 4, 128, true>, 3, 4, 128, 2, 0, "cp.async 3x4pg 2/SM swizzled", true);
+        copy(paged_copy_kernel<3, 4, 128, true>, 3, 4, 128, 2, 0, "cp.async 3x4pg 2/SM swizzled",
+             true);
         if (adj || contiguous) continue;  // the rest on the engine's layout only
         copy(paged_copy_kernel<3, 4, 128>, 3, 4, 128, 2, 1200, "cp.async 3x4pg 2/SM spin1200");
         copy(paged_copy_kernel<3, 4, 128>, 3, 4, 128, 4, 0, "cp.async 3x4pg 4 tasks/SM");
@@ -287,7 +301,8 @@ int main(int argc, char** argv) {
         copy(paged_copy_kernel<3, 4, 256>, 3, 4, 256, 2, 0, "cp.async 3x4pg 256thr 2/SM");
         for (int bps : {2, 4, 8}) {
           const int n = make_tasks(bps);
-          const double ms = median_ms([&] { paged_ldg_kernel<4, 128><<<n, 128>>>(k, v, table, tasks, g.kvh, adj, sink); });
+          const double ms = median_ms(
+              [&] { paged_ldg_kernel<4, 128><<<n, 128>>>(k, v, table, tasks, g.kvh, adj, sink); });
           row("ldg 4pg/step 128thr " + std::to_string(bps) + " tasks/SM, " + lay, ms, bps);
         }
       }

@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "cisa/model.h"
-#include "cisa/quant.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/model.h"
+#include "cisa/model/quant.h"
+#include "cisa/model/tokenizer.h"
 
 namespace {
 
@@ -96,17 +96,28 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     auto val = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
-    if (a == "-m" && (v = val())) model_path = v;
-    else if (a == "--ids" && (v = val())) ids_path = v;
-    else if (a == "-o" && (v = val())) out_path = v;
-    else if (a == "--ids-out" && (v = val())) ids_out = v;
-    else if (a == "--tokenize" && (v = val())) text_path = v;
-    else if (a == "--numerics" && (v = val())) numerics = v;
-    else if (a == "--prefill-block" && (v = val())) block = std::atol(v);
-    else if (a == "--split" && (v = val())) split = std::atol(v);
-    else if (a == "--generate" && (v = val())) generate = std::atol(v);
-    else if (a == "--threads" && (v = val())) threads = std::atol(v);
-    else return usage(("bad argument " + a).c_str());
+    if (a == "-m" && (v = val()))
+      model_path = v;
+    else if (a == "--ids" && (v = val()))
+      ids_path = v;
+    else if (a == "-o" && (v = val()))
+      out_path = v;
+    else if (a == "--ids-out" && (v = val()))
+      ids_out = v;
+    else if (a == "--tokenize" && (v = val()))
+      text_path = v;
+    else if (a == "--numerics" && (v = val()))
+      numerics = v;
+    else if (a == "--prefill-block" && (v = val()))
+      block = std::atol(v);
+    else if (a == "--split" && (v = val()))
+      split = std::atol(v);
+    else if (a == "--generate" && (v = val()))
+      generate = std::atol(v);
+    else if (a == "--threads" && (v = val()))
+      threads = std::atol(v);
+    else
+      return usage(("bad argument " + a).c_str());
   }
   if (!model_path.empty() && !text_path.empty()) {
     cisa::ModelOptions o;
@@ -150,9 +161,8 @@ int main(int argc, char** argv) {
   std::vector<float> logits;
   auto step = [&](const int32_t* tok, long count, cisa::OutputMode mode, long first,
                   int32_t phase) -> bool {
-    cisa::SequenceInput in{.seq = *seq,
-                           .tokens = {tok, static_cast<size_t>(count)},
-                           .outputs = mode};
+    cisa::SequenceInput in{
+        .seq = *seq, .tokens = {tok, static_cast<size_t>(count)}, .outputs = mode};
     cisa::Status s = model.forward({&in, 1}, &logits);
     if (!s.ok()) {
       std::fprintf(stderr, "cisa_logits: forward: %s\n", s.to_string().c_str());
@@ -190,7 +200,8 @@ int main(int argc, char** argv) {
     for (int32_t t : gen) std::fprintf(g, "%d\n", t);
     std::fclose(g);
   }
-  std::fprintf(stderr, "cisa_logits: %ld prompt tokens (split %ld, block %ld), %ld generated, %s "
+  std::fprintf(stderr,
+               "cisa_logits: %ld prompt tokens (split %ld, block %ld), %ld generated, %s "
                "numerics, matmul %s, %zu records\n",
                n, split, block, generate, numerics.c_str(), cisa::matmul_isa(), recs.size());
   return 0;

@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cisa/kv_cache.h"
-#include "cisa/model.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/model/model.h"
 
 namespace cisa::calib {
 

@@ -5,8 +5,8 @@
 #include <limits>
 #include <numeric>
 
-#include "cisa/diagnostics.h"
-#include "cisa/indexer.h"
+#include "cisa/core/diagnostics.h"
+#include "cisa/model/indexer.h"
 
 namespace cisa {
 

@@ -5,10 +5,10 @@
 #include <string>
 
 #include "activations.h"
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/thread_pool.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 
@@ -126,8 +126,9 @@ Result<Indexer> calibrate_indexer(const std::string& model_path, std::span<const
 
     // Representatives of every full chunk the sampled positions can see, per (layer, group).
     if (!model->cpu_cache())
-      return failed_precondition("the calibration reads the KV cache on the host: it needs the CPU "
-                                 "backend");
+      return failed_precondition(
+          "the calibration reads the KV cache on the host: it needs the CPU "
+          "backend");
     const PagedKvCache& cache = *model->cpu_cache();
     CISA_ASSIGN_OR_RETURN(std::span<const int32_t> bt, cache.block_table(seq));
     const int64_t max_eligible = pos.back() / B - cs.window;

@@ -7,13 +7,13 @@
 #include <string>
 
 #include "activations.h"
-#include "cisa/checked.h"
-#include "cisa/diagnostics.h"
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/selection.h"
-#include "cisa/thread_pool.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/checked.h"
+#include "cisa/core/diagnostics.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/cpu/selection.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 namespace {

@@ -9,9 +9,9 @@
 #include <sstream>
 #include <utility>
 
-#include "cisa/atomic_file.h"
-#include "cisa/indexer.h"
-#include "cisa/plan.h"
+#include "cisa/core/atomic_file.h"
+#include "cisa/core/plan.h"
+#include "cisa/model/indexer.h"
 
 namespace cisa {
 namespace {

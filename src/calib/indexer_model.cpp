@@ -2,9 +2,9 @@
 // projections rebuilt from the model's own query weights.
 #include <string>
 
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/quant.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/quant.h"
 
 namespace cisa {
 namespace {

@@ -1,5 +1,5 @@
 // Atomic replacement of output files: temporary file in the target's folder, fsync, rename.
-#include "cisa/atomic_file.h"
+#include "cisa/core/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 // Writes all of `bytes` to fd, retrying short writes and EINTR. Returns 0 or an errno value.
 int write_all(int fd, std::string_view bytes) {

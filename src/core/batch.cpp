@@ -1,5 +1,5 @@
 // Batches and page lists.
-#include "cisa/batch.h"
+#include "cisa/core/batch.h"
 
 #include <algorithm>
 #include <string>

@@ -1,4 +1,4 @@
-#include "cisa/diagnostics.h"
+#include "cisa/core/diagnostics.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,8 @@ namespace cisa {
 std::vector<double> chunk_mass(std::span<const std::span<const double>> head_probs, int page_size) {
   size_t n = 0;
   for (auto h : head_probs) n = std::max(n, h.size());
-  std::vector<double> mass((n + static_cast<size_t>(page_size) - 1) / static_cast<size_t>(page_size), 0.0);
+  std::vector<double> mass(
+      (n + static_cast<size_t>(page_size) - 1) / static_cast<size_t>(page_size), 0.0);
   for (auto h : head_probs)
     for (size_t s = 0; s < h.size(); ++s) mass[s / static_cast<size_t>(page_size)] += h[s];
   return mass;
@@ -28,15 +29,19 @@ double captured_mass(std::span<const double> mass, std::span<const int32_t> chun
   return got / total;
 }
 
-std::vector<int32_t> oracle_topk(std::span<const double> mass, int64_t first, int64_t end, int64_t k) {
+std::vector<int32_t> oracle_topk(std::span<const double> mass, int64_t first, int64_t end,
+                                 int64_t k) {
   end = std::min<int64_t>(end, static_cast<int64_t>(mass.size()));
   std::vector<int32_t> idx;
-  for (int64_t j = std::max<int64_t>(0, first); j < end; ++j) idx.push_back(static_cast<int32_t>(j));
+  for (int64_t j = std::max<int64_t>(0, first); j < end; ++j)
+    idx.push_back(static_cast<int32_t>(j));
   const auto kk = static_cast<size_t>(std::clamp<int64_t>(k, 0, static_cast<int64_t>(idx.size())));
-  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kk), idx.end(), [&](int32_t a, int32_t b) {
-    const double ma = mass[static_cast<size_t>(a)], mb = mass[static_cast<size_t>(b)];
-    return ma != mb ? ma > mb : a < b;
-  });
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kk), idx.end(),
+                    [&](int32_t a, int32_t b) {
+                      const double ma = mass[static_cast<size_t>(a)],
+                                   mb = mass[static_cast<size_t>(b)];
+                      return ma != mb ? ma > mb : a < b;
+                    });
   idx.resize(kk);
   std::sort(idx.begin(), idx.end());
   return idx;
@@ -64,7 +69,8 @@ double qshare_retention(std::span<const int32_t> shared, std::span<const int32_t
 }
 
 double kl_divergence(std::span<const double> p, std::span<const double> q) {
-  const double sp = std::accumulate(p.begin(), p.end(), 0.0), sq = std::accumulate(q.begin(), q.end(), 0.0);
+  const double sp = std::accumulate(p.begin(), p.end(), 0.0),
+               sq = std::accumulate(q.begin(), q.end(), 0.0);
   double kl = 0;
   for (size_t j = 0; j < p.size() && j < q.size(); ++j) {
     const double pj = p[j] / sp, qj = q[j] / sq;
@@ -100,8 +106,10 @@ WindowTradeoff window_tradeoff(std::span<const double> mass, std::span<const int
     if (j >= 0 && static_cast<size_t>(j) < mass.size()) taken[static_cast<size_t>(j)] = 1;
   for (int64_t j = 0; j < std::min<int64_t>(eligible_end, static_cast<int64_t>(mass.size())); ++j)
     if (!taken[static_cast<size_t>(j)]) left.push_back(mass[static_cast<size_t>(j)]);
-  const auto n = static_cast<size_t>(std::clamp<int64_t>(window_end - window_first, 0, static_cast<int64_t>(left.size())));
-  std::partial_sort(left.begin(), left.begin() + static_cast<std::ptrdiff_t>(n), left.end(), std::greater<>());
+  const auto n = static_cast<size_t>(
+      std::clamp<int64_t>(window_end - window_first, 0, static_cast<int64_t>(left.size())));
+  std::partial_sort(left.begin(), left.begin() + static_cast<std::ptrdiff_t>(n), left.end(),
+                    std::greater<>());
   for (size_t i = 0; i < n; ++i) w.extra_mass += left[i];
   w.window_mass /= total;
   w.extra_mass /= total;

@@ -1,10 +1,10 @@
 // json_dump / json_quote / json_parse: the project's format over nlohmann::ordered_json (json.h).
-#include "cisa/json.h"
+#include "cisa/core/json.h"
 
 #include <cmath>
 #include <cstdio>
 
-#include "cisa/atomic_file.h"
+#include "cisa/core/atomic_file.h"
 
 namespace cisa {
 namespace {

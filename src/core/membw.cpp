@@ -1,4 +1,4 @@
-#include "cisa/membw.h"
+#include "cisa/core/membw.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
 // Sequences, block tables and the free list of a paged KV cache (page_table.h).
-#include "cisa/page_table.h"
+#include "cisa/core/page_table.h"
 
 #include <algorithm>
 #include <limits>
@@ -16,7 +16,8 @@ PageTable::PageTable(int num_layers, int page_size, int64_t num_pages)
 }
 
 bool PageTable::has_sequence(SeqId seq) const {
-  return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(seq)].active;
+  return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) &&
+         seqs_[static_cast<size_t>(seq)].active;
 }
 
 Status PageTable::check_sequence(SeqId seq) const {
@@ -51,15 +52,17 @@ Status PageTable::release_sequence(SeqId seq) {
 
 Status PageTable::reserve(SeqId seq, int64_t n) {
   CISA_RETURN_IF_ERROR(check_sequence(seq));
-  if (n < 0) return invalid_argument("reserve: token count must be >= 0 (got " + std::to_string(n) + ")");
+  if (n < 0)
+    return invalid_argument("reserve: token count must be >= 0 (got " + std::to_string(n) + ")");
   auto& s = seqs_[static_cast<size_t>(seq)];
   const int64_t B = page_size_;
   // Compared before adding, so a huge n cannot overflow the page arithmetic.
   const int64_t room = (static_cast<int64_t>(s.pages.size()) + free_pages()) * B - s.reserved;
   if (n > room)
-    return resource_exhausted("page pool exhausted: sequence " + std::to_string(seq) + " needs room for " +
-                              std::to_string(n) + " more tokens but " + std::to_string(free_pages()) + " of " +
-                              std::to_string(num_pages()) + " pages are free");
+    return resource_exhausted("page pool exhausted: sequence " + std::to_string(seq) +
+                              " needs room for " + std::to_string(n) + " more tokens but " +
+                              std::to_string(free_pages()) + " of " + std::to_string(num_pages()) +
+                              " pages are free");
   const int64_t extra = (s.reserved + n + B - 1) / B - static_cast<int64_t>(s.pages.size());
   for (int64_t i = 0; i < extra; ++i) {
     const int32_t p = free_list_.back();
@@ -75,13 +78,16 @@ Status PageTable::reserve(SeqId seq, int64_t n) {
 Status PageTable::mark_written(int layer, SeqId seq, int64_t n) {
   CISA_RETURN_IF_ERROR(check_sequence(seq));
   if (layer < 0 || layer >= num_layers_)
-    return out_of_range("layer " + std::to_string(layer) + " out of range [0, " + std::to_string(num_layers_) + ")");
-  if (n < 0) return invalid_argument("append: token count must be >= 0 (got " + std::to_string(n) + ")");
+    return out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
+                        std::to_string(num_layers_) + ")");
+  if (n < 0)
+    return invalid_argument("append: token count must be >= 0 (got " + std::to_string(n) + ")");
   auto& s = seqs_[static_cast<size_t>(seq)];
   int64_t& w = s.written[static_cast<size_t>(layer)];
   if (n > s.reserved - w)
-    return failed_precondition("append: sequence " + std::to_string(seq) + " layer " + std::to_string(layer) +
-                               " would hold " + std::to_string(w) + " + " + std::to_string(n) + " tokens but only " +
+    return failed_precondition("append: sequence " + std::to_string(seq) + " layer " +
+                               std::to_string(layer) + " would hold " + std::to_string(w) + " + " +
+                               std::to_string(n) + " tokens but only " +
                                std::to_string(s.reserved) + " are reserved (call reserve first)");
   w += n;
   return Status::Ok();
@@ -89,7 +95,8 @@ Status PageTable::mark_written(int layer, SeqId seq, int64_t n) {
 
 Result<int64_t> PageTable::tokens(int layer, SeqId seq) const {
   CISA_RETURN_IF_ERROR(check_sequence(seq));
-  if (layer < 0 || layer >= num_layers_) return out_of_range("layer " + std::to_string(layer) + " out of range");
+  if (layer < 0 || layer >= num_layers_)
+    return out_of_range("layer " + std::to_string(layer) + " out of range");
   return seqs_[static_cast<size_t>(seq)].written[static_cast<size_t>(layer)];
 }
 

@@ -1,13 +1,15 @@
 // SPEC §3–§4 and §8 for every backend: selection parameters, query groups, list layout, dense
 // plans and per-position traffic (plan.h).
-#include "cisa/plan.h"
+#include "cisa/core/plan.h"
 
 #include <algorithm>
 #include <string>
 
 namespace cisa {
 
-const char* qshare_query_name(QShareQuery q) { return q == QShareQuery::kMean ? "mean" : "last"; }
+const char* qshare_query_name(QShareQuery q) {
+  return q == QShareQuery::kMean ? "mean" : "last";
+}
 
 Result<QShareQuery> parse_qshare_query(const std::string& s) {
   if (s == "mean") return QShareQuery::kMean;
@@ -20,7 +22,8 @@ namespace {
 Status check_bound(const char* what, int64_t v, int64_t lo) {
   if (v < lo || v > kMaxSelectionPages)
     return invalid_argument(std::string(what) + " must be in [" + std::to_string(lo) + ", " +
-                            std::to_string(kMaxSelectionPages) + "] (got " + std::to_string(v) + ")");
+                            std::to_string(kMaxSelectionPages) + "] (got " + std::to_string(v) +
+                            ")");
   return Status::Ok();
 }
 
@@ -121,25 +124,30 @@ void write_page_list(std::span<const int32_t> table, int page_size, const Select
 
 Status validate_batch(const PageTable& table, int layer, std::span<const BatchEntry> batch) {
   if (layer < 0 || layer >= table.num_layers())
-    return out_of_range("layer " + std::to_string(layer) + " out of range [0, " + std::to_string(table.num_layers()) +
-                        ")");
+    return out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
+                        std::to_string(table.num_layers()) + ")");
   for (size_t e = 0; e < batch.size(); ++e) {
     const auto& b = batch[e];
     auto where = [e] { return "batch entry " + std::to_string(e) + ": "; };  // built only on error
-    if (!table.has_sequence(b.seq)) return not_found(where() + "unknown sequence " + std::to_string(b.seq));
-    if (b.first < 0) return invalid_argument(where() + "negative first position " + std::to_string(b.first));
+    if (!table.has_sequence(b.seq))
+      return not_found(where() + "unknown sequence " + std::to_string(b.seq));
+    if (b.first < 0)
+      return invalid_argument(where() + "negative first position " + std::to_string(b.first));
     if (b.count <= 0)
-      return invalid_argument(where() + "query count must be positive (got " + std::to_string(b.count) + ")");
+      return invalid_argument(where() + "query count must be positive (got " +
+                              std::to_string(b.count) + ")");
     const int64_t written = *table.tokens(layer, b.seq);
     if (b.first > written - b.count)
-      return out_of_range(where() + "queries up to position " + std::to_string(b.first + b.count - 1) + " but only " +
-                          std::to_string(written) + " tokens of layer " + std::to_string(layer) + " are written");
+      return out_of_range(where() + "queries up to position " +
+                          std::to_string(b.first + b.count - 1) + " but only " +
+                          std::to_string(written) + " tokens of layer " + std::to_string(layer) +
+                          " are written");
   }
   return Status::Ok();
 }
 
-Status plan_dense(const PageTable& table, int num_kv_heads, int layer, std::span<const BatchEntry> batch,
-                  int64_t sliding_window, PageLists* out) {
+Status plan_dense(const PageTable& table, int num_kv_heads, int layer,
+                  std::span<const BatchEntry> batch, int64_t sliding_window, PageLists* out) {
   CISA_RETURN_IF_ERROR(validate_batch(table, layer, batch));
   if (sliding_window < 0) return invalid_argument("sliding_window must be >= 0");
   if (num_kv_heads <= 0) return invalid_argument("num_kv_heads must be positive");
@@ -172,7 +180,8 @@ int64_t pages_read(const QueryGroup& g, int page_size, const SelectionParams& p)
   // Every position reads the fixed and selected pages (all older than its own page), and the tail
   // from tail_begin up to its own page c(t).
   int64_t n = 0;
-  for (int64_t t = g.first; t <= g.last; ++t) n += l.fixed_end - l.fixed_begin + l.selected + (t / page_size - l.tail_begin + 1);
+  for (int64_t t = g.first; t <= g.last; ++t)
+    n += l.fixed_end - l.fixed_begin + l.selected + (t / page_size - l.tail_begin + 1);
   return n;
 }
 

@@ -1,19 +1,29 @@
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kOutOfRange: return "out of range";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kResourceExhausted: return "resource exhausted";
-    case StatusCode::kDataLoss: return "data loss";
-    case StatusCode::kUnimplemented: return "unimplemented";
-    case StatusCode::kFailedPrecondition: return "failed precondition";
-    case StatusCode::kInternal: return "internal error";
-    case StatusCode::kUnavailable: return "unavailable";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kOutOfRange:
+      return "out of range";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
+    case StatusCode::kDataLoss:
+      return "data loss";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kInternal:
+      return "internal error";
+    case StatusCode::kUnavailable:
+      return "unavailable";
   }
   return "unknown";
 }

@@ -1,4 +1,4 @@
-#include "cisa/thread_pool.h"
+#include "cisa/core/thread_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -75,7 +75,8 @@ void ThreadPool::run(int64_t n, void* fn, Thunk thunk) {
   }
   wake_.notify_all();
   run_tasks(0);
-  for (int i = 0; i < kSpinIterations && active_.load(std::memory_order_acquire) != 0; ++i) CISA_PAUSE();
+  for (int i = 0; i < kSpinIterations && active_.load(std::memory_order_acquire) != 0; ++i)
+    CISA_PAUSE();
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return active_.load() == 0; });
   fn_ = nullptr;

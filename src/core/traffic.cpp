@@ -1,4 +1,4 @@
-#include "cisa/traffic.h"
+#include "cisa/core/traffic.h"
 
 #include <algorithm>
 #include <string>
@@ -76,7 +76,8 @@ TrafficReport attention_traffic(const TrafficParams& p) {
   TrafficReport r;
   const int64_t N = p.context;
   auto point = [&](int64_t t, int64_t g) {
-    return TrafficPoint{dense_elements(t, p), cisa_elements(t, p, g, true), cisa_elements(t, p, g, false)};
+    return TrafficPoint{dense_elements(t, p), cisa_elements(t, p, g, true),
+                        cisa_elements(t, p, g, false)};
   };
   r.end = point(N - 1, p.qshare);
   r.decode = point(N, 1);
@@ -91,8 +92,9 @@ TrafficReport attention_traffic(const TrafficParams& p) {
                        static_cast<double>(p.window) * n_sparse) *
                       d / static_cast<double>(p.qshare);
   const double selected = 2 * d * static_cast<double>(p.budget) * B * n_sparse;
-  const double window_tail = 2 * d * (static_cast<double>(p.window) * B * n_sparse +
-                                      sum_tail(N, p.page) - sum_tail(t0, p.page));
+  const double window_tail =
+      2 * d *
+      (static_cast<double>(p.window) * B * n_sparse + sum_tail(N, p.page) - sum_tail(t0, p.page));
   r.prefill.dense = d * static_cast<double>(N) * static_cast<double>(N + 1);
   r.prefill.cisa = dense_head + selected + window_tail + reps;
   r.prefill.cisa_no_window = dense_head + selected + reps;

@@ -19,7 +19,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-#include "cisa/attention.h"
+#include "cisa/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,7 +31,7 @@
 #include "attention_inputs.h"
 #include "attention_page_kernel.h"
 #include "attention_tile_kernel.h"
-#include "cisa/bf16.h"
+#include "cisa/core/bf16.h"
 
 namespace cisa {
 
@@ -40,8 +40,8 @@ namespace {
 // Rows of one task. Large, so the tile kernel transposes each key block once for many rows; Q and
 // O of a full tile (2 × 256 KiB at d = 256) stay in a 1 MiB L2.
 constexpr int kRowTile = 256;
-constexpr int64_t kMinSplitPages = 16; // a split reads at least this many pages
-constexpr int64_t kPrefetchPages = 2;  // how far ahead scattered pages are prefetched
+constexpr int64_t kMinSplitPages = 16;  // a split reads at least this many pages
+constexpr int64_t kPrefetchPages = 2;   // how far ahead scattered pages are prefetched
 using cpu::kNegInf;
 
 inline void axpy(float* y, float a, const float* x, int d) {
@@ -76,21 +76,23 @@ struct AttentionRunner {
   void run(ThreadPool& pool);
   void run_task(const Task& t, float* scratch) const;
   template <class T>
-  void walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp, float* m,
-                  float* l, float* s) const;
+  void walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
+                  float* m, float* l, float* s) const;
   template <class T>
-  void walk_pages_decode(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
-                         float* m, float* l, float* scratch) const;
+  void walk_pages_decode(const Task& t, const float* const* qrow, const int64_t* tpos,
+                         float* const* accp, float* m, float* l, float* scratch) const;
   template <class T>
-  void walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
-                        float* m, float* l, float* tile) const;
+  void walk_pages_tiled(const Task& t, const float* const* qrow, const int64_t* tpos,
+                        float* const* accp, float* m, float* l, float* tile) const;
   // The pages of one task's list that some row of the task can see (the walk functions share it).
   struct TaskPages {
     int g0;                                  // first KV group of the task
     std::span<const int32_t> pages, chunks;  // the list: physical page IDs, logical chunks
     int64_t tmin, tmax;                      // the task's first and last query positions
     int64_t B, window;
-    int64_t start(int64_t pi) const { return static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B; }
+    int64_t start(int64_t pi) const {
+      return static_cast<int64_t>(chunks[static_cast<size_t>(pi)]) * B;
+    }
     // Before every row's window (the page still has to be skipped, not ended at).
     bool before_window(int64_t s0) const { return window > 0 && s0 + B - 1 <= tmin - window; }
     bool visible(int64_t pi) const { return start(pi) <= tmax && !before_window(start(pi)); }
@@ -108,8 +110,13 @@ struct AttentionRunner {
   };
   TaskPages task_pages(const Task& t, const int64_t* tpos) const {
     const int g0 = static_cast<int>(t.list % hkv);
-    return {g0, lists.list_pages(t.list / hkv, g0), lists.list_chunks(t.list / hkv, g0),
-            tpos[0], tpos[t.rows - 1], B, window};
+    return {g0,
+            lists.list_pages(t.list / hkv, g0),
+            lists.list_chunks(t.list / hkv, g0),
+            tpos[0],
+            tpos[t.rows - 1],
+            B,
+            window};
   }
   bool tiled(const Task& t) const;
   bool decode_kernel(const Task& t) const;
@@ -119,19 +126,21 @@ struct AttentionRunner {
 
 Status AttentionRunner::validate() const {
   if (!q || !out) return invalid_argument("attend: null query or output pointer");
-  return cpu::validate_attention_inputs(cache, layer, batch, lists, hq, &ws->row_offsets_, &ws->row_group_);
+  return cpu::validate_attention_inputs(cache, layer, batch, lists, hq, &ws->row_offsets_,
+                                        &ws->row_group_);
 }
 
 // The pages of one task, in order, for each block of up to 4 rows of its tile (of each of its
 // lists, for a task over several KV groups: those lists hold the same pages, so one page index
 // reads each group's block of that page, next to each other in the pool).
 template <class T>
-void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos, float* const* accp,
-                                 float* m, float* l, float* s) const {
+void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const int64_t* tpos,
+                                 float* const* accp, float* m, float* l, float* s) const {
   const TaskPages tp = task_pages(t, tpos);
   const int g0 = tp.g0;
   const int R = t.rows;
-  const int64_t bytes = static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));  // one group's block
+  const int64_t bytes =
+      static_cast<int64_t>(B) * d * static_cast<int64_t>(sizeof(T));  // one group's block
   tp.for_each(t, [&](int64_t pi, int32_t page, int64_t s0) {
     // Pages whose data does not follow this page's in memory (selected pages scattered over the
     // pool, or a KV group's pages interleaved with other groups') defeat the hardware
@@ -163,13 +172,14 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
           const int b = base + r0;
           float* sb = s + static_cast<int64_t>(b) * B;  // this block's scores: [nr][B]
           if (pass == 0) {
-            cpu::page_step_scores(nr, qrow + b, static_cast<const T*>(cache.k_page(layer, page, g0 + gi)), B, d,
+            cpu::page_step_scores(nr, qrow + b,
+                                  static_cast<const T*>(cache.k_page(layer, page, g0 + gi)), B, d,
                                   scale, sb);
           } else {
             const bool full = s0 + B - 1 <= lo && (window == 0 || s0 > hi - window);
             const cpu::PageMask mask{s0, tpos + r0, window, full};
-            cpu::page_step_update(nr, static_cast<const T*>(cache.v_page(layer, page, g0 + gi)), mask, B, d, sb,
-                                  m + b, l + b, accp + b);
+            cpu::page_step_update(nr, static_cast<const T*>(cache.v_page(layer, page, g0 + gi)),
+                                  mask, B, d, sb, m + b, l + b, accp + b);
           }
         }
       }
@@ -181,14 +191,16 @@ void AttentionRunner::walk_pages(const Task& t, const float* const* qrow, const 
 // back. The rows' queries are copied into the kernel's channel order first and the accumulators
 // put back into the natural order at the end. scratch: R·d + 16·4 + 16 floats.
 template <class T>
-void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow, const int64_t* tpos,
-                                        float* const* accp, float* m, float* l, float* scratch) const {
+void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow,
+                                        const int64_t* tpos, float* const* accp, float* m, float* l,
+                                        float* scratch) const {
 #ifdef CISA_ATTENTION_AVX512
   const TaskPages tp = task_pages(t, tpos);
   const int g0 = tp.g0;
   const int R = t.rows;
   const int RT = R * t.groups;
-  float* p = scratch + (16 - (reinterpret_cast<uintptr_t>(scratch) / sizeof(float)) % 16) % 16;  // 64-byte aligned
+  float* p = scratch + (16 - (reinterpret_cast<uintptr_t>(scratch) / sizeof(float)) % 16) %
+                           16;  // 64-byte aligned
   float* qo = p + 4 * cpu::kKeyBlock;
   const float* qord[kRowTile];
   for (int r = 0; r < RT; ++r) {
@@ -198,14 +210,16 @@ void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow,
   // Blocks are visited page by page, KV group by group, 16 keys at a time; (nk, nv) is the block
   // after the current one in that order, whose lines are prefetched while this one is computed.
   tp.for_each(t, [&](int64_t pi, int32_t page, int64_t s0) {
-    const int32_t next_page = pi + 1 < t.page1 && tp.visible(pi + 1) ? tp.pages[static_cast<size_t>(pi + 1)] : -1;
+    const int32_t next_page =
+        pi + 1 < t.page1 && tp.visible(pi + 1) ? tp.pages[static_cast<size_t>(pi + 1)] : -1;
     for (int gi = 0; gi < t.groups; ++gi) {
       const T* kp = static_cast<const T*>(cache.k_page(layer, page, g0 + gi));
       const T* vp = static_cast<const T*>(cache.v_page(layer, page, g0 + gi));
       for (int j0 = 0; j0 < B; j0 += cpu::kKeyBlock) {
         const T *nk = nullptr, *nv = nullptr;
         if (j0 + cpu::kKeyBlock < B) {
-          nk = kp + static_cast<int64_t>(j0 + cpu::kKeyBlock) * d, nv = vp + static_cast<int64_t>(j0 + cpu::kKeyBlock) * d;
+          nk = kp + static_cast<int64_t>(j0 + cpu::kKeyBlock) * d,
+          nv = vp + static_cast<int64_t>(j0 + cpu::kKeyBlock) * d;
         } else if (gi + 1 < t.groups) {
           nk = static_cast<const T*>(cache.k_page(layer, page, g0 + gi + 1));
           nv = static_cast<const T*>(cache.v_page(layer, page, g0 + gi + 1));
@@ -217,12 +231,15 @@ void AttentionRunner::walk_pages_decode(const Task& t, const float* const* qrow,
         for (int r0 = 0; r0 < R; r0 += 4) {
           const int nr = std::min(4, R - r0);
           uint32_t vis[4] = {0, 0, 0, 0}, any = 0;
-          for (int i = 0; i < nr; ++i) any |= vis[i] = cpu::visible_lanes(b0, cpu::kKeyBlock, tpos[r0 + i], window);
+          for (int i = 0; i < nr; ++i)
+            any |= vis[i] = cpu::visible_lanes(b0, cpu::kKeyBlock, tpos[r0 + i], window);
           if (any == 0) continue;
-          const int jend = static_cast<int>(std::min<int64_t>(cpu::kKeyBlock, tpos[r0 + nr - 1] - b0 + 1));
+          const int jend =
+              static_cast<int>(std::min<int64_t>(cpu::kKeyBlock, tpos[r0 + nr - 1] - b0 + 1));
           const int b = gi * R + r0;
-          cpu::decode_block_rows(nr, qord + b, kp + static_cast<int64_t>(j0) * d, vp + static_cast<int64_t>(j0) * d,
-                                 r0 == 0 ? nk : nullptr, r0 == 0 ? nv : nullptr, d, scale, vis, jend, m + b, l + b,
+          cpu::decode_block_rows(nr, qord + b, kp + static_cast<int64_t>(j0) * d,
+                                 vp + static_cast<int64_t>(j0) * d, r0 == 0 ? nk : nullptr,
+                                 r0 == 0 ? nv : nullptr, d, scale, vis, jend, m + b, l + b,
                                  accp + b, p);
         }
       }
@@ -305,8 +322,9 @@ void AttentionRunner::walk_pages_tiled(const Task& t, const float* const* qrow, 
     }
     for (int j0 = 0; j0 < B; j0 += cpu::kKeyBlock) {
       const int nk = std::min(cpu::kKeyBlock, B - j0);
-      cpu::tile_key_block(qrow, tpos, R, kp + static_cast<int64_t>(j0) * d, vp + static_cast<int64_t>(j0) * d,
-                          s0 + j0, nk, window, d, scale, kt, p, c, m, l, accp);
+      cpu::tile_key_block(qrow, tpos, R, kp + static_cast<int64_t>(j0) * d,
+                          vp + static_cast<int64_t>(j0) * d, s0 + j0, nk, window, d, scale, kt, p,
+                          c, m, l, accp);
     }
   });
 #else
@@ -385,7 +403,8 @@ void AttentionRunner::run(ThreadPool& pool) {
     const auto& grp = lists.groups[static_cast<size_t>(qg)];
     const int64_t rows = (grp.last - grp.first + 1) * hg;
     const Task probe{qg * hkv, 0, 1, 0, 0, -1};
-    const bool all = hkv > 1 && !tiled(probe) && rows * hkv <= kRowTile && same_pages_all_groups(qg);
+    const bool all =
+        hkv > 1 && !tiled(probe) && rows * hkv <= kRowTile && same_pages_all_groups(qg);
     grouped[static_cast<size_t>(qg)] = all ? 1 : 0;
     pairs += (all ? 1 : hkv) * ((rows + kRowTile - 1) / kRowTile);
   }
@@ -397,13 +416,19 @@ void AttentionRunner::run(ThreadPool& pool) {
     if (all && L % hkv != 0) continue;  // covered by the task of KV group 0
     const auto& grp = lists.groups[static_cast<size_t>(qg)];
     const int64_t rows = (grp.last - grp.first + 1) * hg;
-    const int64_t n_pages = lists.offsets[static_cast<size_t>(L + 1)] - lists.offsets[static_cast<size_t>(L)];
+    const int64_t n_pages =
+        lists.offsets[static_cast<size_t>(L + 1)] - lists.offsets[static_cast<size_t>(L)];
     int64_t splits = pairs >= target ? 1 : (target + pairs - 1) / pairs;
     splits = std::max<int64_t>(1, std::min(splits, n_pages / kMinSplitPages));
     for (int64_t r0 = 0; r0 < rows; r0 += kRowTile) {
       const auto R = static_cast<int32_t>(std::min<int64_t>(kRowTile, rows - r0));
       for (int64_t sp = 0; sp < splits; ++sp) {
-        Task t{L, static_cast<int32_t>(r0), R, n_pages * sp / splits, n_pages * (sp + 1) / splits, -1,
+        Task t{L,
+               static_cast<int32_t>(r0),
+               R,
+               n_pages * sp / splits,
+               n_pages * (sp + 1) / splits,
+               -1,
                all ? hkv : 1};
         if (splits > 1) {
           t.partial = partial_rows;
@@ -424,7 +449,8 @@ void AttentionRunner::run(ThreadPool& pool) {
   for (auto& s : ws->thread_scratch_) s.resize(static_cast<size_t>(scratch_floats));
 
   pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t i, int thread) {
-    run_task(tasks[static_cast<size_t>(i)], ws->thread_scratch_[static_cast<size_t>(thread)].data());
+    run_task(tasks[static_cast<size_t>(i)],
+             ws->thread_scratch_[static_cast<size_t>(thread)].data());
   });
   if (partial_rows == 0) return;
 
@@ -450,7 +476,8 @@ void AttentionRunner::run(ThreadPool& pool) {
       float sum = 0.0f;
       if (mx != kNegInf) {
         for (size_t k = first; k < last; ++k) {
-          const float w = std::exp(ws->partial_lse_[static_cast<size_t>(tasks[k].partial + r)] - mx);
+          const float w =
+              std::exp(ws->partial_lse_[static_cast<size_t>(tasks[k].partial + r)] - mx);
           if (w == 0.0f) continue;
           sum += w;
           axpy(o, w, ws->partial_out_.data() + (tasks[k].partial + r) * d, d);
@@ -468,10 +495,23 @@ Status attend(const PagedKvCache& cache, int layer, std::span<const BatchEntry> 
   if (!ws) return invalid_argument("attend: null workspace");
   if (p.sliding_window < 0) return invalid_argument("sliding_window must be >= 0");
   const int hkv = cache.num_kv_heads();
-  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim()));
-  AttentionRunner runner{cache, layer, batch, lists, q, num_q_heads, hkv,
-                         num_q_heads > 0 && hkv > 0 ? num_q_heads / hkv : 0, cache.head_dim(),
-                         cache.page_size(), scale, p.sliding_window, out, lse, ws};
+  const float scale =
+      p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim()));
+  AttentionRunner runner{cache,
+                         layer,
+                         batch,
+                         lists,
+                         q,
+                         num_q_heads,
+                         hkv,
+                         num_q_heads > 0 && hkv > 0 ? num_q_heads / hkv : 0,
+                         cache.head_dim(),
+                         cache.page_size(),
+                         scale,
+                         p.sliding_window,
+                         out,
+                         lse,
+                         ws};
   CISA_RETURN_IF_ERROR(runner.validate());
   runner.run(pool);
   return Status::Ok();

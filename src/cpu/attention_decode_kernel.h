@@ -37,7 +37,9 @@ namespace cisa::cpu {
 #ifdef CISA_ATTENTION_AVX512
 
 // Whether the fused decode kernel serves head dimension d and page size B.
-inline bool decode_kernel_fits(int d, int B) { return d % 32 == 0 && B % kKeyBlock == 0; }
+inline bool decode_kernel_fits(int d, int B) {
+  return d % 32 == 0 && B % kKeyBlock == 0;
+}
 
 // The kernel's channel order for element type T: even/odd within 32-channel blocks for bf16.
 template <class T>
@@ -49,8 +51,10 @@ inline void order_channels(const float* x, int d, float* y) {
   if constexpr (!kEvenOdd<T>) {
     std::memcpy(y, x, static_cast<size_t>(d) * sizeof(float));
   } else {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd =
+        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     for (int i = 0; i < d; i += 32) {
       const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
       _mm512_storeu_ps(y + i, _mm512_permutex2var_ps(a, even, b));
@@ -64,7 +68,8 @@ template <class T>
 inline void natural_channels(float* y, int d) {
   if constexpr (kEvenOdd<T>) {
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i hi =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for (int i = 0; i < d; i += 32) {
       const __m512 e = _mm512_loadu_ps(y + i), o = _mm512_loadu_ps(y + i + 16);
       _mm512_storeu_ps(y + i, _mm512_permutex2var_ps(e, lo, o));
@@ -109,7 +114,8 @@ inline void decode_quad(const float* const* q, const T* k, const T* next_k, int 
     for (int x = 0; x < 4; ++x) prefetch_line(next_k, (4 * Q + x) * d + i);
     for (int r = 0; r < NR; ++r) {
       const __m512 qlo = _mm512_loadu_ps(q[r] + i), qhi = _mm512_loadu_ps(q[r] + i + 16);
-      for (int x = 0; x < 4; ++x) a[r][x] = _mm512_fmadd_ps(qhi, hi[x], _mm512_fmadd_ps(qlo, lo[x], a[r][x]));
+      for (int x = 0; x < 4; ++x)
+        a[r][x] = _mm512_fmadd_ps(qhi, hi[x], _mm512_fmadd_ps(qlo, lo[x], a[r][x]));
     }
   }
   for (int r = 0; r < NR; ++r) s[r] = _mm512_insertf32x4(s[r], hsum4x16(a[r]), Q);
@@ -117,8 +123,8 @@ inline void decode_quad(const float* const* q, const T* k, const T* next_k, int 
 
 // O_r = O_r·c_r + Σ_{j<nk} p_rj v_j for NR rows over channels [c0, c0 + 32·P), P = 1 or 2.
 template <int NR, int P, class T>
-inline void decode_pv(float* const* acc, const float* p, const float* c, bool rescale, const T* v, const T* next_v,
-                      int nk, int d, int c0) {
+inline void decode_pv(float* const* acc, const float* p, const float* c, bool rescale, const T* v,
+                      const T* next_v, int nk, int d, int c0) {
   __m512 a[NR][2 * P];
   for (int r = 0; r < NR; ++r)
     for (int x = 0; x < 2 * P; ++x) {
@@ -127,7 +133,8 @@ inline void decode_pv(float* const* acc, const float* p, const float* c, bool re
     }
   for (int j = 0; j < nk; ++j) {
     __m512 w[2 * P];
-    for (int x = 0; x < P; ++x) load32(v + static_cast<int64_t>(j) * d + c0 + 32 * x, w[2 * x], w[2 * x + 1]);
+    for (int x = 0; x < P; ++x)
+      load32(v + static_cast<int64_t>(j) * d + c0 + 32 * x, w[2 * x], w[2 * x + 1]);
     for (int x = 0; x < P; ++x) prefetch_line(next_v, j * d + c0 + 32 * x);
     for (int r = 0; r < NR; ++r) {
       const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
@@ -145,8 +152,9 @@ inline void decode_pv(float* const* acc, const float* p, const float* c, bool re
 // neither K nor V is read there beyond the last partial quad of scores, whose lanes are masked).
 // p: scratch of NR·16 floats, 64-byte aligned.
 template <int NR, class T>
-inline void decode_block(const float* const* q, const T* k, const T* v, const T* next_k, const T* next_v, int d,
-                         float scale, const uint32_t* vis, int jend, float* m, float* l, float* const* acc, float* p) {
+inline void decode_block(const float* const* q, const T* k, const T* v, const T* next_k,
+                         const T* next_v, int d, float scale, const uint32_t* vis, int jend,
+                         float* m, float* l, float* const* acc, float* p) {
   __m512 s[NR];
   for (int r = 0; r < NR; ++r) s[r] = _mm512_setzero_ps();
   decode_quad<0, NR>(q, k, next_k, d, s);
@@ -183,14 +191,23 @@ inline void decode_block(const float* const* q, const T* k, const T* v, const T*
 
 // decode_block for nr = 1 … 4 rows.
 template <class T>
-inline void decode_block_rows(int nr, const float* const* q, const T* k, const T* v, const T* next_k,
-                              const T* next_v, int d, float scale, const uint32_t* vis, int jend, float* m, float* l,
-                              float* const* acc, float* p) {
+inline void decode_block_rows(int nr, const float* const* q, const T* k, const T* v,
+                              const T* next_k, const T* next_v, int d, float scale,
+                              const uint32_t* vis, int jend, float* m, float* l, float* const* acc,
+                              float* p) {
   switch (nr) {
-    case 4: decode_block<4>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p); break;
-    case 3: decode_block<3>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p); break;
-    case 2: decode_block<2>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p); break;
-    default: decode_block<1>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p); break;
+    case 4:
+      decode_block<4>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p);
+      break;
+    case 3:
+      decode_block<3>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p);
+      break;
+    case 2:
+      decode_block<2>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p);
+      break;
+    default:
+      decode_block<1>(q, k, v, next_k, next_v, d, scale, vis, jend, m, l, acc, p);
+      break;
   }
 }
 

@@ -6,10 +6,10 @@
 #include <span>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/selection.h"
-#include "cisa/status.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/cpu/selection.h"
 
 namespace cisa::cpu {
 
@@ -19,8 +19,9 @@ namespace cisa::cpu {
 // owned by the group's sequence. row_offsets ([entries + 1]: first packed row of each entry)
 // and row_group ([rows]: packed row → query group) are filled as a by-product; callers pass
 // reused storage so a decode step allocates nothing.
-Status validate_attention_inputs(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
-                                 const PageLists& lists, int num_q_heads, std::vector<int64_t>* row_offsets,
+Status validate_attention_inputs(const PagedKvCache& cache, int layer,
+                                 std::span<const BatchEntry> batch, const PageLists& lists,
+                                 int num_q_heads, std::vector<int64_t>* row_offsets,
                                  std::vector<int64_t>* row_group);
 
 }  // namespace cisa::cpu

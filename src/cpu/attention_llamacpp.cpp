@@ -8,7 +8,7 @@
 // 16 exponentials at a time into an fp64 total. Cells are the absolute positions of a single
 // sequence filled from position 0, so "cell mod 16" is "position mod 16" below. Reproducing each
 // rounding in the same order gives the same floats; any reordering would not.
-#include "cisa/attention_llamacpp.h"
+#include "cisa/cpu/attention_llamacpp.h"
 
 #include <algorithm>
 #include <bit>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "attention_inputs.h"
-#include "cisa/bf16.h"
+#include "cisa/core/bf16.h"
 
 namespace cisa {
 namespace llamacpp {
@@ -244,7 +244,8 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
   if (!q || !out) return invalid_argument("attend_llamacpp: null query or output pointer");
   if (p.sliding_window < 0) return invalid_argument("negative sliding window");
   std::vector<int64_t> first_row, row_group;
-  CISA_RETURN_IF_ERROR(cpu::validate_attention_inputs(cache, layer, batch, lists, num_q_heads, &first_row, &row_group));
+  CISA_RETURN_IF_ERROR(cpu::validate_attention_inputs(cache, layer, batch, lists, num_q_heads,
+                                                      &first_row, &row_group));
   const int hkv = cache.num_kv_heads(), d = cache.head_dim();
   Runner run{.cache = cache,
              .layer = layer,

@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "attention_tile_kernel.h"
-#include "cisa/bf16.h"
+#include "cisa/core/bf16.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -27,21 +27,27 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Mask callback result for one (row, key): visible or not. `full` pages skip the callback.
 struct PageMask {
-  int64_t s0;            // absolute position of the page's first key
-  const int64_t* tpos;   // absolute position of each row
-  int64_t window;        // 0: none
-  bool full;             // every key visible to every row
+  int64_t s0;           // absolute position of the page's first key
+  const int64_t* tpos;  // absolute position of each row
+  int64_t window;       // 0: none
+  bool full;            // every key visible to every row
   bool visible(int r, int j) const {
     const int64_t pos = s0 + j;
     return full || (pos <= tpos[r] && (window == 0 || pos > tpos[r] - window));
   }
 };
 
-inline float widen1(float x) { return x; }
-inline float widen1(uint16_t x) { return bf16_to_f32(x); }
+inline float widen1(float x) {
+  return x;
+}
+inline float widen1(uint16_t x) {
+  return bf16_to_f32(x);
+}
 
 #ifdef CISA_ATTENTION_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
 inline __m256 load8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -69,7 +75,8 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 #endif
@@ -133,7 +140,8 @@ inline void page_scores512(const float* const* q, const T* k, int B, int d, floa
     for (int i = 0; i < d; i += 16) {
       const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xffff) : tail;
       const __m512 kv = maskz_load16(m, kj + i);
-      for (int r = 0; r < NR; ++r) a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[r] + i), kv, a[r]);
+      for (int r = 0; r < NR; ++r)
+        a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q[r] + i), kv, a[r]);
     }
     for (int r = 0; r < NR; ++r) s[r * B + j] = _mm512_reduce_add_ps(a[r]) * scale;
   }
@@ -185,16 +193,19 @@ inline void page_scores(const float* const* q, const T* k, int B, int d, float s
     for (int r = 0; r < NR; ++r) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int i = 0; i < d; i += 8)
-        for (int l = 0; l < 8; ++l) acc[l] += q[r][i + l] * widen1(k[static_cast<int64_t>(j) * d + i + l]);
-      s[r * B + j] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) * scale;
+        for (int l = 0; l < 8; ++l)
+          acc[l] += q[r][i + l] * widen1(k[static_cast<int64_t>(j) * d + i + l]);
+      s[r * B + j] =
+          (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) *
+          scale;
     }
 #endif
 }
 
 // Online-softmax update of NR rows with one page. s is overwritten with the probabilities.
 template <int NR, class T>
-inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d, float* m, float* l,
-                        float* const* acc) {
+inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d, float* m,
+                        float* l, float* const* acc) {
   bool any = false;
   for (int r = 0; r < NR; ++r) {
     float* sr = s + r * B;
@@ -232,10 +243,12 @@ inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d
   if (!any) return;
   // Keys past the last row's position are in the future for every row: their slots may not even
   // be written yet, so they are not read at all (0·garbage could be NaN).
-  const int jend = mask.full ? B : static_cast<int>(std::min<int64_t>(B, mask.tpos[NR - 1] - mask.s0 + 1));
+  const int jend =
+      mask.full ? B : static_cast<int>(std::min<int64_t>(B, mask.tpos[NR - 1] - mask.s0 + 1));
   // acc_r += Σ_j p_rj v_j, 16 output channels at a time so the NR×2 accumulators stay in registers.
 #if defined(CISA_ATTENTION_AVX512)
-  rows_pv<NR>(acc, s, B, nullptr, v, jend, d, /*rescale=*/false);  // 64 channels × NR rows at a time
+  rows_pv<NR>(acc, s, B, nullptr, v, jend, d,
+              /*rescale=*/false);  // 64 channels × NR rows at a time
 #elif defined(CISA_ATTENTION_AVX2)
   int i = 0;
   for (; i + 16 <= d; i += 16) {
@@ -263,7 +276,8 @@ inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d
     for (int r = 0; r < NR; ++r) a[r] = _mm256_loadu_ps(acc[r] + i);
     for (int j = 0; j < jend; ++j) {
       const __m256 v0 = load8(v + static_cast<int64_t>(j) * d + i);
-      for (int r = 0; r < NR; ++r) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(s + r * B + j), v0, a[r]);
+      for (int r = 0; r < NR; ++r)
+        a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(s + r * B + j), v0, a[r]);
     }
     for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc[r] + i, a[r]);
   }
@@ -279,34 +293,63 @@ inline void page_update(const PageMask& mask, float* s, const T* v, int B, int d
 
 // One page for `nr` (1…4) rows starting at row r0 of a tile.
 template <class T>
-inline void page_step(int nr, const float* const* q, const T* k, const T* v, const PageMask& mask, int B, int d,
-                      float scale, float* s, float* m, float* l, float* const* acc) {
+inline void page_step(int nr, const float* const* q, const T* k, const T* v, const PageMask& mask,
+                      int B, int d, float scale, float* s, float* m, float* l, float* const* acc) {
   switch (nr) {
-    case 4: page_scores<4>(q, k, B, d, scale, s); page_update<4>(mask, s, v, B, d, m, l, acc); break;
-    case 3: page_scores<3>(q, k, B, d, scale, s); page_update<3>(mask, s, v, B, d, m, l, acc); break;
-    case 2: page_scores<2>(q, k, B, d, scale, s); page_update<2>(mask, s, v, B, d, m, l, acc); break;
-    default: page_scores<1>(q, k, B, d, scale, s); page_update<1>(mask, s, v, B, d, m, l, acc); break;
+    case 4:
+      page_scores<4>(q, k, B, d, scale, s);
+      page_update<4>(mask, s, v, B, d, m, l, acc);
+      break;
+    case 3:
+      page_scores<3>(q, k, B, d, scale, s);
+      page_update<3>(mask, s, v, B, d, m, l, acc);
+      break;
+    case 2:
+      page_scores<2>(q, k, B, d, scale, s);
+      page_update<2>(mask, s, v, B, d, m, l, acc);
+      break;
+    default:
+      page_scores<1>(q, k, B, d, scale, s);
+      page_update<1>(mask, s, v, B, d, m, l, acc);
+      break;
   }
 }
 
 // The two halves of page_step, for callers that score several pages before updating with them.
 template <class T>
-inline void page_step_scores(int nr, const float* const* q, const T* k, int B, int d, float scale, float* s) {
+inline void page_step_scores(int nr, const float* const* q, const T* k, int B, int d, float scale,
+                             float* s) {
   switch (nr) {
-    case 4: page_scores<4>(q, k, B, d, scale, s); break;
-    case 3: page_scores<3>(q, k, B, d, scale, s); break;
-    case 2: page_scores<2>(q, k, B, d, scale, s); break;
-    default: page_scores<1>(q, k, B, d, scale, s); break;
+    case 4:
+      page_scores<4>(q, k, B, d, scale, s);
+      break;
+    case 3:
+      page_scores<3>(q, k, B, d, scale, s);
+      break;
+    case 2:
+      page_scores<2>(q, k, B, d, scale, s);
+      break;
+    default:
+      page_scores<1>(q, k, B, d, scale, s);
+      break;
   }
 }
 template <class T>
-inline void page_step_update(int nr, const T* v, const PageMask& mask, int B, int d, float* s, float* m, float* l,
-                             float* const* acc) {
+inline void page_step_update(int nr, const T* v, const PageMask& mask, int B, int d, float* s,
+                             float* m, float* l, float* const* acc) {
   switch (nr) {
-    case 4: page_update<4>(mask, s, v, B, d, m, l, acc); break;
-    case 3: page_update<3>(mask, s, v, B, d, m, l, acc); break;
-    case 2: page_update<2>(mask, s, v, B, d, m, l, acc); break;
-    default: page_update<1>(mask, s, v, B, d, m, l, acc); break;
+    case 4:
+      page_update<4>(mask, s, v, B, d, m, l, acc);
+      break;
+    case 3:
+      page_update<3>(mask, s, v, B, d, m, l, acc);
+      break;
+    case 2:
+      page_update<2>(mask, s, v, B, d, m, l, acc);
+      break;
+    default:
+      page_update<1>(mask, s, v, B, d, m, l, acc);
+      break;
   }
 }
 

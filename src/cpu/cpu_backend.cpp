@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "cisa/attention.h"
-#include "cisa/attention_llamacpp.h"
-#include "cisa/backend.h"
-#include "cisa/sampling.h"
-#include "cisa/selection.h"
-#include "cisa/thread_pool.h"
+#include "cisa/core/backend.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/cpu/attention.h"
+#include "cisa/cpu/attention_llamacpp.h"
+#include "cisa/cpu/selection.h"
+#include "cisa/model/sampling.h"
 #include "model/model_ops.h"
 
 namespace cisa {
@@ -59,9 +59,9 @@ class CpuBuffer final : public BackendBuffer {
 };
 
 struct Slot {
-  bool planned = false;     // plan() ran for this step
-  bool has_lists = false;   // lists hold the step's pages (dense: built; CISA: for lists_layer)
-  int lists_layer = -1;     // CISA: the layer select() ran for; −2 after set_page_lists
+  bool planned = false;    // plan() ran for this step
+  bool has_lists = false;  // lists hold the step's pages (dense: built; CISA: for lists_layer)
+  int lists_layer = -1;    // CISA: the layer select() ran for; −2 after set_page_lists
   PlanSpec spec;
   std::vector<BatchEntry> batch;
   PageLists lists;
@@ -226,7 +226,8 @@ class CpuBackend final : public Backend {
   }
   Status fill_random(float* x, int64_t n, uint64_t seed, float scale) override {
     for_chunks(n, [&](int64_t i0, int64_t len) {
-      for (int64_t i = i0; i < i0 + len; ++i) x[i] = random_value(seed, static_cast<uint64_t>(i), scale);
+      for (int64_t i = i0; i < i0 + len; ++i)
+        x[i] = random_value(seed, static_cast<uint64_t>(i), scale);
     });
     return Status::Ok();
   }
@@ -243,8 +244,7 @@ class CpuBackend final : public Backend {
     if (rows < 0 || n < 0) return invalid_argument("argmax_rows: negative rows or width");
     if (rows == 0) return Status::Ok();
     if (!x || !out) return invalid_argument("argmax_rows: null input or output");
-    for (int64_t r = 0; r < rows; ++r)
-      out[r] = argmax({x + r * n, static_cast<size_t>(n)});
+    for (int64_t r = 0; r < rows; ++r) out[r] = argmax({x + r * n, static_cast<size_t>(n)});
     return Status::Ok();
   }
 
@@ -311,8 +311,8 @@ class CpuBackend final : public Backend {
     Slot& sl = slot(s);
     if (!sl.planned || sl.spec.kind != PlanKind::kCisa)
       return failed_precondition("select: the slot has no CISA plan for this step");
-    CISA_RETURN_IF_ERROR(select_pages(*cache_, layer, sl.batch, index_q, sl.spec.selection,
-                                      &pool_, &sl.lists, &sel_ws_));
+    CISA_RETURN_IF_ERROR(select_pages(*cache_, layer, sl.batch, index_q, sl.spec.selection, &pool_,
+                                      &sl.lists, &sel_ws_));
     sl.has_lists = true;
     sl.lists_layer = layer;
     return Status::Ok();
@@ -330,12 +330,11 @@ class CpuBackend final : public Backend {
     Slot& sl = slot(s);
     if (!sl.planned) return failed_precondition("attend: the slot is not planned for this step");
     if (sl.spec.kind == PlanKind::kDense && !sl.has_lists) {
-      CISA_RETURN_IF_ERROR(
-          plan_dense(*cache_, layer, sl.batch, sl.spec.sliding_window, &sl.lists));
+      CISA_RETURN_IF_ERROR(plan_dense(*cache_, layer, sl.batch, sl.spec.sliding_window, &sl.lists));
       sl.has_lists = true;
     }
-    if (sl.spec.kind == PlanKind::kCisa && !(sl.has_lists && (sl.lists_layer == layer ||
-                                                               sl.lists_layer == -2)))
+    if (sl.spec.kind == PlanKind::kCisa &&
+        !(sl.has_lists && (sl.lists_layer == layer || sl.lists_layer == -2)))
       return failed_precondition("attend: no page lists selected for layer " +
                                  std::to_string(layer));
     if (p.numerics == AttentionNumerics::kLlamaCpp) {
@@ -344,8 +343,8 @@ class CpuBackend final : public Backend {
       return attend_llamacpp(*cache_, layer, sl.batch, sl.lists, q, num_q_heads, lp, out, pool_);
     }
     const AttentionParams ap{.scale = p.scale, .sliding_window = p.sliding_window};
-    return cisa::attend(*cache_, layer, sl.batch, sl.lists, q, num_q_heads, ap, out, nullptr,
-                        pool_, &aws_);
+    return cisa::attend(*cache_, layer, sl.batch, sl.lists, q, num_q_heads, ap, out, nullptr, pool_,
+                        &aws_);
   }
 
   const PagedKvCache* cpu_cache() const override { return cache_.get(); }

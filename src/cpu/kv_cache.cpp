@@ -1,5 +1,5 @@
 // The paged KV cache: page pool, block tables, K/V storage and the representative cache.
-#include "cisa/kv_cache.h"
+#include "cisa/cpu/kv_cache.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,12 +9,16 @@
 
 #include <sys/mman.h>
 
-#include "cisa/bf16.h"
+#include "cisa/core/bf16.h"
 
 namespace cisa {
 
-const char* kv_dtype_name(KvDtype d) { return d == KvDtype::kF32 ? "f32" : "bf16"; }
-const char* rep_kind_name(RepKind r) { return r == RepKind::kMean ? "mean" : "quest"; }
+const char* kv_dtype_name(KvDtype d) {
+  return d == KvDtype::kF32 ? "f32" : "bf16";
+}
+const char* rep_kind_name(RepKind r) {
+  return r == RepKind::kMean ? "mean" : "quest";
+}
 
 Result<KvDtype> parse_kv_dtype(const std::string& s) {
   if (s == "f32") return KvDtype::kF32;
@@ -28,24 +32,37 @@ Result<RepKind> parse_rep_kind(const std::string& s) {
   return invalid_argument("unknown representative '" + s + "' (expected mean or quest)");
 }
 
-void PagedKvCache::FreeDeleter::operator()(void* p) const { std::free(p); }
+void PagedKvCache::FreeDeleter::operator()(void* p) const {
+  std::free(p);
+}
 
 namespace {
 
-int64_t elem_size(KvDtype d) { return d == KvDtype::kF32 ? 4 : 2; }
+int64_t elem_size(KvDtype d) {
+  return d == KvDtype::kF32 ? 4 : 2;
+}
 
 Status validate_config(const KvCacheConfig& c) {
-  if (c.num_layers <= 0) return invalid_argument("num_layers must be positive (got " + std::to_string(c.num_layers) + ")");
-  if (c.num_kv_heads <= 0) return invalid_argument("num_kv_heads must be positive (got " + std::to_string(c.num_kv_heads) + ")");
+  if (c.num_layers <= 0)
+    return invalid_argument("num_layers must be positive (got " + std::to_string(c.num_layers) +
+                            ")");
+  if (c.num_kv_heads <= 0)
+    return invalid_argument("num_kv_heads must be positive (got " + std::to_string(c.num_kv_heads) +
+                            ")");
   if (c.head_dim <= 0 || c.head_dim % 8 != 0)
-    return invalid_argument("head_dim must be a positive multiple of 8 (got " + std::to_string(c.head_dim) + ")");
-  if (c.page_size <= 0) return invalid_argument("page_size must be positive (got " + std::to_string(c.page_size) + ")");
-  if (c.num_pages <= 0) return invalid_argument("num_pages must be positive (got " + std::to_string(c.num_pages) + ")");
+    return invalid_argument("head_dim must be a positive multiple of 8 (got " +
+                            std::to_string(c.head_dim) + ")");
+  if (c.page_size <= 0)
+    return invalid_argument("page_size must be positive (got " + std::to_string(c.page_size) + ")");
+  if (c.num_pages <= 0)
+    return invalid_argument("num_pages must be positive (got " + std::to_string(c.num_pages) + ")");
   if (c.num_pages > std::numeric_limits<int32_t>::max())
-    return invalid_argument("num_pages must fit in 32 bits (got " + std::to_string(c.num_pages) + ")");
+    return invalid_argument("num_pages must fit in 32 bits (got " + std::to_string(c.num_pages) +
+                            ")");
   if (!c.rep_layers.empty() && static_cast<int>(c.rep_layers.size()) != c.num_layers)
     return invalid_argument("rep_layers has " + std::to_string(c.rep_layers.size()) +
-                            " entries but the cache has " + std::to_string(c.num_layers) + " layers");
+                            " entries but the cache has " + std::to_string(c.num_layers) +
+                            " layers");
   return Status::Ok();
 }
 
@@ -56,7 +73,8 @@ int64_t kv_cache_bytes(const KvCacheConfig& c) {
   const int64_t kv = 2 * c.num_pages * c.num_kv_heads * c.page_size * c.head_dim * es;
   const int64_t rep_w = c.rep == RepKind::kQuest ? 2 * c.head_dim : c.head_dim;
   int64_t rep_layers = c.num_layers;
-  if (!c.rep_layers.empty()) rep_layers = std::count(c.rep_layers.begin(), c.rep_layers.end(), true);
+  if (!c.rep_layers.empty())
+    rep_layers = std::count(c.rep_layers.begin(), c.rep_layers.end(), true);
   return kv * c.num_layers + rep_layers * c.num_pages * c.num_kv_heads * rep_w * es;
 }
 
@@ -150,14 +168,16 @@ void PagedKvCache::update_rep(int layer, int32_t page) {
   for (int g = 0; g < H; ++g) {
     const void* kp = k_page(layer, page, g);
     auto key = [&](int s, int i) -> float {
-      return config_.dtype == KvDtype::kF32 ? static_cast<const float*>(kp)[s * d + i]
-                                            : bf16_to_f32(static_cast<const uint16_t*>(kp)[s * d + i]);
+      return config_.dtype == KvDtype::kF32
+                 ? static_cast<const float*>(kp)[s * d + i]
+                 : bf16_to_f32(static_cast<const uint16_t*>(kp)[s * d + i]);
     };
     if (config_.rep == RepKind::kMean) {
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int s = 0; s < B; ++s)
         for (int i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += key(s, i);
-      for (int i = 0; i < d; ++i) row[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / B);
+      for (int i = 0; i < d; ++i)
+        row[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / B);
     } else {
       for (int i = 0; i < d; ++i) {
         float lo = key(0, i), hi = lo;
@@ -180,12 +200,14 @@ void PagedKvCache::update_rep(int layer, int32_t page) {
 }
 
 const void* PagedKvCache::k_page(int layer, int32_t page, int kv_head) const {
-  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * config_.page_size * config_.head_dim;
+  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) *
+                      config_.page_size * config_.head_dim;
   return k_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
 }
 
 const void* PagedKvCache::v_page(int layer, int32_t page, int kv_head) const {
-  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) * config_.page_size * config_.head_dim;
+  const int64_t off = (static_cast<int64_t>(page) * config_.num_kv_heads + kv_head) *
+                      config_.page_size * config_.head_dim;
   return v_[static_cast<size_t>(layer)].get() + off * elem_size(config_.dtype);
 }
 

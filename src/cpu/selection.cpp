@@ -5,7 +5,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-#include "cisa/selection.h"
+#include "cisa/cpu/selection.h"
 
 #include <algorithm>
 #include <bit>
@@ -14,7 +14,7 @@
 #include <string>
 
 #include "attention_page_kernel.h"
-#include "cisa/bf16.h"
+#include "cisa/core/bf16.h"
 
 namespace cisa {
 
@@ -22,8 +22,10 @@ namespace {
 
 template <class T>
 float load(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, float>) return p[i];
-  else return bf16_to_f32(p[i]);
+  if constexpr (std::is_same_v<T, float>)
+    return p[i];
+  else
+    return bf16_to_f32(p[i]);
 }
 
 // Dot product with 8 independent lanes so the compiler vectorises it without -ffast-math.
@@ -52,16 +54,18 @@ float quest_bound(const float* q, const T* r, int d) {
 // representatives a few blocks ahead are prefetched, since a sequence's pages (and so its
 // representatives) need not be adjacent in the pool.
 template <class T>
-void score4_mean512(const T* reps, int64_t stride, std::span<const int32_t> table, const float* q, int d,
-                    int64_t j0, int64_t end, float scale, float* out) {
+void score4_mean512(const T* reps, int64_t stride, std::span<const int32_t> table, const float* q,
+                    int d, int64_t j0, int64_t end, float scale, float* out) {
   constexpr int64_t kAhead = 8;
   const T* r[4];
   for (int x = 0; x < 4; ++x) r[x] = reps + table[static_cast<size_t>(j0 + x)] * stride;
   for (int64_t x = j0 + kAhead; x < std::min(end, j0 + kAhead + 4); ++x) {
     const auto* pr = reinterpret_cast<const char*>(reps + table[static_cast<size_t>(x)] * stride);
-    for (int64_t off = 0; off < static_cast<int64_t>(d * sizeof(T)); off += 64) _mm_prefetch(pr + off, _MM_HINT_T2);
+    for (int64_t off = 0; off < static_cast<int64_t>(d * sizeof(T)); off += 64)
+      _mm_prefetch(pr + off, _MM_HINT_T2);
   }
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                 _mm512_setzero_ps()};
   for (int i = 0; i < d; i += 16) {
     const __m512 qv = _mm512_loadu_ps(q + i);
     for (int x = 0; x < 4; ++x) a[x] = _mm512_fmadd_ps(qv, cpu::load16(r[x] + i), a[x]);
@@ -83,7 +87,8 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
     const T* reps = static_cast<const T*>(cache.rep_pool(layer)) + static_cast<int64_t>(g) * d;
     const int64_t stride = static_cast<int64_t>(cache.num_kv_heads()) * d;
     for (; j + 4 <= n; j += 4)
-      score4_mean512<T>(reps, stride, table.subspan(static_cast<size_t>(first)), q, d, j, n, inv_sqrt_d, scores + j);
+      score4_mean512<T>(reps, stride, table.subspan(static_cast<size_t>(first)), q, d, j, n,
+                        inv_sqrt_d, scores + j);
   }
 #endif
   for (; j < n; ++j) {
@@ -112,9 +117,9 @@ void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t>
 namespace {
 inline uint32_t rank_key(float f) {
   uint32_t b = std::bit_cast<uint32_t>(f);
-  b = b == 0x80000000u ? 0u : b;                                          // −0 → +0
+  b = b == 0x80000000u ? 0u : b;  // −0 → +0
   const uint32_t flip = static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u;
-  return (b & 0x7fffffffu) > 0x7f800000u ? 0u : b ^ flip;                 // NaN → 0
+  return (b & 0x7fffffffu) > 0x7f800000u ? 0u : b ^ flip;  // NaN → 0
 }
 }  // namespace
 
@@ -183,7 +188,8 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   const int threads = pool ? pool->num_threads() : 1;
   SelectionWorkspace local;
   if (!ws) ws = &local;
-  if (ws->threads.size() < static_cast<size_t>(threads)) ws->threads.resize(static_cast<size_t>(threads));
+  if (ws->threads.size() < static_cast<size_t>(threads))
+    ws->threads.resize(static_cast<size_t>(threads));
   auto& scratch = ws->threads;
   // Size every thread's scratch for the largest list up front: which thread takes which list
   // varies from call to call, and a steady decode loop must not allocate.
@@ -203,7 +209,8 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     const int g = static_cast<int>(t % H);
     const auto& grp = out->groups[static_cast<size_t>(t / H)];
     std::fill(qbar, qbar + d, 0.0f);
-    const int64_t r0 = p.qshare_query == QShareQuery::kMean ? grp.row : grp.row + (grp.last - grp.first);
+    const int64_t r0 =
+        p.qshare_query == QShareQuery::kMean ? grp.row : grp.row + (grp.last - grp.first);
     const int64_t r1 = grp.row + (grp.last - grp.first);
     for (int64_t r = r0; r <= r1; ++r) {
       const float* q = index_q + (r * H + g) * d;
@@ -212,7 +219,9 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
     for (int k = 0; k < d; ++k) qbar[k] *= inv;
   };
-  auto eligible_of = [&](int64_t t) { return out->groups[static_cast<size_t>(t / H)].first / B - p.window - p.sink_pages; };
+  auto eligible_of = [&](int64_t t) {
+    return out->groups[static_cast<size_t>(t / H)].first / B - p.window - p.sink_pages;
+  };
 
   // Score every list first, in slices of each query group's page range, when there are fewer
   // lists than threads (decode) or several KV groups: a page's representatives of all KV groups
@@ -229,7 +238,8 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     ws->list_qbar.resize(static_cast<size_t>(num_lists * d));
     ws->list_scores.resize(static_cast<size_t>(ws->score_offsets.back()));
     for (int64_t t = 0; t < num_lists; ++t)
-      if (!out->groups[static_cast<size_t>(t / H)].dense) index_query(t, ws->list_qbar.data() + t * d);
+      if (!out->groups[static_cast<size_t>(t / H)].dense)
+        index_query(t, ws->list_qbar.data() + t * d);
     const int64_t parts = num_groups < threads ? threads : 1;
     pool->parallel_for(num_groups * parts, [&](int64_t sl, int) {
       const int64_t qg = sl / parts, part = sl % parts;
@@ -263,16 +273,18 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       s.qbar.resize(static_cast<size_t>(d));
       index_query(t, s.qbar.data());
       s.scores.resize(static_cast<size_t>(end_eligible - first_eligible));
-      score_chunks(cache, layer, table, g, s.qbar.data(), first_eligible, end_eligible - first_eligible,
-                   s.scores.data());
+      score_chunks(cache, layer, table, g, s.qbar.data(), first_eligible,
+                   end_eligible - first_eligible, s.scores.data());
       scores = s.scores;
     }
     select_topk(scores, p.budget, &s.top, &s.tmp);
     for (auto& j : s.top) j += static_cast<int32_t>(first_eligible);  // to absolute chunk indices
     write_page_list(table, cache.page_size(), p, s.top, t, out);
   };
-  if (pool) pool->parallel_for(num_lists, task);
-  else for (int64_t t = 0; t < num_lists; ++t) task(t, 0);
+  if (pool)
+    pool->parallel_for(num_lists, task);
+  else
+    for (int64_t t = 0; t < num_lists; ++t) task(t, 0);
   return Status::Ok();
 }
 

@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
   // (one coalesced read each), so neither the K/V copies nor the masks wait on a dependent
   // global load per tile (v1 read both from global memory inside the pipeline).
   int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * NT * LD);  // [kSegPages]
-  int32_t* cid_s = pid_s + SEG;                                     // [kSegPages]
-  int32_t* mid_s = cid_s + SEG;                                     // [kSegPages] union masks
+  int32_t* cid_s = pid_s + SEG;                                    // [kSegPages]
+  int32_t* mid_s = cid_s + SEG;                                    // [kSegPages] union masks
   const int64_t n_pages = uni ? a.ucounts[t.union_id] : t.page1 - t.page0;
   auto load_tile = [&](int stage, int tile, int seg_n) {
     constexpr int CPR = D / 8;  // 16-byte pieces per token row
@@ -113,16 +113,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
   };
 
   // ldmatrix lanes (K and V alike): lane L gives the address of row L & 15 of a 16-token step at
-  // logical chunk 2·k + (L >> 4), which the swizzle puts at chunk (2·k) ^ x, x = (L >> 4) ^ (L & 7).
-  // k and k + 4 differ by chunk 8, outside x's bits, so four lane addresses kaddr[k & 3] (stage 0,
-  // token 0 of the stage) serve every k with immediate offsets: each tile adds its stage offset to
-  // the four once, and every ldmatrix of K and V (V's pool is a constant further) is then
+  // logical chunk 2·k + (L >> 4), which the swizzle puts at chunk (2·k) ^ x, x = (L >> 4) ^ (L &
+  // 7). k and k + 4 differ by chunk 8, outside x's bits, so four lane addresses kaddr[k & 3] (stage
+  // 0, token 0 of the stage) serve every k with immediate offsets: each tile adds its stage offset
+  // to the four once, and every ldmatrix of K and V (V's pool is a constant further) is then
   // [register + immediate]. (v9 first XOR-ed each address, (row + 32·k) ^ 16·x: two more
   // instructions per ldmatrix, and union prefill tiles, 64 ldmatrix per warp and tile, slowed 8 %.)
   uint32_t kaddr[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    kaddr[j] = static_cast<uint32_t>(__cvta_generic_to_shared(ks + (lane & 15) * LD)) + 16u * ((2 * j) ^ ((lane >> 4) ^ (lane & 7)));
+    kaddr[j] = static_cast<uint32_t>(__cvta_generic_to_shared(ks + (lane & 15) * LD)) +
+               16u * ((2 * j) ^ ((lane >> 4) ^ (lane & 7)));
 
   float o[D / 8][4];
 #pragma unroll
@@ -189,7 +190,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
             dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[1], b[3]);
           } else {  // padded rows (d = 256): the v1–v8 addressing, which fits its 255 registers
             const uint16_t* kst = ks + (stage * NT + ph * NTW) * LD;
-            dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+            dev::ldmatrix_x4(b, kst + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 +
+                                    ((lane >> 3) & 1) * 8);
             dev::mma_bf16_16816(s[2 * np], qf[kk], b[0], b[1]);
             dev::mma_bf16_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
           }
@@ -240,10 +242,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
           if constexpr (kSwizzled<D>) {
-            dev::ldmatrix_x4_trans_at(b, kaddr[dp & 3] + toff + ST * NT * LD * 2 + (dp >> 2) * 128 + kt * 16 * LD * 2);
+            dev::ldmatrix_x4_trans_at(
+                b, kaddr[dp & 3] + toff + ST * NT * LD * 2 + (dp >> 2) * 128 + kt * 16 * LD * 2);
           } else {
             const uint16_t* vst = vs + (stage * NT + ph * NTW) * LD;
-            dev::ldmatrix_x4_trans(b, vst + (kt * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
+            dev::ldmatrix_x4_trans(b,
+                                   vst + (kt * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
           }
           dev::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
           dev::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
@@ -256,7 +260,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
     // Page phases 1 … PW−1 hand (m, l, o) to phase 0 of the same rows through shared memory
     // (the K/V stages are free now), laid out [value][warp][lane] so a warp's stores hit 32 banks.
     constexpr int NV = 4 + D / 2;  // m[2], l[2], o[D/8][4] per lane
-    static_assert(sizeof(float) * NV * WARPS * 32 <= sizeof(uint16_t) * 2 * ST * NT * LD, "merge buffer");
+    static_assert(sizeof(float) * NV * WARPS * 32 <= sizeof(uint16_t) * 2 * ST * NT * LD,
+                  "merge buffer");
     float* xs = reinterpret_cast<float*>(smem);
     __syncthreads();  // every warp has left the main loop: the stages are no longer read
     auto at = [&](int v, int w) -> float& { return xs[(v * WARPS + w) * 32 + lane]; };
@@ -336,7 +341,8 @@ __global__ void merge_kernel(const AttentionArgs a) {
       const float w = s < M.splits ? expf(plse[static_cast<int64_t>(s) * M.rows] - mx) : 0.0f;
       sum += w;
       const int n = min(32, M.splits - s0);
-      const float4* po = reinterpret_cast<const float4*>(a.partial_out + (M.partial + static_cast<int64_t>(s0) * M.rows + r) * D);
+      const float4* po = reinterpret_cast<const float4*>(
+          a.partial_out + (M.partial + static_cast<int64_t>(s0) * M.rows + r) * D);
       const int64_t step = static_cast<int64_t>(M.rows) * (D / 4);  // one split, in float4
 #pragma unroll 16
       for (int j = 0; j < n; ++j) {
@@ -380,16 +386,18 @@ __global__ void merge_kernel(const AttentionArgs a) {
 template <int D, int WARPS, int PW, bool UNI>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
-  cudaError_t err = cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t err =
+      cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_kernel<D, WARPS, PW, UNI><<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
+  attention_kernel<D, WARPS, PW, UNI>
+      <<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
-                       cudaStream_t stream) {
+cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+                       bool unions, cudaStream_t stream) {
   if constexpr (D <= tiles::kUnionMaxHeadDim) {
     if (unions)
       return warps == 8 ? launch_typed<D, 8, 1, true>(a, num_tasks, stream)
@@ -405,26 +413,38 @@ cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int
 
 }  // namespace
 
-cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
-                             cudaStream_t stream) {
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+                             bool unions, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   switch (a.head_dim) {
-    case 64: return launch_dim<64>(a, num_tasks, warps, page_warps, unions, stream);
-    case 128: return launch_dim<128>(a, num_tasks, warps, page_warps, unions, stream);
-    case 256: return launch_dim<256>(a, num_tasks, warps, page_warps, unions, stream);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return launch_dim<64>(a, num_tasks, warps, page_warps, unions, stream);
+    case 128:
+      return launch_dim<128>(a, num_tasks, warps, page_warps, unions, stream);
+    case 256:
+      return launch_dim<256>(a, num_tasks, warps, page_warps, unions, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows, cudaStream_t stream) {
+cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows,
+                         cudaStream_t stream) {
   if (num_merges <= 0) return cudaSuccess;
   constexpr int W = tiles::kMergeThreads / 32;
   const dim3 grid(static_cast<unsigned>(num_merges), static_cast<unsigned>((max_rows + W - 1) / W));
   switch (a.head_dim) {
-    case 64: merge_kernel<64><<<grid, tiles::kMergeThreads, 0, stream>>>(a); break;
-    case 128: merge_kernel<128><<<grid, tiles::kMergeThreads, 0, stream>>>(a); break;
-    case 256: merge_kernel<256><<<grid, tiles::kMergeThreads, 0, stream>>>(a); break;
-    default: return cudaErrorInvalidValue;
+    case 64:
+      merge_kernel<64><<<grid, tiles::kMergeThreads, 0, stream>>>(a);
+      break;
+    case 128:
+      merge_kernel<128><<<grid, tiles::kMergeThreads, 0, stream>>>(a);
+      break;
+    case 256:
+      merge_kernel<256><<<grid, tiles::kMergeThreads, 0, stream>>>(a);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

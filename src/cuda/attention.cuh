@@ -16,33 +16,34 @@
 namespace cisa::cuda::detail {
 
 struct AttentionArgs {
-  const uint16_t* k;          // [num_pages][num_kv_heads][16][head_dim] bf16
-  const uint16_t* v;          // same
-  const uint16_t* q;          // [rows][num_q_heads][head_dim] bf16
-  const ListDesc* lists;      // [num_lists]
-  const AttnTask* tasks;      // [num_tasks]
-  const MergeTask* merges;    // [num_merges]
-  const int32_t* pages;       // page lists: physical IDs
-  const int32_t* chunks;      // page lists: logical chunk indices
-  const int32_t* upages;      // union lists (union tasks): physical IDs
-  const int32_t* uchunks;     // union lists: logical chunk indices
-  const int32_t* umask;       // union lists: bit w = member w chose the page
-  const int32_t* ucounts;     // [num_unions] entries of each union list
-  float* out;                 // [rows][num_q_heads][head_dim] f32
-  float* lse;                 // [rows][num_q_heads] f32 or nullptr
-  float* partial_out;         // [partial rows][head_dim] f32
-  float* partial_lse;         // [partial rows] f32
+  const uint16_t* k;        // [num_pages][num_kv_heads][16][head_dim] bf16
+  const uint16_t* v;        // same
+  const uint16_t* q;        // [rows][num_q_heads][head_dim] bf16
+  const ListDesc* lists;    // [num_lists]
+  const AttnTask* tasks;    // [num_tasks]
+  const MergeTask* merges;  // [num_merges]
+  const int32_t* pages;     // page lists: physical IDs
+  const int32_t* chunks;    // page lists: logical chunk indices
+  const int32_t* upages;    // union lists (union tasks): physical IDs
+  const int32_t* uchunks;   // union lists: logical chunk indices
+  const int32_t* umask;     // union lists: bit w = member w chose the page
+  const int32_t* ucounts;   // [num_unions] entries of each union list
+  float* out;               // [rows][num_q_heads][head_dim] f32
+  float* lse;               // [rows][num_q_heads] f32 or nullptr
+  float* partial_out;       // [partial rows][head_dim] f32
+  float* partial_lse;       // [partial rows] f32
   int num_kv_heads, num_q_heads, head_dim;
-  int32_t window;             // sliding window in tokens, 0: none
-  float scale;                // multiplies q·k
+  int32_t window;  // sliding window in tokens, 0: none
+  float scale;     // multiplies q·k
 };
 
 // warps: 4 or 8 (row tile 64 or 128). page_warps (1, 2 or 4; > 1 only with 4 warps, d ≤ 128 and
 // no union tasks): groups of warps that split each tile's pages, for lists of ≤ 64/page_warps rows.
 // unions: the tasks include union tasks (selects the kernel instantiation that handles them).
-cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps, bool unions,
-                             cudaStream_t stream);
+cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
+                             bool unions, cudaStream_t stream);
 // max_rows: the most rows of any merge task (the grid has one warp per row of the largest).
-cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows, cudaStream_t stream);
+cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows,
+                         cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

@@ -27,13 +27,16 @@ namespace {
 constexpr int kD = kWgHeadDim;
 
 // Tile shape per warpgroup count: keys per tile and pipeline stages (tile_sizes.cuh).
-template <int WG> constexpr int kNT = WG == 2 ? tiles::kWgTileTokens2 : tiles::kWgTileTokens1;
-template <int WG> constexpr int kST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
+template <int WG>
+constexpr int kNT = WG == 2 ? tiles::kWgTileTokens2 : tiles::kWgTileTokens1;
+template <int WG>
+constexpr int kST = WG == 2 ? tiles::kWgStages2 : tiles::kWgStages1;
 
 // Stages first (1,024-aligned: the base is rounded up, hence the extra 1 KB), then the page IDs.
 template <int WG>
 constexpr size_t wgmma_smem_bytes() {
-  return size_t{2} * kST<WG> * kNT<WG> * kD * 2 + sizeof(int32_t) * 2 * tiles::kSegPages + kSw128AtomBytes;
+  return size_t{2} * kST<WG> * kNT<WG> * kD * 2 + sizeof(int32_t) * 2 * tiles::kSegPages +
+         kSw128AtomBytes;
 }
 
 template <int WG>
@@ -50,10 +53,11 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   static_assert(NT == 64 || NT == 128, "the score tile is one m64n64 or m64n128 accumulator");
   extern __shared__ __align__(128) uint8_t smem_w[];
   const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_w));
-  uint8_t* ks = smem_w + (((s0 + kSw128AtomBytes - 1) & ~(kSw128AtomBytes - 1)) - s0);  // [ST][kTileBytes]
-  uint8_t* vs = ks + ST * kTileBytes;  // same
-  int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);  // [kSegPages]
-  int32_t* cid_s = pid_s + SEG;                                        // [kSegPages]
+  uint8_t* ks =
+      smem_w + (((s0 + kSw128AtomBytes - 1) & ~(kSw128AtomBytes - 1)) - s0);  // [ST][kTileBytes]
+  uint8_t* vs = ks + ST * kTileBytes;                                         // same
+  int32_t* pid_s = reinterpret_cast<int32_t*>(vs + ST * kTileBytes);          // [kSegPages]
+  int32_t* cid_s = pid_s + SEG;                                               // [kSegPages]
 
   const AttnTask t = a.tasks[blockIdx.x];
   const ListDesc L = a.lists[t.list];
@@ -80,7 +84,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
       const bool ok = pi < seg_n;
       const int64_t phys = ok ? pid_s[pi] : 0;
       const int64_t off = ((phys * a.num_kv_heads + L.kv) * B + tok % B) * kD + c8 * 8;
-      const uint32_t so = stage * kTileBytes + (c8 / 8) * kHalfBytes + dev::sw128_offset(tok, c8 % 8);
+      const uint32_t so =
+          stage * kTileBytes + (c8 / 8) * kHalfBytes + dev::sw128_offset(tok, c8 % 8);
       dev::cp_async16(ks + so, a.k + off, ok ? 16 : 0);
       dev::cp_async16(vs + so, a.v + off, ok ? 16 : 0);
     }
@@ -91,8 +96,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kAttnLog2e;
-  float s[NT / 2];             // scores of the tile being softmaxed, then its P (f32)
-  uint32_t pa[NT / 16][4];     // P of the tile whose P·V is issued (read by the wgmma in flight)
+  float s[NT / 2];          // scores of the tile being softmaxed, then its P (f32)
+  uint32_t pa[NT / 16][4];  // P of the tile whose P·V is issued (read by the wgmma in flight)
   float corr[2];
 
   // S = Q·Kᵀ and O += P·V of the tile in `stage` (issued, not waited; attention_wgmma_tile.cuh).
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
         dev::wgmma_wait<1>();  // S of tile j + 1 (P·V of tile j may still run)
         dev::fence_regs(s);
         softmax(j + 1, seg_n);
-        dev::fence_regs(s);  // keeps the softmax above the wait in the PTX (ptxas may still move
+        dev::fence_regs(s);    // keeps the softmax above the wait in the PTX (ptxas may still move
         dev::wgmma_wait<0>();  // the wait up: see docs/cuda-notes.md, v4g/v4h)
         dev::fence_regs(o);
         dev::fence_regs(pa);  // pa was read by the P·V until here
@@ -209,8 +214,9 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
 template <int WG>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = wgmma_smem_bytes<WG>();
-  cudaError_t err = cudaFuncSetAttribute(attention_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err =
+      cudaFuncSetAttribute(attention_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   attention_wgmma_kernel<WG><<<static_cast<unsigned>(num_tasks), WG * 128, smem, stream>>>(a);
   return cudaGetLastError();
@@ -222,8 +228,8 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions) {
   return tiles::kWgmmaAttention && head_dim == kD && page_warps == 1 && !unions;
 }
 
-cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, bool v5_tiles,
-                                   int ws_copy_warps, cudaStream_t stream) {
+cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps,
+                                   bool v5_tiles, int ws_copy_warps, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
   // v5_tiles (AttentionKernel::kWgmmaV5) keeps every tile on the v4/v5 kernel (A/B runs).
@@ -231,8 +237,9 @@ cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, in
     return tiles::kWgmmaWarpSpecialized && !v5_tiles
                ? launch_attention_wgmma_ws(a, num_tasks, false, ws_copy_warps, stream)
                : launch_typed<2>(a, num_tasks, stream);
-  return tiles::kWsPairedTiles && !v5_tiles ? launch_attention_wgmma_ws(a, num_tasks, true, 0, stream)
-                                            : launch_typed<1>(a, num_tasks, stream);
+  return tiles::kWsPairedTiles && !v5_tiles
+             ? launch_attention_wgmma_ws(a, num_tasks, true, 0, stream)
+             : launch_typed<1>(a, num_tasks, stream);
 }
 
 }  // namespace cisa::cuda::detail

@@ -24,8 +24,8 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions);
 // warps: 4 or 8 (row tile 64 or 128 = one or two warpgroups); same tasks as launch_attention.
 // v5_tiles: every tile on the v4/v5 kernel instead of the warp-specialised one (A/B runs,
 // AttentionKernel::kWgmmaV5); ws_copy_warps as PlanOptions::ws_copy_warps (0: the default).
-cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps, bool v5_tiles,
-                                   int ws_copy_warps, cudaStream_t stream);
+cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps,
+                                   bool v5_tiles, int ws_copy_warps, cudaStream_t stream);
 
 // The warp-specialised kernel (attention_wgmma_ws.cu; the same contract): 128-row tiles, or
 // (paired) tiles of up to 64 rows, two tasks per block. copy_warps (unpaired tiles only): 1, or 0

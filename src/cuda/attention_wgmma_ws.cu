@@ -54,7 +54,7 @@ struct WsShape {
   static constexpr int NT = PAIR ? tiles::kWsTileTokens / 2 : tiles::kWsTileTokens;
   static constexpr int NP = NT / B;
   static constexpr int RINGS = PAIR ? 2 : 1;
-  static constexpr int kTileBytes = NT * kD * 2;    // K (or V) of one tile
+  static constexpr int kTileBytes = NT * kD * 2;  // K (or V) of one tile
   static constexpr uint32_t kHalfBytes = kWgHalfBytes<NT>;
   static constexpr int kMeta = NP + 2;  // page starts, valid flag, padding (8-byte multiple)
   static_assert(NT == 64 || NT == 128, "one m64n64 or m64n128 score tile");

@@ -7,8 +7,8 @@
 
 #include "attention.cuh"
 #include "attention_wgmma.cuh"
-#include "cisa/cuda_backend.h"
-#include "cisa/plan.h"
+#include "cisa/core/plan.h"
+#include "cisa/cuda/backend.h"
 #include "page_lists.cuh"
 #include "plan_impl.h"
 #include "random_fill.cuh"
@@ -27,7 +27,8 @@ using detail::ScoreStream;
 
 Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
-  const std::string m = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  const std::string m =
+      std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
   if (err == cudaErrorMemoryAllocation) return resource_exhausted(m);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return unavailable(m);
   return internal_error(m);
@@ -53,8 +54,11 @@ bool device_available(std::string* why) {
     return false;
   }
   int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
-    if (why) *why = "the CUDA device is older than compute capability 9.0 (the kernels are built for sm_90a)";
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      major < 9) {
+    if (why)
+      *why =
+          "the CUDA device is older than compute capability 9.0 (the kernels are built for sm_90a)";
     return false;
   }
   return true;
@@ -64,11 +68,21 @@ Plan::Plan() : impl_(std::make_unique<Impl>()) {}
 Plan::~Plan() = default;
 Plan::Plan(Plan&&) noexcept = default;
 Plan& Plan::operator=(Plan&&) noexcept = default;
-const std::vector<QueryGroup>& Plan::groups() const { return impl_->groups; }
-int64_t Plan::total_pages() const { return impl_->total_pages; }
-int64_t Plan::selected_lists() const { return static_cast<int64_t>(impl_->sel.size()); }
-int64_t Plan::num_rows() const { return impl_->num_rows; }
-int64_t Plan::num_unions() const { return static_cast<int64_t>(impl_->unions.size()); }
+const std::vector<QueryGroup>& Plan::groups() const {
+  return impl_->groups;
+}
+int64_t Plan::total_pages() const {
+  return impl_->total_pages;
+}
+int64_t Plan::selected_lists() const {
+  return static_cast<int64_t>(impl_->sel.size());
+}
+int64_t Plan::num_rows() const {
+  return impl_->num_rows;
+}
+int64_t Plan::num_unions() const {
+  return static_cast<int64_t>(impl_->unions.size());
+}
 
 namespace {
 
@@ -77,21 +91,25 @@ constexpr int kB = tiles::kPageSize;
 Status validate_layer(const DeviceLayer& layer) {
   if (!layer.k || !layer.v) return invalid_argument("cuda: the layer's K or V pointer is null");
   if (layer.page_size != kB)
-    return unimplemented("cuda: page_size " + std::to_string(layer.page_size) + " is not supported (the kernels need 16)");
+    return unimplemented("cuda: page_size " + std::to_string(layer.page_size) +
+                         " is not supported (the kernels need 16)");
   if (layer.head_dim != 64 && layer.head_dim != 128 && layer.head_dim != 256)
-    return unimplemented("cuda: head_dim " + std::to_string(layer.head_dim) + " is not supported (64, 128 or 256)");
+    return unimplemented("cuda: head_dim " + std::to_string(layer.head_dim) +
+                         " is not supported (64, 128 or 256)");
   if (layer.num_kv_heads <= 0) return invalid_argument("cuda: num_kv_heads must be positive");
   if (layer.num_pages <= 0 || layer.num_pages > std::numeric_limits<int32_t>::max())
     return invalid_argument("cuda: num_pages must be in [1, 2^31)");
   return Status::Ok();
 }
 
-Status validate_batch_tables(const DeviceBlockTables& tables, std::span<const BatchEntry> batch, int hq, int hkv) {
+Status validate_batch_tables(const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
+                             int hq, int hkv) {
   if (!tables.pages) return invalid_argument("cuda: the block tables' device pointer is null");
   if (tables.offsets.empty()) return invalid_argument("cuda: block table offsets are empty");
   if (hq <= 0 || hq % hkv != 0)
-    return invalid_argument("cuda: query head count " + std::to_string(hq) + " is not a positive multiple of the " +
-                            std::to_string(hkv) + " KV heads");
+    return invalid_argument("cuda: query head count " + std::to_string(hq) +
+                            " is not a positive multiple of the " + std::to_string(hkv) +
+                            " KV heads");
   const auto num_seqs = static_cast<int64_t>(tables.offsets.size()) - 1;
   for (size_t e = 0; e < batch.size(); ++e) {
     const auto& b = batch[e];
@@ -101,12 +119,15 @@ Status validate_batch_tables(const DeviceBlockTables& tables, std::span<const Ba
                        std::to_string(num_seqs) + " tables)");
     if (b.first < 0) return invalid_argument(where + "negative first position");
     if (b.count <= 0) return invalid_argument(where + "query count must be positive");
-    const int64_t pages = tables.offsets[static_cast<size_t>(b.seq) + 1] - tables.offsets[static_cast<size_t>(b.seq)];
+    const int64_t pages =
+        tables.offsets[static_cast<size_t>(b.seq) + 1] - tables.offsets[static_cast<size_t>(b.seq)];
     if (pages < 0) return invalid_argument(where + "block table offsets are not ascending");
     if (b.first + b.count > pages * kB)
-      return out_of_range(where + "queries up to position " + std::to_string(b.first + b.count - 1) +
-                          " but its block table holds " + std::to_string(pages) + " pages");
-    if (b.first + b.count >= (int64_t{1} << 30)) return out_of_range(where + "positions must stay below 2^30");
+      return out_of_range(where + "queries up to position " +
+                          std::to_string(b.first + b.count - 1) + " but its block table holds " +
+                          std::to_string(pages) + " pages");
+    if (b.first + b.count >= (int64_t{1} << 30))
+      return out_of_range(where + "positions must stay below 2^30");
   }
   return Status::Ok();
 }
@@ -115,18 +136,21 @@ Status validate_batch_tables(const DeviceBlockTables& tables, std::span<const Ba
 Status plan_attention(Plan::Impl& P) {
   int sms = 132;
   int dev = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int hg = P.num_q_heads / P.num_kv_heads;
   const int H = P.num_kv_heads;
   int64_t max_rows = 0;
-  for (const auto& g : P.groups) max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
+  for (const auto& g : P.groups)
+    max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
   P.warps = max_rows > 64 ? 8 : 4;
   const int64_t tile = 16 * P.warps;
   // Unions of 2 … kUnionGroups consecutive small selecting groups of one entry (per KV group).
   P.unions.clear();
   P.union_capacity = 0;
   P.union_smem = 0;
-  std::vector<int32_t> union_at(P.lists.size(), -1);  // union id at its first list, −2 other members
+  std::vector<int32_t> union_at(P.lists.size(),
+                                -1);  // union id at its first list, −2 other members
   const auto list_size = [](const ListDesc& d) {
     return static_cast<int64_t>(d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
   };
@@ -134,7 +158,8 @@ Status plan_attention(Plan::Impl& P) {
     const size_t ng = P.groups.size();
     const auto small = [&](size_t g) {
       const auto& q = P.groups[g];
-      return !q.dense && P.lists[g * static_cast<size_t>(H)].k > 0 && (q.last - q.first + 1) * hg <= 16;
+      return !q.dense && P.lists[g * static_cast<size_t>(H)].k > 0 &&
+             (q.last - q.first + 1) * hg <= 16;
     };
     for (size_t gi = 0; gi < ng;) {
       if (!small(gi)) {
@@ -146,7 +171,8 @@ Status plan_attention(Plan::Impl& P) {
              P.groups[gj].entry == P.groups[gi].entry)
         ++gj;
       const auto& last0 = P.lists[(gj - 1) * static_cast<size_t>(H)];
-      if (gj - gi >= 2 && detail::union_smem_bytes(last0.post_end - 1) <= static_cast<size_t>(tiles::kUnionMaxSmem)) {
+      if (gj - gi >= 2 && detail::union_smem_bytes(last0.post_end - 1) <=
+                              static_cast<size_t>(tiles::kUnionMaxSmem)) {
         for (int kv = 0; kv < H; ++kv) {
           const size_t first = gi * static_cast<size_t>(H) + static_cast<size_t>(kv);
           const auto& last = P.lists[(gj - 1) * static_cast<size_t>(H) + static_cast<size_t>(kv)];
@@ -196,7 +222,8 @@ Status plan_attention(Plan::Impl& P) {
     if (union_at[L] >= 0) {
       const auto& u = P.unions[static_cast<size_t>(union_at[L])];
       int64_t cap = 0;
-      for (int m = 0; m < u.members; ++m) cap += list_size(P.lists[static_cast<size_t>(u.first_list + m * u.stride)]);
+      for (int m = 0; m < u.members; ++m)
+        cap += list_size(P.lists[static_cast<size_t>(u.first_list + m * u.stride)]);
       detail::AttnTask t{};
       t.list = static_cast<int32_t>(L);
       t.row0 = 0;
@@ -214,7 +241,9 @@ Status plan_attention(Plan::Impl& P) {
     const int64_t n = list_size(d);
     // Page-split (decode) plans round down: pairs · splits must not pass the target, or a few
     // tasks form one more wave (v5: 32 lists × 17 splits = 544 tasks on 264 block slots).
-    int64_t splits = pairs >= target ? 1 : P.page_warps > 1 ? target / pairs : (target + pairs - 1) / pairs;
+    int64_t splits = pairs >= target    ? 1
+                     : P.page_warps > 1 ? target / pairs
+                                        : (target + pairs - 1) / pairs;
     splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
@@ -231,7 +260,8 @@ Status plan_attention(Plan::Impl& P) {
         P.tasks.push_back(t);
       }
       if (splits > 1) {
-        P.merges.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R, static_cast<int32_t>(splits), base});
+        P.merges.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R,
+                            static_cast<int32_t>(splits), base});
         P.partial_rows += splits * R;
         P.merge_max_rows = std::max(P.merge_max_rows, static_cast<int>(R));
       }
@@ -244,7 +274,9 @@ template <class T>
 Status upload(DeviceBuffer& buf, const std::vector<T>& host, const char* what) {
   CISA_RETURN_IF_ERROR(buf.reserve(std::max<size_t>(1, host.size()) * sizeof(T), what));
   if (host.empty()) return Status::Ok();
-  return cuda_status(cudaMemcpy(buf.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), what);
+  return cuda_status(
+      cudaMemcpy(buf.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+      what);
 }
 
 // Sizes the lists (already described in P.lists), score streams, attention work; uploads.
@@ -255,7 +287,8 @@ Status finish_plan(Plan::Impl& P) {
   for (size_t i = 0; i < P.lists.size(); ++i) {
     auto& d = P.lists[i];
     d.out_begin = out;
-    P.max_fixed = std::max<int64_t>(P.max_fixed, (d.pre_end - d.pre_begin) + (d.post_end - d.post_begin));
+    P.max_fixed =
+        std::max<int64_t>(P.max_fixed, (d.pre_end - d.pre_begin) + (d.post_end - d.post_begin));
     out += (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
     d.score_begin = score;
     if (d.k > 0) {
@@ -279,8 +312,13 @@ Status finish_plan(Plan::Impl& P) {
       for (int g = 0; g < H; ++g) {
         const auto& first = P.lists[s0 * static_cast<size_t>(H) + static_cast<size_t>(g)];
         const auto& last = P.lists[(gj - 1) * static_cast<size_t>(H) + static_cast<size_t>(g)];
-        ScoreStream s{first.table_begin, static_cast<int32_t>(s0 * static_cast<size_t>(H) + static_cast<size_t>(g)),
-                      static_cast<int32_t>(gj - s0), H, g, first.elig_begin, last.elig_end};
+        ScoreStream s{first.table_begin,
+                      static_cast<int32_t>(s0 * static_cast<size_t>(H) + static_cast<size_t>(g)),
+                      static_cast<int32_t>(gj - s0),
+                      H,
+                      g,
+                      first.elig_begin,
+                      last.elig_end};
         P.streams.push_back(s);
         P.max_stream_lists = std::max(P.max_stream_lists, s.num_lists);
         P.max_score_span = std::max<int32_t>(P.max_score_span, s.elig_end_max - s.elig_begin);
@@ -301,22 +339,29 @@ Status finish_plan(Plan::Impl& P) {
   CISA_RETURN_IF_ERROR(P.d_umask.reserve(ucap, "cuda plan: union masks"));
   CISA_RETURN_IF_ERROR(P.d_ucounts.reserve(std::max<size_t>(1, P.unions.size()) * sizeof(int32_t),
                                            "cuda plan: union sizes"));
-  CISA_RETURN_IF_ERROR(P.d_pages.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: page lists"));
-  CISA_RETURN_IF_ERROR(P.d_chunks.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: chunk lists"));
-  CISA_RETURN_IF_ERROR(P.d_scores.reserve(std::max<int64_t>(1, score) * sizeof(float), "cuda plan: scores"));
-  CISA_RETURN_IF_ERROR(P.d_qbar.reserve(std::max<size_t>(1, P.lists.size()) * P.head_dim * sizeof(float),
-                                        "cuda plan: index queries"));
-  CISA_RETURN_IF_ERROR(P.d_qsplit.reserve(std::max<size_t>(1, P.lists.size()) * 3 * P.head_dim * sizeof(uint16_t),
-                                          "cuda plan: index queries as bf16 terms"));
-  CISA_RETURN_IF_ERROR(P.d_partial_out.reserve(std::max<int64_t>(1, P.partial_rows) * P.head_dim * sizeof(float),
-                                               "cuda plan: split-KV partials"));
+  CISA_RETURN_IF_ERROR(
+      P.d_pages.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: page lists"));
+  CISA_RETURN_IF_ERROR(
+      P.d_chunks.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: chunk lists"));
+  CISA_RETURN_IF_ERROR(
+      P.d_scores.reserve(std::max<int64_t>(1, score) * sizeof(float), "cuda plan: scores"));
+  CISA_RETURN_IF_ERROR(
+      P.d_qbar.reserve(std::max<size_t>(1, P.lists.size()) * P.head_dim * sizeof(float),
+                       "cuda plan: index queries"));
+  CISA_RETURN_IF_ERROR(
+      P.d_qsplit.reserve(std::max<size_t>(1, P.lists.size()) * 3 * P.head_dim * sizeof(uint16_t),
+                         "cuda plan: index queries as bf16 terms"));
+  CISA_RETURN_IF_ERROR(
+      P.d_partial_out.reserve(std::max<int64_t>(1, P.partial_rows) * P.head_dim * sizeof(float),
+                              "cuda plan: split-KV partials"));
   CISA_RETURN_IF_ERROR(P.d_partial_lse.reserve(std::max<int64_t>(1, P.partial_rows) * sizeof(float),
                                                "cuda plan: split-KV partial lse"));
   return Status::Ok();
 }
 
-Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
-                  int hq, const PlanOptions& options, Plan* plan) {
+Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
+                  std::span<const BatchEntry> batch, int hq, const PlanOptions& options,
+                  Plan* plan) {
   if (!plan) return invalid_argument("cuda: null plan");
   if (options.blocks_per_sm < 0 || options.blocks_per_sm > 1024)
     return invalid_argument("cuda: PlanOptions::blocks_per_sm must be in [0, 1024] (got " +
@@ -340,7 +385,8 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables, std
   return Status::Ok();
 }
 
-ListDesc make_list(const DeviceBlockTables& tables, std::span<const BatchEntry> batch, const QueryGroup& g, int kv) {
+ListDesc make_list(const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
+                   const QueryGroup& g, int kv) {
   ListDesc d{};
   d.table_begin = tables.offsets[static_cast<size_t>(batch[static_cast<size_t>(g.entry)].seq)];
   d.q_row = g.row;
@@ -352,8 +398,9 @@ ListDesc make_list(const DeviceBlockTables& tables, std::span<const BatchEntry> 
 
 }  // namespace
 
-Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
-                  int num_q_heads, int64_t sliding_window, Plan* plan, const PlanOptions& options) {
+Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables,
+                  std::span<const BatchEntry> batch, int num_q_heads, int64_t sliding_window,
+                  Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (sliding_window < 0) return invalid_argument("cuda: sliding_window must be >= 0");
   auto& P = *plan->impl();
@@ -375,8 +422,9 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables, std
   return finish_plan(P);
 }
 
-Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, std::span<const BatchEntry> batch,
-                   int num_q_heads, const SelectionParams& p, Plan* plan, const PlanOptions& options) {
+Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
+                   std::span<const BatchEntry> batch, int num_q_heads, const SelectionParams& p,
+                   Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
@@ -399,7 +447,8 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, st
         d.post_begin = static_cast<int32_t>(l.tail_begin);
         d.post_end = static_cast<int32_t>(l.tail_end);
         const int64_t last_row = grp.row + (grp.last - grp.first);
-        d.qbar_row0 = static_cast<int32_t>(p.qshare_query == QShareQuery::kMean ? grp.row : last_row);
+        d.qbar_row0 =
+            static_cast<int32_t>(p.qshare_query == QShareQuery::kMean ? grp.row : last_row);
         d.qbar_row1 = static_cast<int32_t>(last_row);
       }
       P.lists.push_back(d);
@@ -408,46 +457,51 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables, st
   return finish_plan(P);
 }
 
-Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float* index_q, SelectStage stage,
-                        void* stream) {
+Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float* index_q,
+                        SelectStage stage, void* stream) {
   const auto& P = *plan.impl();
   auto s = static_cast<cudaStream_t>(stream);
   if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim)
     return invalid_argument("cuda: the layer does not have the shape the plan was built for");
   switch (stage) {
     case SelectStage::kSetup:
-      return cuda_status(detail::launch_assemble_lists(P.d_lists.as<ListDesc>(), static_cast<int64_t>(P.lists.size()),
-                                                       P.max_fixed, P.block_pages, P.d_pages.as<int32_t>(),
-                                                       P.d_chunks.as<int32_t>(), s),
-                         "cuda: page-list assembly");
+      return cuda_status(
+          detail::launch_assemble_lists(
+              P.d_lists.as<ListDesc>(), static_cast<int64_t>(P.lists.size()), P.max_fixed,
+              P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+          "cuda: page-list assembly");
     case SelectStage::kScore:
       if (P.sel.empty()) return Status::Ok();
-      if (!index_q) return invalid_argument("cuda: null index query pointer for a plan that selects");
+      if (!index_q)
+        return invalid_argument("cuda: null index query pointer for a plan that selects");
       if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
-      CISA_RETURN_IF_ERROR(cuda_status(
-          detail::launch_index_queries(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
-                                       static_cast<int64_t>(P.sel.size()), index_q, P.num_kv_heads, P.head_dim,
-                                       P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), s),
-          "cuda: index queries"));
-      return cuda_status(detail::launch_score(P.d_streams.as<ScoreStream>(), static_cast<int64_t>(P.streams.size()),
-                                              P.max_score_span, P.max_stream_lists, P.d_lists.as<ListDesc>(), P.block_pages, layer.reps,
-                                              P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), P.num_kv_heads, P.head_dim, P.quest,
-                                              P.d_scores.as<float>(), s),
-                         "cuda: scoring");
+      CISA_RETURN_IF_ERROR(
+          cuda_status(detail::launch_index_queries(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
+                                                   static_cast<int64_t>(P.sel.size()), index_q,
+                                                   P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
+                                                   P.d_qsplit.as<uint16_t>(), s),
+                      "cuda: index queries"));
+      return cuda_status(
+          detail::launch_score(P.d_streams.as<ScoreStream>(),
+                               static_cast<int64_t>(P.streams.size()), P.max_score_span,
+                               P.max_stream_lists, P.d_lists.as<ListDesc>(), P.block_pages,
+                               layer.reps, P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
+                               P.num_kv_heads, P.head_dim, P.quest, P.d_scores.as<float>(), s),
+          "cuda: scoring");
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
-      CISA_RETURN_IF_ERROR(
-          cuda_status(detail::launch_topk(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
-                                          static_cast<int64_t>(P.sel.size()), P.d_scores.as<float>(), P.block_pages,
-                                          P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
-                      "cuda: top-k"));
-      return cuda_status(detail::launch_build_unions(P.d_unions.as<detail::UnionDesc>(),
-                                                     static_cast<int64_t>(P.unions.size()), P.union_smem,
-                                                     P.d_lists.as<ListDesc>(), P.d_chunks.as<int32_t>(),
-                                                     P.block_pages, P.d_upages.as<int32_t>(),
-                                                     P.d_uchunks.as<int32_t>(), P.d_umask.as<int32_t>(),
-                                                     P.d_ucounts.as<int32_t>(), s),
-                         "cuda: union lists");
+      CISA_RETURN_IF_ERROR(cuda_status(
+          detail::launch_topk(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
+                              static_cast<int64_t>(P.sel.size()), P.d_scores.as<float>(),
+                              P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+          "cuda: top-k"));
+      return cuda_status(
+          detail::launch_build_unions(
+              P.d_unions.as<detail::UnionDesc>(), static_cast<int64_t>(P.unions.size()),
+              P.union_smem, P.d_lists.as<ListDesc>(), P.d_chunks.as<int32_t>(), P.block_pages,
+              P.d_upages.as<int32_t>(), P.d_uchunks.as<int32_t>(), P.d_umask.as<int32_t>(),
+              P.d_ucounts.as<int32_t>(), s),
+          "cuda: union lists");
   }
   return invalid_argument("cuda: unknown selection stage");
 }
@@ -458,8 +512,8 @@ Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index
   return run_select_stage(plan, layer, index_q, SelectStage::kTopK, stream);
 }
 
-Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale, float* out,
-                     float* lse, void* stream) {
+Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale,
+                     float* out, float* lse, void* stream) {
   const auto& P = *plan.impl();
   if (!q || !out) return invalid_argument("cuda: null query or output pointer");
   if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim || !layer.k || !layer.v)
@@ -494,26 +548,30 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
           ? detail::launch_attention_wgmma(a, n_tasks, P.warps,
                                            P.options.attention_kernel == AttentionKernel::kWgmmaV5,
                                            P.options.ws_copy_warps, s)
-              : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
+          : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
-  return cuda_status(detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
-                     "cuda: split-KV merge");
+  return cuda_status(
+      detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
+      "cuda: split-KV merge");
 }
 
 Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream) {
   CISA_RETURN_IF_ERROR(validate_layer(layer));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
-  if (n < 0 || n > std::numeric_limits<int32_t>::max()) return invalid_argument("cuda: page count out of range");
+  if (n < 0 || n > std::numeric_limits<int32_t>::max())
+    return invalid_argument("cuda: page count out of range");
   if (n > 0 && !pages) return invalid_argument("cuda: null page pointer");
-  return cuda_status(detail::launch_update_reps(layer.k, layer.reps, pages, n, layer.num_kv_heads, layer.head_dim,
-                                                layer.rep == RepKind::kQuest, static_cast<cudaStream_t>(stream)),
-                     "cuda: representative update");
+  return cuda_status(
+      detail::launch_update_reps(layer.k, layer.reps, pages, n, layer.num_kv_heads, layer.head_dim,
+                                 layer.rep == RepKind::kQuest, static_cast<cudaStream_t>(stream)),
+      "cuda: representative update");
 }
 
 Status fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, void* stream) {
   if (n > 0 && !data) return invalid_argument("cuda: null fill pointer");
-  return cuda_status(detail::launch_fill_random_bf16(data, n, seed, scale, static_cast<cudaStream_t>(stream)),
-                     "cuda: random fill");
+  return cuda_status(
+      detail::launch_fill_random_bf16(data, n, seed, scale, static_cast<cudaStream_t>(stream)),
+      "cuda: random fill");
 }
 
 Status download_page_lists(const Plan& plan, PageLists* out) {
@@ -525,16 +583,19 @@ Status download_page_lists(const Plan& plan, PageLists* out) {
   out->pages.resize(static_cast<size_t>(P.total_pages));
   out->chunks.resize(static_cast<size_t>(P.total_pages));
   if (P.total_pages > 0) {
-    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(out->pages.data(), P.d_pages.as<void>(),
-                                                out->pages.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
-                                     "cuda: page-list download"));
-    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(out->chunks.data(), P.d_chunks.as<void>(),
-                                                out->chunks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
-                                     "cuda: chunk-list download"));
+    CISA_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(out->pages.data(), P.d_pages.as<void>(),
+                               out->pages.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                    "cuda: page-list download"));
+    CISA_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(out->chunks.data(), P.d_chunks.as<void>(),
+                               out->chunks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                    "cuda: chunk-list download"));
   }
   out->offsets.push_back(0);
   for (const auto& d : P.lists) {
-    out->offsets.push_back(out->offsets.back() + (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin));
+    out->offsets.push_back(out->offsets.back() + (d.pre_end - d.pre_begin) + d.k +
+                           (d.post_end - d.post_begin));
     out->num_selected.push_back(d.k);
   }
   return Status::Ok();
@@ -548,25 +609,29 @@ Status count_read_pages(const Plan& plan, int64_t* pages) {
     if (t.members == 0) n += t.page1 - t.page0;
   if (!P.unions.empty()) {
     std::vector<int32_t> counts(P.unions.size());
-    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(counts.data(), P.d_ucounts.as<void>(), counts.size() * sizeof(int32_t),
-                                                cudaMemcpyDeviceToHost),
-                                     "cuda: union size download"));
+    CISA_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(counts.data(), P.d_ucounts.as<void>(),
+                               counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                    "cuda: union size download"));
     for (int32_t c : counts) n += c;
   }
   *pages = n;
   return Status::Ok();
 }
 
-Status download_scores(const Plan& plan, std::vector<float>* scores, std::vector<int64_t>* offsets) {
+Status download_scores(const Plan& plan, std::vector<float>* scores,
+                       std::vector<int64_t>* offsets) {
   const auto& P = *plan.impl();
   if (!scores || !offsets) return invalid_argument("cuda: null output");
   scores->resize(static_cast<size_t>(P.score_total));
   if (P.score_total > 0)
-    CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpy(scores->data(), P.d_scores.as<void>(),
-                                                scores->size() * sizeof(float), cudaMemcpyDeviceToHost),
-                                     "cuda: score download"));
+    CISA_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(scores->data(), P.d_scores.as<void>(),
+                               scores->size() * sizeof(float), cudaMemcpyDeviceToHost),
+                    "cuda: score download"));
   offsets->assign(1, 0);
-  for (const auto& d : P.lists) offsets->push_back(offsets->back() + (d.k > 0 ? d.elig_end - d.elig_begin : 0));
+  for (const auto& d : P.lists)
+    offsets->push_back(offsets->back() + (d.k > 0 ? d.elig_end - d.elig_begin : 0));
   return Status::Ok();
 }
 

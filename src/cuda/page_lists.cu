@@ -7,7 +7,8 @@
 namespace cisa::cuda::detail {
 namespace {
 
-__global__ void assemble_lists_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ block_pages,
+__global__ void assemble_lists_kernel(const ListDesc* __restrict__ lists,
+                                      const int32_t* __restrict__ block_pages,
                                       int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   const ListDesc L = lists[blockIdx.x];
   const int32_t* table = block_pages + L.table_begin;
@@ -28,13 +29,15 @@ __global__ void assemble_lists_kernel(const ListDesc* __restrict__ lists, const 
 }  // namespace
 
 cudaError_t launch_assemble_lists(const ListDesc* lists, int64_t num_lists, int64_t max_fixed,
-                                  const int32_t* block_pages, int32_t* pages, int32_t* chunks, cudaStream_t stream) {
+                                  const int32_t* block_pages, int32_t* pages, int32_t* chunks,
+                                  cudaStream_t stream) {
   if (num_lists <= 0 || max_fixed <= 0) return cudaSuccess;
   constexpr int64_t per_block = int64_t{tiles::kAssembleThreads} * tiles::kAssembleItems;
   const int64_t slices = (max_fixed + per_block - 1) / per_block;
   if (slices > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(num_lists), static_cast<unsigned>(slices));
-  assemble_lists_kernel<<<grid, tiles::kAssembleThreads, 0, stream>>>(lists, block_pages, pages, chunks);
+  assemble_lists_kernel<<<grid, tiles::kAssembleThreads, 0, stream>>>(lists, block_pages, pages,
+                                                                      chunks);
   return cudaGetLastError();
 }
 

@@ -15,6 +15,7 @@ namespace cisa::cuda::detail {
 // + tail) of any list; block_pages: concatenated block tables (device); pages, chunks: [total]
 // page-list arrays (device, written).
 cudaError_t launch_assemble_lists(const ListDesc* lists, int64_t num_lists, int64_t max_fixed,
-                                  const int32_t* block_pages, int32_t* pages, int32_t* chunks, cudaStream_t stream);
+                                  const int32_t* block_pages, int32_t* pages, int32_t* chunks,
+                                  cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/cuda_backend.h"
-#include "cisa/status.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
+#include "cisa/cuda/backend.h"
 #include "plan_types.h"
 
 namespace cisa::cuda {
@@ -18,11 +18,16 @@ namespace cisa::cuda {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   Status reserve(size_t bytes, const char* what);
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -11,16 +11,16 @@ namespace cisa::cuda::detail {
 //   k chunks selected from [elig_begin, elig_end), ascending (sparse list only)
 //   chunks [post_begin, post_end)        window as seen from the group's first position + tail
 struct ListDesc {
-  int64_t table_begin;  // offset of the sequence's block table in DeviceBlockTables::pages
-  int64_t out_begin;    // offset of the list in the page/chunk arrays
-  int64_t score_begin;  // offset of its scores (sparse lists)
-  int64_t q_row;        // packed query row of the group's first position
+  int64_t table_begin;          // offset of the sequence's block table in DeviceBlockTables::pages
+  int64_t out_begin;            // offset of the list in the page/chunk arrays
+  int64_t score_begin;          // offset of its scores (sparse lists)
+  int64_t q_row;                // packed query row of the group's first position
   int32_t first_pos, last_pos;  // absolute positions of the group's first and last query
   int32_t kv;                   // KV group
   int32_t pre_begin, pre_end;
   int32_t elig_begin, elig_end;
   int32_t post_begin, post_end;
-  int32_t k;      // chunks chosen by top-k (0: dense list)
+  int32_t k;                     // chunks chosen by top-k (0: dense list)
   int32_t qbar_row0, qbar_row1;  // packed rows averaged into the index query (inclusive)
   int32_t window;                // sliding window in tokens (dense plans), 0: none
 };
@@ -41,8 +41,8 @@ struct ScoreStream {
 // union of the members' pages (UnionDesc), each page tagged with the members that chose it.
 struct AttnTask {
   int32_t list;
-  int32_t row0, rows;  // rows [row0, row0 + rows) of the list (row = position·h_g + head)
-  int32_t members;     // 0: one list; 1–4: union task
+  int32_t row0, rows;    // rows [row0, row0 + rows) of the list (row = position·h_g + head)
+  int32_t members;       // 0: one list; 1–4: union task
   int64_t page0, page1;  // absolute offsets into the page array (union: into the union arrays;
                          // page1 is the capacity, the kernel reads the true size)
   int64_t partial;       // −1: writes the output; else first row of its partial slot
@@ -54,9 +54,9 @@ struct AttnTask {
 // list with a member bit mask per page, so a page chosen by several groups is read once.
 struct UnionDesc {
   int64_t table_begin;
-  int64_t out_begin;    // offset in the union arrays; capacity = Σ member list sizes
+  int64_t out_begin;  // offset in the union arrays; capacity = Σ member list sizes
   int32_t first_list, members, stride;
-  int32_t max_chunk;    // largest chunk a member list can hold
+  int32_t max_chunk;  // largest chunk a member list can hold
 };
 
 // Merges the split-KV partials of one (list, row tile): split s, row r is partial row

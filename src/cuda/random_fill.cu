@@ -19,14 +19,16 @@ __global__ void fill_kernel(uint16_t* data, int64_t n, uint64_t seed, float scal
     // Four 16-bit uniforms in [0, 1): their sum has mean 2 and variance 4/12.
     float s = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) s += static_cast<float>((h >> (16 * j)) & 0xffffu) * (1.0f / 65536.0f);
+    for (int j = 0; j < 4; ++j)
+      s += static_cast<float>((h >> (16 * j)) & 0xffffu) * (1.0f / 65536.0f);
     data[i] = dev::f32_to_bf16((s - 2.0f) * 1.7320508f * scale);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
+cudaError_t launch_fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale,
+                                    cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   fill_kernel<<<132 * 16, 256, 0, stream>>>(data, n, seed, scale);
   return cudaGetLastError();

@@ -8,6 +8,7 @@
 
 namespace cisa::cuda::detail {
 
-cudaError_t launch_fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+cudaError_t launch_fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale,
+                                    cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

@@ -23,9 +23,11 @@ __device__ __forceinline__ uint16_t bf16_bits(float x) {
 // Also q̄ as three bf16 terms for the tensor-core scoring: hi = bf16(q), mid = bf16(q − hi),
 // lo = q − hi − mid. q − hi is exact in f32 and has at most 16 significant bits, its remainder
 // after mid at most 8, so lo is exact in bf16 and hi + mid + lo = q exactly.
-__global__ void index_query_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                                   const float* __restrict__ index_q, int num_kv_heads, int head_dim,
-                                   float* __restrict__ qbar, uint16_t* __restrict__ qsplit) {
+__global__ void index_query_kernel(const ListDesc* __restrict__ lists,
+                                   const int32_t* __restrict__ sel,
+                                   const float* __restrict__ index_q, int num_kv_heads,
+                                   int head_dim, float* __restrict__ qbar,
+                                   uint16_t* __restrict__ qsplit) {
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
   const float inv = 1.0f / static_cast<float>(L.qbar_row1 - L.qbar_row0 + 1);
@@ -47,21 +49,21 @@ __global__ void index_query_kernel(const ListDesc* __restrict__ lists, const int
 
 template <bool kQuest, int QA>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
-score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-             const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-             const float* __restrict__ qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
-             float* __restrict__ scores) {
+    score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                 const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                 const float* __restrict__ qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
+                 float* __restrict__ scores) {
   constexpr int NC = tiles::kScoreChunks, NQ = 16 * QA;
   const ScoreStream S = streams[blockIdx.y];
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NC;
   if (c0 >= S.elig_end_max) return;
   const int nc = min(NC, S.elig_end_max - c0);
   const int rw = kQuest ? 2 * head_dim : head_dim;
-  const int rstride = rw + 1;        // +1 float: chunk rows land on distinct banks
+  const int rstride = rw + 1;  // +1 float: chunk rows land on distinct banks
   const int qstride = head_dim + 1;
   extern __shared__ float smem[];
-  float* rep_s = smem;                       // [NC][rw + 1]
-  float* q_s = rep_s + NC * rstride;         // [NQ][head_dim + 1]
+  float* rep_s = smem;                // [NC][rw + 1]
+  float* q_s = rep_s + NC * rstride;  // [NQ][head_dim + 1]
   __shared__ int32_t end_s[NQ];
   __shared__ int64_t out_s[NQ];
 
@@ -73,7 +75,8 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
     float* dst = rep_s + c * rstride + col;
     if (c < nc) {
       const int64_t page = table[c0 + c];
-      const uint4 raw = *reinterpret_cast<const uint4*>(reps + (page * num_kv_heads + S.kv) * rw + col);
+      const uint4 raw =
+          *reinterpret_cast<const uint4*>(reps + (page * num_kv_heads + S.kv) * rw + col);
       const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
       for (int h = 0; h < 4; ++h) {
@@ -93,7 +96,9 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
     for (int e = threadIdx.x; e < NQ * head_dim; e += blockDim.x) {
       const int qi = e / head_dim, i = e % head_dim;
       q_s[qi * qstride + i] =
-          qi < nq ? qbar[static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * head_dim + i] : 0.0f;
+          qi < nq
+              ? qbar[static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * head_dim + i]
+              : 0.0f;
     }
     for (int qi = threadIdx.x; qi < NQ; qi += blockDim.x) {
       if (qi < nq) {
@@ -152,12 +157,13 @@ score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict
 // registers (8 channels per lane per list) and the D/8 partial sums meet by xor shuffles.
 template <int D, bool kQuest, int NL>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
-score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                 const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                 const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
-  constexpr int LPC = D / 8;                  // lanes per chunk
-  constexpr int CPL = 32 / LPC;               // chunks per warp-wide load
-  constexpr int U = kQuest ? 4 : 8;           // 16-byte loads in flight per lane (quest: 2 per chunk)
+    score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                     const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                     const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
+                     float* __restrict__ scores) {
+  constexpr int LPC = D / 8;         // lanes per chunk
+  constexpr int CPL = 32 / LPC;      // chunks per warp-wide load
+  constexpr int U = kQuest ? 4 : 8;  // 16-byte loads in flight per lane (quest: 2 per chunk)
   constexpr int WARPS = tiles::kScoreThreads / 32;
   constexpr int NCB = tiles::kScoreFewChunks;
   constexpr int PER_ROUND = WARPS * U * CPL;  // chunks of the block per round
@@ -180,8 +186,14 @@ score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
     const int64_t li = S.first_list + static_cast<int64_t>(min(l, nl - 1)) * S.list_stride;
     const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
     const float4 a = qp[0], b = qp[1];
-    q[l][0] = a.x; q[l][1] = a.y; q[l][2] = a.z; q[l][3] = a.w;
-    q[l][4] = b.x; q[l][5] = b.y; q[l][6] = b.z; q[l][7] = b.w;
+    q[l][0] = a.x;
+    q[l][1] = a.y;
+    q[l][2] = a.z;
+    q[l][3] = a.w;
+    q[l][4] = b.x;
+    q[l][5] = b.y;
+    q[l][6] = b.z;
+    q[l][7] = b.w;
     end[l] = l < nl ? lists[li].elig_end : 0;
     out[l] = lists[li].score_begin - lists[li].elig_begin;
   }
@@ -195,7 +207,8 @@ score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
       lo[u] = make_uint4(0, 0, 0, 0);
       if constexpr (kQuest) hi[u] = make_uint4(0, 0, 0, 0);
       if (c < nc) {
-        const uint16_t* r = reps + (static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv) * rw + sub * 8;
+        const uint16_t* r =
+            reps + (static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv) * rw + sub * 8;
         lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
         if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D));
       }
@@ -253,9 +266,10 @@ score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
 // chunk (commutative adds), so equal representatives give bit-equal scores wherever they sit.
 template <int D>
 __global__ void __launch_bounds__(tiles::kScoreThreads, 2)
-score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                  const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+    score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                      const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                      const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
+                      float* __restrict__ scores) {
   constexpr int C = 4;                          // chunks per quad = lanes per quad
   constexpr int J = D / 16;                     // 16-channel steps, 4 channels per lane each
   constexpr int QG = 4;                         // queries per register pass
@@ -276,7 +290,8 @@ score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __res
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int32_t page = __shfl_sync(0xffffffffu, my_page, (lane & ~(C - 1)) + c);
-    const uint16_t* r = reps + (static_cast<int64_t>(page < 0 ? 0 : page) * num_kv_heads + S.kv) * D + 4 * s;
+    const uint16_t* r =
+        reps + (static_cast<int64_t>(page < 0 ? 0 : page) * num_kv_heads + S.kv) * D + 4 * s;
 #pragma unroll
     for (int j = 0; j < J; ++j)
       rv[c][j] = page >= 0 ? __ldg(reinterpret_cast<const uint2*>(r + 16 * j)) : make_uint2(0, 0);
@@ -290,7 +305,8 @@ score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __res
       const int qi = e / (D / 4), i4 = e % (D / 4);
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (qi < nq)
-        v = reinterpret_cast<const float4*>(qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D)[i4];
+        v = reinterpret_cast<const float4*>(
+            qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D)[i4];
       reinterpret_cast<float4*>(q_s)[e] = v;
     }
     for (int qi = threadIdx.x; qi < nq; qi += blockDim.x) {
@@ -353,24 +369,24 @@ __device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
 // bf16 tensor-core scoring (mma.sync m16n8k16, f32 accumulation) for the same streams as
 // score_regs_kernel. A = representatives (16 chunks × 16 channels, exact bf16, the packed words
 // as loaded: no widening), B = index queries split exactly into three bf16 terms q = hi + mid + lo
-// (by index_query_kernel; each product exact in f32; 3 × 8 mantissa bits cover f32's 24), so the only error against the
-// f32 dot product is the order and rounding of the f32 accumulation (well inside the tests'
-// d·2^-24·Σ|q_i r_i| bound). A warp owns 32 chunks (two m16 tiles); lane (g, t) holds words
-// 16b + 4t … + 3 of chunks g and g + 8 of each tile (one 16-byte load per b) and uses word
-// 16b + 4t + 2h (k-slot t) and + 1 (k-slot 4 + t) in k-step (b, h): a permutation of k that is the
-// same for the queries, whose staged rows the lane reads with the same 16-byte offsets.
-// 0 × inf is NaN on the tensor cores where the f32 path gives ±inf: a chunk with a non-finite
+// (by index_query_kernel; each product exact in f32; 3 × 8 mantissa bits cover f32's 24), so the
+// only error against the f32 dot product is the order and rounding of the f32 accumulation (well
+// inside the tests' d·2^-24·Σ|q_i r_i| bound). A warp owns 32 chunks (two m16 tiles); lane (g, t)
+// holds words 16b + 4t … + 3 of chunks g and g + 8 of each tile (one 16-byte load per b) and uses
+// word 16b + 4t + 2h (k-slot t) and + 1 (k-slot 4 + t) in k-step (b, h): a permutation of k that is
+// the same for the queries, whose staged rows the lane reads with the same 16-byte offsets. 0 × inf
+// is NaN on the tensor cores where the f32 path gives ±inf: a chunk with a non-finite
 // representative value is scored by the sequential f32 loop instead (same result as the CPU's
 // order of operations up to rounding; NaN stays NaN).
 template <int D>
 __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMmaThreads)
-score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                 const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                 const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit, int num_kv_heads,
-                 float inv_sqrt_d, float* __restrict__ scores) {
-  constexpr int NB = D / 32;                   // 16-word blocks of a representative row
-  constexpr int QP = tiles::kScoreMmaQueries;  // queries staged per pass
-  constexpr int QW = D / 2 + 4;                // words per staged query row (+16 B spreads banks)
+    score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
+                     const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
+                     const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit,
+                     int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+  constexpr int NB = D / 32;                    // 16-word blocks of a representative row
+  constexpr int QP = tiles::kScoreMmaQueries;   // queries staged per pass
+  constexpr int QW = D / 2 + 4;                 // words per staged query row (+16 B spreads banks)
   constexpr int NCB = tiles::kScoreMmaThreads;  // chunks per block: 32 per warp
   static_assert(D % 32 == 0 && QP % 8 == 0, "tile shape");
   __shared__ __align__(16) uint32_t q_s[3][QP * QW];  // lo, mid, hi terms as bf16 pairs
@@ -381,7 +397,8 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
   if (c0 >= S.elig_end_max) return;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int32_t wbase = c0 + static_cast<int32_t>(threadIdx.x / 32) * 32;
-  const int32_t my_page = wbase + lane < S.elig_end_max ? block_pages[S.table_begin + wbase + lane] : -1;
+  const int32_t my_page =
+      wbase + lane < S.elig_end_max ? block_pages[S.table_begin + wbase + lane] : -1;
 
   uint4 rv[2][2][NB];  // [m tile][row g / g + 8][b]
   int32_t page[2][2];
@@ -394,7 +411,8 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
       const uint16_t* base = reps + (pg * num_kv_heads + S.kv) * D + 8 * t;
 #pragma unroll
       for (int b = 0; b < NB; ++b)
-        rv[mt][r][b] = page[mt][r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(base + 32 * b)) : make_uint4(0, 0, 0, 0);
+        rv[mt][r][b] = page[mt][r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(base + 32 * b))
+                                        : make_uint4(0, 0, 0, 0);
     }
   bool bad[2][2];
 #pragma unroll
@@ -421,7 +439,8 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
       uint4 v = make_uint4(0, 0, 0, 0);
       if (qi < nq)
         v = reinterpret_cast<const uint4*>(
-            qsplit + (static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * 3 + p) * (D / 2))[c4];
+            qsplit +
+            (static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * 3 + p) * (D / 2))[c4];
       *reinterpret_cast<uint4*>(&q_s[p][qi * QW + 4 * c4]) = v;
     }
     for (int qi = threadIdx.x; qi < nq; qi += blockDim.x) {
@@ -442,13 +461,14 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
             const uint32_t b0 = h ? bq.z : bq.x, b1 = h ? bq.w : bq.y;
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-              const uint32_t a[4] = {h ? rv[mt][0][b].z : rv[mt][0][b].x, h ? rv[mt][1][b].z : rv[mt][1][b].x,
-                                     h ? rv[mt][0][b].w : rv[mt][0][b].y, h ? rv[mt][1][b].w : rv[mt][1][b].y};
+              const uint32_t a[4] = {
+                  h ? rv[mt][0][b].z : rv[mt][0][b].x, h ? rv[mt][1][b].z : rv[mt][1][b].x,
+                  h ? rv[mt][0][b].w : rv[mt][0][b].y, h ? rv[mt][1][b].w : rv[mt][1][b].y};
               dev::mma_bf16_16816(acc[mt], a, b0, b1);
             }
           }
         }
-      // Lane (g, t) holds chunks g and g + 8 of each tile for queries n0 + 2t and n0 + 2t + 1.
+        // Lane (g, t) holds chunks g and g + 8 of each tile for queries n0 + 2t and n0 + 2t + 1.
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -460,8 +480,10 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
             if (qi >= nq || chunk >= end_s[qi]) continue;
             float v = acc[mt][2 * r + j];
             if (bad[mt][r]) {
-              const uint16_t* rp = reps + (static_cast<int64_t>(page[mt][r]) * num_kv_heads + S.kv) * D;
-              const float* qp = qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D;
+              const uint16_t* rp =
+                  reps + (static_cast<int64_t>(page[mt][r]) * num_kv_heads + S.kv) * D;
+              const float* qp =
+                  qbar + static_cast<int64_t>(S.first_list + (q0 + qi) * S.list_stride) * D;
               v = 0.0f;
               for (int i = 0; i < D; ++i) v = fmaf(qp[i], dev::bf16_to_f32(rp[i]), v);
             }
@@ -473,28 +495,30 @@ score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __rest
 
 template <int D, bool kQuest>
 void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
-                const int32_t* block_pages, const uint16_t* reps, const float* qbar, int num_kv_heads,
-                float inv_sqrt_d, float* scores, cudaStream_t stream) {
+                const int32_t* block_pages, const uint16_t* reps, const float* qbar,
+                int num_kv_heads, float inv_sqrt_d, float* scores, cudaStream_t stream) {
   if (max_lists <= 1)
-    score_few_kernel<D, kQuest, 1><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps,
-                                                                              qbar, num_kv_heads, inv_sqrt_d, scores);
+    score_few_kernel<D, kQuest, 1><<<grid, tiles::kScoreThreads, 0, stream>>>(
+        streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
   else
     score_few_kernel<D, kQuest, tiles::kScoreFewLists><<<grid, tiles::kScoreThreads, 0, stream>>>(
         streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
 }
 
 template <bool kQuest, int QA>
-cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* lists, const int32_t* block_pages,
-                         const uint16_t* reps, const float* qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
-                         float* scores, cudaStream_t stream) {
+cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* lists,
+                         const int32_t* block_pages, const uint16_t* reps, const float* qbar,
+                         int num_kv_heads, int head_dim, float inv_sqrt_d, float* scores,
+                         cudaStream_t stream) {
   const int rw = kQuest ? 2 * head_dim : head_dim;
   const size_t smem = sizeof(float) * (static_cast<size_t>(tiles::kScoreChunks) * (rw + 1) +
                                        static_cast<size_t>(16 * QA) * (head_dim + 1));
-  cudaError_t err = cudaFuncSetAttribute(score_kernel<kQuest, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err =
+      cudaFuncSetAttribute(score_kernel<kQuest, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  score_kernel<kQuest, QA><<<grid, tiles::kScoreThreads, smem, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                         num_kv_heads, head_dim, inv_sqrt_d, scores);
+  score_kernel<kQuest, QA><<<grid, tiles::kScoreThreads, smem, stream>>>(
+      streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores);
   return cudaSuccess;
 }
 
@@ -504,61 +528,79 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
                                  const float* index_q, int num_kv_heads, int head_dim, float* qbar,
                                  uint16_t* qsplit, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  index_query_kernel<<<static_cast<unsigned>(num_sel), head_dim, 0, stream>>>(lists, sel_lists, index_q,
-                                                                             num_kv_heads, head_dim, qbar, qsplit);
+  index_query_kernel<<<static_cast<unsigned>(num_sel), head_dim, 0, stream>>>(
+      lists, sel_lists, index_q, num_kv_heads, head_dim, qbar, qsplit);
   return cudaGetLastError();
 }
 
-cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span, int32_t max_lists,
-                         const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
-                         const float* qbar, const uint16_t* qsplit, int num_kv_heads, int head_dim, bool quest,
-                         float* scores, cudaStream_t stream) {
+cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
+                         int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
+                         const uint16_t* reps, const float* qbar, const uint16_t* qsplit,
+                         int num_kv_heads, int head_dim, bool quest, float* scores,
+                         cudaStream_t stream) {
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;
   if (max_lists <= tiles::kScoreFewLists) {
-    const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks),
-                    static_cast<unsigned>(num_streams));
-#define CISA_FEW(DD)                                                                                          \
-  if (head_dim == DD) {                                                                                       \
-    if (quest) launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream); \
-    else launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, stream);      \
+    const dim3 grid(
+        static_cast<unsigned>((max_span + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks),
+        static_cast<unsigned>(num_streams));
+#define CISA_FEW(DD)                                                                               \
+  if (head_dim == DD) {                                                                            \
+    if (quest)                                                                                     \
+      launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, \
+                           inv_sqrt_d, scores, stream);                                            \
+    else                                                                                           \
+      launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar,              \
+                            num_kv_heads, inv_sqrt_d, scores, stream);                             \
   }
-    CISA_FEW(64) CISA_FEW(128) CISA_FEW(256)
+    // clang-format off
+    CISA_FEW(64)
+    CISA_FEW(128)
+    CISA_FEW(256)
+    // clang-format on
 #undef CISA_FEW
     return cudaGetLastError();
   }
   if (!quest && (head_dim == 64 || head_dim == 128)) {
-    const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreThreads - 1) / tiles::kScoreThreads),
-                    static_cast<unsigned>(num_streams));
+    const dim3 grid(
+        static_cast<unsigned>((max_span + tiles::kScoreThreads - 1) / tiles::kScoreThreads),
+        static_cast<unsigned>(num_streams));
     const auto* qs = reinterpret_cast<const uint32_t*>(qsplit);
-    const dim3 mgrid(static_cast<unsigned>((max_span + tiles::kScoreMmaThreads - 1) / tiles::kScoreMmaThreads),
-                     static_cast<unsigned>(num_streams));
+    const dim3 mgrid(
+        static_cast<unsigned>((max_span + tiles::kScoreMmaThreads - 1) / tiles::kScoreMmaThreads),
+        static_cast<unsigned>(num_streams));
     if (tiles::kScoreMma && head_dim == 64)
-      score_mma_kernel<64><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar, qs,
-                                                                          num_kv_heads, inv_sqrt_d, scores);
+      score_mma_kernel<64><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(
+          streams, lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
     else if (tiles::kScoreMma)
-      score_mma_kernel<128><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar, qs,
-                                                                           num_kv_heads, inv_sqrt_d, scores);
+      score_mma_kernel<128><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(
+          streams, lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
     else if (head_dim == 64)
-      score_regs_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                       num_kv_heads, inv_sqrt_d, scores);
+      score_regs_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(
+          streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
     else
-      score_regs_kernel<128><<<grid, tiles::kScoreThreads, 0, stream>>>(streams, lists, block_pages, reps, qbar,
-                                                                        num_kv_heads, inv_sqrt_d, scores);
+      score_regs_kernel<128><<<grid, tiles::kScoreThreads, 0, stream>>>(
+          streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),
                   static_cast<unsigned>(num_streams));
   const int qa = max_lists <= 16 ? 1 : max_lists <= 32 ? 2 : 4;
   if (quest) {
-    err = qa == 1 ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-        : qa == 2 ? launch_tiled<true, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-                  : launch_tiled<true, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
+    err = qa == 1   ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar,
+                                          num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+          : qa == 2 ? launch_tiled<true, 2>(grid, streams, lists, block_pages, reps, qbar,
+                                            num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+                    : launch_tiled<true, 4>(grid, streams, lists, block_pages, reps, qbar,
+                                            num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
   } else {
-    err = qa == 1 ? launch_tiled<false, 1>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-        : qa == 2 ? launch_tiled<false, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-                  : launch_tiled<false, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
+    err = qa == 1   ? launch_tiled<false, 1>(grid, streams, lists, block_pages, reps, qbar,
+                                           num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+          : qa == 2 ? launch_tiled<false, 2>(grid, streams, lists, block_pages, reps, qbar,
+                                             num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
+                    : launch_tiled<false, 4>(grid, streams, lists, block_pages, reps, qbar,
+                                             num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
   }
   if (err != cudaSuccess) return err;
   return cudaGetLastError();

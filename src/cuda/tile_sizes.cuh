@@ -14,7 +14,8 @@ constexpr int kRowsPerWarp = 16;
 // Tokens per pipeline stage: 4 pages (64 tokens) at d ≤ 128 keeps S = 16×64 f32 per warp in 32
 // registers and one stage of K+V at 64·128·2·2 B = 32 KB;
 // at d = 256 two pages, so the O accumulator (128 registers) leaves room for S and Q.
-template <int D> constexpr int kStageTokens = D >= 256 ? 32 : 64;
+template <int D>
+constexpr int kStageTokens = D >= 256 ? 32 : 64;
 // Pipeline depth: v1 double-buffered (one 32 KB stage in flight per block while the other is
 // consumed) and reached 2.72 TB/s on sparse decode; three stages keep two in flight. At d = 128:
 // 3 × 32 KB + 6 KB of page IDs = 102 KB per block, two blocks per SM.

@@ -6,16 +6,16 @@
 // index order keeps every key > T and the first need_eq keys == T: that is exactly "ties to the
 // smaller index", and the kept indices come out ascending.
 //
-// Work split (v3, few lists): block r of a list's cluster owns the contiguous slice [r·n/C, (r+1)·n/C) of
-// its scores. Each radix pass counts the slice into a block histogram; after a cluster barrier
-// every block sums the C histograms through distributed shared memory and picks the same digit.
-// For the compaction every block publishes its counts of keys > T and == T; a block's output
-// offset is the number of keys taken by the slices before it (the first need_eq equal keys in
-// index order are taken, so slice r' takes min(n_eq(r'), need_eq − equal keys before r')).
-// v1/v2 ran one 1024-thread block per list: 0.072 ms for the 16 lists of a decode step, 16 SMs
-// busy and 5 dependent sweeps of 65 K scores each. With many lists (prefill) the GPU is full
-// anyway and the cluster barriers only cost (v3 measured top-k 1.7x slower at 2,048 lists), so
-// there each list keeps one 1024-thread block.
+// Work split (v3, few lists): block r of a list's cluster owns the contiguous slice [r·n/C,
+// (r+1)·n/C) of its scores. Each radix pass counts the slice into a block histogram; after a
+// cluster barrier every block sums the C histograms through distributed shared memory and picks the
+// same digit. For the compaction every block publishes its counts of keys > T and == T; a block's
+// output offset is the number of keys taken by the slices before it (the first need_eq equal keys
+// in index order are taken, so slice r' takes min(n_eq(r'), need_eq − equal keys before r')). v1/v2
+// ran one 1024-thread block per list: 0.072 ms for the 16 lists of a decode step, 16 SMs busy and 5
+// dependent sweeps of 65 K scores each. With many lists (prefill) the GPU is full anyway and the
+// cluster barriers only cost (v3 measured top-k 1.7x slower at 2,048 lists), so there each list
+// keeps one 1024-thread block.
 //
 // Histograms are lane-private (bin b of lane j at hist[b·32 + j]): scores of similar magnitude
 // share their top key byte, so one shared counter per bin would serialise most atomics of the
@@ -45,9 +45,9 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // kCluster blocks of kThreads per list (kCluster = 1: one block, no cluster barriers).
 template <int kCluster, int kThreads>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
-topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-            const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
-            int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
+    topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
+                int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int hist[256 * 32];
@@ -99,14 +99,17 @@ topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
       // Every block's slice histogram is complete. (A block writes slice_hist[buf] again two
       // passes later, after the next barrier, which no block passes before it has finished
       // reading this pass's histograms.)
-      if constexpr (kCluster > 1) cluster.sync();
-      else __syncthreads();
+      if constexpr (kCluster > 1)
+        cluster.sync();
+      else
+        __syncthreads();
       // Suffix sums over digits (thread t holds digit 255 − t): the chosen digit d is the one
       // where the count of keys with digit ≥ d first reaches `remaining`.
       int v = 0;
       if (tid < 256)
         for (int r = 0; r < kCluster; ++r)
-          v += kCluster > 1 ? cluster.map_shared_rank(&slice_hist[buf][0], r)[255 - tid] : slice_hist[buf][255 - tid];
+          v += kCluster > 1 ? cluster.map_shared_rank(&slice_hist[buf][0], r)[255 - tid]
+                            : slice_hist[buf][255 - tid];
       int incl;
       Scan(scan_tmp).InclusiveSum(v, incl);
       if (tid < 256 && incl >= remaining && incl - v < remaining) {
@@ -199,11 +202,13 @@ cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t
   if (num_sel <= 0) return cudaSuccess;
   constexpr int C = tiles::kTopkCluster;
   if (num_sel <= tiles::kTopkClusterMaxLists)
-    topk_kernel<C, tiles::kTopkClusterThreads><<<static_cast<unsigned>(num_sel * C), tiles::kTopkClusterThreads, 0,
-                                                 stream>>>(lists, sel_lists, scores, block_pages, pages, chunks);
+    topk_kernel<C, tiles::kTopkClusterThreads>
+        <<<static_cast<unsigned>(num_sel * C), tiles::kTopkClusterThreads, 0, stream>>>(
+            lists, sel_lists, scores, block_pages, pages, chunks);
   else
-    topk_kernel<1, tiles::kTopkThreads><<<static_cast<unsigned>(num_sel), tiles::kTopkThreads, 0, stream>>>(
-        lists, sel_lists, scores, block_pages, pages, chunks);
+    topk_kernel<1, tiles::kTopkThreads>
+        <<<static_cast<unsigned>(num_sel), tiles::kTopkThreads, 0, stream>>>(
+            lists, sel_lists, scores, block_pages, pages, chunks);
   return cudaGetLastError();
 }
 

@@ -12,10 +12,10 @@ namespace {
 constexpr int kThreads = tiles::kUnionThreads;
 
 __global__ void __launch_bounds__(kThreads)
-build_unions_kernel(const UnionDesc* __restrict__ unions, const ListDesc* __restrict__ lists,
-                    const int32_t* __restrict__ chunks, const int32_t* __restrict__ block_pages,
-                    int32_t* __restrict__ upages, int32_t* __restrict__ uchunks, int32_t* __restrict__ umask,
-                    int32_t* __restrict__ counts) {
+    build_unions_kernel(const UnionDesc* __restrict__ unions, const ListDesc* __restrict__ lists,
+                        const int32_t* __restrict__ chunks, const int32_t* __restrict__ block_pages,
+                        int32_t* __restrict__ upages, int32_t* __restrict__ uchunks,
+                        int32_t* __restrict__ umask, int32_t* __restrict__ counts) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   extern __shared__ uint32_t bits[];  // [max_chunk / 8 + 1]
@@ -62,12 +62,13 @@ build_unions_kernel(const UnionDesc* __restrict__ unions, const ListDesc* __rest
 }  // namespace
 
 cudaError_t launch_build_unions(const UnionDesc* unions, int64_t num_unions, size_t smem_bytes,
-                                const ListDesc* lists, const int32_t* chunks, const int32_t* block_pages,
-                                int32_t* upages, int32_t* uchunks, int32_t* umask, int32_t* counts,
-                                cudaStream_t stream) {
+                                const ListDesc* lists, const int32_t* chunks,
+                                const int32_t* block_pages, int32_t* upages, int32_t* uchunks,
+                                int32_t* umask, int32_t* counts, cudaStream_t stream) {
   if (num_unions <= 0) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(build_unions_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem_bytes));
+  cudaError_t err =
+      cudaFuncSetAttribute(build_unions_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes));
   if (err != cudaSuccess) return err;
   build_unions_kernel<<<static_cast<unsigned>(num_unions), kThreads, smem_bytes, stream>>>(
       unions, lists, chunks, block_pages, upages, uchunks, umask, counts);

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "cisa/plan.h"
+#include "cisa/core/plan.h"
 #include "eval_internal.h"
 
 namespace cisa::eval {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cisa/eval.h"
+#include "cisa/model/eval.h"
 
 namespace cisa::eval::detail {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "cisa/eval.h"
-#include "cisa/generate.h"
+#include "cisa/model/eval.h"
+#include "cisa/model/generate.h"
 
 namespace cisa::eval {
 namespace {

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cisa/bf16.h"
-#include "cisa/diagnostics.h"
-#include "cisa/eval.h"
+#include "cisa/core/bf16.h"
+#include "cisa/core/diagnostics.h"
+#include "cisa/model/eval.h"
 
 namespace cisa::eval {
 namespace {

@@ -10,10 +10,10 @@
 #include <set>
 #include <sstream>
 
-#include "cisa/atomic_file.h"
-#include "cisa/gguf.h"
-#include "cisa/json.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/atomic_file.h"
+#include "cisa/core/json.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/tokenizer.h"
 #include "eval_internal.h"
 
 namespace cisa::eval {
@@ -202,11 +202,12 @@ Status run_eval(const EvalPlan& plan) {
       continue;
     }
     if (length != requested)
-      std::fprintf(stderr,
-                   "cisa eval: length %lld leaves no room to generate in the model's %lld-token context: "
-                   "its prompts are %lld tokens (reported under that length)\n",
-                   static_cast<long long>(requested), static_cast<long long>(hp.n_ctx_train),
-                   static_cast<long long>(length));
+      std::fprintf(
+          stderr,
+          "cisa eval: length %lld leaves no room to generate in the model's %lld-token context: "
+          "its prompts are %lld tokens (reported under that length)\n",
+          static_cast<long long>(requested), static_cast<long long>(hp.n_ctx_train),
+          static_cast<long long>(length));
     for (TaskKind t : plan.tasks) {
       for (int64_t i = 0; i < plan.examples; ++i) {
         TaskSpec spec{.kind = t,
@@ -262,7 +263,8 @@ Status run_eval(const EvalPlan& plan) {
     // Models are cached per (configuration, length) and reused by every example of the length,
     // so the KV cache is sized for the longest: the length plus any task's generation limit.
     const int64_t context =
-        ((std::max(w.spec.length, n) + kEvalGenerationRoom + page_size - 1) / page_size) * page_size;
+        ((std::max(w.spec.length, n) + kEvalGenerationRoom + page_size - 1) / page_size) *
+        page_size;
     auto base_line = [&](const EvalConfig& c) {
       Json j = Json::object();
       j["id"] = w.ex.id;

@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
-#include "cisa/atomic_file.h"
-#include "cisa/json.h"
+#include "cisa/core/atomic_file.h"
+#include "cisa/core/json.h"
 #include "eval_internal.h"
 
 namespace cisa::eval {

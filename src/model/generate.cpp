@@ -1,6 +1,6 @@
 // The generation loop (generate.h): requests wait, are admitted into a sequence, prefill and
 // decode in shared forward calls, and finish; text streams through StopStringStream.
-#include "cisa/generate.h"
+#include "cisa/model/generate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -112,7 +112,7 @@ struct Request {
   size_t index = 0;        // what add() returned
   int64_t prefilled = 0;   // prompt tokens already in the sequence
   uint64_t last_step = 0;  // the step that last ran this request (attention-group fairness)
-  int64_t limit = 0;  // generated tokens allowed: min(max_tokens, context − prompt)
+  int64_t limit = 0;       // generated tokens allowed: min(max_tokens, context − prompt)
   double t_added = 0;
   bool cancel_requested = false;
 };
@@ -130,7 +130,7 @@ struct Generator::State {
   size_t running = 0;
   bool in_step = false;
   std::vector<SequenceInput> inputs;
-  std::vector<Request*> order;  // the request of each input
+  std::vector<Request*> order;   // the request of each input
   std::vector<char> has_output;  // per input: its last row has logits (not a middle chunk)
   std::vector<float> logits;
   std::vector<int32_t> greedy;  // a step whose every output row is greedy: the backend's argmax
@@ -308,8 +308,8 @@ Status Generator::step() {
     const SamplingParams& sp = s.order[k]->sampler->params();
     if (s.has_output[k] && !(sp.greedy || sp.temperature == 0.0f)) all_greedy = false;
   }
-  const ForwardOutputs outs = all_greedy ? ForwardOutputs{.argmax = &s.greedy}
-                                         : ForwardOutputs{.logits = &s.logits};
+  const ForwardOutputs outs =
+      all_greedy ? ForwardOutputs{.argmax = &s.greedy} : ForwardOutputs{.logits = &s.logits};
   const double t0 = now_s();
   Status fw = s.model.forward(s.inputs, outs, any_prefill ? s.cb.on_prefill_progress : ProgressFn{},
                               group ? &*group : nullptr);
@@ -339,7 +339,8 @@ Status Generator::step() {
     const size_t i = r.index;
     FinishReason why = FinishReason::kCancelled;
     if (!r.cancel_requested) {  // cancelled from an earlier request's callback in this step
-      const int32_t next = all_greedy ? s.greedy[row] : r.sampler->sample({s.logits.data() + row * vocab, vocab});
+      const int32_t next =
+          all_greedy ? s.greedy[row] : r.sampler->sample({s.logits.data() + row * vocab, vocab});
       if (r.res.tokens.empty()) t.time_to_first_token = now_s() - r.t_added;
       why = s.take_token(i, next);
     }

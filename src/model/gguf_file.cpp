@@ -12,7 +12,7 @@
 #include <new>
 #include <type_traits>
 
-#include "cisa/gguf.h"
+#include "cisa/model/gguf.h"
 
 namespace cisa {
 

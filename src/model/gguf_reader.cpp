@@ -8,7 +8,7 @@
 #include <cstring>
 #include <limits>
 
-#include "cisa/gguf.h"
+#include "cisa/model/gguf.h"
 
 namespace cisa {
 namespace {

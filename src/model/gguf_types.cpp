@@ -2,7 +2,7 @@
 // metadata value-type names.
 #include <limits>
 
-#include "cisa/gguf.h"
+#include "cisa/model/gguf.h"
 
 namespace cisa {
 namespace {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 #include "quant_kernels.h"
 
 namespace cisa {

@@ -1,7 +1,7 @@
 // cisa::Model: loading, sequences, and the forward driver that cuts the inputs into steps of at
 // most prefill_block rows, embeds them, runs the architecture's layers and writes the requested
 // logits.
-#include "cisa/model.h"
+#include "cisa/model/model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include <thread>
 #include <unordered_set>
 
-#include "cisa/thread_pool.h"
+#include "cisa/core/thread_pool.h"
 #include "model_impl.h"
 #include "model_ops.h"
 
@@ -102,8 +102,8 @@ Status Model::Impl::make_backend() {
   CISA_ASSIGN_OR_RETURN(be, opt.backend ? opt.backend(bo) : make_cpu_backend(bo));
   if (!be) return invalid_argument("ModelOptions::backend returned no backend");
   if (be->kind() != BackendKind::kCpu) {
-    const std::string on = std::string(" needs the CPU backend (this model runs on ") +
-                           be->description() + ")";
+    const std::string on =
+        std::string(" needs the CPU backend (this model runs on ") + be->description() + ")";
     if (opt.attention.selector) return invalid_argument("a page selector" + on);
     if (opt.attention_numerics == AttentionNumerics::kLlamaCpp)
       return invalid_argument("llama.cpp attention numerics" + on);
@@ -123,7 +123,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
   CISA_RETURN_IF_ERROR(impl->make_backend());
-  CISA_RETURN_IF_ERROR(admit_model_memory(hp, options, context, *impl->be, /*weights_in_file=*/true));
+  CISA_RETURN_IF_ERROR(
+      admit_model_memory(hp, options, context, *impl->be, /*weights_in_file=*/true));
   CISA_ASSIGN_OR_RETURN(impl->w, bind_weights(file, hp, options.weights_f32, *impl->be));
   CISA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(file));
   if (tok.vocab_size() != hp.n_vocab)
@@ -167,12 +168,12 @@ Status Model::Impl::setup_attention_and_cache() {
       return invalid_argument("two index projections for layer " + std::to_string(p.layer) +
                               ", KV group " + std::to_string(p.kv_group));
     // Bound from this model's copy of the options (the CPU backend keeps the view).
-    CISA_ASSIGN_OR_RETURN(slot, be->bind_matrix(
-                                    {.type = GgmlType::F32,
-                                     .n_rows = h.head_dim,
-                                     .n_cols = h.n_embd,
-                                     .row_bytes = static_cast<uint64_t>(h.n_embd) * sizeof(float),
-                                     .data = reinterpret_cast<const uint8_t*>(p.weight.data())}));
+    CISA_ASSIGN_OR_RETURN(
+        slot, be->bind_matrix({.type = GgmlType::F32,
+                               .n_rows = h.head_dim,
+                               .n_cols = h.n_embd,
+                               .row_bytes = static_cast<uint64_t>(h.n_embd) * sizeof(float),
+                               .data = reinterpret_cast<const uint8_t*>(p.weight.data())}));
   }
 
   KvCacheConfig kc;
@@ -248,8 +249,10 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
 
   // ---- check everything before touching the cache ----
   if (m.tap && !be.cpu_cache())
-    return failed_precondition("forward: an attention tap needs the CPU backend (this model runs "
-                               "on " + be.description() + ")");
+    return failed_precondition(
+        "forward: an attention tap needs the CPU backend (this model runs "
+        "on " +
+        be.description() + ")");
   int64_t total_rows = 0, n_out = 0, pages_needed = 0;
   std::unordered_set<SeqId> seen;
   std::vector<int64_t> start(inputs.size());
@@ -394,15 +397,14 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
     }
     // Page lists of the step, one plan per kind of layer (CISA layers select per layer).
     if (any_swa)
-      CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kSliding, st.batch,
-                                   {.kind = PlanKind::kDense,
-                                    .sliding_window = hp.sliding_window}));
+      CISA_RETURN_IF_ERROR(
+          be.plan(PlanSlot::kSliding, st.batch,
+                  {.kind = PlanKind::kDense, .sliding_window = hp.sliding_window}));
     if (any_dense_global)
       CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kGlobal, st.batch, {.kind = PlanKind::kDense}));
     if (any_cisa)
-      CISA_RETURN_IF_ERROR(be.plan(PlanSlot::kCisa, st.batch,
-                                   {.kind = PlanKind::kCisa,
-                                    .selection = selection}));
+      CISA_RETURN_IF_ERROR(
+          be.plan(PlanSlot::kCisa, st.batch, {.kind = PlanKind::kCisa, .selection = selection}));
     CISA_RETURN_IF_ERROR(m.run_layers());
 
     // Final norm and logits for the wanted rows only (the output matrix is the largest one).

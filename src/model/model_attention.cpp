@@ -4,7 +4,7 @@
 #include <chrono>
 #include <string>
 
-#include "cisa/plan.h"
+#include "cisa/core/plan.h"
 #include "model_impl.h"
 
 namespace cisa {
@@ -156,7 +156,8 @@ Status Model::Impl::mlp(int layer) {
   float* const gate = st.gate->f32();
   CISA_RETURN_IF_ERROR(be->matmul(L.gate, st.xn->f32(), gate, rows));
   CISA_RETURN_IF_ERROR(be->matmul(L.up, st.xn->f32(), st.up->f32(), rows));
-  CISA_RETURN_IF_ERROR(be->gated_activation(hp.activation, gate, st.up->f32(), gate, rows, hp.n_ff));
+  CISA_RETURN_IF_ERROR(
+      be->gated_activation(hp.activation, gate, st.up->f32(), gate, rows, hp.n_ff));
   return be->matmul(L.down, gate, st.o->f32(), rows);
 }
 

@@ -12,11 +12,11 @@
 #include <optional>
 #include <vector>
 
-#include "cisa/backend.h"
-#include "cisa/batch.h"
-#include "cisa/gguf.h"
-#include "cisa/model.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/backend.h"
+#include "cisa/core/batch.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 
@@ -32,8 +32,8 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  BackendMatrix tok_embd;  // [n_vocab][n_embd]
-  BackendMatrix output;    // [n_vocab][n_embd]; the embeddings when tied
+  BackendMatrix tok_embd;              // [n_vocab][n_embd]
+  BackendMatrix output;                // [n_vocab][n_embd]; the embeddings when tied
   const float* output_norm = nullptr;  // backend f32 [n_embd]
   std::vector<LayerWeights> layers;
   // Host f32 copies of the widened matrices (ModelOptions::weights_f32); the CPU backend's views
@@ -47,8 +47,7 @@ Status validate_model_options(const ModelOptions& o);
 Result<ModelHparams> read_hparams(const GgufFile& f);
 // model_weights.cpp: every tensor the architecture needs, with its shape and type checked, bound
 // to the backend. f32: widen every quantised matrix to f32 at load (exact products, ~4x memory).
-Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32,
-                                  Backend& be);
+Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, bool f32, Backend& be);
 // model_synthetic.cpp: random weights of a synthetic model's shape (synthetic_hparams, model.h).
 Result<ModelWeights> random_weights(const ModelHparams& hp, Backend& be);
 
@@ -59,30 +58,30 @@ using BufferPtr = std::unique_ptr<BackendBuffer>;
 struct StepState {
   std::vector<BatchEntry> batch;  // host
   int64_t rows = 0;
-  std::vector<int64_t> pos;        // host [rows] absolute positions
-  std::vector<int32_t> tokens;     // host [rows]
+  std::vector<int64_t> pos;               // host [rows] absolute positions
+  std::vector<int32_t> tokens;            // host [rows]
   std::vector<float> host_cos, host_sin;  // host [rows][d/2], one table at a time
-  BufferPtr token_ids;             // int32 [rows]
-  BufferPtr x;                     // [rows][n_embd] residual stream
-  BufferPtr xn;                    // [rows][n_embd] normalised input of a sub-block
-  BufferPtr q;                     // [rows][n_head][d]
-  BufferPtr k, v;                  // [rows][n_kv][d]
-  BufferPtr att;                   // [rows][n_head][d] attention output
-  BufferPtr o;                     // [rows][n_embd] sub-block output
-  BufferPtr gate, up;              // [rows][n_ff]
-  BufferPtr index_q;               // [rows][n_kv][d] CISA index queries
-  BufferPtr rope_cos[2], rope_sin[2];  // [rows][d/2]; 0: global base, 1: sliding base
-  BufferPtr xo;                    // [outputs][n_embd] final-normed rows whose logits are wanted
-  BufferPtr logits;                // [outputs][n_vocab] (unless the CPU writes the caller's vector)
-  BufferPtr argmax;                // int32 [outputs]: greedy tokens (ForwardOutputs::argmax)
-  PageLists selector_lists;        // host: a PageSelector's output
+  BufferPtr token_ids;                    // int32 [rows]
+  BufferPtr x;                            // [rows][n_embd] residual stream
+  BufferPtr xn;                           // [rows][n_embd] normalised input of a sub-block
+  BufferPtr q;                            // [rows][n_head][d]
+  BufferPtr k, v;                         // [rows][n_kv][d]
+  BufferPtr att;                          // [rows][n_head][d] attention output
+  BufferPtr o;                            // [rows][n_embd] sub-block output
+  BufferPtr gate, up;                     // [rows][n_ff]
+  BufferPtr index_q;                      // [rows][n_kv][d] CISA index queries
+  BufferPtr rope_cos[2], rope_sin[2];     // [rows][d/2]; 0: global base, 1: sliding base
+  BufferPtr xo;              // [outputs][n_embd] final-normed rows whose logits are wanted
+  BufferPtr logits;          // [outputs][n_vocab] (unless the CPU writes the caller's vector)
+  BufferPtr argmax;          // int32 [outputs]: greedy tokens (ForwardOutputs::argmax)
+  PageLists selector_lists;  // host: a PageSelector's output
 };
 
 // model_memory.cpp: refuses, before anything is allocated, a model whose weights copies, KV
 // cache (context x max_sequences) and step activations exceed the backend's free memory.
 // weights_in_file: the weights are a GGUF's (the CPU backend multiplies them in place).
-Status admit_model_memory(const ModelHparams& h, const ModelOptions& o, int64_t context, Backend& be,
-                          bool weights_in_file);
+Status admit_model_memory(const ModelHparams& h, const ModelOptions& o, int64_t context,
+                          Backend& be, bool weights_in_file);
 
 struct Model::Impl {
   std::optional<GgufFile> file;
@@ -94,10 +93,10 @@ struct Model::Impl {
   std::unique_ptr<Backend> be;
   StepState st;
   ForwardStats stats;
-  std::vector<bool> layer_cisa;                      // per layer
-  const StepAttention* call_attention = nullptr;     // forward()'s override, during the call
-  AttentionTap tap;                                  // calibration/diagnostics observer
-  std::vector<std::vector<BackendMatrix>> index_w;   // [layer][kv group]; id −1: mean of heads
+  std::vector<bool> layer_cisa;                     // per layer
+  const StepAttention* call_attention = nullptr;    // forward()'s override, during the call
+  AttentionTap tap;                                 // calibration/diagnostics observer
+  std::vector<std::vector<BackendMatrix>> index_w;  // [layer][kv group]; id −1: mean of heads
 
   // model.cpp: the backend the options ask for, checked against what the options need of it.
   Status make_backend();

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 
 namespace cisa::ops {
 

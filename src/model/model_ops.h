@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cisa/model.h"
+#include "cisa/model/model.h"
 
 namespace cisa::ops {
 

@@ -1,6 +1,6 @@
 // model_store.cpp — known model names, the models directory and resolve_model.
 // The same table lives in scripts/pull_model.py, which downloads the files; keep them in step.
-#include "cisa/model_store.h"
+#include "cisa/model/model_store.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

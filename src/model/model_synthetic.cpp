@@ -25,8 +25,8 @@ struct SyntheticShape {
 };
 
 constexpr SyntheticShape kShapes[] = {
-    {"llama-3.1-8b", "synthetic llama-3.1-8b (random weights)", 32, 4096, 32, 8, 128, 14336,
-     128256, 131072, 500000.0f, 1e-5f, RopeStyle::kNorm, false},
+    {"llama-3.1-8b", "synthetic llama-3.1-8b (random weights)", 32, 4096, 32, 8, 128, 14336, 128256,
+     131072, 500000.0f, 1e-5f, RopeStyle::kNorm, false},
     {"qwen2.5-7b", "synthetic qwen2.5-7b (random weights, no q/k/v biases)", 28, 3584, 28, 4, 128,
      18944, 152064, 131072, 1000000.0f, 1e-6f, RopeStyle::kNeox, false},
     // Small enough for unit tests on any machine: 2 layers, 64 wide, 4 query heads in 2 KV groups.
@@ -115,7 +115,8 @@ Result<std::unique_ptr<Model>> Model::load_synthetic(const std::string& name,
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
   CISA_RETURN_IF_ERROR(impl->make_backend());
-  CISA_RETURN_IF_ERROR(admit_model_memory(hp, options, context, *impl->be, /*weights_in_file=*/false));
+  CISA_RETURN_IF_ERROR(
+      admit_model_memory(hp, options, context, *impl->be, /*weights_in_file=*/false));
   CISA_ASSIGN_OR_RETURN(impl->w, random_weights(hp, *impl->be));
   impl->hp = std::move(hp);
   impl->context = context;

@@ -38,8 +38,8 @@ Result<WeightView> matrix_view(const GgufFile& f, const std::string& name, int64
                     .data = reinterpret_cast<const uint8_t*>(buf.data())};
 }
 
-Result<BackendMatrix> matrix(const GgufFile& f, const std::string& name, int64_t cols,
-                             int64_t rows, std::vector<std::vector<float>>* store, Backend& be) {
+Result<BackendMatrix> matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
+                             std::vector<std::vector<float>>* store, Backend& be) {
   CISA_ASSIGN_OR_RETURN(WeightView w, matrix_view(f, name, cols, rows, store));
   return be.bind_matrix(w);
 }

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 
 namespace cisa::quant {
 namespace {

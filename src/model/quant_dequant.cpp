@@ -13,7 +13,7 @@
 //         16: x = (d * sc_j) * (q - 32)
 #include <cstring>
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 #include "quant_kernels.h"
 
 namespace cisa {

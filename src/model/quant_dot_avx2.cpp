@@ -21,7 +21,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 #include "quant_avx2_util.h"
 
 namespace cisa::quant {

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 #include "quant_kernels.h"
 
 namespace cisa::quant {

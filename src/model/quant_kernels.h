@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cisa/gguf.h"
+#include "cisa/model/gguf.h"
 
 namespace cisa::quant {
 

@@ -1,5 +1,5 @@
 // Token sampling (see cisa/sampling.h for the order of the filters).
-#include "cisa/sampling.h"
+#include "cisa/model/sampling.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Tokenizer construction, special-token partitioning, encode/decode dispatch and streaming.
-#include "cisa/tokenizer.h"
+#include "cisa/model/tokenizer.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Tokenizer::from_gguf: reads the tokenizer.ggml.* metadata into a TokenizerSpec.
-#include "cisa/gguf.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 namespace {

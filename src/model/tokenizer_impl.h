@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cisa/tokenizer.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 

@@ -4,7 +4,7 @@
 #include <limits>
 #include <random>
 
-#include "cisa/tokenizer.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa::server {
 namespace {
@@ -71,13 +71,13 @@ Check refuse_unsupported(const json& j) {
                            "logit_bias", "suffix", "response_format", "tool_choice"}) {
     auto it = j.find(name);
     if (it == j.end() || it->is_null()) continue;
-    const bool off = (it->is_boolean() && !it->get<bool>()) ||
-                     (it->is_number() && it->get<double>() == 0 && std::string(name) != "best_of") ||
-                     (std::string(name) == "best_of" && it->is_number_integer() &&
-                      it->get<int64_t>() == 1) ||
-                     (it->is_object() && it->empty()) || (it->is_array() && it->empty()) ||
-                     (std::string(name) == "response_format" && it->is_object() &&
-                      it->value("type", "") == "text");
+    const bool off =
+        (it->is_boolean() && !it->get<bool>()) ||
+        (it->is_number() && it->get<double>() == 0 && std::string(name) != "best_of") ||
+        (std::string(name) == "best_of" && it->is_number_integer() && it->get<int64_t>() == 1) ||
+        (it->is_object() && it->empty()) || (it->is_array() && it->empty()) ||
+        (std::string(name) == "response_format" && it->is_object() &&
+         it->value("type", "") == "text");
     if (!off) return {bad(std::string("'") + name + "' is not supported by this server", name)};
   }
   for (const char* name : {"frequency_penalty", "presence_penalty"}) {
@@ -108,23 +108,23 @@ std::optional<ApiError> parse_attention(const json& j, const ApiContext& ctx,
     return std::nullopt;
   }
   if (!ctx.model->has_cisa_layers())
-    return bad("this server runs dense attention only; start it with --attention cisa to choose "
-               "CISA settings per request",
-               has_cisa ? "cisa" : "attention");
+    return bad(
+        "this server runs dense attention only; start it with --attention cisa to choose "
+        "CISA settings per request",
+        has_cisa ? "cisa" : "attention");
   StepAttention a{.mode = AttentionMode::kCisa, .selection = ctx.cisa_defaults};
   if (has_cisa) {
     for (auto it = c->begin(); it != c->end(); ++it)
       if (it.key() != "budget" && it.key() != "window" && it.key() != "qshare" &&
           it.key() != "sink_pages")
-        return bad("unknown field 'cisa." + it.key() +
-                       "' (budget, window, qshare, sink_pages)",
+        return bad("unknown field 'cisa." + it.key() + "' (budget, window, qshare, sink_pages)",
                    "cisa." + it.key());
     const int64_t hi = kMaxSelectionPages;
     SelectionParams& p = a.selection;
-    for (auto [name, field, lo] : {std::tuple{"budget", &p.budget, int64_t{0}},
-                                   std::tuple{"window", &p.window, int64_t{0}},
-                                   std::tuple{"qshare", &p.qshare, int64_t{1}},
-                                   std::tuple{"sink_pages", &p.sink_pages, int64_t{0}}})
+    for (auto [name, field, lo] :
+         {std::tuple{"budget", &p.budget, int64_t{0}}, std::tuple{"window", &p.window, int64_t{0}},
+          std::tuple{"qshare", &p.qshare, int64_t{1}},
+          std::tuple{"sink_pages", &p.sink_pages, int64_t{0}}})
       if (Check ch = read_int(*c, name, lo, hi, field); !ch) {
         ch.err->param = std::string("cisa.") + name;
         return ch.err;
@@ -142,7 +142,8 @@ std::optional<ApiError> message_text(const json& content, size_t i, std::string*
     *out = content.get<std::string>();
     return std::nullopt;
   }
-  if (!content.is_array()) return bad("'" + where + "' must be a string or an array of parts", where);
+  if (!content.is_array())
+    return bad("'" + where + "' must be a string or an array of parts", where);
   for (const json& part : content) {
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
         !part["text"].is_string())
@@ -171,8 +172,10 @@ std::optional<ApiError> parse_prompt(const json& j, Route route, const ApiContex
         return bad("'" + where + ".role' must be \"system\", \"user\" or \"assistant\"",
                    where + ".role");
       auto content = msg.find("content");
-      if (content == msg.end()) return bad("'" + where + ".content' is missing", where + ".content");
-      ChatMessage cm{.role = role->get<std::string>() == "developer" ? "system" : role->get<std::string>()};
+      if (content == msg.end())
+        return bad("'" + where + ".content' is missing", where + ".content");
+      ChatMessage cm{.role = role->get<std::string>() == "developer" ? "system"
+                                                                     : role->get<std::string>()};
       if (auto e = message_text(*content, i, &cm.content)) return e;
       msgs.push_back(std::move(cm));
     }
@@ -189,10 +192,10 @@ std::optional<ApiError> parse_prompt(const json& j, Route route, const ApiContex
     gen->prompt = m.tokenizer().encode(p->get<std::string>(), true);
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
     for (const json& t : *p) {
-      if (!t.is_number_integer())
-        return bad("'prompt' token ids must be integers", "prompt");
-      const int64_t id = t.is_number_unsigned() ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), INT64_MAX))
-                                                : t.get<int64_t>();
+      if (!t.is_number_integer()) return bad("'prompt' token ids must be integers", "prompt");
+      const int64_t id = t.is_number_unsigned()
+                             ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), INT64_MAX))
+                             : t.get<int64_t>();
       if (id < 0 || id >= m.hparams().n_vocab)
         return bad("'prompt' token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                        std::to_string(m.hparams().n_vocab) + ")",
@@ -200,9 +203,10 @@ std::optional<ApiError> parse_prompt(const json& j, Route route, const ApiContex
       gen->prompt.push_back(static_cast<int32_t>(id));
     }
   } else if (p->is_array()) {
-    return bad("'prompt' must be one string or one array of token ids (batches of prompts are not "
-               "supported; send one request each)",
-               "prompt");
+    return bad(
+        "'prompt' must be one string or one array of token ids (batches of prompts are not "
+        "supported; send one request each)",
+        "prompt");
   } else {
     return bad("'prompt' must be a string or an array of token ids", "prompt");
   }
@@ -230,8 +234,8 @@ ApiError error_from_status(const Status& s) {
       return ApiError{.http_status = 404, .message = s.message(), .code = "not_found"};
     case StatusCode::kResourceExhausted:
     case StatusCode::kUnavailable:
-      return ApiError{.http_status = 503, .message = s.message(), .type = "server_error",
-                      .code = "overloaded"};
+      return ApiError{
+          .http_status = 503, .message = s.message(), .type = "server_error", .code = "overloaded"};
     default:
       return ApiError{.http_status = 500, .message = s.message(), .type = "server_error"};
   }
@@ -272,8 +276,8 @@ ApiResult<ParsedRequest> parse_request(const std::string& body, Route route,
   const int64_t ctx_tokens = ctx.model->context();
   const int64_t prompt_n = static_cast<int64_t>(g.prompt.size());
   if (prompt_n >= ctx_tokens)
-    return fail(bad("the prompt has " + std::to_string(prompt_n) +
-                        " tokens; the context holds " + std::to_string(ctx_tokens) +
+    return fail(bad("the prompt has " + std::to_string(prompt_n) + " tokens; the context holds " +
+                        std::to_string(ctx_tokens) +
                         " (prompt and output together), so it must be shorter",
                     route == Route::kChat ? "messages" : "prompt"));
   // OpenAI's default is 16 for completions and the rest of the context for chat.
@@ -293,7 +297,8 @@ ApiResult<ParsedRequest> parse_request(const std::string& body, Route route,
                 .top_p = static_cast<float>(top_p),
                 .seed = static_cast<uint64_t>(seed)};
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
-    std::vector<json> stops = it->is_array() ? it->get<std::vector<json>>() : std::vector<json>{*it};
+    std::vector<json> stops =
+        it->is_array() ? it->get<std::vector<json>>() : std::vector<json>{*it};
     if (stops.size() > 4) return fail(bad("'stop' takes at most 4 strings", "stop"));
     for (const json& s : stops) {
       if (!s.is_string() || s.get<std::string>().empty())

@@ -24,9 +24,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cisa/generate.h"
-#include "cisa/model.h"
-#include "cisa/status.h"
+#include "cisa/core/status.h"
+#include "cisa/model/generate.h"
+#include "cisa/model/model.h"
 #include "server/chat_template.h"
 
 namespace cisa::server {
@@ -47,11 +47,11 @@ nlohmann::json error_body(const ApiError& e);
 ApiError error_from_status(const Status& s);
 
 struct ApiContext {
-  std::string model_id;           // what /v1/models lists and requests must name
-  const Model* model = nullptr;   // tokenizer, context, CISA layers
+  std::string model_id;                // what /v1/models lists and requests must name
+  const Model* model = nullptr;        // tokenizer, context, CISA layers
   const ChatTemplate* chat = nullptr;  // nullptr: chat requests get chat_error
-  std::string chat_error;         // why there is no chat template
-  SelectionParams cisa_defaults;  // the server's CISA settings (request fields override them)
+  std::string chat_error;              // why there is no chat template
+  SelectionParams cisa_defaults;       // the server's CISA settings (request fields override them)
 };
 
 struct ParsedRequest {

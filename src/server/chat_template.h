@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/status.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/status.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa::server {
 

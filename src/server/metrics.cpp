@@ -89,8 +89,9 @@ std::string Metrics::render() const {
          double(prompt_tokens_));
   metric(&out, "cisa_generation_tokens_total", "counter", "Tokens generated.",
          double(generated_tokens_));
-  out += "# HELP cisa_requests_total Requests ended, by outcome.\n"
-         "# TYPE cisa_requests_total counter\n";
+  out +=
+      "# HELP cisa_requests_total Requests ended, by outcome.\n"
+      "# TYPE cisa_requests_total counter\n";
   const char* const names[] = {"stop", "length", "cancelled", "error", "rejected"};
   for (size_t i = 0; i < outcomes_.size(); ++i)
     out += std::string("cisa_requests_total{outcome=\"") + names[i] + "\"} " +
@@ -104,11 +105,13 @@ std::string Metrics::render() const {
          "Global-layer pages read as a share of dense (1 under dense attention).",
          g_.global_pages_dense > 0 ? double(g_.global_pages_read) / double(g_.global_pages_dense)
                                    : 1.0);
-  out += "# HELP cisa_time_to_first_token_seconds From arrival to the first token.\n"
-         "# TYPE cisa_time_to_first_token_seconds histogram\n";
+  out +=
+      "# HELP cisa_time_to_first_token_seconds From arrival to the first token.\n"
+      "# TYPE cisa_time_to_first_token_seconds histogram\n";
   ttft_.render("cisa_time_to_first_token_seconds", &out);
-  out += "# HELP cisa_inter_token_latency_seconds Between two tokens of one request.\n"
-         "# TYPE cisa_inter_token_latency_seconds histogram\n";
+  out +=
+      "# HELP cisa_inter_token_latency_seconds Between two tokens of one request.\n"
+      "# TYPE cisa_inter_token_latency_seconds histogram\n";
   itl_.render("cisa_inter_token_latency_seconds", &out);
   return out;
 }

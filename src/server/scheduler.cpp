@@ -46,7 +46,9 @@ Scheduler::Scheduler(Model& model, SchedulerOptions options, Metrics* metrics)
   thread_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() { stop(); }
+Scheduler::~Scheduler() {
+  stop();
+}
 
 void Scheduler::stop() {
   {
@@ -67,7 +69,8 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationRequest reque
     if (stopping_) return unavailable("the server is shutting down");
     // Requests not holding a sequence yet, against the queue and the sequences still free.
     const int64_t queued = static_cast<int64_t>(incoming_.size()) + waiting_.load();
-    const int64_t free_slots = std::max<int64_t>(0, model_.options().max_sequences - running_.load());
+    const int64_t free_slots =
+        std::max<int64_t>(0, model_.options().max_sequences - running_.load());
     if (queued >= opt_.max_waiting + free_slots)
       return resource_exhausted("the server's queue is full (" + std::to_string(queued) +
                                 " requests waiting; --max-waiting " +

@@ -27,9 +27,9 @@
 #include <string>
 #include <thread>
 
-#include "cisa/generate.h"
-#include "cisa/model.h"
-#include "cisa/status.h"
+#include "cisa/core/status.h"
+#include "cisa/model/generate.h"
+#include "cisa/model/model.h"
 #include "server/metrics.h"
 
 namespace cisa::server {

@@ -7,8 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <ctime>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -24,7 +24,9 @@ using nlohmann::json;
 
 // Generated text is whole UTF-8 characters, but a model can still emit byte tokens that form no
 // character: those become U+FFFD instead of an exception.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -36,7 +38,9 @@ void reply_error(httplib::Response& res, const ApiError& e) {
   if (e.http_status == 503) res.set_header("Retry-After", "1");
 }
 
-int64_t unix_time() { return static_cast<int64_t>(std::time(nullptr)); }
+int64_t unix_time() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
 
 }  // namespace
 
@@ -167,27 +171,27 @@ void Server::Impl::stream(httplib::Response& res, Route route, std::shared_ptr<R
         std::string text;
         const bool finished = s->wait(std::chrono::milliseconds(250), &text);
         if (!text.empty()) {
-          if (!data(stream_chunk(route, st->id, st->created, opt.model_id, text, nullptr,
-                                 st->first)))
+          if (!data(
+                  stream_chunk(route, st->id, st->created, opt.model_id, text, nullptr, st->first)))
             return false;
           st->first = false;
-        } else if (!finished && std::chrono::steady_clock::now() - st->last_write >
-                                    std::chrono::seconds(1)) {
+        } else if (!finished &&
+                   std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(1)) {
           // An SSE comment: clients ignore it; a failed write tells that the client left.
           if (!send(": keep-alive\n\n")) return false;
         }
         if (!finished) return true;
         const GenerationResult& r = s->result();
         if (r.finish == FinishReason::kError || r.finish == FinishReason::kCancelled) {
-          ApiError e = error_from_status(r.error.ok() ? internal_error("request cancelled") : r.error);
+          ApiError e =
+              error_from_status(r.error.ok() ? internal_error("request cancelled") : r.error);
           e.type = "server_error";
           (void)data(error_body(e));
         } else {
           if (!data(stream_chunk(route, st->id, st->created, opt.model_id, "",
                                  openai_finish_reason(r.finish), false)))
             return false;
-          if (include_usage &&
-              !data(usage_chunk(route, st->id, st->created, opt.model_id, r)))
+          if (include_usage && !data(usage_chunk(route, st->id, st->created, opt.model_id, r)))
             return false;
         }
         (void)send("data: [DONE]\n\n");
@@ -200,12 +204,15 @@ void Server::Impl::stream(httplib::Response& res, Route route, std::shared_ptr<R
 }
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 Result<std::unique_ptr<Server>> Server::create(Model& model, ServerOptions options) {
   if (options.model_id.empty()) return invalid_argument("serve: the model id is empty");
   if (options.port < 0 || options.port > 65535)
-    return invalid_argument("serve: port " + std::to_string(options.port) + " is outside [0, 65535]");
+    return invalid_argument("serve: port " + std::to_string(options.port) +
+                            " is outside [0, 65535]");
   if (options.http_threads < 1) return invalid_argument("serve: at least one HTTP thread");
   if (options.max_body_bytes < 1024) return invalid_argument("serve: a body limit below 1 KiB");
   if (options.scheduler.max_waiting < 0 || options.scheduler.prefill_chunk < 0)
@@ -253,7 +260,9 @@ Status Server::start() {
   return Status::Ok();
 }
 
-int Server::port() const { return impl_->bound_port; }
+int Server::port() const {
+  return impl_->bound_port;
+}
 
 void Server::wait() {
   Impl& m = *impl_;

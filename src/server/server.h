@@ -22,19 +22,19 @@
 #include <memory>
 #include <string>
 
-#include "cisa/model.h"
-#include "cisa/status.h"
+#include "cisa/core/status.h"
+#include "cisa/model/model.h"
 #include "server/scheduler.h"
 
 namespace cisa::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;         // 0: any free port (port() tells which)
-  std::string model_id;    // the name /v1/models lists and requests must use
-  int http_threads = 32;   // connections served at once (streams hold one each)
+  int port = 8080;        // 0: any free port (port() tells which)
+  std::string model_id;   // the name /v1/models lists and requests must use
+  int http_threads = 32;  // connections served at once (streams hold one each)
   int64_t max_body_bytes = 8 << 20;
-  std::string chat_template;  // "" (the GGUF's), "gemma3" or "chatml"
+  std::string chat_template;      // "" (the GGUF's), "gemma3" or "chatml"
   SelectionParams cisa_defaults;  // what a request's "cisa" fields start from
   SchedulerOptions scheduler;
 };

@@ -9,9 +9,9 @@
 #include <span>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/quant.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/quant.h"
+#include "cisa/model/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Copy into an exactly sized heap buffer so ASan sees its end.

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "cisa/indexer.h"
+#include "cisa/model/indexer.h"
 
 namespace {
 

@@ -33,8 +33,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/tokenizer.h"
 #include "gguf_test_builder.h"
 
 namespace {

@@ -39,9 +39,9 @@
 #include <string>
 #include <vector>
 
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/quant.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/quant.h"
 #include "golden/logits_fixture.h"
 
 namespace {

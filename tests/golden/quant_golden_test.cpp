@@ -15,8 +15,8 @@
 #include <random>
 #include <sstream>
 
-#include "cisa/gguf.h"
-#include "cisa/quant.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/quant.h"
 
 namespace cisa {
 namespace {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 namespace {

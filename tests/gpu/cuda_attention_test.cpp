@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "cisa/attention.h"
-#include "cisa/selection.h"
+#include "cisa/cpu/attention.h"
+#include "cisa/cpu/selection.h"
 #include "cuda/plan_impl.h"
 #include "cuda/tile_sizes.cuh"
 #include "gpu/gpu_test_util.h"
@@ -21,20 +21,25 @@ namespace {
 struct World {
   std::unique_ptr<PagedKvCache> cache;
   std::vector<BatchEntry> batch;
-  std::vector<float> q;       // [rows][hq][d], values exactly representable in bf16
-  std::vector<uint16_t> qh;   // the same in bf16
+  std::vector<float> q;      // [rows][hq][d], values exactly representable in bf16
+  std::vector<uint16_t> qh;  // the same in bf16
   int hq = 0;
   int64_t rows = 0;
 };
 
-World make_world(int hkv, int hq, int d, const std::vector<int64_t>& lengths, const std::vector<BatchEntry>& batch,
-                 std::mt19937& rng) {
+World make_world(int hkv, int hq, int d, const std::vector<int64_t>& lengths,
+                 const std::vector<BatchEntry>& batch, std::mt19937& rng) {
   World w;
   int64_t total = 0;
   for (auto n : lengths) total += n / 16 + 2;
-  w.cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = 16,
-                                   .num_pages = total + 4, .dtype = KvDtype::kBF16});
-  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(*w.cache->add_sequence(), static_cast<SeqId>(i));
+  w.cache = *PagedKvCache::create({.num_layers = 1,
+                                   .num_kv_heads = hkv,
+                                   .head_dim = d,
+                                   .page_size = 16,
+                                   .num_pages = total + 4,
+                                   .dtype = KvDtype::kBF16});
+  for (size_t i = 0; i < lengths.size(); ++i)
+    EXPECT_EQ(*w.cache->add_sequence(), static_cast<SeqId>(i));
   std::vector<int64_t> done(lengths.size(), 0);
   for (bool more = true; more;) {
     more = false;
@@ -61,8 +66,9 @@ World make_world(int hkv, int hq, int d, const std::vector<int64_t>& lengths, co
 // P is rounded to bf16 before P·V (relative error ≤ 2^-9 per weight) and V is exact, so each
 // output element is off by at most ~2^-8·max|v| in the worst case; the L2 error, a sum of
 // independent roundings, sits far below. lse comes from f32 scores of exact bf16 products.
-void expect_close(const World& w, const std::vector<float>& want_out, const std::vector<float>& want_lse,
-                  const std::vector<float>& out, const std::vector<float>& lse) {
+void expect_close(const World& w, const std::vector<float>& want_out,
+                  const std::vector<float>& want_lse, const std::vector<float>& out,
+                  const std::vector<float>& lse) {
   ASSERT_EQ(want_out.size(), out.size());
   double err2 = 0, ref2 = 0, max_err = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -82,14 +88,17 @@ void expect_close(const World& w, const std::vector<float>& want_out, const std:
 }
 
 // Runs the GPU plan's attention and the CPU's on the GPU's lists; compares.
-void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan, int64_t window) {
+void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
+                     int64_t window) {
   const int d = w.cache->head_dim();
   DevVec<uint16_t> dq;
   dq.upload(w.qh);
-  DevVec<float> out(static_cast<size_t>(w.rows * w.hq * d)), lse(static_cast<size_t>(w.rows * w.hq));
+  DevVec<float> out(static_cast<size_t>(w.rows * w.hq * d)),
+      lse(static_cast<size_t>(w.rows * w.hq));
   out.poison();
   lse.poison();
-  const Status run = cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr);
+  const Status run =
+      cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr);
   ASSERT_TRUE(run.ok()) << run.to_string();
   CUDA_OK(cudaDeviceSynchronize());
   PageLists lists;
@@ -97,8 +106,8 @@ void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& pl
   std::vector<float> want_out(out.size()), want_lse(lse.size());
   ThreadPool pool(2);
   AttentionWorkspace ws;
-  auto st = attend(*w.cache, 0, w.batch, lists, w.q.data(), w.hq, {.sliding_window = window}, want_out.data(),
-                   want_lse.data(), pool, &ws);
+  auto st = attend(*w.cache, 0, w.batch, lists, w.q.data(), w.hq, {.sliding_window = window},
+                   want_out.data(), want_lse.data(), pool, &ws);
   ASSERT_TRUE(st.ok()) << st.to_string();
   expect_close(w, want_out, want_lse, out.download(), lse.download());
 }
@@ -120,8 +129,10 @@ void expect_dense_lists(const World& w, const cuda::Plan& plan, int64_t window) 
       const auto p = lists.list_pages(static_cast<int64_t>(gi), kv);
       ASSERT_EQ(static_cast<int64_t>(c.size()), c1 - c0 + 1) << "group " << gi << " kv " << kv;
       for (size_t i = 0; i < c.size(); ++i) {
-        ASSERT_EQ(c[i], c0 + static_cast<int64_t>(i)) << "group " << gi << " kv " << kv << " entry " << i;
-        ASSERT_EQ(p[i], table[static_cast<size_t>(c[i])]) << "group " << gi << " kv " << kv << " entry " << i;
+        ASSERT_EQ(c[i], c0 + static_cast<int64_t>(i))
+            << "group " << gi << " kv " << kv << " entry " << i;
+        ASSERT_EQ(p[i], table[static_cast<size_t>(c[i])])
+            << "group " << gi << " kv " << kv << " entry " << i;
       }
     }
   }
@@ -135,7 +146,8 @@ TEST(CudaAttention, DenseMatchesCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(7);
   for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{2, 4, 256}}) {
-    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d));
+    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) +
+                 " d=" + std::to_string(sh.d));
     // Prefill blocks (one crossing a page boundary mid-block), decode entries (split-KV).
     auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 1200, 3333, 40},
                         {{0, 4999, 1}, {1, 1000, 200}, {2, 3300 - 37, 33}, {3, 0, 40}}, rng);
@@ -159,8 +171,8 @@ TEST(CudaAttention, SparseMatchesCpu) {
   std::mt19937 rng(9);
   for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{1, 4, 256}}) {
     for (int64_t G : {4, 32}) {
-      SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d) +
-                   " G=" + std::to_string(G));
+      SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) +
+                   " d=" + std::to_string(sh.d) + " G=" + std::to_string(G));
       SelectionParams p{.budget = 40, .window = 8, .qshare = G, .sink_pages = 1};
       const int64_t split = (p.budget + p.window + p.sink_pages + 1) * 16;
       // 102 queries: the last QShare group of entry 0 is partial (a ragged union member at G = 4).
@@ -178,9 +190,12 @@ TEST(CudaAttention, SparseMatchesCpu) {
         if (!unions && !small) continue;
         SCOPED_TRACE(unions ? "unions on" : "unions off");
         cuda::Plan plan;
-        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, {.group_unions = unions}).ok());
+        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
+                                      {.group_unions = unions})
+                        .ok());
         EXPECT_EQ(!plan.impl()->unions.empty(), unions && small);
-        EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128 && !(unions && small));
+        EXPECT_EQ(plan.impl()->wgmma,
+                  cuda::tiles::kWgmmaAttention && sh.d == 128 && !(unions && small));
         auto* P = plan.impl();
         cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
         cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
@@ -201,10 +216,12 @@ TEST(CudaAttention, SparseMatchesCpu) {
 TEST(CudaAttention, DecodeBatchesMatchCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(19);
-  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{1, 16, 64}, Shape{1, 4, 256}}) {
+  for (Shape sh :
+       {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{1, 16, 64}, Shape{1, 4, 256}}) {
     const int hg = sh.hq / sh.hkv;
     const int want_pw = sh.d > cuda::tiles::kPageSplitMaxHeadDim ? 1 : hg <= 16 ? 4 : 2;
-    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) + " d=" + std::to_string(sh.d));
+    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) +
+                 " d=" + std::to_string(sh.d));
     // The 40,000-token entry is split into more than 32 parts (2,500 pages / kMinSplitPages):
     // the merge reads the split LSEs in two passes of 32 lanes.
     auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000, 40000},
@@ -226,7 +243,8 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
     // Page-split plans never hold more tasks than the split target (no partial extra wave).
     int sms = 0;
     ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    EXPECT_LE(static_cast<int64_t>(plan.impl()->tasks.size()), int64_t{sms} * cuda::tiles::kDecodeBlocksPerSm);
+    EXPECT_LE(static_cast<int64_t>(plan.impl()->tasks.size()),
+              int64_t{sms} * cuda::tiles::kDecodeBlocksPerSm);
     auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
     DevVec<float> diq;
     diq.upload(iq);
@@ -238,7 +256,8 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
 // Page-split (decode) tasks longer than one page-ID segment (kSegPages), as the planner makes
 // them: the pipeline restarts mid-task and the last tile of each segment is ragged (zero-filled
 // rows). LongTasksMatchCpu covers the row-tile kernel; the benchmark's dense decode tasks are
-// 4,096 pages (8 segments) on this one. PlanOptions::blocks_per_sm = 1 makes 70 lists one task each.
+// 4,096 pages (8 segments) on this one. PlanOptions::blocks_per_sm = 1 makes 70 lists one task
+// each.
 TEST(CudaAttention, DecodeTasksAcrossSegmentsMatchCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(29);
@@ -253,7 +272,8 @@ TEST(CudaAttention, DecodeTasksAcrossSegmentsMatchCpu) {
   m.build(*w.cache, 0, 70);
   cuda::Plan plan;
   ASSERT_TRUE(
-      cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, {.blocks_per_sm = 1}).ok());
+      cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, {.blocks_per_sm = 1})
+          .ok());
   const auto* P = plan.impl();
   ASSERT_EQ(P->page_warps, 4);
   int64_t longest = 0;
@@ -277,8 +297,9 @@ TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
     // 260 (a 4-row last tile); a decode entry (split-KV partials through the same kernel). All
     // entries start past the CISA plans' dense prefix, so at G = 64 / h_g every tile has ≤ 64 rows
     // (4 warps: one warpgroup per block); dense plans and G = 32 use two.
-    auto w = make_world(sh.hkv, sh.hq, sh.d, {6000, 2100, 4000, 1000, 3000},
-                        {{0, 5984, 16}, {1, 2091, 9}, {2, 3975, 25}, {3, 935, 65}, {4, 2999, 1}}, rng);
+    auto w =
+        make_world(sh.hkv, sh.hq, sh.d, {6000, 2100, 4000, 1000, 3000},
+                   {{0, 5984, 16}, {1, 2091, 9}, {2, 3975, 25}, {3, 935, 65}, {4, 2999, 1}}, rng);
     DeviceMirror m;
     m.build(*w.cache, 0, 5);
     auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
@@ -292,7 +313,10 @@ TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
         ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, window, &plan).ok());
         ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
       } else {
-        SelectionParams p{.budget = 48, .window = 6, .qshare = variant == 2 ? std::max(1, 64 / hg) : 32, .sink_pages = 1};
+        SelectionParams p{.budget = 48,
+                          .window = 6,
+                          .qshare = variant == 2 ? std::max(1, 64 / hg) : 32,
+                          .sink_pages = 1};
         ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
         ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
       }
@@ -303,10 +327,14 @@ TEST(CudaAttention, WgmmaAndMmaSyncMatchCpu) {
       // (AttentionKernel::kWgmmaV5), then mma.sync.
       for (int mode = 0; mode < 3; ++mode) {
         const bool wg = mode < 2;
-        SCOPED_TRACE("variant " + std::to_string(variant) + (mode == 0 ? " wgmma" : mode == 1 ? " wgmma-v5" : " mma.sync") +
+        SCOPED_TRACE("variant " + std::to_string(variant) +
+                     (mode == 0   ? " wgmma"
+                      : mode == 1 ? " wgmma-v5"
+                                  : " mma.sync") +
                      " warps " + std::to_string(P->warps));
         P->wgmma = wg;
-        P->options.attention_kernel = mode == 1 ? cuda::AttentionKernel::kWgmmaV5 : cuda::AttentionKernel::kAuto;
+        P->options.attention_kernel =
+            mode == 1 ? cuda::AttentionKernel::kWgmmaV5 : cuda::AttentionKernel::kAuto;
         run_and_compare(w, m, plan, window);
       }
     }
@@ -325,9 +353,11 @@ TEST(CudaAttention, PlanOptionsChooseKernelAndSplits) {
   DeviceMirror m;
   m.build(*w.cache, 0, 2);
   int64_t default_tasks = 0;
-  for (auto kernel : {cuda::AttentionKernel::kAuto, cuda::AttentionKernel::kMma, cuda::AttentionKernel::kWgmmaV5}) {
+  for (auto kernel : {cuda::AttentionKernel::kAuto, cuda::AttentionKernel::kMma,
+                      cuda::AttentionKernel::kWgmmaV5}) {
     for (int blocks_per_sm : {0, 1}) {
-      SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " blocks/SM " + std::to_string(blocks_per_sm));
+      SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " blocks/SM " +
+                   std::to_string(blocks_per_sm));
       cuda::Plan plan;
       const cuda::PlanOptions o{.attention_kernel = kernel, .blocks_per_sm = blocks_per_sm};
       ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, o).ok());
@@ -373,7 +403,8 @@ TEST(CudaAttention, LongTasksMatchCpu) {
     ASSERT_GT(max_pages, cuda::tiles::kSegPages);
     P->tasks = whole;
     P->merges.clear();
-    CUDA_OK(cudaMemcpy(P->d_tasks.as<void>(), whole.data(), whole.size() * sizeof(whole[0]), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(P->d_tasks.as<void>(), whole.data(), whole.size() * sizeof(whole[0]),
+                       cudaMemcpyHostToDevice));
     run_and_compare(w, m, plan, 0);
   }
 }
@@ -398,14 +429,16 @@ TEST(CudaAttention, GraphReplayMatchesDirectRun) {
   out1.poison();
   out2.poison();
   ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
-  ASSERT_TRUE(cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out1.data(), lse1.data(), nullptr).ok());
+  ASSERT_TRUE(
+      cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out1.data(), lse1.data(), nullptr).ok());
   CUDA_OK(cudaDeviceSynchronize());
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), stream).ok());
-  ASSERT_TRUE(cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out2.data(), lse2.data(), stream).ok());
+  ASSERT_TRUE(
+      cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out2.data(), lse2.data(), stream).ok());
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -424,7 +457,7 @@ TEST(CudaAttention, GraphReplayMatchesDirectRun) {
 
 // Argument checks run without a device: they fail before any CUDA call.
 #ifdef CISA_WITH_CUDA
-#include "cisa/cuda_backend.h"
+#include "cisa/cuda/backend.h"
 TEST(CudaBackendErrors, BadInputsGiveClearStatuses) {
   const int32_t* fake = reinterpret_cast<const int32_t*>(16);
   const uint16_t* fk = reinterpret_cast<const uint16_t*>(16);
@@ -437,14 +470,18 @@ TEST(CudaBackendErrors, BadInputsGiveClearStatuses) {
   EXPECT_EQ(st.code(), cisa::StatusCode::kUnimplemented) << st.to_string();
   layer.head_dim = 128;
   layer.page_size = 32;
-  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kUnimplemented);
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(),
+            cisa::StatusCode::kUnimplemented);
   layer.page_size = 16;
   batch[0].seq = 3;
-  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kNotFound);
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(),
+            cisa::StatusCode::kNotFound);
   batch[0] = {0, 150, 20};  // past the 10 pages of the table
-  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kOutOfRange);
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(),
+            cisa::StatusCode::kOutOfRange);
   batch[0] = {0, 0, 16};
-  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 0, 0, &plan).code(), cisa::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 0, 0, &plan).code(),
+            cisa::StatusCode::kInvalidArgument);
   EXPECT_EQ(cisa::cuda::plan_sparse(layer, tables, batch, 4, {.budget = 8}, &plan).code(),
             cisa::StatusCode::kInvalidArgument);  // no representative pointer
   EXPECT_EQ(cisa::cuda::plan_sparse(layer, tables, batch, 4, {.budget = -1}, &plan).code(),
@@ -458,8 +495,11 @@ TEST(CudaBackendErrors, BadInputsGiveClearStatuses) {
     EXPECT_NE(st.message().find("PlanOptions::"), std::string::npos) << st.message();
   }
   layer.k = nullptr;
-  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(), cisa::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan).code(),
+            cisa::StatusCode::kInvalidArgument);
 }
 #else
-TEST(CudaAttention, Skipped) { GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA backend)"; }
+TEST(CudaAttention, Skipped) {
+  GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA backend)";
+}
 #endif

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cisa/selection.h"
+#include "cisa/cpu/selection.h"
 #include "gpu/cuda_backend_test_util.h"
 
 namespace cisa::test {
@@ -31,17 +31,24 @@ struct KvWorld {
   std::vector<int64_t> len;  // tokens per sequence
   std::mt19937 rng{5};
 
-  bool init(const Shape& s, int layers, std::vector<bool> rep_layers, const std::vector<int64_t>& target) {
+  bool init(const Shape& s, int layers, std::vector<bool> rep_layers,
+            const std::vector<int64_t>& target) {
     if (!b.cpu || !b.gpu) return false;
     int64_t pages = 8;
     for (int64_t n : target) pages += n / 16 + 2;
-    cfg = {.num_layers = layers, .num_kv_heads = s.hkv, .head_dim = s.d, .num_pages = pages,
-           .dtype = KvDtype::kBF16, .rep = s.rep, .rep_layers = std::move(rep_layers)};
+    cfg = {.num_layers = layers,
+           .num_kv_heads = s.hkv,
+           .head_dim = s.d,
+           .num_pages = pages,
+           .dtype = KvDtype::kBF16,
+           .rep = s.rep,
+           .rep_layers = std::move(rep_layers)};
     for (Backend* be : {b.cpu.get(), b.gpu.get()}) {
       const Status st = be->create_cache(cfg);
       EXPECT_TRUE(st.ok()) << be->description() << ": " << st.to_string();
       if (!st.ok()) return false;
-      for (size_t i = 0; i < target.size(); ++i) EXPECT_EQ(*be->add_sequence(), static_cast<SeqId>(i));
+      for (size_t i = 0; i < target.size(); ++i)
+        EXPECT_EQ(*be->add_sequence(), static_cast<SeqId>(i));
     }
     len.assign(target.size(), 0);
     // Interleaved rounds of 1 … 40 tokens per sequence, several sequences per append_kv.
@@ -86,8 +93,8 @@ struct KvWorld {
   }
 
   // attend() of one layer on one backend; the output as host values.
-  std::vector<float> attend(Backend& be, PlanSlot slot, int layer, const std::vector<float>& q, int hq,
-                            const AttendParams& p) {
+  std::vector<float> attend(Backend& be, PlanSlot slot, int layer, const std::vector<float>& q,
+                            int hq, const AttendParams& p) {
     const int64_t n = static_cast<int64_t>(q.size());
     auto qb = upload_f32(be, q);
     auto out = upload_f32(be, std::vector<float>(q.size(), std::nanf("")));
@@ -132,20 +139,24 @@ void expect_same_groups(const std::vector<QueryGroup>& a, const std::vector<Quer
 
 // Gemma 3 270M's attention (1 KV head of 256, 4 query heads), SmolLM2's (3 of 64, 9 query heads),
 // and two more GQA ratios; quest representatives in two of them (CISA test).
-const Shape kShapes[] = {{1, 4, 256}, {2, 8, 128, RepKind::kQuest}, {4, 4, 64}, {3, 9, 64, RepKind::kQuest}};
+const Shape kShapes[] = {
+    {1, 4, 256}, {2, 8, 128, RepKind::kQuest}, {4, 4, 64}, {3, 9, 64, RepKind::kQuest}};
 
 // Prefill and decode rows of three sequences in one step; one dense plan serves two layers;
 // then a decode step (planned for the query-head count learned in the first).
 TEST(CudaBackendKv, DenseAttentionMatchesTheCpuBackend) {
   CISA_REQUIRE_GPU();
   for (const Shape& s : kShapes) {
-    SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " + std::to_string(s.d));
+    SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " +
+                 std::to_string(s.d));
     KvWorld w;
     ASSERT_TRUE(w.init(s, 2, {}, {300, 41, 1000}));
-    for (const std::vector<BatchEntry>& step : {std::vector<BatchEntry>{{0, 300, 50}, {1, 41, 1}, {2, 1000, 17}},
-                                                std::vector<BatchEntry>{{0, 350, 1}, {1, 42, 1}, {2, 1017, 1}}}) {
+    for (const std::vector<BatchEntry>& step :
+         {std::vector<BatchEntry>{{0, 300, 50}, {1, 41, 1}, {2, 1000, 17}},
+          std::vector<BatchEntry>{{0, 350, 1}, {1, 42, 1}, {2, 1017, 1}}}) {
       w.append(step);
-      const auto q = bf16_exact(random_vec(w.rng, static_cast<size_t>(rows_of(step) * s.hq * s.d), 2.0f));
+      const auto q =
+          bf16_exact(random_vec(w.rng, static_cast<size_t>(rows_of(step) * s.hq * s.d), 2.0f));
       for (Backend* be : {w.b.cpu.get(), w.b.gpu.get()})
         ASSERT_TRUE(be->plan(PlanSlot::kGlobal, step, {.kind = PlanKind::kDense}).ok());
       for (int layer = 0; layer < 2; ++layer) {
@@ -154,7 +165,8 @@ TEST(CudaBackendKv, DenseAttentionMatchesTheCpuBackend) {
         const auto got = w.attend(*w.b.gpu, PlanSlot::kGlobal, layer, q, s.hq, {});
         expect_attention_close(want, got);
       }
-      expect_same_groups(w.b.cpu->plan_groups(PlanSlot::kGlobal), w.b.gpu->plan_groups(PlanSlot::kGlobal));
+      expect_same_groups(w.b.cpu->plan_groups(PlanSlot::kGlobal),
+                         w.b.gpu->plan_groups(PlanSlot::kGlobal));
     }
   }
 }
@@ -166,25 +178,32 @@ TEST(CudaBackendKv, SlidingWindowMatchesTheCpuBackend) {
   ASSERT_TRUE(w.init(s, 1, {}, {500, 90, 700}));
   const std::vector<BatchEntry> step = {{0, 500, 40}, {1, 90, 1}, {2, 700, 1}};
   w.append(step);
-  const auto q = bf16_exact(random_vec(w.rng, static_cast<size_t>(rows_of(step) * s.hq * s.d), 2.0f));
+  const auto q =
+      bf16_exact(random_vec(w.rng, static_cast<size_t>(rows_of(step) * s.hq * s.d), 2.0f));
   for (int64_t window : {100, 16, 1}) {
     SCOPED_TRACE("window " + std::to_string(window));
     for (Backend* be : {w.b.cpu.get(), w.b.gpu.get()})
-      ASSERT_TRUE(be->plan(PlanSlot::kSliding, step, {.kind = PlanKind::kDense, .sliding_window = window}).ok());
+      ASSERT_TRUE(
+          be->plan(PlanSlot::kSliding, step, {.kind = PlanKind::kDense, .sliding_window = window})
+              .ok());
     const AttendParams p{.sliding_window = window};
     expect_attention_close(w.attend(*w.b.cpu, PlanSlot::kSliding, 0, q, s.hq, p),
                            w.attend(*w.b.gpu, PlanSlot::kSliding, 0, q, s.hq, p));
   }
-  // The window is part of the GPU plan: attending with another one is an error, not a silent mismatch.
+  // The window is part of the GPU plan: attending with another one is an error, not a silent
+  // mismatch.
   auto qb = upload_f32(*w.b.gpu, q);
   auto out = upload_f32(*w.b.gpu, q);
-  EXPECT_EQ(w.b.gpu->attend(PlanSlot::kSliding, 0, qb->f32(), s.hq, {.sliding_window = 7}, out->f32()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      w.b.gpu->attend(PlanSlot::kSliding, 0, qb->f32(), s.hq, {.sliding_window = 7}, out->f32())
+          .code(),
+      StatusCode::kInvalidArgument);
 }
 
 // Chunks of one list selected by one side only must be near-ties of the CPU's scores.
-void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>& batch, const std::vector<float>& iq,
-                        const SelectionParams& p, const PageLists& cpu, const PageLists& gpu, int64_t* swaps) {
+void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>& batch,
+                        const std::vector<float>& iq, const SelectionParams& p,
+                        const PageLists& cpu, const PageLists& gpu, int64_t* swaps) {
   expect_same_groups(cpu.groups, gpu.groups);
   ASSERT_EQ(cpu.offsets, gpu.offsets);
   EXPECT_EQ(cpu.num_selected, gpu.num_selected);
@@ -193,9 +212,11 @@ void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>
     const QueryGroup& g = cpu.groups[static_cast<size_t>(L / H)];
     const int kv = static_cast<int>(L % H);
     const auto table = *cache.block_table(batch[static_cast<size_t>(g.entry)].seq);
-    const auto gc = gpu.list_chunks(L / H, kv), cc = cpu.list_chunks(L / H, kv), gp = gpu.list_pages(L / H, kv);
+    const auto gc = gpu.list_chunks(L / H, kv), cc = cpu.list_chunks(L / H, kv),
+               gp = gpu.list_pages(L / H, kv);
     for (size_t i = 0; i < gc.size(); ++i)
-      ASSERT_EQ(gp[i], table[static_cast<size_t>(gc[i])]) << "list " << L << ": page of chunk " << gc[i];
+      ASSERT_EQ(gp[i], table[static_cast<size_t>(gc[i])])
+          << "list " << L << ": page of chunk " << gc[i];
     std::vector<int32_t> only_cpu, only_gpu;
     std::ranges::set_difference(cc, gc, std::back_inserter(only_cpu));
     std::ranges::set_difference(gc, cc, std::back_inserter(only_gpu));
@@ -204,16 +225,18 @@ void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>
     ASSERT_FALSE(g.dense) << "dense list " << L << " differs";
     // The CPU's index query and scores of the swapped chunks.
     std::vector<float> qbar(static_cast<size_t>(d), 0.0f);
-    const int64_t r1 = g.row + (g.last - g.first), r0 = p.qshare_query == QShareQuery::kMean ? g.row : r1;
+    const int64_t r1 = g.row + (g.last - g.first),
+                  r0 = p.qshare_query == QShareQuery::kMean ? g.row : r1;
     for (int64_t r = r0; r <= r1; ++r)
-      for (int i = 0; i < d; ++i) qbar[static_cast<size_t>(i)] += iq[static_cast<size_t>((r * H + kv) * d + i)];
+      for (int i = 0; i < d; ++i)
+        qbar[static_cast<size_t>(i)] += iq[static_cast<size_t>((r * H + kv) * d + i)];
     for (auto& x : qbar) x /= static_cast<float>(r1 - r0 + 1);
     for (size_t i = 0; i < only_cpu.size(); ++i) {
       float x = 0, y = 0;
       score_chunks(cache, 0, table, kv, qbar.data(), only_cpu[i], 1, &x);
       score_chunks(cache, 0, table, kv, qbar.data(), only_gpu[i], 1, &y);
-      EXPECT_NEAR(x, y, 1e-4f * (1 + std::fabs(x))) << "list " << L << ": chunks " << only_cpu[i] << " / "
-                                                   << only_gpu[i] << " are no near-tie";
+      EXPECT_NEAR(x, y, 1e-4f * (1 + std::fabs(x))) << "list " << L << ": chunks " << only_cpu[i]
+                                                    << " / " << only_gpu[i] << " are no near-tie";
     }
     *swaps += static_cast<int64_t>(only_cpu.size());
   }
@@ -222,8 +245,8 @@ void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>
 TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
   CISA_REQUIRE_GPU();
   for (const Shape& s : kShapes) {
-    SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " + std::to_string(s.d) +
-                 " " + rep_kind_name(s.rep));
+    SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " +
+                 std::to_string(s.d) + " " + rep_kind_name(s.rep));
     KvWorld w;
     // Layer 0 keeps representatives (a global layer), layer 1 none.
     ASSERT_TRUE(w.init(s, 2, {true, false}, {600, 150, 1200}));
@@ -248,7 +271,9 @@ TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
     }
     PageLists gpu, cpu;
     ASSERT_TRUE(cuda::download_slot_page_lists(*w.b.gpu, PlanSlot::kCisa, &gpu).ok());
-    ASSERT_TRUE(select_pages(*w.b.cpu->cpu_cache(), 0, step, iq.data(), sel, w.b.cpu->cpu_pool(), &cpu).ok());
+    ASSERT_TRUE(
+        select_pages(*w.b.cpu->cpu_cache(), 0, step, iq.data(), sel, w.b.cpu->cpu_pool(), &cpu)
+            .ok());
     int64_t selecting = 0;
     for (int32_t n : cpu.num_selected) selecting += n > 0;
     ASSERT_GT(selecting, 0) << "the case must select somewhere";
@@ -257,9 +282,11 @@ TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
     ::testing::Test::RecordProperty("boundary_swaps", static_cast<int>(swaps));
     // Attention reads the selected pages: the outputs agree where the selections do.
     if (swaps == 0) expect_attention_close(out[0], out[1]);
-    expect_same_groups(w.b.cpu->plan_groups(PlanSlot::kCisa), w.b.gpu->plan_groups(PlanSlot::kCisa));
+    expect_same_groups(w.b.cpu->plan_groups(PlanSlot::kCisa),
+                       w.b.gpu->plan_groups(PlanSlot::kCisa));
     // A fresh plan has no selection yet.
-    ASSERT_TRUE(w.b.gpu->plan(PlanSlot::kCisa, step, {.kind = PlanKind::kCisa, .selection = sel}).ok());
+    ASSERT_TRUE(
+        w.b.gpu->plan(PlanSlot::kCisa, step, {.kind = PlanKind::kCisa, .selection = sel}).ok());
     auto qb = upload_f32(*w.b.gpu, q);
     EXPECT_EQ(w.b.gpu->attend(PlanSlot::kCisa, 0, qb->f32(), s.hq, {}, qb->f32()).code(),
               StatusCode::kFailedPrecondition);
@@ -273,8 +300,12 @@ TEST(CudaBackendKv, FullCacheAndFailedAppendsChangeNothing) {
   BackendPair b = make_backend_pair();
   ASSERT_TRUE(b.gpu);
   Backend& g = *b.gpu;
-  ASSERT_TRUE(g.create_cache({.num_layers = 2, .num_kv_heads = 1, .head_dim = 64, .num_pages = 8,
-                              .dtype = KvDtype::kBF16}).ok());
+  ASSERT_TRUE(g.create_cache({.num_layers = 2,
+                              .num_kv_heads = 1,
+                              .head_dim = 64,
+                              .num_pages = 8,
+                              .dtype = KvDtype::kBF16})
+                  .ok());
   const SeqId s0 = *g.add_sequence(), s1 = *g.add_sequence();
   ASSERT_TRUE(g.reserve(s0, 5 * 16).ok());
   ASSERT_TRUE(g.reserve(s1, 3 * 16).ok());
@@ -296,8 +327,11 @@ TEST(CudaBackendKv, FullCacheAndFailedAppendsChangeNothing) {
   // Attention of layer 1 before its K/V exist, and the CPU-only paths, are clear errors.
   const std::vector<BatchEntry> q1 = {{s1, 47, 1}};
   ASSERT_TRUE(g.plan(PlanSlot::kGlobal, q1, {.kind = PlanKind::kDense}).ok());
-  EXPECT_EQ(g.attend(PlanSlot::kGlobal, 1, k->f32(), 1, {}, k->f32()).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {.numerics = AttentionNumerics::kLlamaCpp}, k->f32()).code(),
+  EXPECT_EQ(g.attend(PlanSlot::kGlobal, 1, k->f32(), 1, {}, k->f32()).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {.numerics = AttentionNumerics::kLlamaCpp},
+                     k->f32())
+                .code(),
             StatusCode::kUnimplemented);
   EXPECT_EQ(g.set_page_lists(PlanSlot::kGlobal, PageLists{}).code(), StatusCode::kUnimplemented);
   ASSERT_TRUE(g.release_sequence(s0).ok());
@@ -308,8 +342,10 @@ TEST(CudaBackendKv, FullCacheAndFailedAppendsChangeNothing) {
   auto o = upload_f32(g, std::vector<float>(64, std::nanf("")));
   ASSERT_TRUE(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {}, o->f32()).ok());
   EXPECT_EQ(download_f32(g, *o, 64), std::vector<float>(64, 0.5f));
-  EXPECT_EQ(g.plan(PlanSlot::kGlobal, std::vector<BatchEntry>{{s0, 0, 1}}, {}).code(), StatusCode::kNotFound);
-  ASSERT_TRUE(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {}, k->f32()).code() == StatusCode::kFailedPrecondition)
+  EXPECT_EQ(g.plan(PlanSlot::kGlobal, std::vector<BatchEntry>{{s0, 0, 1}}, {}).code(),
+            StatusCode::kNotFound);
+  ASSERT_TRUE(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {}, k->f32()).code() ==
+              StatusCode::kFailedPrecondition)
       << "the slot's last plan failed, so it is not planned";
 }
 

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "cisa/backend.h"
-#include "cisa/cuda_model_backend.h"
-#include "cisa/model.h"
-#include "cisa/sampling.h"
+#include "cisa/core/backend.h"
+#include "cisa/cuda/model_backend.h"
+#include "cisa/model/model.h"
+#include "cisa/model/sampling.h"
 #include "gpu/cuda_backend_test_util.h"
 
 namespace cisa::test {
@@ -74,19 +74,22 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
   // block of 32 (error ≤ max|x_block| / 254 per element).
   for (bool q8 : {false, true}) {
     const int64_t n = 96, k = 160, rows = 5, ldy = q8 ? n + 8 : n;
-    const HostMatrix& w = *weights.emplace_back(std::make_unique<HostMatrix>(q8 ? make_q8_0(rng, n, k) : make_f32(rng, n, k)));
+    const HostMatrix& w = *weights.emplace_back(
+        std::make_unique<HostMatrix>(q8 ? make_q8_0(rng, n, k) : make_f32(rng, n, k)));
     auto x = random_vec(rng, static_cast<size_t>(rows * k));
     std::vector<double> bound(static_cast<size_t>(rows * ldy), 0.0);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t o = 0; o < n; ++o) {
         double abs_sum = 0, w_sum = 0, xmax = 0;
         for (int64_t c = 0; c < k; ++c) {
-          const double wv = w.values[static_cast<size_t>(o * k + c)], xv = x[static_cast<size_t>(r * k + c)];
+          const double wv = w.values[static_cast<size_t>(o * k + c)],
+                       xv = x[static_cast<size_t>(r * k + c)];
           abs_sum += std::fabs(wv * xv);
           w_sum += std::fabs(wv);
           xmax = std::max(xmax, std::fabs(xv));
         }
-        bound[static_cast<size_t>(r * ldy + o)] = std::ldexp(abs_sum, -7) + (q8 ? w_sum * xmax / 254.0 : 0.0) + 1e-6;
+        bound[static_cast<size_t>(r * ldy + o)] =
+            std::ldexp(abs_sum, -7) + (q8 ? w_sum * xmax / 254.0 : 0.0) + 1e-6;
       }
     auto mc = b.cpu->bind_matrix(w.view()), mg = b.gpu->bind_matrix(w.view());
     ASSERT_TRUE(mc.ok() && mg.ok()) << (mg.ok() ? mc.status() : mg.status()).to_string();
@@ -95,29 +98,34 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
                      .inputs = {x},
                      .out_size = rows * ldy,
                      .out_init = std::vector<float>(static_cast<size_t>(rows * ldy), 7.0f),
-                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
-                       return be.matmul(be.kind() == BackendKind::kCpu ? *mc : *mg, in[0], out, rows, ldy);
-                     },
+                     .run =
+                         [=](Backend& be, const std::vector<float*>& in, float* out) {
+                           return be.matmul(be.kind() == BackendKind::kCpu ? *mc : *mg, in[0], out,
+                                            rows, ldy);
+                         },
                      .tol = [bound](size_t i, float) { return bound[i]; }});
   }
 
   // embed: the table is bound as f32 on both; the GPU holds it in bf16.
   {
     const int64_t vocab = 50, e = 64;
-    const HostMatrix& t = *weights.emplace_back(std::make_unique<HostMatrix>(make_f32(rng, vocab, e)));
+    const HostMatrix& t =
+        *weights.emplace_back(std::make_unique<HostMatrix>(make_f32(rng, vocab, e)));
     auto tc = b.cpu->bind_matrix(t.view()), tg = b.gpu->bind_matrix(t.view());
     ASSERT_TRUE(tc.ok() && tg.ok());
     const std::vector<int32_t> tokens = {3, 0, 49, 3, 17, 25};
     auto tok_c = upload_i32(*b.cpu, tokens), tok_g = upload_i32(*b.gpu, tokens);
     const int32_t* pc = tok_c->i32();
     const int32_t* pg = tok_g->i32();
-    cases.push_back({.name = "embed",
-                     .out_size = static_cast<int64_t>(tokens.size()) * e,
-                     .run = [=](Backend& be, const std::vector<float*>&, float* out) {
-                       const bool cpu = be.kind() == BackendKind::kCpu;
-                       return be.embed(cpu ? *tc : *tg, cpu ? pc : pg, 6, 1.7f, out);
-                     },
-                     .tol = [](size_t, float want) { return std::ldexp(std::fabs(want), -8) + 1e-7; }});
+    cases.push_back(
+        {.name = "embed",
+         .out_size = static_cast<int64_t>(tokens.size()) * e,
+         .run =
+             [=](Backend& be, const std::vector<float*>&, float* out) {
+               const bool cpu = be.kind() == BackendKind::kCpu;
+               return be.embed(cpu ? *tc : *tg, cpu ? pc : pg, 6, 1.7f, out);
+             },
+         .tol = [](size_t, float want) { return std::ldexp(std::fabs(want), -8) + 1e-7; }});
     b.keep.push_back(std::move(tok_c));
     b.keep.push_back(std::move(tok_g));
   }
@@ -129,9 +137,10 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
     cases.push_back({.name = gain ? "rms_norm" : "rms_norm, no gain, in place",
                      .inputs = {random_vec(rng, n)},
                      .out_init = x,
-                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
-                       return be.rms_norm(out, gain ? in[0] : nullptr, out, rows, n, 1e-6f);
-                     },
+                     .run =
+                         [=](Backend& be, const std::vector<float*>& in, float* out) {
+                           return be.rms_norm(out, gain ? in[0] : nullptr, out, rows, n, 1e-6f);
+                         },
                      .tol = [](size_t, float want) { return 1e-5 * std::fabs(want) + 1e-6; }});
   }
 
@@ -145,13 +154,13 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
       cs.push_back(std::cos(a));
       sn.push_back(std::sin(a));
     }
-    cases.push_back({.name = style == RopeStyle::kNeox ? "rope neox" : "rope norm",
-                     .inputs = {cs, sn},
-                     .out_init = random_vec(rng, rows * heads * d),
-                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
-                       return be.rope(out, rows, heads, d, in[0], in[1], style);
-                     },
-                     .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
+    cases.push_back(
+        {.name = style == RopeStyle::kNeox ? "rope neox" : "rope norm",
+         .inputs = {cs, sn},
+         .out_init = random_vec(rng, rows * heads * d),
+         .run = [=](Backend& be, const std::vector<float*>& in,
+                    float* out) { return be.rope(out, rows, heads, d, in[0], in[1], style); },
+         .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
   }
 
   // Gated activations. GELU: the GPU's exact tanh form vs the CPU's f16 table (x rounded to f16,
@@ -160,51 +169,53 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
     const int rows = 5, n = 300;
     auto gate = random_vec(rng, rows * n, 3.0f), up = random_vec(rng, rows * n);
     const bool gelu = act == Activation::kGeluTanh;
-    cases.push_back({.name = gelu ? "gated gelu" : "gated silu",
-                     .inputs = {gate, up},
-                     .out_size = rows * n,
-                     .run = [=](Backend& be, const std::vector<float*>& in, float* out) {
-                       return be.gated_activation(act, in[0], in[1], out, rows, n);
-                     },
-                     .tol = [=](size_t i, float want) {
-                       return gelu ? 2e-3 * (std::fabs(gate[i]) + std::fabs(want)) * std::fabs(up[i]) + 1e-6
-                                   : 1e-5 * std::fabs(want) + 1e-6 * std::fabs(up[i]);
-                     }});
+    cases.push_back(
+        {.name = gelu ? "gated gelu" : "gated silu",
+         .inputs = {gate, up},
+         .out_size = rows * n,
+         .run = [=](Backend& be, const std::vector<float*>& in,
+                    float* out) { return be.gated_activation(act, in[0], in[1], out, rows, n); },
+         .tol =
+             [=](size_t i, float want) {
+               return gelu ? 2e-3 * (std::fabs(gate[i]) + std::fabs(want)) * std::fabs(up[i]) + 1e-6
+                           : 1e-5 * std::fabs(want) + 1e-6 * std::fabs(up[i]);
+             }});
   }
 
   const auto exact = [](size_t, float) { return 0.0; };
   cases.push_back({.name = "add",
                    .inputs = {random_vec(rng, 1000)},
                    .out_init = random_vec(rng, 1000),
-                   .run = [](Backend& be, const std::vector<float*>& in, float* out) { return be.add(out, in[0], 1000); },
+                   .run = [](Backend& be, const std::vector<float*>& in,
+                             float* out) { return be.add(out, in[0], 1000); },
                    .tol = exact});
   cases.push_back({.name = "round_f16",
                    .out_init = random_vec(rng, 999, 100.0f),
-                   .run = [](Backend& be, const std::vector<float*>&, float* out) { return be.round_f16(out, 999); },
+                   .run = [](Backend& be, const std::vector<float*>&,
+                             float* out) { return be.round_f16(out, 999); },
                    .tol = exact});
   cases.push_back({.name = "mean_heads",
                    .inputs = {random_vec(rng, 4 * 8 * 64)},
                    .out_size = 4 * 2 * 64,
-                   .run = [](Backend& be, const std::vector<float*>& in, float* out) {
-                     return be.mean_heads(in[0], 4, 8, 2, 64, out);
-                   },
+                   .run = [](Backend& be, const std::vector<float*>& in,
+                             float* out) { return be.mean_heads(in[0], 4, 8, 2, 64, out); },
                    .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
   cases.push_back({.name = "gather_rows",
                    .inputs = {random_vec(rng, 10 * 33)},
                    .out_size = 5 * 33,
-                   .run = [](Backend& be, const std::vector<float*>& in, float* out) {
-                     const std::vector<int64_t> rows = {3, 0, 9, 3, 5};
-                     return be.gather_rows(in[0], rows, 33, out);
-                   },
+                   .run =
+                       [](Backend& be, const std::vector<float*>& in, float* out) {
+                         const std::vector<int64_t> rows = {3, 0, 9, 3, 5};
+                         return be.gather_rows(in[0], rows, 33, out);
+                       },
                    .tol = exact});
   // fill_random: the GPU's values are the CPU's rounded to bf16; 20M values cross the
   // backend's 16M-value fill chunks.
   for (int64_t n : {int64_t{1000}, int64_t{20'000'000}})
     cases.push_back({.name = "fill_random " + std::to_string(n),
                      .out_size = n,
-                     .run = [n](Backend& be, const std::vector<float*>&, float* out) {
-                       return be.fill_random(out, n, 1234, 0.5f);
-                     },
+                     .run = [n](Backend& be, const std::vector<float*>&,
+                                float* out) { return be.fill_random(out, n, 1234, 0.5f); },
                      .tol = [](size_t, float want) { return std::ldexp(std::fabs(want), -8); }});
 
   for (const OpCase& c : cases) run_case(b, c);
@@ -232,7 +243,8 @@ TEST(CudaBackendOps, RandomMatrixMatchesTheCpuBackend) {
   expect_within(got[0], got[1], [](size_t, float want) { return std::ldexp(std::fabs(want), -8); });
   double s2 = 0;
   for (float v : got[1]) s2 += static_cast<double>(v) * v;
-  EXPECT_NEAR(std::sqrt(s2 / static_cast<double>(got[1].size())), 0.25, 0.03) << "standard deviation";
+  EXPECT_NEAR(std::sqrt(s2 / static_cast<double>(got[1].size())), 0.25, 0.03)
+      << "standard deviation";
 }
 
 // Bad input gives a clear Status, and the backend stays usable.
@@ -246,15 +258,24 @@ TEST(CudaBackendOps, ErrorsAreStatusesAndLeaveTheBackendUsable) {
   EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(huge.status().message().find("free"), std::string::npos) << huge.status().message();
   EXPECT_FALSE(g.matmul(BackendMatrix{4, 4, 12345}, nullptr, nullptr, 1, 0).ok());
-  EXPECT_EQ(g.rope(nullptr, 1, 1, 7, nullptr, nullptr, RopeStyle::kNeox).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.rope(nullptr, 1, 1, 7, nullptr, nullptr, RopeStyle::kNeox).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(g.mean_heads(nullptr, 1, 6, 4, 64, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(g.gather_rows(nullptr, std::vector<int64_t>{-1}, 4, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(g.create_cache({.head_dim = 128, .num_pages = 8, .dtype = KvDtype::kF32}).code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(g.create_cache({.head_dim = 96, .num_pages = 8, .dtype = KvDtype::kBF16}).code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(g.create_cache({.head_dim = 128, .page_size = 32, .num_pages = 8, .dtype = KvDtype::kBF16}).code(),
+  EXPECT_EQ(g.gather_rows(nullptr, std::vector<int64_t>{-1}, 4, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.create_cache({.head_dim = 128, .num_pages = 8, .dtype = KvDtype::kF32}).code(),
             StatusCode::kUnimplemented);
-  const Status oom = g.create_cache({.num_layers = 64, .num_kv_heads = 8, .head_dim = 256,
-                                     .num_pages = int64_t{1} << 30, .dtype = KvDtype::kBF16});
+  EXPECT_EQ(g.create_cache({.head_dim = 96, .num_pages = 8, .dtype = KvDtype::kBF16}).code(),
+            StatusCode::kUnimplemented);
+  EXPECT_EQ(
+      g.create_cache({.head_dim = 128, .page_size = 32, .num_pages = 8, .dtype = KvDtype::kBF16})
+          .code(),
+      StatusCode::kUnimplemented);
+  const Status oom = g.create_cache({.num_layers = 64,
+                                     .num_kv_heads = 8,
+                                     .head_dim = 256,
+                                     .num_pages = int64_t{1} << 30,
+                                     .dtype = KvDtype::kBF16});
   EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted) << oom.to_string();
   EXPECT_NE(oom.message().find("free"), std::string::npos) << oom.message();
   // Still usable: an add after the failures.
@@ -271,7 +292,8 @@ TEST(CudaBackendOps, ArgmaxRowsMatchTheCpuBackend) {
   CISA_REQUIRE_GPU();
   BackendPair b = make_backend_pair();
   ASSERT_TRUE(b.gpu);
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   std::mt19937 rng(11);
   for (const int64_t n : {int64_t{152064}, int64_t{1000}, int64_t{33}, int64_t{1}}) {
     SCOPED_TRACE("n = " + std::to_string(n));
@@ -282,12 +304,26 @@ TEST(CudaBackendOps, ArgmaxRowsMatchTheCpuBackend) {
       float* row = x.data() + r * n;
       const int64_t i = col(rng), j = col(rng);
       switch (r % 6) {
-        case 0: row[i] = row[j] = 100.0f; break;                    // a tie at the top
-        case 1: row[i] = nan; row[j] = 50.0f; break;                // NaN beside the maximum
-        case 2: for (int64_t c = 0; c < n; ++c) row[c] = nan; break;  // all NaN: 0
-        case 3: for (int64_t c = 0; c < n; ++c) row[c] = -inf; break; // all -inf: 0
-        case 4: row[i] = inf; row[j] = inf; break;                  // tied infinities
-        default: for (int64_t c = 0; c < n; c += 2) row[c] = nan; break;
+        case 0:
+          row[i] = row[j] = 100.0f;
+          break;  // a tie at the top
+        case 1:
+          row[i] = nan;
+          row[j] = 50.0f;
+          break;  // NaN beside the maximum
+        case 2:
+          for (int64_t c = 0; c < n; ++c) row[c] = nan;
+          break;  // all NaN: 0
+        case 3:
+          for (int64_t c = 0; c < n; ++c) row[c] = -inf;
+          break;  // all -inf: 0
+        case 4:
+          row[i] = inf;
+          row[j] = inf;
+          break;  // tied infinities
+        default:
+          for (int64_t c = 0; c < n; c += 2) row[c] = nan;
+          break;
       }
     }
     std::vector<int32_t> got[2];
@@ -301,7 +337,8 @@ TEST(CudaBackendOps, ArgmaxRowsMatchTheCpuBackend) {
     }
     EXPECT_EQ(got[0], got[1]);
     for (int64_t r = 0; r < rows; ++r)
-      EXPECT_EQ(got[1][static_cast<size_t>(r)], argmax({x.data() + r * n, static_cast<size_t>(n)})) << "row " << r;
+      EXPECT_EQ(got[1][static_cast<size_t>(r)], argmax({x.data() + r * n, static_cast<size_t>(n)}))
+          << "row " << r;
   }
   EXPECT_EQ(b.gpu->argmax_rows(nullptr, 2, 4, nullptr).code(), StatusCode::kInvalidArgument);
 }
@@ -312,14 +349,16 @@ TEST(CudaBackendOps, LargeDownloadsAreExact) {
   BackendPair b = make_backend_pair();
   ASSERT_TRUE(b.gpu);
   std::mt19937 rng(3);
-  for (const int64_t n : {int64_t{65535}, int64_t{1} << 20, (int64_t{1} << 20) + 3, int64_t{2433024}}) {
+  for (const int64_t n :
+       {int64_t{65535}, int64_t{1} << 20, (int64_t{1} << 20) + 3, int64_t{2433024}}) {
     const std::vector<float> x = random_vec(rng, static_cast<size_t>(n), 1.0f);
     auto xb = upload_f32(*b.gpu, x);
     EXPECT_EQ(download_f32(*b.gpu, *xb, n), x) << n << " values";
   }
 }
 
-Result<std::unique_ptr<Model>> cuda_synthetic(const std::string& name, int64_t context, int sequences) {
+Result<std::unique_ptr<Model>> cuda_synthetic(const std::string& name, int64_t context,
+                                              int sequences) {
   ModelOptions o{.context = context, .max_sequences = sequences, .kv_dtype = KvDtype::kBF16};
   o.backend = cuda::make_model_backend;
   return Model::load_synthetic(name, o);
@@ -346,11 +385,13 @@ TEST(CudaModelGreedy, ArgmaxOutputsAreTheArgmaxOfTheLogits) {
   std::vector<int32_t> ids;
   std::vector<float> logits;
   for (int step = 0; step < 41; ++step) {
-    ASSERT_TRUE((*m)->forward(in, ForwardOutputs{.logits = &logits, .argmax = &ids}).ok()) << "step " << step;
+    ASSERT_TRUE((*m)->forward(in, ForwardOutputs{.logits = &logits, .argmax = &ids}).ok())
+        << "step " << step;
     ASSERT_EQ(ids.size(), in.size());
     ASSERT_EQ(logits.size(), in.size() * static_cast<size_t>(V));
     for (size_t r = 0; r < ids.size(); ++r)
-      EXPECT_EQ(ids[r], argmax({logits.data() + r * V, static_cast<size_t>(V)})) << "step " << step << ", row " << r;
+      EXPECT_EQ(ids[r], argmax({logits.data() + r * V, static_cast<size_t>(V)}))
+          << "step " << step << ", row " << r;
     std::vector<int32_t> greedy_only;
     if (step == 20) {  // the middle sequence finishes
       ASSERT_TRUE((*m)->release_sequence(in[1].seq).ok());
@@ -385,12 +426,14 @@ TEST(CudaModelGreedy, DISABLED_DecodeStepTimes) {
     for (int path = 0; path < 2; ++path) {
       std::vector<double> t;
       for (int step = 0; step < 12; ++step) {
-        for (int s = 0; s < B; ++s) in[static_cast<size_t>(s)].tokens = {&next[static_cast<size_t>(s)], 1};
+        for (int s = 0; s < B; ++s)
+          in[static_cast<size_t>(s)].tokens = {&next[static_cast<size_t>(s)], 1};
         const auto t0 = std::chrono::steady_clock::now();
         if (path == 0) {
           ASSERT_TRUE(model.forward(in, &logits).ok());
           for (int s = 0; s < B; ++s)
-            ids.at(static_cast<size_t>(s)) = argmax({logits.data() + static_cast<size_t>(s) * V, static_cast<size_t>(V)});
+            ids.at(static_cast<size_t>(s)) =
+                argmax({logits.data() + static_cast<size_t>(s) * V, static_cast<size_t>(V)});
         } else {
           ASSERT_TRUE(model.forward(in, ForwardOutputs{.argmax = &ids}).ok());
         }
@@ -398,7 +441,8 @@ TEST(CudaModelGreedy, DISABLED_DecodeStepTimes) {
         next = ids;
       }
       std::sort(t.begin() + 2, t.end());
-      std::printf("B=%d %s: median step %.2f ms\n", B, path == 0 ? "logits + host argmax" : "argmax_rows",
+      std::printf("B=%d %s: median step %.2f ms\n", B,
+                  path == 0 ? "logits + host argmax" : "argmax_rows",
                   1e3 * t[2 + (t.size() - 2) / 2]);
     }
     for (SeqId s : seqs) ASSERT_TRUE(model.release_sequence(s).ok());

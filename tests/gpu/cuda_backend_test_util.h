@@ -14,9 +14,9 @@
 #include <random>
 #include <vector>
 
-#include "cisa/backend.h"
-#include "cisa/cuda_model_backend.h"
-#include "cisa/quant.h"
+#include "cisa/core/backend.h"
+#include "cisa/cuda/model_backend.h"
+#include "cisa/model/quant.h"
 #include "gpu/gpu_test_util.h"
 #include "test_util.h"
 
@@ -48,8 +48,12 @@ std::unique_ptr<BackendBuffer> upload_vec(Backend& be, const std::vector<T>& hos
   EXPECT_TRUE(st.ok()) << st.to_string();
   return std::move(*buf);
 }
-inline std::unique_ptr<BackendBuffer> upload_f32(Backend& be, const std::vector<float>& h) { return upload_vec(be, h); }
-inline std::unique_ptr<BackendBuffer> upload_i32(Backend& be, const std::vector<int32_t>& h) { return upload_vec(be, h); }
+inline std::unique_ptr<BackendBuffer> upload_f32(Backend& be, const std::vector<float>& h) {
+  return upload_vec(be, h);
+}
+inline std::unique_ptr<BackendBuffer> upload_i32(Backend& be, const std::vector<int32_t>& h) {
+  return upload_vec(be, h);
+}
 
 inline std::vector<float> download_f32(Backend& be, BackendBuffer& buf, int64_t n) {
   std::vector<float> h(static_cast<size_t>(n));
@@ -67,8 +71,9 @@ inline void expect_within(const std::vector<float>& want, const std::vector<floa
   for (size_t i = 0; i < want.size(); ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
     if (std::isnan(got[i]) || std::isnan(want[i]) || !(err <= tol(i, want[i]))) {
-      if (bad < 5) ADD_FAILURE() << "element " << i << ": got " << got[i] << ", want " << want[i] << " (tolerance "
-                                 << tol(i, want[i]) << ")";
+      if (bad < 5)
+        ADD_FAILURE() << "element " << i << ": got " << got[i] << ", want " << want[i]
+                      << " (tolerance " << tol(i, want[i]) << ")";
       ++bad;
     }
   }
@@ -89,7 +94,11 @@ struct HostMatrix {
   std::vector<float> values;  // [n_rows][n_cols]
   WeightView view() const {
     const uint64_t row_bytes = static_cast<uint64_t>(bytes.size() / static_cast<size_t>(n_rows));
-    return {.type = type, .n_rows = n_rows, .n_cols = n_cols, .row_bytes = row_bytes, .data = bytes.data()};
+    return {.type = type,
+            .n_rows = n_rows,
+            .n_cols = n_cols,
+            .row_bytes = row_bytes,
+            .data = bytes.data()};
   }
 };
 
@@ -114,7 +123,8 @@ inline HostMatrix make_q8_0(std::mt19937& rng, int64_t n_rows, int64_t n_cols) {
     m.bytes.push_back(static_cast<uint8_t>(dh & 0xff));
     m.bytes.push_back(static_cast<uint8_t>(dh >> 8));
     for (size_t i = 0; i < 32; ++i) {
-      const int q = d > 0 ? std::clamp(static_cast<int>(std::lround(raw[b0 + i] / d)), -127, 127) : 0;
+      const int q =
+          d > 0 ? std::clamp(static_cast<int>(std::lround(raw[b0 + i] / d)), -127, 127) : 0;
       m.bytes.push_back(static_cast<uint8_t>(static_cast<int8_t>(q)));
       m.values[b0 + i] = d * static_cast<float>(q);
     }

@@ -6,8 +6,9 @@
 // W, G and indexer top-1 >= 98% and KL < 0.02. The CPU reference multiplies the weights exactly
 // in f32 (ModelOptions::weights_f32) with an f32 KV cache, so the difference measured is the
 // GPU's own rounding (bf16 weights and GEMM inputs), not the CPU's 8-bit
-// activations. Both keep K/V in bf16. Also: a batch of sequences of different lengths decodes the same greedy tokens as
-// each sequence alone. Skips without a GPU, without the CUDA model backend, or without the models.
+// activations. Both keep K/V in bf16. Also: a batch of sequences of different lengths decodes the
+// same greedy tokens as each sequence alone. Skips without a GPU, without the CUDA model backend,
+// or without the models.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/sampling.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/sampling.h"
 #include "golden/logits_fixture.h"
 
 #if defined(CISA_WITH_CUDA_MODEL)
-#include "cisa/cuda_backend.h"
-#include "cisa/cuda_model_backend.h"
+#include "cisa/cuda/backend.h"
+#include "cisa/cuda/model_backend.h"
 #endif
 
 namespace cisa {
@@ -61,19 +62,25 @@ struct Case {
   const char* model;
   bool cisa;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << (c.cisa ? "/cisa" : "/dense"); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << (c.cisa ? "/cisa" : "/dense");
+}
 
 class CudaModelGolden : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     std::string why;
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << why << ")";
+    if (!cuda::device_available(&why))
+      GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << why << ")";
     auto path = resolve_model(GetParam().model);
-    if (!path.ok()) GTEST_SKIP() << "model " << GetParam().model << " is absent: " << path.status().message();
+    if (!path.ok())
+      GTEST_SKIP() << "model " << GetParam().model << " is absent: " << path.status().message();
     path_ = *path;
     std::string err;
-    const std::string fx = std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/logits_" + GetParam().model + ".bin";
-    if (!read_fixture(fx, &fixture_, &err)) GTEST_SKIP() << "no logits fixture " << fx << ": " << err;
+    const std::string fx =
+        std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/logits_" + GetParam().model + ".bin";
+    if (!read_fixture(fx, &fixture_, &err))
+      GTEST_SKIP() << "no logits fixture " << fx << ": " << err;
   }
 
   std::unique_ptr<Model> load(bool gpu, int64_t context) {
@@ -97,7 +104,8 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
       EXPECT_TRUE(probe.ok());
       const int64_t n = probe.ok() ? (*probe)->hparams().n_ctx_train : 8192;
       o.attention.mode = AttentionMode::kCisa;
-      o.attention.selection = {.budget = std::max<int64_t>(16, n / 1024), .window = std::max<int64_t>(4, n / 4096),
+      o.attention.selection = {.budget = std::max<int64_t>(16, n / 1024),
+                               .window = std::max<int64_t>(4, n / 4096),
                                .qshare = 16};
     }
     auto m = Model::load(path_, o);
@@ -111,7 +119,8 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
 
 TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
   int64_t longest = 0;
-  for (const auto& p : fixture_.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+  for (const auto& p : fixture_.prompts)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
   auto cpu = load(false, longest), gpu = load(true, longest);
   ASSERT_TRUE(cpu && gpu);
   const int V = cpu->hparams().n_vocab;
@@ -122,7 +131,8 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
     for (Model* m : {cpu.get(), gpu.get()}) {
       auto seq = m->add_sequence();
       ASSERT_TRUE(seq.ok());
-      SequenceInput in{.seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
+      SequenceInput in{
+          .seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
       const Status s = m->forward({&in, 1}, m == cpu.get() ? &ref : &got);
       ASSERT_TRUE(s.ok()) << s.to_string();
       ASSERT_TRUE(m->release_sequence(*seq).ok());
@@ -130,18 +140,22 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
     ASSERT_EQ(ref.size(), got.size());
     for (float x : got) ASSERT_TRUE(std::isfinite(x)) << "non-finite GPU logit";
     Compare c;
-    for (size_t j = 0; j < pos.size(); ++j) compare_rows(ref.data() + j * V, got.data() + j * V, V, &c);
-    std::printf("[ gpu-cpu  ] %s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL %.2e\n",
-                GetParam().model, GetParam().cisa ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
-                static_cast<long long>(c.n), 100.0 * c.top1_same / c.n, c.kl_sum / c.n, c.kl_max);
+    for (size_t j = 0; j < pos.size(); ++j)
+      compare_rows(ref.data() + j * V, got.data() + j * V, V, &c);
+    std::printf(
+        "[ gpu-cpu  ] %s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL "
+        "%.2e\n",
+        GetParam().model, GetParam().cisa ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
+        static_cast<long long>(c.n), 100.0 * c.top1_same / c.n, c.kl_sum / c.n, c.kl_max);
     all.n += c.n;
     all.top1_same += c.top1_same;
     all.kl_sum += c.kl_sum;
   }
   const double top1 = static_cast<double>(all.top1_same) / all.n, kl = all.kl_sum / all.n;
   const double top1_bar = GetParam().cisa ? 0.98 : 0.99, kl_bar = GetParam().cisa ? 0.02 : 0.01;
-  std::printf("[ gpu-cpu  ] %s %s, all prompts: top-1 %.2f%% (bar %.0f%%), mean KL %.2e (bar %.2g)\n", GetParam().model,
-              GetParam().cisa ? "cisa" : "dense", 100 * top1, 100 * top1_bar, kl, kl_bar);
+  std::printf(
+      "[ gpu-cpu  ] %s %s, all prompts: top-1 %.2f%% (bar %.0f%%), mean KL %.2e (bar %.2g)\n",
+      GetParam().model, GetParam().cisa ? "cisa" : "dense", 100 * top1, 100 * top1_bar, kl, kl_bar);
   EXPECT_GE(top1, top1_bar);
   EXPECT_LT(kl, kl_bar);
 }
@@ -154,7 +168,9 @@ TEST_P(CudaModelGolden, BatchedGreedyEqualsSeparateRuns) {
   const FixturePrompt& a = fixture_.prompts[0];
   const FixturePrompt& b = fixture_.prompts[1];
   const std::vector<std::vector<int32_t>> prompts = {
-      a.ids, {b.ids.begin(), b.ids.begin() + std::min<size_t>(b.ids.size(), 700)}, {a.ids.begin(), a.ids.begin() + 9}};
+      a.ids,
+      {b.ids.begin(), b.ids.begin() + std::min<size_t>(b.ids.size(), 700)},
+      {a.ids.begin(), a.ids.begin() + 9}};
   constexpr int kSteps = 12;
   auto gpu = load(true, 1024);
   ASSERT_TRUE(gpu);
@@ -184,14 +200,18 @@ TEST_P(CudaModelGolden, BatchedGreedyEqualsSeparateRuns) {
     return out;
   };
   const auto together = greedy({0, 1, 2});
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i], greedy({i})[0]) << "sequence " << i;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(together[i], greedy({i})[0]) << "sequence " << i;
 }
 
-const Case kCases[] = {{"gemma3-270m", false}, {"gemma3-270m", true}, {"smollm2-135m", false}, {"smollm2-135m", true}};
+const Case kCases[] = {
+    {"gemma3-270m", false}, {"gemma3-270m", true}, {"smollm2-135m", false}, {"smollm2-135m", true}};
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelGolden, ::testing::ValuesIn(kCases));
 
 #else
-TEST(CudaModelGolden, Skipped) { GTEST_SKIP() << "built without the CUDA model backend"; }
+TEST(CudaModelGolden, Skipped) {
+  GTEST_SKIP() << "built without the CUDA model backend";
+}
 #endif
 
 }  // namespace

@@ -32,23 +32,28 @@ uint32_t bits(float f) {
 }
 
 // Every element finite and within rel·|ref| + abs of the fp64 reference (NaN never passes).
-::testing::AssertionResult close_to(const std::vector<float>& got, const std::vector<double>& ref, double rel,
-                                    double abs) {
-  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+::testing::AssertionResult close_to(const std::vector<float>& got, const std::vector<double>& ref,
+                                    double rel, double abs) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(double(got[i]) - ref[i]);
     if (!std::isfinite(got[i]) || !(err <= rel * std::fabs(ref[i]) + abs))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << ref[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << ", want " << ref[i];
   }
   return ::testing::AssertionSuccess();
 }
 
 // Bit-identical floats.
-::testing::AssertionResult same_bits(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+::testing::AssertionResult same_bits(const std::vector<float>& got,
+                                     const std::vector<float>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   for (size_t i = 0; i < got.size(); ++i)
     if (bits(got[i]) != bits(want[i]))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << want[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << ", want " << want[i];
   return ::testing::AssertionSuccess();
 }
 
@@ -83,7 +88,8 @@ TEST(CudaModelOps, EmbedMatchesTableTimesScale) {
   for (int64_t n : {1, 7, 132, 1152})
     for (int64_t rows : {1, 5, 33})
       for (size_t off : {0, 1}) {
-        SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " off=" + std::to_string(off));
+        SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(rows) +
+                     " off=" + std::to_string(off));
         const auto table = to_bf16(random_vec(rng, static_cast<size_t>(vocab * n)));
         std::vector<int32_t> tok(static_cast<size_t>(rows));
         for (auto& t : tok) t = static_cast<int32_t>(rng() % vocab);
@@ -93,7 +99,8 @@ TEST(CudaModelOps, EmbedMatchesTableTimesScale) {
         dtok.upload(tok);
         Placed<float> x(static_cast<size_t>(rows * n), off);
         const float scale = 33.9411255f;  // √1152, Gemma's embedding scale
-        CUDA_OK(cuda::detail::launch_embed(dt.ptr(), dtok.data(), rows, n, scale, x.ptr(), nullptr, vocab));
+        CUDA_OK(cuda::detail::launch_embed(dt.ptr(), dtok.data(), rows, n, scale, x.ptr(), nullptr,
+                                           vocab));
         CUDA_OK(cudaDeviceSynchronize());
         auto got = x.get();
         std::vector<float> want(got.size());
@@ -113,7 +120,8 @@ TEST(CudaModelOps, RmsNormMatchesFp64InAndOutOfPlace) {
   for (int n : {1, 7, 64, 256, 640, 1000, 1027, 1152, 2051, 4096, 5376})
     for (int64_t rows : {1, 3, 17})
       for (int mode = 0; mode < 4; ++mode) {  // bit 0: gain, bit 1: in place; odd n also misaligned
-        SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " mode=" + std::to_string(mode));
+        SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(rows) +
+                     " mode=" + std::to_string(mode));
         const bool gain = mode & 1, in_place = mode & 2;
         const size_t off = n % 2;
         const auto x = random_vec(rng, static_cast<size_t>(rows * n), 2.0f);
@@ -121,7 +129,8 @@ TEST(CudaModelOps, RmsNormMatchesFp64InAndOutOfPlace) {
         const float eps = 1e-6f;
         Placed<float> dx(x, off), dw(w, off), dy(x.size(), off);
         float* y = in_place ? dx.ptr() : dy.ptr();
-        CUDA_OK(cuda::detail::launch_rms_norm(dx.ptr(), gain ? dw.ptr() : nullptr, y, rows, n, eps, nullptr));
+        CUDA_OK(cuda::detail::launch_rms_norm(dx.ptr(), gain ? dw.ptr() : nullptr, y, rows, n, eps,
+                                              nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         std::vector<double> want(x.size());
         for (int64_t r = 0; r < rows; ++r) {
@@ -142,22 +151,25 @@ TEST(CudaModelOps, RopeBitIdenticalToCpu) {
     for (int d : {2, 6, 64, 128, 256})
       for (int heads : {1, 3, 8})
         for (int64_t rows : {1, 5}) {
-          SCOPED_TRACE("d=" + std::to_string(d) + " heads=" + std::to_string(heads) + " rows=" + std::to_string(rows));
+          SCOPED_TRACE("d=" + std::to_string(d) + " heads=" + std::to_string(heads) +
+                       " rows=" + std::to_string(rows));
           std::vector<int64_t> pos(static_cast<size_t>(rows));
           for (auto& p : pos) p = static_cast<int64_t>(rng() % 40000);
           std::vector<float> cs(static_cast<size_t>(rows * d / 2)), sn(cs.size());
           ops::rope_table(pos.data(), rows, d, 10000.0, cs.data(), sn.data());
           auto x = random_vec(rng, static_cast<size_t>(rows * heads * d), 3.0f);
           Placed<float> dx(x, 0), dc(cs, 0), ds(sn, 0);
-          CUDA_OK(cuda::detail::launch_rope(dx.ptr(), rows, heads, d, dc.ptr(), ds.ptr(), style == RopeStyle::kNeox,
-                                            nullptr));
+          CUDA_OK(cuda::detail::launch_rope(dx.ptr(), rows, heads, d, dc.ptr(), ds.ptr(),
+                                            style == RopeStyle::kNeox, nullptr));
           CUDA_OK(cudaDeviceSynchronize());
           for (int64_t r = 0; r < rows; ++r)
             for (int h = 0; h < heads; ++h)
-              ops::rope_apply(x.data() + (r * heads + h) * d, cs.data() + r * d / 2, sn.data() + r * d / 2, d, style);
+              ops::rope_apply(x.data() + (r * heads + h) * d, cs.data() + r * d / 2,
+                              sn.data() + r * d / 2, d, style);
           EXPECT_TRUE(same_bits(dx.get(), x));
         }
-  EXPECT_EQ(cudaErrorInvalidValue, cuda::detail::launch_rope(nullptr, 1, 1, 3, nullptr, nullptr, true, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue,
+            cuda::detail::launch_rope(nullptr, 1, 1, 3, nullptr, nullptr, true, nullptr));
 }
 
 TEST(CudaModelOps, GatedActivationsMatchFp64AndCpu) {
@@ -167,20 +179,22 @@ TEST(CudaModelOps, GatedActivationsMatchFp64AndCpu) {
     for (int64_t n : {1, 7, 640, 6913})
       for (int64_t rows : {1, 3})
         for (int alias = 0; alias < 3; ++alias) {  // 0: separate out, 1: out = gate, 2: out = up
-          SCOPED_TRACE(std::string(gelu ? "gelu" : "silu") + " n=" + std::to_string(n) + " alias=" +
-                       std::to_string(alias));
+          SCOPED_TRACE(std::string(gelu ? "gelu" : "silu") + " n=" + std::to_string(n) +
+                       " alias=" + std::to_string(alias));
           const size_t m = static_cast<size_t>(rows * n), off = static_cast<size_t>(n % 2);
           const auto g = random_vec(rng, m, 4.0f), u = random_vec(rng, m);
           Placed<float> dg(g, off), du(u, off), dout(m, off);
           float* out = alias == 1 ? dg.ptr() : alias == 2 ? du.ptr() : dout.ptr();
-          CUDA_OK(cuda::detail::launch_gated_activation(gelu, dg.ptr(), du.ptr(), out, rows, n, nullptr));
+          CUDA_OK(cuda::detail::launch_gated_activation(gelu, dg.ptr(), du.ptr(), out, rows, n,
+                                                        nullptr));
           CUDA_OK(cudaDeviceSynchronize());
           const auto got = alias == 1 ? dg.get() : alias == 2 ? du.get() : dout.get();
           std::vector<double> want(m), cpu(m);
           for (size_t i = 0; i < m; ++i) {
             const double x = g[i];
-            const double a = gelu ? 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-                                  : x / (1 + std::exp(-x));
+            const double a =
+                gelu ? 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                     : x / (1 + std::exp(-x));
             want[i] = a * u[i];
             cpu[i] = double(gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i])) * u[i];
           }
@@ -200,8 +214,16 @@ TEST(CudaModelOps, AddRoundF16AndConversionsBitExact) {
       auto x = random_vec(rng, static_cast<size_t>(n));
       std::uniform_real_distribution<float> e(-30.0f, 20.0f);
       for (auto& v : x) v *= std::exp2(e(rng));  // 2^-30 … 2^20: f16 subnormals, overflow to inf
-      const float special[] = {65504.0f, 65519.0f, 65520.0f, -65520.0f, 5.9604645e-8f, 2.9802322e-8f, -0.0f,
-                               std::numeric_limits<float>::infinity(), 1.00390625f /*bf16 tie*/, 1.01171875f,
+      const float special[] = {65504.0f,
+                               65519.0f,
+                               65520.0f,
+                               -65520.0f,
+                               5.9604645e-8f,
+                               2.9802322e-8f,
+                               -0.0f,
+                               std::numeric_limits<float>::infinity(),
+                               1.00390625f /*bf16 tie*/,
+                               1.01171875f,
                                std::numeric_limits<float>::denorm_min()};
       for (size_t i = 0; i < std::size(special) && i < x.size(); ++i) x[i] = special[i];
       const auto y = random_vec(rng, x.size());
@@ -239,24 +261,31 @@ TEST(CudaModelOps, AddRoundF16AndConversionsBitExact) {
 TEST(CudaModelOps, MeanHeadsMatchesFp64) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(6);
-  struct Case { int hq, hkv, d; };
-  for (Case c : {Case{8, 2, 128}, Case{4, 4, 64}, Case{16, 1, 256}, Case{6, 3, 5}, Case{3, 1, 7}, Case{32, 8, 128}})
+  struct Case {
+    int hq, hkv, d;
+  };
+  for (Case c : {Case{8, 2, 128}, Case{4, 4, 64}, Case{16, 1, 256}, Case{6, 3, 5}, Case{3, 1, 7},
+                 Case{32, 8, 128}})
     for (int64_t rows : {1, 7}) {
-      SCOPED_TRACE("hq=" + std::to_string(c.hq) + " hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d));
+      SCOPED_TRACE("hq=" + std::to_string(c.hq) + " hkv=" + std::to_string(c.hkv) +
+                   " d=" + std::to_string(c.d));
       const auto q = random_vec(rng, static_cast<size_t>(rows * c.hq * c.d));
       const size_t off = c.d % 2;
       Placed<float> dq(q, off), dout(static_cast<size_t>(rows * c.hkv * c.d), off);
-      CUDA_OK(cuda::detail::launch_mean_heads(dq.ptr(), rows, c.hq, c.hkv, c.d, dout.ptr(), nullptr));
+      CUDA_OK(
+          cuda::detail::launch_mean_heads(dq.ptr(), rows, c.hq, c.hkv, c.d, dout.ptr(), nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const int gs = c.hq / c.hkv;
       std::vector<double> want(static_cast<size_t>(rows * c.hkv * c.d), 0.0);
       for (int64_t r = 0; r < rows; ++r)
         for (int h = 0; h < c.hq; ++h)
-          for (int i = 0; i < c.d; ++i) want[(r * c.hkv + h / gs) * c.d + i] += q[(r * c.hq + h) * c.d + i] / gs;
+          for (int i = 0; i < c.d; ++i)
+            want[(r * c.hkv + h / gs) * c.d + i] += q[(r * c.hq + h) * c.d + i] / gs;
       // gs − 1 f32 additions of values ~1 (absolute error ≤ gs · 2^-24 · max|q|) and one product.
       EXPECT_TRUE(close_to(dout.get(), want, 1e-6, 1e-5));
     }
-  EXPECT_EQ(cudaErrorInvalidValue, cuda::detail::launch_mean_heads(nullptr, 1, 6, 4, 8, nullptr, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue,
+            cuda::detail::launch_mean_heads(nullptr, 1, 6, 4, 8, nullptr, nullptr));
 }
 
 TEST(CudaModelOps, GatherRowsExact) {
@@ -271,10 +300,12 @@ TEST(CudaModelOps, GatherRowsExact) {
       Placed<float> dx(x, off), dout(static_cast<size_t>(n * width), off);
       DevVec<int64_t> didx;
       didx.upload(idx);
-      CUDA_OK(cuda::detail::launch_gather_rows(dx.ptr(), didx.data(), n, width, dout.ptr(), nullptr));
+      CUDA_OK(
+          cuda::detail::launch_gather_rows(dx.ptr(), didx.data(), n, width, dout.ptr(), nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<float> want;
-      for (auto i : idx) want.insert(want.end(), x.begin() + i * width, x.begin() + (i + 1) * width);
+      for (auto i : idx)
+        want.insert(want.end(), x.begin() + i * width, x.begin() + (i + 1) * width);
       EXPECT_TRUE(same_bits(dout.get(), want)) << "width=" << width << " off=" << off;
     }
 }
@@ -287,8 +318,12 @@ TEST(CudaModelOps, AppendKvMatchesPagedKvCache) {
   for (int d : {64, 128, 256})
     for (int hkv : {1, 4}) {
       SCOPED_TRACE("d=" + std::to_string(d) + " hkv=" + std::to_string(hkv));
-      auto cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = 16,
-                                          .num_pages = 24, .dtype = KvDtype::kBF16});
+      auto cache = *PagedKvCache::create({.num_layers = 1,
+                                          .num_kv_heads = hkv,
+                                          .head_dim = d,
+                                          .page_size = 16,
+                                          .num_pages = 24,
+                                          .dtype = KvDtype::kBF16});
       ASSERT_EQ(*cache->add_sequence(), 0);
       ASSERT_EQ(*cache->add_sequence(), 1);
       append_random(*cache, 0, 21, rng);  // history, so the step starts mid-page
@@ -302,12 +337,14 @@ TEST(CudaModelOps, AppendKvMatchesPagedKvCache) {
       for (auto [seq, count] : step) {
         const int64_t start = *cache->length(seq);
         ASSERT_TRUE(cache->reserve(seq, count).ok());
-        const auto ks = random_vec(rng, static_cast<size_t>(count) * row), vs = random_vec(rng, ks.size());
+        const auto ks = random_vec(rng, static_cast<size_t>(count) * row),
+                   vs = random_vec(rng, ks.size());
         ASSERT_TRUE(cache->append(0, seq, count, ks.data(), vs.data()).ok());
         k.insert(k.end(), ks.begin(), ks.end());
         v.insert(v.end(), vs.begin(), vs.end());
         const auto table = *cache->block_table(seq);
-        for (int64_t p = start; p < start + count; ++p) slots.push_back(int64_t{table[p / 16]} * 16 + p % 16);
+        for (int64_t p = start; p < start + count; ++p)
+          slots.push_back(int64_t{table[p / 16]} * 16 + p % 16);
       }
       slots.push_back(-1);  // a padding row: must store nothing
       k.resize(k.size() + row, 7.0f);
@@ -322,8 +359,8 @@ TEST(CudaModelOps, AppendKvMatchesPagedKvCache) {
       dv.upload(v);
       DevVec<int64_t> ds;
       ds.upload(slots);
-      CUDA_OK(cuda::detail::launch_append_kv(dk.data(), dv.data(), ds.data(), rows, hkv, d, kp.data(), vp.data(),
-                                             nullptr));
+      CUDA_OK(cuda::detail::launch_append_kv(dk.data(), dv.data(), ds.data(), rows, hkv, d,
+                                             kp.data(), vp.data(), nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<uint16_t> want_k(pool, 0xffff), want_v(pool, 0xffff);
       const auto* ck = static_cast<const uint16_t*>(cache->k_pool(0));
@@ -352,13 +389,15 @@ TEST(CudaModelOps, AppendKvMatchesPagedKvCache) {
   DevVec<uint16_t> kp(pool), vp(pool);
   kp.poison();
   vp.poison();
-  CUDA_OK(cuda::detail::launch_append_kv(dk.data(), dv.data(), ds.data(), 3, hkv, d, kp.data(), vp.data(), nullptr));
+  CUDA_OK(cuda::detail::launch_append_kv(dk.data(), dv.data(), ds.data(), 3, hkv, d, kp.data(),
+                                         vp.data(), nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> want_k(pool, 0xffff), want_v(pool, 0xffff);
   for (size_t r = 0; r < slots.size(); ++r)
     for (int g = 0; g < hkv; ++g)
       for (int i = 0; i < d; ++i) {
-        const size_t at = static_cast<size_t>(((slots[r] / 16 * hkv + g) * 16 + slots[r] % 16) * d + i);
+        const size_t at =
+            static_cast<size_t>(((slots[r] / 16 * hkv + g) * 16 + slots[r] % 16) * d + i);
         want_k[at] = f32_to_bf16(k[(r * hkv + g) * d + i]);
         want_v[at] = f32_to_bf16(v[(r * hkv + g) * d + i]);
       }
@@ -374,15 +413,19 @@ TEST(CudaGemm, MatchesFp64Product) {
   ASSERT_TRUE(gemm_or.ok()) << gemm_or.status().to_string();
   auto& gemm = *gemm_or;
   std::mt19937 rng(9);
-  struct Shape { int64_t n, k, pad; };
-  for (Shape s : {Shape{1152, 640, 0}, Shape{4096, 4096, 0}, Shape{2048, 5632, 4}, Shape{24, 40, 0}}) {
+  struct Shape {
+    int64_t n, k, pad;
+  };
+  for (Shape s :
+       {Shape{1152, 640, 0}, Shape{4096, 4096, 0}, Shape{2048, 5632, 4}, Shape{24, 40, 0}}) {
     const auto w = to_bf16(random_vec(rng, static_cast<size_t>(s.n * s.k), 0.05f));
     std::vector<double> wf(w.size());
     for (size_t i = 0; i < w.size(); ++i) wf[i] = bf16_to_f32(w[i]);
     DevVec<uint16_t> dw;
     dw.upload(w);
     for (int64_t rows : {1, 3, 16, 257}) {
-      SCOPED_TRACE("n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " rows=" + std::to_string(rows));
+      SCOPED_TRACE("n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                   " rows=" + std::to_string(rows));
       const int64_t ldy = s.n + s.pad;
       const auto x = to_bf16(random_vec(rng, static_cast<size_t>(rows * s.k)));
       DevVec<uint16_t> dx;
@@ -409,9 +452,11 @@ TEST(CudaGemm, MatchesFp64Product) {
           err2 += (got - acc) * (got - acc);
           ref2 += acc * acc;
         }
-        // f32 accumulation of k products: relative L2 error ~√k · 2^-24 ≪ 1e-3; a layout error is O(1).
+        // f32 accumulation of k products: relative L2 error ~√k · 2^-24 ≪ 1e-3; a layout error is
+        // O(1).
         EXPECT_LE(std::sqrt(err2 / ref2), 1e-3) << "row " << r;
-        for (int64_t o = s.n; o < ldy; ++o) EXPECT_EQ(bits(y[r * ldy + o]), 0xffffffffu) << "padding touched";
+        for (int64_t o = s.n; o < ldy; ++o)
+          EXPECT_EQ(bits(y[r * ldy + o]), 0xffffffffu) << "padding touched";
       }
     }
   }
@@ -422,9 +467,12 @@ TEST(CudaGemm, MatchesFp64Product) {
   DevVec<float> y(24);
   ASSERT_TRUE(gemm->run(w.data(), 24, 40, x.data(), 1, y.data(), 24, nullptr).ok());
   EXPECT_EQ(gemm->cached_shapes(), cached);
-  EXPECT_EQ(gemm->run(w.data(), 24, 40, x.data(), 1, y.data(), 23, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(gemm->run(nullptr, 24, 40, x.data(), 1, y.data(), 24, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(gemm->run(w.data(), 0, 40, x.data(), 1, y.data(), 24, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm->run(w.data(), 24, 40, x.data(), 1, y.data(), 23, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm->run(nullptr, 24, 40, x.data(), 1, y.data(), 24, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm->run(w.data(), 0, 40, x.data(), 1, y.data(), 24, nullptr).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_TRUE(gemm->run(w.data(), 24, 40, x.data(), 0, y.data(), 24, nullptr).ok());
 }
 

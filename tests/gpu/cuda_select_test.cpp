@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "cisa/selection.h"
+#include "cisa/cpu/selection.h"
 #include "cuda/plan_impl.h"
 #include "gpu/gpu_test_util.h"
 #include "test_util.h"
@@ -23,13 +23,19 @@ struct Inputs {
 
 // Sequences grown in interleaved rounds, so one sequence's physical pages are scattered.
 Inputs make_setup(int hkv, int d, RepKind rep, const std::vector<int64_t>& lengths,
-                 const std::vector<BatchEntry>& batch, std::mt19937& rng) {
+                  const std::vector<BatchEntry>& batch, std::mt19937& rng) {
   Inputs s;
   int64_t total = 0;
   for (auto n : lengths) total += n / 16 + 2;
-  s.cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = 16,
-                                   .num_pages = total + 8, .dtype = KvDtype::kBF16, .rep = rep});
-  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(*s.cache->add_sequence(), static_cast<SeqId>(i));
+  s.cache = *PagedKvCache::create({.num_layers = 1,
+                                   .num_kv_heads = hkv,
+                                   .head_dim = d,
+                                   .page_size = 16,
+                                   .num_pages = total + 8,
+                                   .dtype = KvDtype::kBF16,
+                                   .rep = rep});
+  for (size_t i = 0; i < lengths.size(); ++i)
+    EXPECT_EQ(*s.cache->add_sequence(), static_cast<SeqId>(i));
   std::vector<int64_t> done(lengths.size(), 0);
   for (bool more = true; more;) {
     more = false;
@@ -65,7 +71,9 @@ TEST(CudaReps, MatchCpuBitExact) {
       }
       DevVec<int32_t> pages;
       pages.upload(full);
-      ASSERT_TRUE(cuda::run_update_reps(m.layer, pages.data(), static_cast<int64_t>(full.size()), nullptr).ok());
+      ASSERT_TRUE(
+          cuda::run_update_reps(m.layer, pages.data(), static_cast<int64_t>(full.size()), nullptr)
+              .ok());
       CUDA_OK(cudaDeviceSynchronize());
       auto got = m.reps.download();
       const int rw = s.cache->rep_width();
@@ -80,7 +88,8 @@ TEST(CudaReps, MatchCpuBitExact) {
 
 // Selected chunks implied by the GPU's own scores under the CPU's select_topk.
 void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const PageLists& gpu,
-                             const std::vector<float>& scores, const std::vector<int64_t>& score_off) {
+                             const std::vector<float>& scores,
+                             const std::vector<int64_t>& score_off) {
   PageLists cpu;
   ThreadPool pool(2);
   ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
@@ -113,7 +122,8 @@ void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const Pa
     const int64_t r1 = grp.row + (grp.last - grp.first);
     const int64_t r0 = p.qshare_query == QShareQuery::kMean ? grp.row : r1;
     for (int64_t r = r0; r <= r1; ++r)
-      for (int i = 0; i < d; ++i) qbar[static_cast<size_t>(i)] += s.index_q[static_cast<size_t>((r * H + g) * d + i)];
+      for (int i = 0; i < d; ++i)
+        qbar[static_cast<size_t>(i)] += s.index_q[static_cast<size_t>((r * H + g) * d + i)];
     const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
     for (auto& x : qbar) x *= inv;
     const int64_t e0 = p.sink_pages, e1 = grp.first / 16 - p.window;
@@ -121,19 +131,23 @@ void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const Pa
     auto table = *s.cache->block_table(s.batch[static_cast<size_t>(grp.entry)].seq);
     score_chunks(*s.cache, 0, table, g, qbar.data(), e0, e1 - e0, want.data());
     std::span<const float> have(scores.data() + score_off[static_cast<size_t>(L)],
-                                static_cast<size_t>(score_off[static_cast<size_t>(L) + 1] - score_off[static_cast<size_t>(L)]));
+                                static_cast<size_t>(score_off[static_cast<size_t>(L) + 1] -
+                                                    score_off[static_cast<size_t>(L)]));
     ASSERT_EQ(have.size(), want.size());
     const bool quest = s.cache->config().rep == RepKind::kQuest;
     for (size_t j = 0; j < want.size(); ++j) {
-      // |error| of an f32 sum of d products is below d·2^-24·Σ|q_i r_i|; bound Σ|q_i r_i| by Σ|q_i|·max|r|.
+      // |error| of an f32 sum of d products is below d·2^-24·Σ|q_i r_i|; bound Σ|q_i r_i| by
+      // Σ|q_i|·max|r|.
       double mag = 0;
-      const auto* r = static_cast<const uint16_t*>(s.cache->rep(0, table[static_cast<size_t>(e0) + j], g));
+      const auto* r =
+          static_cast<const uint16_t*>(s.cache->rep(0, table[static_cast<size_t>(e0) + j], g));
       for (int i = 0; i < d; ++i) {
         double rmax = std::fabs(bf16_to_f32(r[i]));
         if (quest) rmax = std::max(rmax, static_cast<double>(std::fabs(bf16_to_f32(r[d + i]))));
         mag += std::fabs(qbar[static_cast<size_t>(i)]) * rmax;
       }
-      const double tol = 2.0 * d * std::ldexp(1.0, -24) * mag / std::sqrt(static_cast<double>(d)) + 1e-30;
+      const double tol =
+          2.0 * d * std::ldexp(1.0, -24) * mag / std::sqrt(static_cast<double>(d)) + 1e-30;
       ASSERT_FALSE(std::isnan(have[j])) << "list " << L << " chunk " << j;
       ASSERT_NEAR(have[j], want[j], tol) << "list " << L << " chunk " << j;
     }
@@ -155,7 +169,8 @@ void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const Pa
     std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(only_gpu));
     ASSERT_EQ(only_cpu.size(), only_gpu.size());
     for (size_t i = 0; i < only_cpu.size(); ++i) {
-      const float x = want[static_cast<size_t>(only_cpu[i] - e0)], y = want[static_cast<size_t>(only_gpu[i] - e0)];
+      const float x = want[static_cast<size_t>(only_cpu[i] - e0)],
+                  y = want[static_cast<size_t>(only_gpu[i] - e0)];
       EXPECT_NEAR(x, y, 1e-4f * (1 + std::fabs(x))) << "list " << L;
     }
     boundary_swaps += static_cast<int64_t>(only_cpu.size());
@@ -175,19 +190,25 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
   const std::vector<Case> cases = {
       {1, 128, RepKind::kMean, {.budget = 32, .window = 8, .qshare = 16}},
       {2, 64, RepKind::kMean, {.budget = 20, .window = 4, .qshare = 4, .sink_pages = 2}},
-      {2, 128, RepKind::kQuest, {.budget = 40, .window = 8, .qshare = 32, .qshare_query = QShareQuery::kLast}},
+      {2,
+       128,
+       RepKind::kQuest,
+       {.budget = 40, .window = 8, .qshare = 32, .qshare_query = QShareQuery::kLast}},
       {1, 256, RepKind::kMean, {.budget = 64, .window = 16, .qshare = 1}},
       // Mean representatives at d ≤ 128 with more than 8 lists per stream take score_regs_kernel;
       // G = 3 gives streams of ~70 lists: two shared-memory query passes, the second partial.
       {2, 128, RepKind::kMean, {.budget = 48, .window = 8, .qshare = 3}},
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " G=" + std::to_string(c.p.qshare));
+    SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
+                 " G=" + std::to_string(c.p.qshare));
     // Entry 0: prefill deep in the sparse region; entry 1 straddles the dense/sparse split;
     // entry 2: one decode query; entry 3: dense only.
     const int64_t split = (c.p.budget + c.p.window + c.p.sink_pages + 1) * 16;
-    auto s = make_setup(c.hkv, c.d, c.rep, {3000 + split, split + 400, split + 2000, 200},
-                        {{0, 2900 + split - 77, 77}, {1, split - 90, 300}, {2, split + 1999, 1}, {3, 120, 50}}, rng);
+    auto s = make_setup(
+        c.hkv, c.d, c.rep, {3000 + split, split + 400, split + 2000, 200},
+        {{0, 2900 + split - 77, 77}, {1, split - 90, 300}, {2, split + 1999, 1}, {3, 120, 50}},
+        rng);
     DeviceMirror m;
     m.build(*s.cache, 0, 4);
     cuda::Plan plan;
@@ -224,8 +245,8 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
       {1, 256, RepKind::kQuest, {.budget = 500, .window = 8, .qshare = 1}},
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE("decode hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " k=" +
-                 std::to_string(c.p.budget));
+    SCOPED_TRACE("decode hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
+                 " k=" + std::to_string(c.p.budget));
     const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
     std::vector<BatchEntry> batch;
     for (size_t i = 0; i < len.size(); ++i) batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
@@ -260,8 +281,12 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(5);
   const int d = 64;
-  auto cache = *PagedKvCache::create({.num_layers = 1, .num_kv_heads = 1, .head_dim = d, .page_size = 16,
-                                      .num_pages = 400, .dtype = KvDtype::kBF16});
+  auto cache = *PagedKvCache::create({.num_layers = 1,
+                                      .num_kv_heads = 1,
+                                      .head_dim = d,
+                                      .page_size = 16,
+                                      .num_pages = 400,
+                                      .dtype = KvDtype::kBF16});
   const SeqId seq = *cache->add_sequence();
   const int64_t n = 300 * 16;
   ASSERT_TRUE(cache->reserve(seq, n).ok());
@@ -272,7 +297,7 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
     const int pat = static_cast<int>((page * 7) % 3);
     for (int i = 0; i < d; ++i)
       k[static_cast<size_t>(t * d + i)] =
-          page % 37 == 5 ? std::numeric_limits<float>::quiet_NaN()
+          page % 37 == 5             ? std::numeric_limits<float>::quiet_NaN()
           : page % 41 == 7 && i == 3 ? std::numeric_limits<float>::infinity()  // ±inf scores
                                      : patterns[static_cast<size_t>(pat * d + i)];
   }
@@ -286,49 +311,54 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   // prefill kernel, tensor cores with its f32 path for non-finite representatives), then one
   // decode query (one list).
   for (int64_t count : {64, 160, 1})
-  for (int64_t budget : {10, 97, 150}) {
-    SCOPED_TRACE("queries " + std::to_string(count));
-    s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
-    SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
-    cuda::Plan plan;
-    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan).ok());
-    DevVec<float> iq;
-    iq.upload(s.index_q);
-    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
-    CUDA_OK(cudaDeviceSynchronize());
-    PageLists gpu, cpu;
-    ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
-    ThreadPool pool(1);
-    ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
-    EXPECT_EQ(cpu.offsets, gpu.offsets);
-    EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
-    EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
-    // Name the first difference: its list, its place in the list, and the scores of both chunks.
-    for (size_t i = 0; i < std::min(cpu.chunks.size(), gpu.chunks.size()); ++i) {
-      if (cpu.chunks[i] == gpu.chunks[i]) continue;
-      const auto list = std::upper_bound(cpu.offsets.begin(), cpu.offsets.end(), static_cast<int64_t>(i)) -
-                        cpu.offsets.begin() - 1;
-      std::vector<float> sc;
-      std::vector<int64_t> so;
-      ASSERT_TRUE(cuda::download_scores(plan, &sc, &so).ok());
-      const auto& g = cpu.groups[static_cast<size_t>(list)];
-      const int64_t first = p.sink_pages;  // scores start at the first eligible chunk
-      auto score = [&](int32_t c) {
-        const int64_t j = so[static_cast<size_t>(list)] + (c - first);
-        return j < so[static_cast<size_t>(list) + 1] ? sc[static_cast<size_t>(j)] : NAN;
-      };
-      ADD_FAILURE() << "first difference at entry " << i << " (list " << list << ", group " << g.first << ".."
-                    << g.last << ", entry " << i - static_cast<size_t>(cpu.offsets[static_cast<size_t>(list)])
-                    << "): CPU chunk " << cpu.chunks[i] << " (GPU score " << score(cpu.chunks[i]) << "), GPU chunk "
-                    << gpu.chunks[i] << " (GPU score " << score(gpu.chunks[i]) << ")";
-      break;
+    for (int64_t budget : {10, 97, 150}) {
+      SCOPED_TRACE("queries " + std::to_string(count));
+      s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
+      SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan).ok());
+      DevVec<float> iq;
+      iq.upload(s.index_q);
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      PageLists gpu, cpu;
+      ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+      ThreadPool pool(1);
+      ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
+      EXPECT_EQ(cpu.offsets, gpu.offsets);
+      EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
+      EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
+      // Name the first difference: its list, its place in the list, and the scores of both chunks.
+      for (size_t i = 0; i < std::min(cpu.chunks.size(), gpu.chunks.size()); ++i) {
+        if (cpu.chunks[i] == gpu.chunks[i]) continue;
+        const auto list =
+            std::upper_bound(cpu.offsets.begin(), cpu.offsets.end(), static_cast<int64_t>(i)) -
+            cpu.offsets.begin() - 1;
+        std::vector<float> sc;
+        std::vector<int64_t> so;
+        ASSERT_TRUE(cuda::download_scores(plan, &sc, &so).ok());
+        const auto& g = cpu.groups[static_cast<size_t>(list)];
+        const int64_t first = p.sink_pages;  // scores start at the first eligible chunk
+        auto score = [&](int32_t c) {
+          const int64_t j = so[static_cast<size_t>(list)] + (c - first);
+          return j < so[static_cast<size_t>(list) + 1] ? sc[static_cast<size_t>(j)] : NAN;
+        };
+        ADD_FAILURE() << "first difference at entry " << i << " (list " << list << ", group "
+                      << g.first << ".." << g.last << ", entry "
+                      << i - static_cast<size_t>(cpu.offsets[static_cast<size_t>(list)])
+                      << "): CPU chunk " << cpu.chunks[i] << " (GPU score " << score(cpu.chunks[i])
+                      << "), GPU chunk " << gpu.chunks[i] << " (GPU score " << score(gpu.chunks[i])
+                      << ")";
+        break;
+      }
     }
-  }
 }
 
 }  // namespace
 }  // namespace cisa::test
 
 #else
-TEST(CudaSelect, Skipped) { GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA backend)"; }
+TEST(CudaSelect, Skipped) {
+  GTEST_SKIP() << "no CUDA device: GPU tests skipped (built without the CUDA backend)";
+}
 #endif

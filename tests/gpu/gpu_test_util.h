@@ -13,17 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "cisa/cuda_backend.h"
-#include "cisa/kv_cache.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/cuda/backend.h"
 
 namespace cisa::test {
 
 // Skips the test when no usable device exists (CI, machines without a GPU).
-#define CISA_REQUIRE_GPU()                                                             \
-  do {                                                                                 \
-    std::string why_;                                                                  \
-    if (!::cisa::cuda::device_available(&why_))                                        \
-      GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << why_ << ")";            \
+#define CISA_REQUIRE_GPU()                                                  \
+  do {                                                                      \
+    std::string why_;                                                       \
+    if (!::cisa::cuda::device_available(&why_))                             \
+      GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << why_ << ")"; \
   } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ(cudaSuccess, (expr)) << cudaGetErrorString(cudaGetLastError())
@@ -33,7 +33,9 @@ class DevVec {
  public:
   DevVec() = default;
   explicit DevVec(size_t n) { resize(n); }
-  ~DevVec() { if (p_) cudaFree(p_); }
+  ~DevVec() {
+    if (p_) cudaFree(p_);
+  }
   DevVec(const DevVec&) = delete;
   DevVec& operator=(const DevVec&) = delete;
   void resize(size_t n) {
@@ -52,7 +54,9 @@ class DevVec {
     if (n_) cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
     return h;
   }
-  void poison() { if (n_) cudaMemset(p_, 0xff, n_ * sizeof(T)); }  // f32/bf16 NaN, int −1
+  void poison() {
+    if (n_) cudaMemset(p_, 0xff, n_ * sizeof(T));
+  }  // f32/bf16 NaN, int −1
   T* data() const { return p_; }
   size_t size() const { return n_; }
 
@@ -71,7 +75,8 @@ struct DeviceMirror {
 
   // copy_reps = false leaves the device representatives poisoned (NaN).
   void build(const PagedKvCache& c, int l, int num_seqs, bool copy_reps = true) {
-    const size_t kv_elems = static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.page_size() * c.head_dim();
+    const size_t kv_elems =
+        static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.page_size() * c.head_dim();
     const size_t rep_elems = static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.rep_width();
     k.upload(static_cast<const uint16_t*>(c.k_pool(l)), kv_elems);
     v.upload(static_cast<const uint16_t*>(c.v_pool(l)), kv_elems);
@@ -86,8 +91,8 @@ struct DeviceMirror {
       offsets.push_back(static_cast<int64_t>(flat.size()));
     }
     tables.upload(flat);
-    layer = {k.data(), v.data(), reps.data(), c.num_pages(), c.num_kv_heads(), c.head_dim(), c.page_size(),
-             c.config().rep};
+    layer = {k.data(),         v.data(),     reps.data(),   c.num_pages(),
+             c.num_kv_heads(), c.head_dim(), c.page_size(), c.config().rep};
   }
 };
 

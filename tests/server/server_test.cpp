@@ -2,8 +2,8 @@
 // per-request attention against generate() runs alone (on a tiny llama written by the test, and
 // on models loaded dense / CISA), request parsing rules, the HTTP server in-process (errors,
 // streaming, a client that disconnects), and the chat formats on the real models when present.
-#include <unistd.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "cisa/generate.h"
-#include "cisa/gguf.h"
-#include "cisa/model.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/generate.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/tokenizer.h"
 #include "gtest/gtest.h"
 #include "server/api.h"
 #include "server/chat_template.h"
@@ -56,7 +56,9 @@ std::vector<int32_t> letters(int n, uint32_t seed) {
 }
 
 GenerationRequest greedy(std::vector<int32_t> prompt, int64_t n) {
-  return {.prompt = std::move(prompt), .max_tokens = n, .sampling = {.greedy = true},
+  return {.prompt = std::move(prompt),
+          .max_tokens = n,
+          .sampling = {.greedy = true},
           .ignore_eos = true};
 }
 
@@ -137,7 +139,9 @@ TEST(Generator, PerRequestAttentionMatchesModelsLoadedThatWay) {
 }
 
 server::ApiContext context_for(const Model& m) {
-  return {.model_id = "tiny", .model = &m, .chat_error = "no chat template here",
+  return {.model_id = "tiny",
+          .model = &m,
+          .chat_error = "no chat template here",
           .cisa_defaults = m.options().attention.selection};
 }
 
@@ -147,7 +151,8 @@ TEST(Api, RequestsAreCheckedFieldByField) {
   ASSERT_TRUE(dense && cisa_model);
   const auto ctx = context_for(*dense), cctx = context_for(*cisa_model);
   using server::Route;
-  auto status = [](const std::string& body, const server::ApiContext& c, Route r = Route::kCompletions) {
+  auto status = [](const std::string& body, const server::ApiContext& c,
+                   Route r = Route::kCompletions) {
     auto p = server::parse_request(body, r, c);
     return p.ok() ? 200 : p.error().http_status;
   };
@@ -209,8 +214,8 @@ TEST(Api, RequestsAreCheckedFieldByField) {
 TEST(Http, RoutesErrorsStreamsAndDisconnects) {
   auto m = load_tiny(AttentionMode::kDense, 2);
   ASSERT_TRUE(m);
-  server::ServerOptions so{.host = "127.0.0.1", .port = 0, .model_id = "tiny",
-                           .max_body_bytes = 64 << 10};
+  server::ServerOptions so{
+      .host = "127.0.0.1", .port = 0, .model_id = "tiny", .max_body_bytes = 64 << 10};
   so.scheduler = {.max_waiting = 4, .prefill_chunk = 8};
   auto srv = server::Server::create(*m, so);
   ASSERT_TRUE(srv.ok()) << srv.status().message();
@@ -321,10 +326,10 @@ TEST(ChatTemplate, Gemma3TurnsWhenAskedForAndAClearErrorOtherwise) {
   EXPECT_NE(none.status().message().find("--chat-template"), std::string::npos);
   auto t = server::ChatTemplate::for_model(*f, *tok, "gemma3");
   ASSERT_TRUE(t.ok()) << t.status().message();
-  EXPECT_EQ(t->render({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"},
-                       {"user", "Bye"}}),
-            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello"
-            "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(
+      t->render({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}),
+      "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello"
+      "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
   const auto ids = tok->encode(t->render({{"user", "Hi"}}), true, true);
   EXPECT_EQ(ids.front(), tok->bos_id());
   EXPECT_EQ(ids[1], tok->find_token("<start_of_turn>"));

@@ -1,6 +1,6 @@
 // write_file_atomic and check_output_path: outputs replace the old file whole or not at all, a
 // failed write is an error (not a short file), and unwritable paths are found before the work.
-#include "cisa/atomic_file.h"
+#include "cisa/core/atomic_file.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -34,7 +34,8 @@ class AtomicFile : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   size_t entries() const {
-    return static_cast<size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
+    return static_cast<size_t>(
+        std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
   fs::path dir_;
 };

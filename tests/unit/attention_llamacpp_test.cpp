@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cisa/attention_llamacpp.h"
-#include "cisa/quant.h"
-#include "cisa/selection.h"
+#include "cisa/cpu/attention_llamacpp.h"
+#include "cisa/cpu/selection.h"
+#include "cisa/model/quant.h"
 #include "test_util.h"
 
 namespace cisa {

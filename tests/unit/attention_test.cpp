@@ -1,8 +1,8 @@
 // Attention over page lists against an fp64 brute-force softmax over the same token set.
 #include <algorithm>
 
-#include "cisa/attention.h"
-#include "cisa/selection.h"
+#include "cisa/cpu/attention.h"
+#include "cisa/cpu/selection.h"
 #include "test_util.h"
 
 namespace cisa {
@@ -23,13 +23,17 @@ struct CacheSetup {
 
 // Several sequences of different lengths, appended in interleaved random blocks so each one's
 // physical pages are scattered.
-CacheSetup make_setup(const Case& c, const std::vector<int64_t>& lens, std::mt19937& rng, int layers = 1,
-                      int page_size = 16) {
+CacheSetup make_setup(const Case& c, const std::vector<int64_t>& lens, std::mt19937& rng,
+                      int layers = 1, int page_size = 16) {
   CacheSetup s;
   int64_t pages = 0;
   for (auto l : lens) pages += l / page_size + 2;
-  s.cache = std::move(*PagedKvCache::create({.num_layers = layers, .num_kv_heads = c.hkv, .head_dim = c.head_dim,
-                                             .page_size = page_size, .num_pages = pages, .dtype = c.dtype}));
+  s.cache = std::move(*PagedKvCache::create({.num_layers = layers,
+                                             .num_kv_heads = c.hkv,
+                                             .head_dim = c.head_dim,
+                                             .page_size = page_size,
+                                             .num_pages = pages,
+                                             .dtype = c.dtype}));
   for (size_t i = 0; i < lens.size(); ++i) s.seqs.push_back(*s.cache->add_sequence());
   append_interleaved(*s.cache, s.seqs, lens, 37, rng);
   return s;
@@ -37,9 +41,10 @@ CacheSetup make_setup(const Case& c, const std::vector<int64_t>& lens, std::mt19
 
 // Checks every sampled row of `out`/`lse` against the fp64 reference over the tokens its list
 // makes visible.
-void check_rows(const PagedKvCache& cache, std::span<const BatchEntry> batch, const PageLists& lists,
-                const std::vector<float>& q, int hq, const std::vector<float>& out,
-                const std::vector<float>& lse, int64_t window, std::mt19937& rng, int max_rows = 24) {
+void check_rows(const PagedKvCache& cache, std::span<const BatchEntry> batch,
+                const PageLists& lists, const std::vector<float>& q, int hq,
+                const std::vector<float>& out, const std::vector<float>& lse, int64_t window,
+                std::mt19937& rng, int max_rows = 24) {
   const int d = cache.head_dim(), hkv = cache.num_kv_heads(), hg = hq / hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
@@ -51,15 +56,17 @@ void check_rows(const PagedKvCache& cache, std::span<const BatchEntry> batch, co
       const int h = static_cast<int>(k % hq);
       const int g = h / hg;
       const int64_t row = (grp.row + (t - grp.first)) * hq + h;
-      const auto pos =
-          test::visible_positions(lists.list_chunks(static_cast<int64_t>(gi), g), cache.page_size(), t, window);
+      const auto pos = test::visible_positions(lists.list_chunks(static_cast<int64_t>(gi), g),
+                                               cache.page_size(), t, window);
       double ref_lse = 0;
-      const auto ref = test::reference_attention(cache, 0, batch[static_cast<size_t>(grp.entry)].seq, g,
-                                                 q.data() + row * d, pos, scale, &ref_lse);
+      const auto ref =
+          test::reference_attention(cache, 0, batch[static_cast<size_t>(grp.entry)].seq, g,
+                                    q.data() + row * d, pos, scale, &ref_lse);
       for (int i = 0; i < d; ++i) {
         const float got = out[static_cast<size_t>(row * d + i)];
         ASSERT_FALSE(std::isnan(got));
-        ASSERT_NEAR(got, ref[static_cast<size_t>(i)], 2e-5 + 2e-5 * std::abs(ref[static_cast<size_t>(i)]))
+        ASSERT_NEAR(got, ref[static_cast<size_t>(i)],
+                    2e-5 + 2e-5 * std::abs(ref[static_cast<size_t>(i)]))
             << "group " << gi << " t " << t << " head " << h << " dim " << i;
       }
       ASSERT_NEAR(lse[static_cast<size_t>(row)], ref_lse, 1e-4 + 1e-5 * std::abs(ref_lse));
@@ -70,31 +77,36 @@ void check_rows(const PagedKvCache& cache, std::span<const BatchEntry> batch, co
 // Dense, dense with a sliding window, sparse lists (sp) and full-budget CISA over the same batch:
 // the first three against fp64 (every row up to max_rows per group), the last bit for bit equal
 // to dense.
-void check_dense_window_sparse_full(const CacheSetup& s, std::span<const BatchEntry> batch, const std::vector<float>& q,
-                                    const std::vector<float>& iq, int hq, int64_t window, SelectionParams sp,
-                                    std::mt19937& rng, int max_rows) {
+void check_dense_window_sparse_full(const CacheSetup& s, std::span<const BatchEntry> batch,
+                                    const std::vector<float>& q, const std::vector<float>& iq,
+                                    int hq, int64_t window, SelectionParams sp, std::mt19937& rng,
+                                    int max_rows) {
   const int64_t rows = batch_row_offsets(batch).back();
   std::vector<float> out(q.size(), NAN), lse(static_cast<size_t>(rows * hq), NAN);
   ThreadPool pool(2);
   AttentionWorkspace ws;
   PageLists dense, sparse, full;
   ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &dense).ok());
-  ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
   check_rows(*s.cache, batch, dense, q, hq, out, lse, 0, rng, max_rows);
   const std::vector<float> dense_out = out, dense_lse = lse;
 
   ASSERT_TRUE(plan_dense(*s.cache, 0, batch, window, &dense).ok());
-  ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {.sliding_window = window}, out.data(), lse.data(),
-                     pool, &ws).ok());
+  ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {.sliding_window = window},
+                     out.data(), lse.data(), pool, &ws)
+                  .ok());
   check_rows(*s.cache, batch, dense, q, hq, out, lse, window, rng, max_rows);
 
   ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &sparse).ok());
-  ASSERT_TRUE(attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
   check_rows(*s.cache, batch, sparse, q, hq, out, lse, 0, rng, max_rows);
 
   sp.budget = 1 << 20;
   ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), sp, &pool, &full).ok());
-  ASSERT_TRUE(attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
   EXPECT_EQ(out, dense_out);
   EXPECT_EQ(lse, dense_lse);
 }
@@ -105,13 +117,14 @@ TEST_P(AttentionSweep, DensePrefillAndDecodeMatchFp64) {
   const Case c = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(c.head_dim * 131 + c.hkv * 17 + c.ratio));
   // Lengths cover every offset within the last page across the sweep.
-  std::vector<int64_t> lens = {17 + static_cast<int64_t>(rng() % 16), 100 + static_cast<int64_t>(rng() % 16),
+  std::vector<int64_t> lens = {17 + static_cast<int64_t>(rng() % 16),
+                               100 + static_cast<int64_t>(rng() % 16),
                                300 + static_cast<int64_t>(rng() % 16)};
   CacheSetup s = make_setup(c, lens, rng);
   const int hq = c.hkv * c.ratio, d = c.head_dim;
-  std::vector<BatchEntry> batch = {{s.seqs[0], 0, static_cast<int32_t>(lens[0])},      // whole prefill
-                                   {s.seqs[1], lens[1] - 1, 1},                        // decode
-                                   {s.seqs[2], lens[2] - 70, 70}};                     // terminal block
+  std::vector<BatchEntry> batch = {{s.seqs[0], 0, static_cast<int32_t>(lens[0])},  // whole prefill
+                                   {s.seqs[1], lens[1] - 1, 1},                    // decode
+                                   {s.seqs[2], lens[2] - 70, 70}};                 // terminal block
   const int64_t rows = batch_row_offsets(batch).back();
   auto q = test::random_vec(rng, static_cast<size_t>(rows * hq * d));
   std::vector<float> out(q.size(), NAN), lse(static_cast<size_t>(rows * hq), NAN);
@@ -119,14 +132,16 @@ TEST_P(AttentionSweep, DensePrefillAndDecodeMatchFp64) {
   ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &lists).ok());
   ThreadPool pool(2);
   AttentionWorkspace ws;
-  ASSERT_TRUE(attend(*s.cache, 0, batch, lists, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, lists, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
   check_rows(*s.cache, batch, lists, q, hq, out, lse, 0, rng);
 }
 
 TEST_P(AttentionSweep, SparseMatchesFp64OverSelectedTokensAndFullBudgetEqualsDense) {
   const Case c = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(c.head_dim * 7 + c.hkv * 3 + c.ratio + 1));
-  std::vector<int64_t> lens = {900 + static_cast<int64_t>(rng() % 16), 1300 + static_cast<int64_t>(rng() % 16)};
+  std::vector<int64_t> lens = {900 + static_cast<int64_t>(rng() % 16),
+                               1300 + static_cast<int64_t>(rng() % 16)};
   CacheSetup s = make_setup(c, lens, rng);
   const int hq = c.hkv * c.ratio, d = c.head_dim;
   std::vector<BatchEntry> batch = {{s.seqs[0], lens[0] - 40, 40}, {s.seqs[1], lens[1] - 1, 1}};
@@ -141,7 +156,8 @@ TEST_P(AttentionSweep, SparseMatchesFp64OverSelectedTokensAndFullBudgetEqualsDen
   SelectionParams p{.budget = 9, .window = 3, .qshare = 8, .sink_pages = 1};
   ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), p, &pool, &sparse).ok());
   for (const auto& g : sparse.groups) ASSERT_FALSE(g.dense);
-  ASSERT_TRUE(attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, sparse, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
   check_rows(*s.cache, batch, sparse, q, hq, out, lse, 0, rng);
 
   // k at least every eligible count: CISA is dense attention, bit for bit.
@@ -150,8 +166,11 @@ TEST_P(AttentionSweep, SparseMatchesFp64OverSelectedTokensAndFullBudgetEqualsDen
   ASSERT_TRUE(select_pages(*s.cache, 0, batch, iq.data(), p, &pool, &full).ok());
   ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &dense).ok());
   std::vector<float> out2(q.size(), NAN), lse2(lse.size(), NAN);
-  ASSERT_TRUE(attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
-  ASSERT_TRUE(attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out2.data(), lse2.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, full, q.data(), hq, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, dense, q.data(), hq, {}, out2.data(), lse2.data(), pool, &ws)
+          .ok());
   EXPECT_EQ(out, out2);
   EXPECT_EQ(lse, lse2);
 }
@@ -160,7 +179,8 @@ std::vector<Case> sweep_cases() {
   std::vector<Case> cs;
   for (int d : {64, 128, 256})
     for (int ratio : {1, 4, 8, 32})
-      for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) cs.push_back({d, ratio == 32 ? 1 : 2, ratio, dt});
+      for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16})
+        cs.push_back({d, ratio == 32 ? 1 : 2, ratio, dt});
   return cs;
 }
 
@@ -187,21 +207,25 @@ TEST(Attention, OddHeadDimsAndPageSizesMatchFp64) {
     int d, page, hkv, ratio;
     KvDtype dtype;
   };
-  const Odd cases[] = {{8, 16, 1, 4, KvDtype::kF32},  {40, 8, 2, 3, KvDtype::kBF16}, {72, 24, 1, 4, KvDtype::kF32},
-                       {24, 48, 3, 1, KvDtype::kBF16}, {136, 32, 1, 8, KvDtype::kF32}, {264, 16, 1, 4, KvDtype::kBF16}};
+  const Odd cases[] = {{8, 16, 1, 4, KvDtype::kF32},   {40, 8, 2, 3, KvDtype::kBF16},
+                       {72, 24, 1, 4, KvDtype::kF32},  {24, 48, 3, 1, KvDtype::kBF16},
+                       {136, 32, 1, 8, KvDtype::kF32}, {264, 16, 1, 4, KvDtype::kBF16}};
   for (const Odd& o : cases) {
-    SCOPED_TRACE("d " + std::to_string(o.d) + " page " + std::to_string(o.page) + " " + kv_dtype_name(o.dtype));
+    SCOPED_TRACE("d " + std::to_string(o.d) + " page " + std::to_string(o.page) + " " +
+                 kv_dtype_name(o.dtype));
     std::mt19937 rng(static_cast<uint32_t>(o.d * 31 + o.page));
     const Case c{o.d, o.hkv, o.ratio, o.dtype};
-    const std::vector<int64_t> lens = {500 + static_cast<int64_t>(rng() % 48), 300 + static_cast<int64_t>(rng() % 48)};
+    const std::vector<int64_t> lens = {500 + static_cast<int64_t>(rng() % 48),
+                                       300 + static_cast<int64_t>(rng() % 48)};
     CacheSetup s = make_setup(c, lens, rng, 1, o.page);
     const int hq = o.hkv * o.ratio;
     std::vector<BatchEntry> batch = {{s.seqs[0], lens[0] - 77, 77}, {s.seqs[1], lens[1] - 1, 1}};
     const int64_t rows = batch_row_offsets(batch).back();
     auto q = test::random_vec(rng, static_cast<size_t>(rows * hq * o.d));
     auto iq = test::random_vec(rng, static_cast<size_t>(rows * o.hkv * o.d));
-    check_dense_window_sparse_full(s, batch, q, iq, hq, 45, {.budget = 5, .window = 2, .qshare = 16, .sink_pages = 1},
-                                   rng, 24);
+    check_dense_window_sparse_full(s, batch, q, iq, hq, 45,
+                                   {.budget = 5, .window = 2, .qshare = 16, .sink_pages = 1}, rng,
+                                   24);
   }
 }
 
@@ -216,10 +240,12 @@ TEST(Attention, DecodeKernelShapesMatchFp64) {
     int d, page, hkv, ratio;
     KvDtype dtype;
   };
-  const Shape cases[] = {{96, 32, 2, 3, KvDtype::kBF16}, {160, 48, 1, 6, KvDtype::kF32}, {32, 16, 3, 1, KvDtype::kBF16},
-                         {96, 16, 1, 6, KvDtype::kF32},  {64, 48, 2, 4, KvDtype::kBF16}, {160, 32, 1, 3, KvDtype::kBF16}};
+  const Shape cases[] = {{96, 32, 2, 3, KvDtype::kBF16}, {160, 48, 1, 6, KvDtype::kF32},
+                         {32, 16, 3, 1, KvDtype::kBF16}, {96, 16, 1, 6, KvDtype::kF32},
+                         {64, 48, 2, 4, KvDtype::kBF16}, {160, 32, 1, 3, KvDtype::kBF16}};
   for (const Shape& o : cases) {
-    SCOPED_TRACE("d " + std::to_string(o.d) + " page " + std::to_string(o.page) + " " + kv_dtype_name(o.dtype));
+    SCOPED_TRACE("d " + std::to_string(o.d) + " page " + std::to_string(o.page) + " " +
+                 kv_dtype_name(o.dtype));
     std::mt19937 rng(static_cast<uint32_t>(o.d * 17 + o.page + o.ratio));
     const Case c{o.d, o.hkv, o.ratio, o.dtype};
     std::vector<int64_t> lens;
@@ -231,8 +257,9 @@ TEST(Attention, DecodeKernelShapesMatchFp64) {
     const int64_t rows = batch_row_offsets(batch).back();
     auto q = test::random_vec(rng, static_cast<size_t>(rows * hq * o.d));
     auto iq = test::random_vec(rng, static_cast<size_t>(rows * o.hkv * o.d));
-    check_dense_window_sparse_full(s, batch, q, iq, hq, 37, {.budget = 6, .window = 2, .qshare = 1, .sink_pages = 1},
-                                   rng, 1000);
+    check_dense_window_sparse_full(s, batch, q, iq, hq, 37,
+                                   {.budget = 6, .window = 2, .qshare = 1, .sink_pages = 1}, rng,
+                                   1000);
   }
 }
 
@@ -247,23 +274,28 @@ TEST(Attention, ShufflingPhysicalPagesChangesNothing) {
   auto iq = test::random_vec(rng, static_cast<size_t>(50 * hkv * d));
   std::vector<float> outs[2];
   for (int layout = 0; layout < 2; ++layout) {
-    auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                                  .page_size = 16, .num_pages = 200}));
+    auto cache = std::move(*PagedKvCache::create(
+        {.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = 16, .num_pages = 200}));
     SeqId filler = *cache->add_sequence();
     SeqId s = *cache->add_sequence();
     for (int64_t done = 0; done < len; done += 16) {
       const int64_t n = std::min<int64_t>(16, len - done);
       if (layout == 1) append_random(*cache, filler, 1 + static_cast<int64_t>(rng() % 40), rng);
       ASSERT_TRUE(cache->reserve(s, n).ok());
-      ASSERT_TRUE(cache->append(0, s, n, k.data() + done * hkv * d, v.data() + done * hkv * d).ok());
+      ASSERT_TRUE(
+          cache->append(0, s, n, k.data() + done * hkv * d, v.data() + done * hkv * d).ok());
     }
     std::vector<BatchEntry> batch = {{s, len - 50, 50}};
     PageLists lists;
     ThreadPool pool(2);
     AttentionWorkspace ws;
-    ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), {.budget = 8, .window = 2, .qshare = 16}, &pool, &lists).ok());
+    ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), {.budget = 8, .window = 2, .qshare = 16},
+                             &pool, &lists)
+                    .ok());
     outs[layout].assign(q.size(), NAN);
-    ASSERT_TRUE(attend(*cache, 0, batch, lists, q.data(), hq, {}, outs[layout].data(), nullptr, pool, &ws).ok());
+    ASSERT_TRUE(
+        attend(*cache, 0, batch, lists, q.data(), hq, {}, outs[layout].data(), nullptr, pool, &ws)
+            .ok());
   }
   EXPECT_EQ(outs[0], outs[1]);
 }
@@ -274,8 +306,12 @@ TEST(Attention, DecodeAfterPrefillEqualsLastPrefillRow) {
   std::mt19937 rng(22);
   const int d = 128, hkv = 1, hq = 4;
   const int64_t len = 4000;
-  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                                .page_size = 16, .num_pages = 300, .dtype = KvDtype::kBF16}));
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                .num_kv_heads = hkv,
+                                                .head_dim = d,
+                                                .page_size = 16,
+                                                .num_pages = 300,
+                                                .dtype = KvDtype::kBF16}));
   SeqId s = *cache->add_sequence();
   append_random(*cache, s, len - 1, rng);
   ThreadPool pool(2);
@@ -288,20 +324,27 @@ TEST(Attention, DecodeAfterPrefillEqualsLastPrefillRow) {
   std::vector<float> qp = test::random_vec(rng, static_cast<size_t>(n * hq * d));
   std::copy(q.begin(), q.end(), qp.end() - hq * d);
   std::vector<BatchEntry> pre = {{s, len - n, static_cast<int32_t>(n)}}, dec = {{s, len - 1, 1}};
-  std::vector<float> out_p(qp.size(), NAN), out_d(q.size(), NAN), lse_p(static_cast<size_t>(n * hq)), lse_d(hq);
+  std::vector<float> out_p(qp.size(), NAN), out_d(q.size(), NAN),
+      lse_p(static_cast<size_t>(n * hq)), lse_d(hq);
   ASSERT_TRUE(plan_dense(*cache, 0, pre, 0, &lists).ok());
-  ASSERT_TRUE(attend(*cache, 0, pre, lists, qp.data(), hq, {}, out_p.data(), lse_p.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*cache, 0, pre, lists, qp.data(), hq, {}, out_p.data(), lse_p.data(), pool, &ws).ok());
   ASSERT_TRUE(plan_dense(*cache, 0, dec, 0, &lists).ok());
-  ASSERT_TRUE(attend(*cache, 0, dec, lists, q.data(), hq, {}, out_d.data(), lse_d.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*cache, 0, dec, lists, q.data(), hq, {}, out_d.data(), lse_d.data(), pool, &ws).ok());
   for (int i = 0; i < hq * d; ++i)
-    ASSERT_NEAR(out_d[static_cast<size_t>(i)], out_p[static_cast<size_t>((n - 1) * hq * d + i)], 1e-5);
-  for (int h = 0; h < hq; ++h) ASSERT_NEAR(lse_d[static_cast<size_t>(h)], lse_p[static_cast<size_t>((n - 1) * hq + h)], 1e-4);
+    ASSERT_NEAR(out_d[static_cast<size_t>(i)], out_p[static_cast<size_t>((n - 1) * hq * d + i)],
+                1e-5);
+  for (int h = 0; h < hq; ++h)
+    ASSERT_NEAR(lse_d[static_cast<size_t>(h)], lse_p[static_cast<size_t>((n - 1) * hq + h)], 1e-4);
   // And the decode (split across threads) agrees with fp64.
   std::vector<int64_t> all(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; ++i) all[static_cast<size_t>(i)] = i;
   double ref_lse = 0;
-  auto ref = test::reference_attention(*cache, 0, s, 0, q.data() + 2 * d, all, 1.0 / std::sqrt(128.0), &ref_lse);
-  for (int i = 0; i < d; ++i) ASSERT_NEAR(out_d[static_cast<size_t>(2 * d + i)], ref[static_cast<size_t>(i)], 2e-5);
+  auto ref = test::reference_attention(*cache, 0, s, 0, q.data() + 2 * d, all,
+                                       1.0 / std::sqrt(128.0), &ref_lse);
+  for (int i = 0; i < d; ++i)
+    ASSERT_NEAR(out_d[static_cast<size_t>(2 * d + i)], ref[static_cast<size_t>(i)], 2e-5);
   EXPECT_NEAR(lse_d[2], ref_lse, 1e-4);
 }
 
@@ -317,7 +360,9 @@ TEST(Attention, SlidingWindowMatchesFp64) {
   EXPECT_EQ(lists.list_chunks(0, 0).front(), (900 - 77 + 1) / 16);
   ThreadPool pool(2);
   AttentionWorkspace ws;
-  ASSERT_TRUE(attend(*s.cache, 0, batch, lists, q.data(), 4, {.sliding_window = 77}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(attend(*s.cache, 0, batch, lists, q.data(), 4, {.sliding_window = 77}, out.data(),
+                     lse.data(), pool, &ws)
+                  .ok());
   check_rows(*s.cache, batch, lists, q, 4, out, lse, 77, rng, 64);
 }
 
@@ -348,19 +393,23 @@ TEST(Attention, RejectsBadInputAndLeavesCacheUsable) {
   EXPECT_NE(st.message().find("free"), std::string::npos);
   // A page of another sequence.
   bad.pages[3] = (*s.cache->block_table(s.seqs[1]))[0];
-  EXPECT_FALSE(attend(*s.cache, 0, batch, bad, q.data(), 4, {}, out.data(), nullptr, pool, &ws).ok());
+  EXPECT_FALSE(
+      attend(*s.cache, 0, batch, bad, q.data(), 4, {}, out.data(), nullptr, pool, &ws).ok());
   // Lists built for another batch, unknown sequence, queries past the written tokens.
   std::vector<BatchEntry> other = {{s.seqs[0], 150, 40}};
-  EXPECT_FALSE(attend(*s.cache, 0, other, lists, q.data(), 4, {}, out.data(), nullptr, pool, &ws).ok());
+  EXPECT_FALSE(
+      attend(*s.cache, 0, other, lists, q.data(), 4, {}, out.data(), nullptr, pool, &ws).ok());
   std::vector<BatchEntry> unknown = {{99, 0, 1}};
   EXPECT_EQ(plan_dense(*s.cache, 0, unknown, 0, &lists).code(), StatusCode::kNotFound);
   std::vector<BatchEntry> future = {{s.seqs[0], 190, 20}};
   EXPECT_EQ(plan_dense(*s.cache, 0, future, 0, &lists).code(), StatusCode::kOutOfRange);
-  EXPECT_FALSE(attend(*s.cache, 0, batch, lists, q.data(), 4, {}, out.data(), nullptr, pool, nullptr).ok());
+  EXPECT_FALSE(
+      attend(*s.cache, 0, batch, lists, q.data(), 4, {}, out.data(), nullptr, pool, nullptr).ok());
   // The cache still works.
   ASSERT_TRUE(plan_dense(*s.cache, 0, batch, 0, &lists).ok());
   std::vector<float> lse(200);
-  ASSERT_TRUE(attend(*s.cache, 0, batch, lists, q.data(), 4, {}, out.data(), lse.data(), pool, &ws).ok());
+  ASSERT_TRUE(
+      attend(*s.cache, 0, batch, lists, q.data(), 4, {}, out.data(), lse.data(), pool, &ws).ok());
   check_rows(*s.cache, batch, lists, q, 4, out, lse, 0, rng, 8);
 }
 

@@ -9,11 +9,11 @@
 #include <sstream>
 #include <string>
 
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/model.h"
-#include "cisa/sampling.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/model.h"
+#include "cisa/model/sampling.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 namespace {

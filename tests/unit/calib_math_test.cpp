@@ -7,7 +7,7 @@
 #include <numeric>
 #include <random>
 
-#include "cisa/indexer.h"
+#include "cisa/model/indexer.h"
 
 namespace cisa {
 namespace {

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <string>
 
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
 
 namespace cisa {
 namespace {

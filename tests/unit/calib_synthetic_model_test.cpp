@@ -19,8 +19,8 @@
 //  3. Hence p_j ∝ exp(q_w·r_j/√d) over E_t (to ~1e-15), i.e. p = π for candidate w exactly,
 //     while the other heads' content queries (−Q_w, and an unrelated matrix) and the element-wise
 //     mean ((Q_w − Q_w + R)/3 on the content dimensions) give other distributions.
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/model.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/model.h"
+#include "cisa/model/tokenizer.h"
 #include "tiny_llama_builder.h"
 
 namespace cisa {
@@ -152,7 +152,8 @@ CalibrateOptions options(CalibCriterion criterion) {
 
 TEST(CalibSyntheticModel, PicksTheCandidateThatMatchesDenseAttention) {
   const testing::TinyLlama tiny = build_model(21);
-  const std::string path = tiny.write(::testing::TempDir() + "/calib_synthetic_" + std::to_string(::getpid()) + ".gguf");
+  const std::string path =
+      tiny.write(::testing::TempDir() + "/calib_synthetic_" + std::to_string(::getpid()) + ".gguf");
   const std::vector<CalibText> texts = {{"doc-a", paged_text(128, 1)},
                                         {"doc-b", paged_text(100, 2)}};
   // The text tokenises to one token per letter after BOS, so pages hold one letter each.
@@ -201,7 +202,8 @@ TEST(CalibSyntheticModel, PicksTheCandidateThatMatchesDenseAttention) {
     EXPECT_NEAR(g.candidates[static_cast<size_t>(g.chosen)].captured, g.oracle, 1e-9);
 
   // The file round-trips, matches its model, and rebuilds the winner's W_q rows exactly.
-  const std::string file = ::testing::TempDir() + "/calib_synthetic_" + std::to_string(::getpid()) + ".cisaidx";
+  const std::string file =
+      ::testing::TempDir() + "/calib_synthetic_" + std::to_string(::getpid()) + ".cisaidx";
   ASSERT_TRUE(save_indexer(*idx, file).ok());
   auto back = load_indexer(file);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
@@ -234,7 +236,8 @@ TEST(CalibSyntheticModel, PicksTheCandidateThatMatchesDenseAttention) {
   std::vector<uint8_t> bytes = serialize_indexer(*idx);
   bytes[bytes.size() / 2] ^= 0x10;
   EXPECT_EQ(parse_indexer(bytes).status().code(), StatusCode::kDataLoss);
-  const std::string other = build_model(22).write(::testing::TempDir() + "/calib_other_" + std::to_string(::getpid()) + ".gguf");
+  const std::string other = build_model(22).write(::testing::TempDir() + "/calib_other_" +
+                                                  std::to_string(::getpid()) + ".gguf");
   auto other_file = GgufFile::open(other);
   ASSERT_TRUE(other_file.ok());
   EXPECT_EQ(check_indexer_matches(*back, *model_identity(*other_file)).code(),

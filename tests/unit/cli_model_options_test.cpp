@@ -2,8 +2,8 @@
 // them: --backend, --kv-dtype auto, --synthetic/--prompt-tokens, and --indexer being honoured or
 // refused wherever it is accepted (bench model used to ignore it). Built without the CUDA model
 // backend, so --backend cuda must fail with a message saying so.
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -107,7 +107,8 @@ TEST(CliModelOptions, SyntheticModelLoadsWithRandomPrompt) {
 TEST(CliBenchModel, IndexerIsHonouredOrRefused) {
   testing::TinyLlama tiny;
   tiny.randomize(3, 0.3f);
-  const std::string path = tiny.write(::testing::TempDir() + "/cli_tiny_" + std::to_string(::getpid()) + ".gguf");
+  const std::string path =
+      tiny.write(::testing::TempDir() + "/cli_tiny_" + std::to_string(::getpid()) + ".gguf");
   const std::string ctx = "64";
   // The llama.cpp-anchored benchmark runs on this file without --indexer (the control) ...
   EXPECT_EQ(bench_model_with({"-m", path, "--context", ctx, "--decode", "2", "--no-anchor",
@@ -134,10 +135,11 @@ TEST(CliBenchModel, IndexerIsHonouredOrRefused) {
 
 TEST(CliBenchModel, SyntheticProtocolRunsBothModes) {
   for (const char* fill : {"prompt", "random"})
-    EXPECT_EQ(bench_model_with({"--synthetic", "tiny-llama", "--context", "100", "--batch", "2",
-                                "--tokens", "3", "--fill", fill, "--attention", "cisa",
-                                "--budget", "16", "--window", "4", "-t", "1",
-                                "--bandwidth-mib", "64", "--json"}),
+    EXPECT_EQ(bench_model_with(
+                  {"--synthetic",     "tiny-llama", "--context", "100", "--batch",     "2",
+                   "--tokens",        "3",          "--fill",    fill,  "--attention", "cisa",
+                   "--budget",        "16",         "--window",  "4",   "-t",          "1",
+                   "--bandwidth-mib", "64",         "--json"}),
               0)
         << fill;
 }

@@ -113,7 +113,9 @@ TEST(TerminalSafe, ControlCharactersAreShownNotSent) {
   EXPECT_EQ(terminal_safe("\x1b]0;title\x07"), "\\x1b]0;title\\x07");
   EXPECT_EQ(terminal_safe("a\nb\rc\x7f"), "a\\x0ab\\x0dc\\x7f");
   // C1 controls (U+009B is CSI) and bytes that are not UTF-8.
-  EXPECT_EQ(terminal_safe("\xc2\x9b" "2J"), "\\xc2\\x9b2J");
+  EXPECT_EQ(terminal_safe("\xc2\x9b"
+                          "2J"),
+            "\\xc2\\x9b2J");
   EXPECT_EQ(terminal_safe("\xff\xc3"), "\\xff\\xc3");
   EXPECT_EQ(terminal_safe("\xc3\xa9"), "\xc3\xa9");
 }

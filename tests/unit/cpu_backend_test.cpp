@@ -5,15 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
-#include "cisa/backend.h"
-#include "cisa/model.h"
-#include "cisa/sampling.h"
-#include "cisa/quant.h"
+#include "cisa/core/backend.h"
+#include "cisa/model/model.h"
+#include "cisa/model/quant.h"
+#include "cisa/model/sampling.h"
 #include "model/model_ops.h"
 
 namespace cisa {
@@ -76,12 +76,19 @@ TEST_F(CpuBackendTest, MatmulOfF32AndQ8_0MatchesReferenceAndFp64) {
     const float d = f16_to_f32(d16);
     std::memcpy(&q8[b * 34], &d16, 2);
     for (int i = 0; i < 32; ++i)
-      q8[b * 34 + 2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(w[b * 32 + i] / d)));
+      q8[b * 34 + 2 + i] =
+          static_cast<uint8_t>(static_cast<int8_t>(std::lround(w[b * 32 + i] / d)));
   }
-  const WeightView vf{.type = GgmlType::F32, .n_rows = n_out, .n_cols = n_in,
-                      .row_bytes = n_in * 4, .data = reinterpret_cast<const uint8_t*>(w.data())};
-  const WeightView vq{.type = GgmlType::Q8_0, .n_rows = n_out, .n_cols = n_in,
-                      .row_bytes = n_in / 32 * 34, .data = q8.data()};
+  const WeightView vf{.type = GgmlType::F32,
+                      .n_rows = n_out,
+                      .n_cols = n_in,
+                      .row_bytes = n_in * 4,
+                      .data = reinterpret_cast<const uint8_t*>(w.data())};
+  const WeightView vq{.type = GgmlType::Q8_0,
+                      .n_rows = n_out,
+                      .n_cols = n_in,
+                      .row_bytes = n_in / 32 * 34,
+                      .data = q8.data()};
   ThreadPool pool(1);
   for (const WeightView& v : {vf, vq}) {
     auto m = be->bind_matrix(v);
@@ -111,7 +118,8 @@ TEST_F(CpuBackendTest, MatmulOfF32AndQ8_0MatchesReferenceAndFp64) {
     ASSERT_TRUE(be->matmul(*m, xb->f32(), wide->f32() + n_out, rows, 2 * n_out).ok());
     const std::vector<float> yw = get(*wide, static_cast<size_t>(rows * 2 * n_out));
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < n_out; ++o) EXPECT_EQ(yw[r * 2 * n_out + n_out + o], y[r * n_out + o]);
+      for (int64_t o = 0; o < n_out; ++o)
+        EXPECT_EQ(yw[r * 2 * n_out + n_out + o], y[r * n_out + o]);
   }
   EXPECT_GT(be->weight_bytes(), 0);
   auto xb = buf(x);
@@ -136,7 +144,8 @@ TEST_F(CpuBackendTest, RandomMatrixIsSeededAndNormalWithTheGivenScale) {
   EXPECT_NE(va, vc);
   double s = 0, ss = 0;
   for (float v : va) s += v, ss += double(v) * v;
-  const double n = static_cast<double>(va.size()), mean = s / n, sd = std::sqrt(ss / n - mean * mean);
+  const double n = static_cast<double>(va.size()), mean = s / n,
+               sd = std::sqrt(ss / n - mean * mean);
   EXPECT_NEAR(mean, 0.0, 0.002);
   EXPECT_NEAR(sd, 0.02, 0.001);
   // fill_random is the same generator: element (r, c) of the matrix is value r·cols + c.
@@ -152,7 +161,10 @@ TEST_F(CpuBackendTest, EmbedNormRopeActivationAddRoundMeanGatherMatchReferences)
   std::mt19937 rng(5);
   const int64_t rows = 11, E = 32, V = 9;
   const std::vector<float> table = randn(rng, V * E);
-  auto t = be->bind_matrix({.type = GgmlType::F32, .n_rows = V, .n_cols = E, .row_bytes = E * 4,
+  auto t = be->bind_matrix({.type = GgmlType::F32,
+                            .n_rows = V,
+                            .n_cols = E,
+                            .row_bytes = E * 4,
                             .data = reinterpret_cast<const uint8_t*>(table.data())});
   ASSERT_TRUE(t.ok());
   std::vector<int32_t> tok(rows);
@@ -238,9 +250,10 @@ TEST_F(CpuBackendTest, EmbedNormRopeActivationAddRoundMeanGatherMatchReferences)
     EXPECT_EQ(y, ref);
     for (size_t i = 0; i < ga.size(); ++i) {
       const double gx = ga[i];
-      const double a = act == Activation::kSilu
-                           ? gx / (1 + std::exp(-gx))
-                           : 0.5 * gx * (1 + std::tanh(0.7978845608 * (gx + 0.044715 * gx * gx * gx)));
+      const double a =
+          act == Activation::kSilu
+              ? gx / (1 + std::exp(-gx))
+              : 0.5 * gx * (1 + std::tanh(0.7978845608 * (gx + 0.044715 * gx * gx * gx)));
       EXPECT_NEAR(y[i], a * up[i], 5e-3 * std::abs(a * up[i]) + 1e-5);
     }
   }
@@ -297,7 +310,8 @@ std::vector<double> brute_attention(const std::vector<float>& q, const std::vect
       double mx = -1e300;
       for (int64_t j = s0; j <= t; ++j) {
         double dot = 0;
-        for (int i = 0; i < d; ++i) dot += double(q[(r * hq + h) * d + i]) * k[(j * hkv + g) * d + i];
+        for (int i = 0; i < d; ++i)
+          dot += double(q[(r * hq + h) * d + i]) * k[(j * hkv + g) * d + i];
         s.push_back(dot * scale);
         mx = std::max(mx, s.back());
       }
@@ -335,7 +349,8 @@ TEST_F(CpuBackendTest, CachePlansAndAttentionMatchBruteForce) {
   EXPECT_EQ(be->attend(PlanSlot::kGlobal, 0, qb->f32(), hq, {}, ob->f32()).code(),
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(be->plan(PlanSlot::kGlobal, batch, {.kind = PlanKind::kDense}).ok());
-  ASSERT_TRUE(be->plan(PlanSlot::kSliding, batch, {.kind = PlanKind::kDense, .sliding_window = 40}).ok());
+  ASSERT_TRUE(
+      be->plan(PlanSlot::kSliding, batch, {.kind = PlanKind::kDense, .sliding_window = 40}).ok());
   const SelectionParams full{.budget = 64, .window = 2, .qshare = 4};   // covers every chunk
   const SelectionParams sparse{.budget = 3, .window = 2, .qshare = 4};  // a few chunks
   ASSERT_TRUE(be->plan(PlanSlot::kCisa, batch, {.kind = PlanKind::kCisa, .selection = full}).ok());
@@ -353,7 +368,8 @@ TEST_F(CpuBackendTest, CachePlansAndAttentionMatchBruteForce) {
     // llama.cpp numerics: f16 K/V and query, so only close.
     ASSERT_TRUE(be->attend(slot, 0, qb->f32(), hq,
                            {.sliding_window = window, .numerics = AttentionNumerics::kLlamaCpp},
-                           ob->f32()).ok());
+                           ob->f32())
+                    .ok());
     const auto lc = get(*ob, want.size());
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(lc[i], want[i], 2e-2) << window;
   }
@@ -371,12 +387,14 @@ TEST_F(CpuBackendTest, CachePlansAndAttentionMatchBruteForce) {
   for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(cisa_full[i], dense_out[i], 1e-5);
 
   // A small budget reads fewer pages and differs from dense; a later layer needs its own select.
-  ASSERT_TRUE(be->plan(PlanSlot::kCisa, batch, {.kind = PlanKind::kCisa, .selection = sparse}).ok());
+  ASSERT_TRUE(
+      be->plan(PlanSlot::kCisa, batch, {.kind = PlanKind::kCisa, .selection = sparse}).ok());
   ASSERT_TRUE(be->select(PlanSlot::kCisa, 0, iq->f32()).ok());
   ASSERT_TRUE(be->attend(PlanSlot::kCisa, 0, qb->f32(), hq, {}, ob->f32()).ok());
   const auto cisa_sparse = get(*ob, q.size());
   double diff = 0;
-  for (size_t i = 0; i < q.size(); ++i) diff = std::max(diff, double(std::abs(cisa_sparse[i] - dense_out[i])));
+  for (size_t i = 0; i < q.size(); ++i)
+    diff = std::max(diff, double(std::abs(cisa_sparse[i] - dense_out[i])));
   EXPECT_GT(diff, 1e-3);
   int64_t read = 0, dense = 0;
   for (const QueryGroup& g : be->plan_groups(PlanSlot::kCisa)) {
@@ -408,15 +426,17 @@ TEST_F(CpuBackendTest, BadSizesAreErrors) {
 // argmax_rows follows cisa::argmax (ties to the smaller index, NaN never wins, all NaN gives 0),
 // in the CPU backend's override and in the Backend default (download, host argmax, upload).
 TEST_F(CpuBackendTest, ArgmaxRowsFollowTheArgmaxRule) {
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   const std::vector<std::vector<float>> rows = {
-      {1, 3, 3, 2}, {nan, 1, nan, 1}, {nan, nan, nan, nan}, {-inf, -inf, -inf, -inf},
-      {-1, nan, -0.5f, -2}, {0.0f, -0.0f, 0.0f, -1}, {2, 1, 0, inf}, {-3, -2, -2, nan}};
+      {1, 3, 3, 2},         {nan, 1, nan, 1},        {nan, nan, nan, nan}, {-inf, -inf, -inf, -inf},
+      {-1, nan, -0.5f, -2}, {0.0f, -0.0f, 0.0f, -1}, {2, 1, 0, inf},       {-3, -2, -2, nan}};
   const std::vector<int32_t> want = {1, 1, 0, 0, 2, 0, 3, 1};
   std::vector<float> flat;
   for (const auto& r : rows) {
     flat.insert(flat.end(), r.begin(), r.end());
-    EXPECT_EQ(argmax(r), want[flat.size() / 4 - 1]) << "cisa::argmax itself, row " << flat.size() / 4 - 1;
+    EXPECT_EQ(argmax(r), want[flat.size() / 4 - 1])
+        << "cisa::argmax itself, row " << flat.size() / 4 - 1;
   }
   auto x = buf(flat);
   const auto n_rows = static_cast<int64_t>(rows.size());
@@ -455,17 +475,22 @@ TEST(ModelGreedy, ArgmaxOutputsAreTheArgmaxOfTheLogits) {
   auto inputs = [&](int k) {
     return std::vector<SequenceInput>{
         {.seq = seqs[k][0], .tokens = prompt[0], .outputs = OutputMode::kAll},
-        {.seq = seqs[k][1], .tokens = prompt[1], .outputs = OutputMode::kPositions, .positions = positions},
+        {.seq = seqs[k][1],
+         .tokens = prompt[1],
+         .outputs = OutputMode::kPositions,
+         .positions = positions},
         {.seq = seqs[k][2], .tokens = prompt[2], .outputs = OutputMode::kLast}};
   };
   std::vector<int32_t> ids, ids_both;
   std::vector<float> logits, logits_both;
   ASSERT_TRUE(models[0]->forward(inputs(0), ForwardOutputs{.argmax = &ids}).ok());
   ASSERT_TRUE(models[1]->forward(inputs(1), &logits).ok());
-  auto expect_argmax_of = [&](const std::vector<float>& lg, const std::vector<int32_t>& got, const char* what) {
+  auto expect_argmax_of = [&](const std::vector<float>& lg, const std::vector<int32_t>& got,
+                              const char* what) {
     ASSERT_EQ(lg.size(), got.size() * static_cast<size_t>(V)) << what;
     for (size_t r = 0; r < got.size(); ++r)
-      EXPECT_EQ(got[r], argmax({lg.data() + r * V, static_cast<size_t>(V)})) << what << ", row " << r;
+      EXPECT_EQ(got[r], argmax({lg.data() + r * V, static_cast<size_t>(V)}))
+          << what << ", row " << r;
   };
   ASSERT_EQ(ids.size(), 13u + 3u + 1u);
   expect_argmax_of(logits, ids, "prefill");
@@ -475,7 +500,9 @@ TEST(ModelGreedy, ArgmaxOutputsAreTheArgmaxOfTheLogits) {
     for (int k = 0; k < 2; ++k)
       for (int s = 0; s < 3; ++s) in[k].push_back({.seq = seqs[k][s], .tokens = {&next[s], 1}});
     ASSERT_TRUE(models[0]->forward(in[0], ForwardOutputs{.argmax = &ids}).ok());
-    ASSERT_TRUE(models[1]->forward(in[1], ForwardOutputs{.logits = &logits_both, .argmax = &ids_both}).ok());
+    ASSERT_TRUE(models[1]
+                    ->forward(in[1], ForwardOutputs{.logits = &logits_both, .argmax = &ids_both})
+                    .ok());
     expect_argmax_of(logits_both, ids, "decode, greedy alone");
     EXPECT_EQ(ids, ids_both) << "step " << step;
     next = ids;

@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "cisa/diagnostics.h"
+#include "cisa/core/diagnostics.h"
 
 namespace cisa {
 namespace {
@@ -34,7 +34,8 @@ TEST(Diagnostics, OracleAndCapturedMassMatchBruteForce) {
     // Brute force: the best captured mass over all subsets is reached by the largest k values.
     std::vector<double> vals(mass.begin() + first, mass.begin() + end);
     std::sort(vals.rbegin(), vals.rend());
-    const double want = std::accumulate(vals.begin(), vals.begin() + std::min<int64_t>(k, static_cast<int64_t>(vals.size())), 0.0);
+    const double want = std::accumulate(
+        vals.begin(), vals.begin() + std::min<int64_t>(k, static_cast<int64_t>(vals.size())), 0.0);
     const double total = std::accumulate(mass.begin(), mass.end(), 0.0);
     if (total > 0) {
       EXPECT_NEAR(captured_mass(mass, got), want / total, 1e-12);
@@ -64,7 +65,8 @@ TEST(Diagnostics, OverlapRetentionKl) {
   std::vector<double> s = {1.0, 2.0, 3.0};
   auto sm = softmax(s);
   const double den = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
-  for (int i = 0; i < 3; ++i) EXPECT_NEAR(sm[static_cast<size_t>(i)], std::exp(1.0 + i) / den, 1e-15);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(sm[static_cast<size_t>(i)], std::exp(1.0 + i) / den, 1e-15);
 }
 
 TEST(Diagnostics, WindowTradeoff) {

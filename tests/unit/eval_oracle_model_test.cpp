@@ -8,17 +8,17 @@
 //  - at a small budget, on every step and layer, the dense mass the oracle's pages capture
 //    (fp64 brute force from the cache's keys) is at least CISA's, and more somewhere;
 //  - selector errors and malformed lists stop forward() with a clear error.
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "cisa/eval.h"
-#include "cisa/model.h"
-#include "cisa/sampling.h"
+#include "cisa/model/eval.h"
+#include "cisa/model/model.h"
+#include "cisa/model/sampling.h"
 #include "tiny_llama_builder.h"
 
 namespace cisa::eval {

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <random>
 
-#include "cisa/bf16.h"
-#include "cisa/eval.h"
-#include "cisa/selection.h"
+#include "cisa/core/bf16.h"
+#include "cisa/cpu/selection.h"
+#include "cisa/model/eval.h"
 
 namespace cisa::eval {
 namespace {

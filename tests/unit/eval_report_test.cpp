@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "cisa/eval.h"
-#include "cisa/json.h"
+#include "cisa/core/json.h"
+#include "cisa/model/eval.h"
 
 namespace cisa::eval {
 namespace {

@@ -7,7 +7,7 @@
 #include <functional>
 #include <map>
 
-#include "cisa/eval.h"
+#include "cisa/model/eval.h"
 
 namespace cisa::eval {
 namespace {

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "cisa/eval.h"
+#include "cisa/model/eval.h"
 
 namespace cisa::eval {
 namespace {

@@ -7,10 +7,10 @@
 //    max_tokens, cancelling (callback and cancel()), context limits, bad requests;
 //  - every sequence is released, also after a forward error;
 //  - streamed text is whole UTF-8 characters and adds up to the result's text (real model).
-#include "cisa/generate.h"
+#include "cisa/model/generate.h"
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "cisa/model.h"
-#include "cisa/sampling.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/model.h"
+#include "cisa/model/sampling.h"
+#include "cisa/model/tokenizer.h"
 #include "model/unicode.h"
 #include "tiny_llama_builder.h"
 

@@ -1,5 +1,5 @@
-// Tests of GgufFile::open's two ways of holding a file (include/cisa/gguf.h, GgufLoad) when the
-// file changes after it was opened: a model truncated while in use must give a clear error (or,
+// Tests of GgufFile::open's two ways of holding a file (include/cisa/model/gguf.h, GgufLoad) when
+// the file changes after it was opened: a model truncated while in use must give a clear error (or,
 // read into memory, no effect), never a crash. Each case runs in a child process (a gtest death
 // test), so a SIGBUS fails that test instead of ending the whole suite.
 // GCC 12 reports a false -Wstringop-overflow inside <vector> once GgufBuilder::build() is inlined
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
+#include "cisa/model/gguf.h"
 #include "unit/gguf_test_builder.h"
 
 namespace cisa {

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <limits>
 
-#include "cisa/gguf.h"
+#include "cisa/model/gguf.h"
 #include "unit/gguf_test_builder.h"
 
 namespace cisa {

@@ -82,7 +82,9 @@ class HardeningCli : public ::testing::Test {
   std::string text_;
 };
 
-bool has(const CliRun& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
+bool has(const CliRun& r, const std::string& s) {
+  return r.out.find(s) != std::string::npos;
+}
 
 TEST_F(HardeningCli, TrafficRejectsHugeValuesAndAnswersHugeContextsAtOnce) {
   CliRun r = cisa("traffic --context 1024 --budget 4 --page 9223372036854775807");
@@ -102,7 +104,7 @@ TEST_F(HardeningCli, CalibrateBoundsItsOptionsAndChecksTheOutputFirst) {
   if (!have_model()) GTEST_SKIP() << "no model at " << kModel;
   const std::string out = (dir_ / "x.idx").string();
   CliRun r = cisa("calibrate -m " + quote(kModel) + " --data " + quote(text_) +
-               " --budget 9223372036854775807 -o " + quote(out));
+                  " --budget 9223372036854775807 -o " + quote(out));
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_TRUE(has(r, "--budget") && has(r, "[1, 67108864]")) << r.out;
   EXPECT_FALSE(fs::exists(out));
@@ -116,8 +118,8 @@ TEST_F(HardeningCli, CalibrateBoundsItsOptionsAndChecksTheOutputFirst) {
            20);
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_TRUE(has(r, "--output") && has(r, "does not exist")) << r.out;
-  r = cisa("calibrate -m " + quote(kModel) + " --data " + quote(dir_.string()) +
-           " --budget 8 -o " + quote(out));
+  r = cisa("calibrate -m " + quote(kModel) + " --data " + quote(dir_.string()) + " --budget 8 -o " +
+           quote(out));
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_TRUE(has(r, "is a folder")) << r.out;
 }
@@ -154,9 +156,10 @@ TEST_F(HardeningCli, BenchAttentionChecksMemoryAndOutputs) {
   r = cisa("bench attention --context -5");
   EXPECT_EQ(r.rc, 2) << r.out;
   if (fs::exists("/dev/full")) {
-    r = cisa("bench attention --context 2048 --prefill-queries 16 --repeats 1 --geometry 4:1 "
-             "--phase decode --threads 2 --out /dev/full",
-             300);
+    r = cisa(
+        "bench attention --context 2048 --prefill-queries 16 --repeats 1 --geometry 4:1 "
+        "--phase decode --threads 2 --out /dev/full",
+        300);
     EXPECT_EQ(r.rc, 1) << r.out;
     EXPECT_TRUE(has(r, "No space left")) << r.out;
   }
@@ -176,7 +179,8 @@ TEST_F(HardeningCli, InfoShowsHostileMetadataSafely) {
   const std::vector<uint8_t> bytes = g.build();
   const std::string path = (dir_ / "evil.gguf").string();
   std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
   CliRun r = cisa("info " + quote(path));
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << "escape sequence reached the terminal";
@@ -203,7 +207,7 @@ TEST_F(HardeningCli, EvalResumeDropsACutLastLine) {
   std::ofstream(dir_ / "results.jsonl", std::ios::binary) << good << "\n{\"id\":\"niah/10";
   // The run stops at the missing --texts folder, after the resume has repaired the file.
   const CliRun r = cisa("eval -m " + quote(kModel) + " --resume --texts " +
-                     quote((dir_ / "no-texts").string()) + " -o " + quote(dir_.string()));
+                        quote((dir_ / "no-texts").string()) + " -o " + quote(dir_.string()));
   EXPECT_NE(r.rc, 0) << r.out;
   std::ifstream in(dir_ / "results.jsonl", std::ios::binary);
   std::stringstream ss;

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/quant.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/quant.h"
 
 namespace cisa {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cisa/json.h"
+#include "cisa/core/json.h"
 
 namespace cisa {
 namespace {

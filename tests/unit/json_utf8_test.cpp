@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cisa/json.h"
+#include "cisa/core/json.h"
 
 namespace cisa {
 namespace {
@@ -16,9 +16,9 @@ TEST(JsonUtf8, WellFormedTextPassesUnchanged) {
 
 TEST(JsonUtf8, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(json_quote("\xff"), "\"\\ufffd\"");
-  EXPECT_EQ(json_quote("ab\xe2\x96"), "\"ab\\ufffd\\ufffd\"");           // cut 3-byte character
-  EXPECT_EQ(json_quote("\xc0\x80"), "\"\\ufffd\\ufffd\"");               // overlong NUL
-  EXPECT_EQ(json_quote("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");    // a UTF-16 surrogate
+  EXPECT_EQ(json_quote("ab\xe2\x96"), "\"ab\\ufffd\\ufffd\"");         // cut 3-byte character
+  EXPECT_EQ(json_quote("\xc0\x80"), "\"\\ufffd\\ufffd\"");             // overlong NUL
+  EXPECT_EQ(json_quote("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");  // a UTF-16 surrogate
   EXPECT_EQ(json_quote("\xf4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");  // > U+10FFFF
   EXPECT_EQ(json_quote("\x80x"), "\"\\ufffdx\"");
 }

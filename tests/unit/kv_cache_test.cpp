@@ -28,7 +28,12 @@ TEST(KvCache, RejectsBadConfig) {
 
 TEST(KvCache, StoresWhatWasAppended) {
   for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
-    auto c = make({.num_layers = 2, .num_kv_heads = 3, .head_dim = 16, .page_size = 4, .num_pages = 32, .dtype = dt});
+    auto c = make({.num_layers = 2,
+                   .num_kv_heads = 3,
+                   .head_dim = 16,
+                   .page_size = 4,
+                   .num_pages = 32,
+                   .dtype = dt});
     std::mt19937 rng(1);
     SeqId a = *c->add_sequence(), b = *c->add_sequence();
     // Interleave appends so the two sequences' pages are not contiguous.
@@ -39,7 +44,10 @@ TEST(KvCache, StoresWhatWasAppended) {
       for (int l = 0; l < 2; ++l) {
         auto k = test::random_vec(rng, static_cast<size_t>(n * 3 * 16));
         auto v = test::random_vec(rng, static_cast<size_t>(n * 3 * 16));
-        if (l == 1) { ka.insert(ka.end(), k.begin(), k.end()); va.insert(va.end(), v.begin(), v.end()); }
+        if (l == 1) {
+          ka.insert(ka.end(), k.begin(), k.end());
+          va.insert(va.end(), v.begin(), v.end());
+        }
         ASSERT_TRUE(c->append(l, a, n, k.data(), v.data()).ok());
       }
       append_random(*c, b, 3, rng);
@@ -65,15 +73,21 @@ TEST(KvCache, StoresWhatWasAppended) {
 
 TEST(KvCache, RepresentativeIsMeanOfStoredKeysWrittenWhenPageFills) {
   for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
-    auto c = make({.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .page_size = 4, .num_pages = 8, .dtype = dt});
+    auto c = make({.num_layers = 1,
+                   .num_kv_heads = 2,
+                   .head_dim = 8,
+                   .page_size = 4,
+                   .num_pages = 8,
+                   .dtype = dt});
     std::mt19937 rng(2);
     SeqId s = *c->add_sequence();
     append_random(*c, s, 3, rng);  // page 0 not yet full
     auto page0 = (*c->block_table(s))[0];
     std::vector<float> before(8);
     for (int i = 0; i < 8; ++i)
-      before[static_cast<size_t>(i)] = dt == KvDtype::kF32 ? static_cast<const float*>(c->rep(0, page0, 1))[i]
-                                                          : bf16_to_f32(static_cast<const uint16_t*>(c->rep(0, page0, 1))[i]);
+      before[static_cast<size_t>(i)] =
+          dt == KvDtype::kF32 ? static_cast<const float*>(c->rep(0, page0, 1))[i]
+                              : bf16_to_f32(static_cast<const uint16_t*>(c->rep(0, page0, 1))[i]);
     append_random(*c, s, 6, rng);  // fills pages 0 and 1 (positions 0..7), starts page 2
     auto table = *c->block_table(s);
     for (int j = 0; j < 2; ++j)
@@ -92,7 +106,12 @@ TEST(KvCache, RepresentativeIsMeanOfStoredKeysWrittenWhenPageFills) {
 }
 
 TEST(KvCache, QuestRepresentativeIsMinAndMax) {
-  auto c = make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .page_size = 4, .num_pages = 4, .rep = RepKind::kQuest});
+  auto c = make({.num_layers = 1,
+                 .num_kv_heads = 1,
+                 .head_dim = 8,
+                 .page_size = 4,
+                 .num_pages = 4,
+                 .rep = RepKind::kQuest});
   std::mt19937 rng(3);
   SeqId s = *c->add_sequence();
   append_random(*c, s, 4, rng);
@@ -109,7 +128,8 @@ TEST(KvCache, QuestRepresentativeIsMinAndMax) {
 }
 
 TEST(KvCache, PoolExhaustedIsAnErrorAndLeavesCacheUsable) {
-  auto c = make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .page_size = 4, .num_pages = 3});
+  auto c =
+      make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .page_size = 4, .num_pages = 3});
   std::mt19937 rng(4);
   SeqId a = *c->add_sequence();
   append_random(*c, a, 5, rng);  // 2 pages
@@ -131,7 +151,8 @@ TEST(KvCache, PoolExhaustedIsAnErrorAndLeavesCacheUsable) {
 }
 
 TEST(KvCache, ErrorsOnBadCalls) {
-  auto c = make({.num_layers = 2, .num_kv_heads = 1, .head_dim = 8, .page_size = 4, .num_pages = 8});
+  auto c =
+      make({.num_layers = 2, .num_kv_heads = 1, .head_dim = 8, .page_size = 4, .num_pages = 8});
   std::vector<float> k(64), v(64);
   EXPECT_EQ(c->reserve(7, 1).code(), StatusCode::kNotFound);
   EXPECT_EQ(c->append(0, 7, 1, k.data(), v.data()).code(), StatusCode::kNotFound);
@@ -139,7 +160,8 @@ TEST(KvCache, ErrorsOnBadCalls) {
   SeqId s = *c->add_sequence();
   EXPECT_EQ(c->reserve(s, -1).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c->append(2, s, 1, k.data(), v.data()).code(), StatusCode::kOutOfRange);
-  EXPECT_EQ(c->append(0, s, 1, k.data(), v.data()).code(), StatusCode::kFailedPrecondition);  // nothing reserved
+  EXPECT_EQ(c->append(0, s, 1, k.data(), v.data()).code(),
+            StatusCode::kFailedPrecondition);  // nothing reserved
   ASSERT_TRUE(c->reserve(s, 2).ok());
   EXPECT_EQ(c->append(0, s, 3, k.data(), v.data()).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(c->append(0, s, 1, nullptr, v.data()).code(), StatusCode::kInvalidArgument);
@@ -153,8 +175,13 @@ TEST(KvCache, ErrorsOnBadCalls) {
 }
 
 TEST(KvCache, BytesAccountsForRepLayers) {
-  KvCacheConfig cfg{.num_layers = 3, .num_kv_heads = 2, .head_dim = 16, .page_size = 16, .num_pages = 10,
-                    .dtype = KvDtype::kBF16, .rep_layers = {false, true, false}};
+  KvCacheConfig cfg{.num_layers = 3,
+                    .num_kv_heads = 2,
+                    .head_dim = 16,
+                    .page_size = 16,
+                    .num_pages = 10,
+                    .dtype = KvDtype::kBF16,
+                    .rep_layers = {false, true, false}};
   // K+V: 3 layers × 2 × 10 pages × 2 heads × 16 × 16 × 2 B; reps: 1 layer × 10 × 2 × 16 × 2 B.
   EXPECT_EQ(kv_cache_bytes(cfg), 3 * 2 * 10 * 2 * 16 * 16 * 2 + 10 * 2 * 16 * 2);
   // The representative cache is 1/(2B) of one layer's K+V.

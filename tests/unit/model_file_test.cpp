@@ -2,14 +2,14 @@
 // llama.cpp's --no-mmap) computes what the mapped default computes and survives the file being
 // truncated; with the mapped default, forward() notices the truncation and fails with kDataLoss
 // before it touches a weight (instead of SIGBUS). Uses the tiny f32 llama of tiny_llama_builder.h.
-#include <string>
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+#include <string>
 
 #include <filesystem>
 #include <vector>
 
-#include "cisa/model.h"
+#include "cisa/model/model.h"
 #include "unit/tiny_llama_builder.h"
 
 namespace cisa {
@@ -28,7 +28,8 @@ std::vector<float> last_logits(Model& m, const std::vector<int32_t>& tokens, Sta
 TEST(ModelFile, ReadModeMatchesMappedAndSurvivesTruncation) {
   testing::TinyLlama tiny;
   tiny.randomize(11, 0.3f);
-  const std::string path = ::testing::TempDir() + "/model_file_test_" + std::to_string(::getpid()) + ".gguf";
+  const std::string path =
+      ::testing::TempDir() + "/model_file_test_" + std::to_string(::getpid()) + ".gguf";
   tiny.write(path);
   const std::vector<int32_t> tokens = {1, 5, 7, 9, 11, 4};
 
@@ -39,7 +40,8 @@ TEST(ModelFile, ReadModeMatchesMappedAndSurvivesTruncation) {
   auto read = Model::load(path, ro);
   ASSERT_TRUE(read.ok()) << read.status().to_string();
   Status s1, s2;
-  const std::vector<float> a = last_logits(**mapped, tokens, &s1), b = last_logits(**read, tokens, &s2);
+  const std::vector<float> a = last_logits(**mapped, tokens, &s1),
+                           b = last_logits(**read, tokens, &s2);
   ASSERT_TRUE(s1.ok() && s2.ok()) << s1.to_string() << " / " << s2.to_string();
   EXPECT_EQ(a, b);  // the same bytes, the same arithmetic
 

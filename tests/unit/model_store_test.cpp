@@ -1,4 +1,4 @@
-// Tests of model-name resolution (include/cisa/model_store.h).
+// Tests of model-name resolution (include/cisa/model/model_store.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "cisa/model_store.h"
+#include "cisa/model/model_store.h"
 
 namespace cisa {
 namespace {

@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/model.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 namespace {
@@ -59,9 +59,11 @@ TEST(ModelSynthetic, ShapesOfThePublicModels) {
   EXPECT_EQ(Model::load_synthetic("llama-9", {}).status().code(), StatusCode::kNotFound);
   // Up to 2M tokens of context (a 1M prompt and its output), not more; options are checked as
   // for load(); a model larger than the backend's free memory is refused before allocating.
-  EXPECT_EQ(Model::load_synthetic("tiny-llama", {.context = (int64_t{1} << 21) + 1}).status().code(),
-            StatusCode::kInvalidArgument);
-  const auto big = Model::load_synthetic("qwen2.5-7b", {.context = int64_t{1} << 20, .max_sequences = 64});
+  EXPECT_EQ(
+      Model::load_synthetic("tiny-llama", {.context = (int64_t{1} << 21) + 1}).status().code(),
+      StatusCode::kInvalidArgument);
+  const auto big =
+      Model::load_synthetic("qwen2.5-7b", {.context = int64_t{1} << 20, .max_sequences = 64});
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(big.status().message().find("KV cache"), std::string::npos) << big.status().message();
   EXPECT_FALSE(Model::load_synthetic("tiny-llama", {.threads = -2}).ok());
@@ -191,15 +193,20 @@ class DisguisedBackend final : public Backend {
   Result<BackendMatrix> random_matrix(int64_t r, int64_t c, uint64_t seed, float sc) override {
     return in_->random_matrix(r, c, seed, sc);
   }
-  Result<const float*> bind_vector(std::span<const float> v) override { return in_->bind_vector(v); }
+  Result<const float*> bind_vector(std::span<const float> v) override {
+    return in_->bind_vector(v);
+  }
   int64_t weight_bytes() const override { return in_->weight_bytes(); }
-  Status embed(const BackendMatrix& t, const int32_t* tok, int64_t rows, float sc, float* x) override {
+  Status embed(const BackendMatrix& t, const int32_t* tok, int64_t rows, float sc,
+               float* x) override {
     return in_->embed(t, tok, rows, sc, x);
   }
-  Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows, int64_t ldy) override {
+  Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows,
+                int64_t ldy) override {
     return in_->matmul(w, x, y, rows, ldy);
   }
-  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps) override {
+  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                  float eps) override {
     return in_->rms_norm(x, w, y, rows, n, eps);
   }
   Status rope(float* x, int64_t rows, int heads, int d, const float* c, const float* s,

@@ -3,8 +3,8 @@
 // calls, and CISA with a budget covering the context equal to dense. The real-model cases skip
 // when the models are not downloaded (scripts/pull_model.py); logits against llama.cpp are in
 // tests/golden/model_golden_test.cpp.
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/quant.h"
-#include "cisa/sampling.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/quant.h"
+#include "cisa/model/sampling.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "cisa/selection.h"
+#include "cisa/cpu/selection.h"
 #include "test_util.h"
 
 namespace {
@@ -17,16 +17,24 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace cisa {
 namespace {
 
 TEST(NoAllocation, SteadyDecodeStepAllocatesNothing) {
   std::mt19937 rng(31);
-  auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = 2, .head_dim = 64,
-                                                .page_size = 16, .num_pages = 400, .dtype = KvDtype::kBF16}));
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                .num_kv_heads = 2,
+                                                .head_dim = 64,
+                                                .page_size = 16,
+                                                .num_pages = 400,
+                                                .dtype = KvDtype::kBF16}));
   SeqId a = *cache->add_sequence(), b = *cache->add_sequence();
   test::append_random(*cache, a, 3000, rng);
   test::append_random(*cache, b, 2000, rng);
@@ -40,9 +48,11 @@ TEST(NoAllocation, SteadyDecodeStepAllocatesNothing) {
   SelectionParams p{.budget = 20, .window = 4, .qshare = 1};
   auto step = [&] {
     ASSERT_TRUE(plan_dense(*cache, 0, batch, 0, &lists).ok());
-    ASSERT_TRUE(attend(*cache, 0, batch, lists, q.data(), 8, {}, out.data(), lse.data(), pool, &aws).ok());
+    ASSERT_TRUE(
+        attend(*cache, 0, batch, lists, q.data(), 8, {}, out.data(), lse.data(), pool, &aws).ok());
     ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), p, &pool, &lists, &sws).ok());
-    ASSERT_TRUE(attend(*cache, 0, batch, lists, q.data(), 8, {}, out.data(), lse.data(), pool, &aws).ok());
+    ASSERT_TRUE(
+        attend(*cache, 0, batch, lists, q.data(), 8, {}, out.data(), lse.data(), pool, &aws).ok());
   };
   step();
   step();
@@ -56,7 +66,8 @@ TEST(NoAllocation, SteadyDecodeStepAllocatesNothing) {
   std::vector<BatchEntry> one = {{a, 2999, 1}};
   auto step_one = [&] {
     ASSERT_TRUE(select_pages(*cache, 0, one, iq.data(), p, &wide, &lists, &sws).ok());
-    ASSERT_TRUE(attend(*cache, 0, one, lists, q.data(), 8, {}, out.data(), lse.data(), wide, &aws).ok());
+    ASSERT_TRUE(
+        attend(*cache, 0, one, lists, q.data(), 8, {}, out.data(), lse.data(), wide, &aws).ok());
   };
   step_one();
   step_one();

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "cisa/plan.h"
-#include "cisa/selection.h"
+#include "cisa/core/plan.h"
+#include "cisa/cpu/selection.h"
 #include "test_util.h"
 
 namespace cisa {
@@ -17,12 +17,15 @@ TEST(SelectionParamsBounds, RejectsHugeAndNegativeValues) {
     EXPECT_EQ(validate_selection_params({.budget = v}).code(), StatusCode::kInvalidArgument) << v;
     EXPECT_EQ(validate_selection_params({.window = v}).code(), StatusCode::kInvalidArgument) << v;
     EXPECT_EQ(validate_selection_params({.qshare = v}).code(), StatusCode::kInvalidArgument) << v;
-    EXPECT_EQ(validate_selection_params({.sink_pages = v}).code(), StatusCode::kInvalidArgument) << v;
+    EXPECT_EQ(validate_selection_params({.sink_pages = v}).code(), StatusCode::kInvalidArgument)
+        << v;
   }
   EXPECT_EQ(validate_selection_params({.budget = -1}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(validate_selection_params({.qshare = 0}).code(), StatusCode::kInvalidArgument);
-  const SelectionParams edge{.budget = kMaxSelectionPages, .window = kMaxSelectionPages,
-                             .qshare = kMaxSelectionPages, .sink_pages = kMaxSelectionPages};
+  const SelectionParams edge{.budget = kMaxSelectionPages,
+                             .window = kMaxSelectionPages,
+                             .qshare = kMaxSelectionPages,
+                             .sink_pages = kMaxSelectionPages};
   EXPECT_TRUE(validate_selection_params(edge).ok());
   const Status s = validate_selection_params({.budget = big});
   EXPECT_NE(s.message().find("budget"), std::string::npos) << s.message();
@@ -31,11 +34,14 @@ TEST(SelectionParamsBounds, RejectsHugeAndNegativeValues) {
 TEST(PlanQueryGroups, HugeParametersAreRefusedNotOverflowed) {
   const std::vector<BatchEntry> batch = {{.seq = 0, .first = 0, .count = 100}};
   PageLists lists;
-  EXPECT_EQ(plan_query_groups(16, batch, {.budget = std::numeric_limits<int64_t>::max()}, &lists).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      plan_query_groups(16, batch, {.budget = std::numeric_limits<int64_t>::max()}, &lists).code(),
+      StatusCode::kInvalidArgument);
   // At the bound every position is dense: one group, no overflow in the split point.
-  ASSERT_TRUE(plan_query_groups(16, batch, {.budget = kMaxSelectionPages, .window = kMaxSelectionPages,
-                                            .sink_pages = kMaxSelectionPages},
+  ASSERT_TRUE(plan_query_groups(16, batch,
+                                {.budget = kMaxSelectionPages,
+                                 .window = kMaxSelectionPages,
+                                 .sink_pages = kMaxSelectionPages},
                                 &lists)
                   .ok());
   ASSERT_EQ(lists.groups.size(), 1u);
@@ -53,14 +59,15 @@ TEST(PlanLayout, MatchesSelectPagesAndBruteForceTraffic) {
                             .qshare = 1 + static_cast<int64_t>(rng() % 8),
                             .qshare_query = rng() % 2 ? QShareQuery::kMean : QShareQuery::kLast,
                             .sink_pages = static_cast<int64_t>(rng() % 3)};
-    auto cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                                  .page_size = B, .num_pages = 400}));
+    auto cache = std::move(*PagedKvCache::create(
+        {.num_layers = 1, .num_kv_heads = hkv, .head_dim = d, .page_size = B, .num_pages = 400}));
     std::vector<BatchEntry> batch;
     for (int s = 0; s < 3; ++s) {
       const SeqId id = *cache->add_sequence();
       const int64_t len = 1 + static_cast<int64_t>(rng() % 900);
       test::append_random(*cache, id, len, rng);
-      const int32_t count = s == 0 ? static_cast<int32_t>(std::min<int64_t>(len, 1 + rng() % 200)) : 1;
+      const int32_t count =
+          s == 0 ? static_cast<int32_t>(std::min<int64_t>(len, 1 + rng() % 200)) : 1;
       batch.push_back({.seq = id, .first = len - count, .count = count});
     }
     std::vector<float> iq(static_cast<size_t>((batch[0].count + 2) * hkv * d));
@@ -76,7 +83,8 @@ TEST(PlanLayout, MatchesSelectPagesAndBruteForceTraffic) {
         const auto chunks = lists.list_chunks(static_cast<int64_t>(i), kv);
         ASSERT_EQ(static_cast<int64_t>(chunks.size()), l.size()) << "trial " << trial;
         for (int64_t t = g.first; t <= g.last; ++t) {
-          brute += std::count_if(chunks.begin(), chunks.end(), [&](int32_t c) { return c <= t / B; });
+          brute +=
+              std::count_if(chunks.begin(), chunks.end(), [&](int32_t c) { return c <= t / B; });
           brute_dense += t / B + 1;
         }
         // Fixed and tail ranges appear verbatim; the selected part lies in the eligible range.
@@ -113,7 +121,8 @@ TEST(PageTable, ReservationsAreAllOrNothing) {
   EXPECT_EQ(t.free_pages(), 3);
   EXPECT_GT(t.version(), v0);
   EXPECT_EQ(t.reserve(b, 49).code(), StatusCode::kResourceExhausted);  // needs 4 pages
-  EXPECT_EQ(t.reserve(b, std::numeric_limits<int64_t>::max()).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(t.reserve(b, std::numeric_limits<int64_t>::max()).code(),
+            StatusCode::kResourceExhausted);
   EXPECT_EQ(t.free_pages(), 3);
   EXPECT_EQ(t.block_table(b)->size(), 0u);
   ASSERT_TRUE(t.reserve(a, 12).ok());  // fits in the 7th page: no new page

@@ -12,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cisa/quant.h"
+#include "cisa/model/quant.h"
 #include "model/quant_kernels.h"
 
 namespace cisa {

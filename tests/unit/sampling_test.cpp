@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cisa/sampling.h"
+#include "cisa/model/sampling.h"
 
 namespace cisa {
 namespace {

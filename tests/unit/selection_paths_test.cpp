@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cisa/selection.h"
+#include "cisa/cpu/selection.h"
 #include "test_util.h"
 
 namespace cisa {

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "cisa/selection.h"
+#include "cisa/cpu/selection.h"
 #include "test_util.h"
 
 namespace cisa {
@@ -57,9 +57,13 @@ struct Fixture {
 Fixture make_cache(int64_t len, int hkv, int d, std::mt19937& rng, RepKind rep = RepKind::kMean,
                    KvDtype dt = KvDtype::kF32) {
   Fixture f;
-  f.cache = std::move(*PagedKvCache::create({.num_layers = 1, .num_kv_heads = hkv, .head_dim = d,
-                                             .page_size = 16, .num_pages = 2 * (len / 16 + 2),
-                                             .dtype = dt, .rep = rep}));
+  f.cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                             .num_kv_heads = hkv,
+                                             .head_dim = d,
+                                             .page_size = 16,
+                                             .num_pages = 2 * (len / 16 + 2),
+                                             .dtype = dt,
+                                             .rep = rep}));
   // A dummy sequence interleaved with the real one scatters its physical pages.
   SeqId other = *f.cache->add_sequence();
   f.seq = *f.cache->add_sequence();
@@ -139,22 +143,27 @@ TEST(Selection, ListsHoldSinksTopKWindowAndTailAgainstFp64Scores) {
         // fp64 mean index query and scores over the eligible chunks [sinks, c(a) − W).
         std::vector<double> q(static_cast<size_t>(d), 0.0);
         for (int64_t t = grp.first; t <= grp.last; ++t)
-          for (int i = 0; i < d; ++i) q[static_cast<size_t>(i)] += iq[static_cast<size_t>(((t - 1900) * hkv + g) * d + i)];
+          for (int i = 0; i < d; ++i)
+            q[static_cast<size_t>(i)] += iq[static_cast<size_t>(((t - 1900) * hkv + g) * d + i)];
         for (auto& x : q) x /= static_cast<double>(grp.last - grp.first + 1);
         std::vector<std::pair<double, int64_t>> sc;
-        for (int64_t j = 2; j < ca - 3; ++j) sc.push_back({-ref_score(*f.cache, f.seq, g, q, j), j});
+        for (int64_t j = 2; j < ca - 3; ++j)
+          sc.push_back({-ref_score(*f.cache, f.seq, g, q, j), j});
         std::sort(sc.begin(), sc.end());
         if (sc[9].first + 1e-4 > sc[10].first) continue;  // a near-tie: f32 may legitimately differ
         std::vector<int32_t> want = {0, 1};
         std::vector<int32_t> top;
-        for (int i = 0; i < 10; ++i) top.push_back(static_cast<int32_t>(sc[static_cast<size_t>(i)].second));
+        for (int i = 0; i < 10; ++i)
+          top.push_back(static_cast<int32_t>(sc[static_cast<size_t>(i)].second));
         std::sort(top.begin(), top.end());
         want.insert(want.end(), top.begin(), top.end());
         for (int64_t j = ca - 3; j <= cb; ++j) want.push_back(static_cast<int32_t>(j));
         auto chunks = lists.list_chunks(static_cast<int64_t>(gi), g);
-        ASSERT_EQ(std::vector<int32_t>(chunks.begin(), chunks.end()), want) << rep_kind_name(rep) << " group " << gi;
+        ASSERT_EQ(std::vector<int32_t>(chunks.begin(), chunks.end()), want)
+            << rep_kind_name(rep) << " group " << gi;
         auto pages = lists.list_pages(static_cast<int64_t>(gi), g);
-        for (size_t i = 0; i < pages.size(); ++i) ASSERT_EQ(pages[i], table[static_cast<size_t>(chunks[i])]);
+        for (size_t i = 0; i < pages.size(); ++i)
+          ASSERT_EQ(pages[i], table[static_cast<size_t>(chunks[i])]);
         EXPECT_EQ(lists.num_selected[gi * hkv + static_cast<size_t>(g)], 10);
       }
     }
@@ -207,7 +216,8 @@ TEST(Selection, MeanQueryEqualsAveragedPerPositionScores) {
   std::sort(avg.begin(), avg.end());
   ASSERT_GT(avg[16].first - avg[15].first, 1e-5) << "near-tie in the fixture; change the seed";
   std::vector<int32_t> want;
-  for (int i = 0; i < 16; ++i) want.push_back(static_cast<int32_t>(avg[static_cast<size_t>(i)].second));
+  for (int i = 0; i < 16; ++i)
+    want.push_back(static_cast<int32_t>(avg[static_cast<size_t>(i)].second));
   std::sort(want.begin(), want.end());
   auto chunks = lists.list_chunks(0, 0);
   EXPECT_EQ(std::vector<int32_t>(chunks.begin(), chunks.begin() + 16), want);
@@ -221,7 +231,8 @@ TEST(Selection, MeanQueryEqualsAveragedPerPositionScores) {
   std::vector<BatchEntry> last = {{f.seq, first + n - 1, 1}};
   ASSERT_TRUE(select_pages(*f.cache, 0, last, iq.data() + (n - 1) * d, p1, nullptr, &alone).ok());
   auto a = lists.list_chunks(0, 0), b = alone.list_chunks(0, 0);
-  EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + 16), std::vector<int32_t>(b.begin(), b.begin() + 16));
+  EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + 16),
+            std::vector<int32_t>(b.begin(), b.begin() + 16));
 }
 
 TEST(Selection, DecodeScoredInParallelSlicesEqualsSerial) {
@@ -276,7 +287,8 @@ TEST(Selection, RejectsBadInput) {
   bad({.budget = 4}, {{42, 0, 1}}, "unknown sequence");
   bad({.budget = 4}, {{f.seq, 0, 0}}, "empty entry");
   EXPECT_FALSE(select_pages(*f.cache, 0, batch, nullptr, {.budget = 4}, nullptr, &lists).ok());
-  auto no_reps = std::move(*PagedKvCache::create({.num_layers = 1, .head_dim = 8, .num_pages = 8, .rep_layers = {false}}));
+  auto no_reps = std::move(*PagedKvCache::create(
+      {.num_layers = 1, .head_dim = 8, .num_pages = 8, .rep_layers = {false}}));
   SeqId s = *no_reps->add_sequence();
   append_random(*no_reps, s, 20, rng);
   std::vector<BatchEntry> b2 = {{s, 10, 1}};

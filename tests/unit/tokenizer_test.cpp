@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cisa/tokenizer.h"
+#include "cisa/model/tokenizer.h"
 #include "model/tokenizer_impl.h"
 #include "model/unicode.h"
 

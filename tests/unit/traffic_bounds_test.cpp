@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "cisa/traffic.h"
+#include "cisa/core/traffic.h"
 
 namespace cisa {
 namespace {
@@ -16,8 +16,8 @@ TEST(TrafficBounds, ClosedFormPrefillEqualsThePerPositionSum) {
       for (int64_t W : {0, 1, 5})
         for (int64_t B : {1, 4, 16})
           for (int64_t G : {1, 4}) {
-            const TrafficParams p{.context = N, .budget = k, .window = W, .qshare = G, .page = B,
-                                  .head_dim = 8};
+            const TrafficParams p{
+                .context = N, .budget = k, .window = W, .qshare = G, .page = B, .head_dim = 8};
             ASSERT_TRUE(validate_traffic_params(p).ok());
             double dense = 0, cisa = 0, cisa_nw = 0;
             for (int64_t t = 0; t < N; ++t) {
@@ -34,12 +34,12 @@ TEST(TrafficBounds, ClosedFormPrefillEqualsThePerPositionSum) {
 
 TEST(TrafficBounds, ExtremeValuesAreRejectedWithTheirRange) {
   const int64_t big = INT64_MAX;
-  for (TrafficParams p : {TrafficParams{.context = 1024, .budget = 4, .page = big},
-                          TrafficParams{.context = big, .budget = 4},
-                          TrafficParams{.context = 1024, .budget = big},
-                          TrafficParams{.context = 1024, .budget = 4, .window = big},
-                          TrafficParams{.context = 1024, .budget = 4, .qshare = big},
-                          TrafficParams{.context = 1024, .budget = 4, .head_dim = big}}) {
+  for (TrafficParams p :
+       {TrafficParams{.context = 1024, .budget = 4, .page = big},
+        TrafficParams{.context = big, .budget = 4}, TrafficParams{.context = 1024, .budget = big},
+        TrafficParams{.context = 1024, .budget = 4, .window = big},
+        TrafficParams{.context = 1024, .budget = 4, .qshare = big},
+        TrafficParams{.context = 1024, .budget = 4, .head_dim = big}}) {
     const Status s = validate_traffic_params(p);
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("must be in ["), std::string::npos) << s.message();
@@ -47,9 +47,12 @@ TEST(TrafficBounds, ExtremeValuesAreRejectedWithTheirRange) {
 }
 
 TEST(TrafficBounds, LargestInputsGiveFinitePositiveRatiosQuickly) {
-  const TrafficParams p{.context = kMaxTrafficContext, .budget = kMaxTrafficPages,
-                        .window = kMaxTrafficPages, .qshare = kMaxTrafficPages,
-                        .page = kMaxTrafficPageSize, .head_dim = kMaxTrafficHeadDim};
+  const TrafficParams p{.context = kMaxTrafficContext,
+                        .budget = kMaxTrafficPages,
+                        .window = kMaxTrafficPages,
+                        .qshare = kMaxTrafficPages,
+                        .page = kMaxTrafficPageSize,
+                        .head_dim = kMaxTrafficHeadDim};
   ASSERT_TRUE(validate_traffic_params(p).ok());
   const auto t0 = std::chrono::steady_clock::now();
   const TrafficReport r = attention_traffic(p);

@@ -1,13 +1,16 @@
 // The traffic model reproduces SPEC §8's check table and its closed forms match exact sums.
 #include <gtest/gtest.h>
 
-#include "cisa/traffic.h"
+#include "cisa/core/traffic.h"
 
 namespace cisa {
 namespace {
 
 TEST(Traffic, ReproducesSpecCheckTable) {
-  struct Row { int64_t k; double nominal, g1, g4, g32, full4; };
+  struct Row {
+    int64_t k;
+    double nominal, g1, g4, g32, full4;
+  };
   const Row rows[] = {{8192, 8, 6.40, 7.53, 7.94, 4.13},
                       {4096, 16, 10.67, 14.22, 15.75, 7.76},
                       {2048, 32, 16.00, 25.60, 31.03, 14.42}};
@@ -22,7 +25,8 @@ TEST(Traffic, ReproducesSpecCheckTable) {
 }
 
 TEST(Traffic, ExactCountsApproachClosedForms) {
-  TrafficParams p{.context = 1 << 20, .budget = 4096, .window = 0, .qshare = 4, .page = 16, .head_dim = 128};
+  TrafficParams p{
+      .context = 1 << 20, .budget = 4096, .window = 0, .qshare = 4, .page = 16, .head_dim = 128};
   const TrafficReport r = attention_traffic(p);
   // Without window and tail the end-of-prefill ratio is the closed form up to the O(1/N) terms.
   EXPECT_NEAR(r.end.ratio_no_window(), r.ceiling_end, 0.01 * r.ceiling_end);
@@ -37,10 +41,13 @@ TEST(Traffic, ExactCountsApproachClosedForms) {
 }
 
 TEST(Traffic, DenseWhileEligibleAtMostBudget) {
-  TrafficParams p{.context = 4096, .budget = 100, .window = 8, .qshare = 4, .page = 16, .head_dim = 64};
+  TrafficParams p{
+      .context = 4096, .budget = 100, .window = 8, .qshare = 4, .page = 16, .head_dim = 64};
   // c(t) − W ≤ k ⇔ t < (k + W + 1)·B: every such position reads exactly what dense reads.
-  for (int64_t t : {0, 100, (100 + 8 + 1) * 16 - 1}) EXPECT_EQ(cisa_elements(t, p, 4, true), dense_elements(t, p));
-  EXPECT_LT(cisa_elements((100 + 8 + 1) * 16 + 5000, p, 4, true), dense_elements((100 + 8 + 1) * 16 + 5000, p));
+  for (int64_t t : {0, 100, (100 + 8 + 1) * 16 - 1})
+    EXPECT_EQ(cisa_elements(t, p, 4, true), dense_elements(t, p));
+  EXPECT_LT(cisa_elements((100 + 8 + 1) * 16 + 5000, p, 4, true),
+            dense_elements((100 + 8 + 1) * 16 + 5000, p));
 }
 
 TEST(Traffic, RejectsBadParams) {

@@ -16,17 +16,17 @@
 namespace cisa::cli {
 
 struct ProtocolArgs {
-  std::string model_path;  // resolved GGUF path; empty with mo.synthetic
-  ModelCliOptions mo;      // attention, backend, synthetic name, indexer, threads, KV type
-  int64_t batch = 1;       // B
-  int64_t context = 0;     // L
-  int64_t tokens = 32;     // T
+  std::string model_path;       // resolved GGUF path; empty with mo.synthetic
+  ModelCliOptions mo;           // attention, backend, synthetic name, indexer, threads, KV type
+  int64_t batch = 1;            // B
+  int64_t context = 0;          // L
+  int64_t tokens = 32;          // T
   std::string fill = "prompt";  // "prompt": prefill the prompts; "random": random K/V (no TTFT)
   int64_t seed = 1;
-  std::string text_path;   // GGUF models: the prompts' text (default: the repository's docs)
+  std::string text_path;         // GGUF models: the prompts' text (default: the repository's docs)
   int64_t bandwidth_mib = 2048;  // copy-bandwidth buffers
   bool json = false;
-  std::string command;     // the command line, for the JSON
+  std::string command;  // the command line, for the JSON
 };
 
 int bench_model_protocol(const ProtocolArgs& a);

@@ -9,8 +9,8 @@
 #include <ctime>
 #include <string>
 
-#include "cisa/model_store.h"
-#include "cisa/plan.h"
+#include "cisa/core/plan.h"
+#include "cisa/model/model_store.h"
 
 namespace cisa::cli {
 namespace {
@@ -44,7 +44,9 @@ std::string utc_now() {
   return date;
 }
 
-Json nullable(double v) { return std::isnan(v) ? Json() : Json(v); }
+Json nullable(double v) {
+  return std::isnan(v) ? Json() : Json(v);
+}
 
 struct Derived {
   int64_t steps = 0;
@@ -60,8 +62,9 @@ Derived derive(const ProtocolRun& r, const ProtocolReport& rep) {
   d.step_ms = d.steps ? 1e3 * median_of(r.step_s) : NAN;
   d.decode_tok_s = d.decode_s > 0 ? double(a.batch) * d.steps / d.decode_s : NAN;
   const double tokens = double(a.batch) * a.tokens;
-  d.total_tok_s = std::isnan(r.ttft_s) ? d.decode_tok_s
-                                       : (double(a.batch) * a.context + tokens) / (r.ttft_s + d.decode_s);
+  d.total_tok_s = std::isnan(r.ttft_s)
+                      ? d.decode_tok_s
+                      : (double(a.batch) * a.context + tokens) / (r.ttft_s + d.decode_s);
   d.roof = decode_roofline(r, rep.bandwidth_gb_s, a.batch, a.context);
   return d;
 }
@@ -114,8 +117,8 @@ Roofline decode_roofline(const ProtocolRun& r, double bandwidth_gb_s, int64_t ba
   const ModelHparams& hp = r.hp;
   const double params = matrix_params(hp);
   const double bytes_per_param = params > 0 ? r.weight_bytes / params : 0;
-  roof.weight_bytes = r.weight_bytes - (hp.tied_output ? 0.0 : double(hp.n_vocab) * hp.n_embd *
-                                                                   bytes_per_param);
+  roof.weight_bytes =
+      r.weight_bytes - (hp.tied_output ? 0.0 : double(hp.n_vocab) * hp.n_embd * bytes_per_param);
   const double elem = r.cache.dtype == KvDtype::kBF16 ? 2.0 : 4.0;
   const int64_t steps = static_cast<int64_t>(r.step_s.size());
   const int P = r.cache.page_size;
@@ -128,8 +131,10 @@ Roofline decode_roofline(const ProtocolRun& r, double bandwidth_gb_s, int64_t ba
   const int64_t pos = context + steps / 2;
   int n_swa = 0, n_cisa = 0;
   for (int l = 0; l < hp.n_layer; ++l) {
-    if (!hp.is_global(l)) ++n_swa;
-    else if (l >= r.options.attention.dense_layers) ++n_cisa;
+    if (!hp.is_global(l))
+      ++n_swa;
+    else if (l >= r.options.attention.dense_layers)
+      ++n_cisa;
   }
   if (n_swa > 0 && hp.sliding_window > 0)
     roof.kv_bytes += double(batch) * n_swa * hp.n_head_kv *
@@ -138,8 +143,8 @@ Roofline decode_roofline(const ProtocolRun& r, double bandwidth_gb_s, int64_t ba
     SelectionParams sel = r.options.attention.selection;
     sel.qshare = 1;  // decode rows are groups of one
     const int rep_width = r.cache.rep == RepKind::kQuest ? 2 * hp.head_dim : hp.head_dim;
-    roof.rep_bytes = double(batch) * n_cisa * hp.n_head_kv *
-                     double(eligible_count(pos, P, sel)) * rep_width * elem;
+    roof.rep_bytes = double(batch) * n_cisa * hp.n_head_kv * double(eligible_count(pos, P, sel)) *
+                     rep_width * elem;
   }
   roof.floor_s = bandwidth_gb_s > 0 ? roof.bytes() / (bandwidth_gb_s * 1e9) : NAN;
   return roof;
@@ -184,7 +189,8 @@ int print_protocol_report(const ProtocolReport& rep) {
       "step >= (weight bytes + sum over sequences of attended K/V bytes + representative bytes "
       "scanned) / bandwidth";
   j["runs"] = Json::object();
-  for (size_t i = 0; i < rep.runs.size(); ++i) j["runs"][rep.runs[i].mode] = run_json(rep.runs[i], d[i]);
+  for (size_t i = 0; i < rep.runs.size(); ++i)
+    j["runs"][rep.runs[i].mode] = run_json(rep.runs[i], d[i]);
   const bool compare = rep.runs.size() == 2;
   if (compare) {
     Json v = Json::object();
@@ -210,8 +216,8 @@ int print_protocol_report(const ProtocolReport& rep) {
     const ProtocolRun& r = rep.runs[i];
     char ttft[32] = "-";
     if (!std::isnan(r.ttft_s)) std::snprintf(ttft, sizeof ttft, "%.3f", r.ttft_s);
-    std::printf("%-8s %10s %12.1f %12.1f %12.3f %11.3f %11.2f %7.1f%% %10.2f\n", r.mode.c_str(), ttft,
-                d[i].decode_tok_s, d[i].total_tok_s, d[i].step_ms, 1e3 * d[i].roof.floor_s,
+    std::printf("%-8s %10s %12.1f %12.1f %12.3f %11.3f %11.2f %7.1f%% %10.2f\n", r.mode.c_str(),
+                ttft, d[i].decode_tok_s, d[i].total_tok_s, d[i].step_ms, 1e3 * d[i].roof.floor_s,
                 d[i].roof.bytes() / 1e9, 100.0 * 1e3 * d[i].roof.floor_s / d[i].step_ms,
                 r.peak_memory / double(int64_t{1} << 30));
   }

@@ -236,7 +236,8 @@ int ArgParser::parse(int argc, char** argv) {
     if (arg.size() > 1 && arg[0] == '-' && !(arg[1] >= '0' && arg[1] <= '9')) {
       Option* o = find(arg);
       if (!o) {
-        std::fprintf(stderr, "%s: unknown option '%s' (see --help)\n", program_.c_str(), arg.c_str());
+        std::fprintf(stderr, "%s: unknown option '%s' (see --help)\n", program_.c_str(),
+                     arg.c_str());
         return 2;
       }
       o->seen = true;
@@ -250,10 +251,10 @@ int ArgParser::parse(int argc, char** argv) {
       }
       auto take = [&](const std::string& v) {
         if (!o->set(v)) {
-          std::string expect = o->kind == "int"      ? "an integer in " + o->range
+          std::string expect = o->kind == "int" ? "an integer in " + o->range
                                : o->kind == "double"
                                    ? "a finite number" + (o->range.empty() ? "" : " in " + o->range)
-                                                     : "one of the listed choices";
+                                   : "one of the listed choices";
           std::fprintf(stderr, "%s: option %s expects %s (got '%s')\n", program_.c_str(),
                        o->name.c_str(), expect.c_str(), v.c_str());
           return false;

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa::cli {
 
@@ -53,8 +53,8 @@ class ArgParser {
                bool required = false) {
     add_int(name, out, help, kDefaultIntRange, required);
   }
-  void add_double(const std::string& name, double* out, const std::string& help,
-                  DoubleRange range, bool required = false);
+  void add_double(const std::string& name, double* out, const std::string& help, DoubleRange range,
+                  bool required = false);
   void add_double(const std::string& name, double* out, const std::string& help,
                   bool required = false) {
     add_double(name, out, help, DoubleRange{}, required);

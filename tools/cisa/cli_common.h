@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cisa/json.h"
+#include "cisa/core/json.h"
 
 namespace cisa::cli {
 

@@ -7,20 +7,20 @@
 // can be judged against it.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "cisa/atomic_file.h"
-#include "cisa/attention.h"
-#include "cisa/json.h"
-#include "cisa/membw.h"
-#include "cisa/selection.h"
-#include "cisa/traffic.h"
+#include "cisa/core/atomic_file.h"
+#include "cisa/core/json.h"
+#include "cisa/core/membw.h"
+#include "cisa/core/traffic.h"
+#include "cisa/cpu/attention.h"
+#include "cisa/cpu/selection.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -126,8 +126,12 @@ std::string cpu_model() {
 constexpr int64_t kBandwidthBytes = int64_t{1} << 30;  // the read-bandwidth buffer
 
 KvCacheConfig cache_config(const Options& o, const Geometry& g, KvDtype dtype) {
-  return {.num_layers = 1, .num_kv_heads = g.hkv, .head_dim = static_cast<int>(o.head_dim),
-          .page_size = 16, .num_pages = o.context / 16 + 1, .dtype = dtype};
+  return {.num_layers = 1,
+          .num_kv_heads = g.hkv,
+          .head_dim = static_cast<int>(o.head_dim),
+          .page_size = 16,
+          .num_pages = o.context / 16 + 1,
+          .dtype = dtype};
 }
 
 // MemAvailable of /proc/meminfo in bytes: what can be allocated without swapping; -1 if unknown.
@@ -145,14 +149,16 @@ int64_t available_memory_bytes() {
 }  // namespace
 
 int bench_attention(int argc, char** argv) {
-  ArgParser a("cisa bench attention",
-              "Dense against CISA attention for one layer, in one run: decode at the last position and a\n"
-              "terminal prefill block, for 4:1 and 32:8 query:KV heads at d = 128. Prints ms, GB/s and\n"
-              "GFLOP/s, the speedup, and the memory read bandwidth it measures on this machine.");
+  ArgParser a(
+      "cisa bench attention",
+      "Dense against CISA attention for one layer, in one run: decode at the last position and a\n"
+      "terminal prefill block, for 4:1 and 32:8 query:KV heads at d = 128. Prints ms, GB/s and\n"
+      "GFLOP/s, the speedup, and the memory read bandwidth it measures on this machine.");
   Options o;
   bool json = false;
   std::string out_file;
-  a.add_choice("--backend", &o.backend, {"cpu", "cuda"}, "engine to run (default cpu; cuda: see `cisa bench layer`)");
+  a.add_choice("--backend", &o.backend, {"cpu", "cuda"},
+               "engine to run (default cpu; cuda: see `cisa bench layer`)");
   a.add_int("--context", &o.context, "history length N in tokens (default 65536)",
             {2, kMaxContextTokens});
   a.add_int("--budget", &o.budget, "chunk budget k (default 256)", {1, kMaxSelectionPages});
@@ -163,7 +169,8 @@ int bench_attention(int argc, char** argv) {
   a.add_int("--prefill-queries", &o.prefill, "queries in the terminal prefill block (default 512)",
             {1, 65536});
   a.add_choice("--dtype", &o.dtype, {"bf16", "f32"}, "K/V storage (default bf16)");
-  a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:8"}, "query:KV heads to run (default all)");
+  a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:8"},
+               "query:KV heads to run (default all)");
   a.add_choice("--phase", &o.phase, {"all", "decode", "prefill"}, "phases to run (default all)");
   a.add_int("--repeats", &o.repeats,
             "timed runs per measurement; prefill dense uses a third (default 10)", {1, 100000});
@@ -187,15 +194,15 @@ int bench_attention(int argc, char** argv) {
   if (o.geometry != "4:1") geos.push_back({32, 8});
   // Refuse before allocating what the machine does not have (an OOM kill says nothing).
   int64_t need = 0;
-  for (const Geometry& g : geos)
-    need = std::max(need, kv_cache_bytes(cache_config(o, g, dtype)));
+  for (const Geometry& g : geos) need = std::max(need, kv_cache_bytes(cache_config(o, g, dtype)));
   need += kBandwidthBytes;
   if (const int64_t avail = available_memory_bytes(); avail >= 0 && need > avail) {
-    std::fprintf(stderr,
-                 "cisa bench attention: --context %lld needs about %.1f GiB of memory (K/V cache and "
-                 "the bandwidth buffer), %.1f GiB is available (MemAvailable)\n",
-                 static_cast<long long>(o.context), static_cast<double>(need) / (1 << 30),
-                 static_cast<double>(avail) / (1 << 30));
+    std::fprintf(
+        stderr,
+        "cisa bench attention: --context %lld needs about %.1f GiB of memory (K/V cache and "
+        "the bandwidth buffer), %.1f GiB is available (MemAvailable)\n",
+        static_cast<long long>(o.context), static_cast<double>(need) / (1 << 30),
+        static_cast<double>(avail) / (1 << 30));
     return 1;
   }
   if (!out_file.empty())
@@ -229,7 +236,8 @@ int bench_attention(int argc, char** argv) {
         const int64_t n = std::min(chunk, o.context - done);
         for (auto& x : k) x = nd(rng);
         for (auto& x : v) x = nd(rng);
-        if (Status s = cache->reserve(seq, n); !s.ok()) return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
+        if (Status s = cache->reserve(seq, n); !s.ok())
+          return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
         if (Status s = cache->append(0, seq, n, k.data(), v.data()); !s.ok())
           return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
       }
@@ -241,7 +249,8 @@ int bench_attention(int argc, char** argv) {
       if (o.phase != "all" && o.phase != phase) continue;
       const int32_t nq = decode ? 1 : static_cast<int32_t>(o.prefill);
       std::vector<BatchEntry> batch = {{seq, o.context - nq, nq}};
-      std::vector<float> q(static_cast<size_t>(nq) * geo.hq * d), iq(static_cast<size_t>(nq) * geo.hkv * d);
+      std::vector<float> q(static_cast<size_t>(nq) * geo.hq * d),
+          iq(static_cast<size_t>(nq) * geo.hkv * d);
       for (auto& x : q) x = nd(rng);
       for (auto& x : iq) x = nd(rng);
       std::vector<float> out(q.size()), lse(static_cast<size_t>(nq) * geo.hq);
@@ -254,10 +263,13 @@ int bench_attention(int argc, char** argv) {
         for (int64_t r = 0; r <= reps; ++r) {  // r = 0 is the warm-up
           flusher.flush(pool);
           const Stopwatch clock;
-          if (cisa) CISA_RETURN_IF_ERROR(select_pages(*cache, 0, batch, iq.data(), p, &pool, &lists));
-          else CISA_RETURN_IF_ERROR(plan_dense(*cache, 0, batch, 0, &lists));
+          if (cisa)
+            CISA_RETURN_IF_ERROR(select_pages(*cache, 0, batch, iq.data(), p, &pool, &lists));
+          else
+            CISA_RETURN_IF_ERROR(plan_dense(*cache, 0, batch, 0, &lists));
           const double select_ms = clock.ms();
-          CISA_RETURN_IF_ERROR(attend(*cache, 0, batch, lists, q.data(), geo.hq, {}, out.data(), lse.data(), pool, &ws));
+          CISA_RETURN_IF_ERROR(attend(*cache, 0, batch, lists, q.data(), geo.hq, {}, out.data(),
+                                      lse.data(), pool, &ws));
           const double total_ms = clock.ms();
           if (r > 0) {
             total.push_back(total_ms);
@@ -276,9 +288,11 @@ int bench_attention(int argc, char** argv) {
       Timing td, tc;
       Work wd, wc;
       progress("[" + gname + "] " + phase + ": dense x" + std::to_string(reps_dense));
-      if (Status s = run(false, reps_dense, &td, &wd); !s.ok()) return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
+      if (Status s = run(false, reps_dense, &td, &wd); !s.ok())
+        return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
       progress("[" + gname + "] " + phase + ": CISA x" + std::to_string(o.repeats));
-      if (Status s = run(true, o.repeats, &tc, &wc); !s.ok()) return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
+      if (Status s = run(true, o.repeats, &tc, &wc); !s.ok())
+        return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
 
       rows.push_back({gname, phase, nq, td, tc, wd, wc});
     }
@@ -312,21 +326,28 @@ int bench_attention(int argc, char** argv) {
     print_json(doc);
     return 0;
   }
-  std::printf("CPU attention, one layer: N=%lld  k=%lld  W=%lld  G=%lld  d=%lld  %s K/V  %d threads\n",
-              (long long)o.context, (long long)o.budget, (long long)o.window, (long long)o.qshare,
-              (long long)o.head_dim, o.dtype.c_str(), pool.num_threads());
+  std::printf(
+      "CPU attention, one layer: N=%lld  k=%lld  W=%lld  G=%lld  d=%lld  %s K/V  %d threads\n",
+      (long long)o.context, (long long)o.budget, (long long)o.window, (long long)o.qshare,
+      (long long)o.head_dim, o.dtype.c_str(), pool.num_threads());
   std::printf("measured memory read bandwidth: %.2f GB/s\n\n", bw);
   std::printf("%-6s %-8s %10s %10s %8s %11s %8s %10s %10s %10s %9s\n", "heads", "phase", "dense ms",
-              "CISA ms", "speedup", "dense GB/s", "% of BW", "CISA GB/s", "dense GF/s", "CISA GF/s", "select ms");
+              "CISA ms", "speedup", "dense GB/s", "% of BW", "CISA GB/s", "dense GF/s", "CISA GF/s",
+              "select ms");
   for (const auto& r : rows) {
-    const double dg = r.dense_work.bytes / r.dense.median_ms / 1e6, cg = r.cisa_work.bytes / r.cisa.median_ms / 1e6;
-    std::printf("%-6s %-8s %10.3f %10.3f %7.2fx %11.2f %7.1f%% %10.2f %10.2f %10.2f %9.3f\n", r.geometry.c_str(),
-                r.phase.c_str(), r.dense.median_ms, r.cisa.median_ms, r.dense.median_ms / r.cisa.median_ms, dg,
-                100 * dg / bw, cg, r.dense_work.flops / r.dense.median_ms / 1e6,
+    const double dg = r.dense_work.bytes / r.dense.median_ms / 1e6,
+                 cg = r.cisa_work.bytes / r.cisa.median_ms / 1e6;
+    std::printf("%-6s %-8s %10.3f %10.3f %7.2fx %11.2f %7.1f%% %10.2f %10.2f %10.2f %9.3f\n",
+                r.geometry.c_str(), r.phase.c_str(), r.dense.median_ms, r.cisa.median_ms,
+                r.dense.median_ms / r.cisa.median_ms, dg, 100 * dg / bw, cg,
+                r.dense_work.flops / r.dense.median_ms / 1e6,
                 r.cisa_work.flops / r.cisa.median_ms / 1e6, r.cisa.select_ms);
   }
-  std::printf("\nms: median after a warm-up, caches flushed before each run; GB/s counts the K/V bytes the\n"
-              "queries' page lists make visible plus the representatives scored; speedup = dense / CISA.\n");
+  std::printf(
+      "\nms: median after a warm-up, caches flushed before each run; GB/s counts the K/V bytes "
+      "the\n"
+      "queries' page lists make visible plus the representatives scored; speedup = dense / "
+      "CISA.\n");
   return 0;
 }
 

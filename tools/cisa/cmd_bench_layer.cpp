@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "cisa/cuda_backend.h"
-#include "cisa/json.h"
+#include "cisa/core/json.h"
+#include "cisa/cuda/backend.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -95,7 +95,8 @@ void must(const Status& s, const char* what) {
 }
 
 // Writes one plan's page lists (logical chunks) for the anchors script:
-// int64 num_groups, num_kv, then per group (entry, first, last), offsets[num_lists+1], int32 chunks.
+// int64 num_groups, num_kv, then per group (entry, first, last), offsets[num_lists+1], int32
+// chunks.
 void dump_lists(const std::string& path, const PageLists& l) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) {
@@ -122,7 +123,8 @@ double adjacent_overlap(const PageLists& l, int64_t budget) {
     if (l.groups[i].entry != l.groups[i + 1].entry || l.groups[i].dense) continue;
     for (int g = 0; g < H; ++g) {
       auto a = l.list_chunks(static_cast<int64_t>(i), g).subspan(0, static_cast<size_t>(budget));
-      auto b = l.list_chunks(static_cast<int64_t>(i + 1), g).subspan(0, static_cast<size_t>(budget));
+      auto b =
+          l.list_chunks(static_cast<int64_t>(i + 1), g).subspan(0, static_cast<size_t>(budget));
       std::vector<int32_t> both;
       std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
       sum += static_cast<double>(both.size()) / static_cast<double>(budget);
@@ -147,10 +149,11 @@ std::string fmt(double x) {
 }  // namespace
 
 int bench_layer(int argc, char** argv) {
-  ArgParser a("cisa bench layer",
-              "One-layer CUDA benchmark (paper Table 11 form): dense and CISA attention for 4:1 x 16,\n"
-              "32:1 x 32 and 32:2 x 16 sequences, d = 128, terminal prefill and steady decode; stage\n"
-              "times (setup, scoring, top-k, attention, other) as medians of CUDA-event timings.");
+  ArgParser a(
+      "cisa bench layer",
+      "One-layer CUDA benchmark (paper Table 11 form): dense and CISA attention for 4:1 x 16,\n"
+      "32:1 x 32 and 32:2 x 16 sequences, d = 128, terminal prefill and steady decode; stage\n"
+      "times (setup, scoring, top-k, attention, other) as medians of CUDA-event timings.");
   Options o;
   std::string backend = "cuda";
   bool json = false;
@@ -158,13 +161,16 @@ int bench_layer(int argc, char** argv) {
   a.add_int("--context", &o.context, "history length N in tokens (default 1048576)");
   a.add_int("--budget", &o.budget, "chunk budget k (default 4096)");
   a.add_int("--window", &o.window, "recent window W in pages (default 128)");
-  a.add_int("--prefill-queries", &o.prefill, "queries per sequence in the terminal prefill (default 512)");
+  a.add_int("--prefill-queries", &o.prefill,
+            "queries per sequence in the terminal prefill (default 512)");
   a.add_int("--iters", &o.iters, "timed runs per measurement (default 10)");
   a.add_int("--warmup", &o.warmup, "untimed runs first (default 3)");
-  a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:1", "32:2"}, "geometry to run (default all)");
+  a.add_choice("--geometry", &o.geometry, {"all", "4:1", "32:1", "32:2"},
+               "geometry to run (default all)");
   a.add_choice("--phase", &o.phase, {"all", "prefill", "decode"}, "phase to run (default all)");
   a.add_flag("--contiguous-pages", &o.contiguous,
-             "block tables in pool order (consecutive pages adjacent in memory) instead of a random permutation");
+             "block tables in pool order (consecutive pages adjacent in memory) instead of a "
+             "random permutation");
   a.add_string("--dump-lists", &o.dump_dir,
                "write each plan's page lists here for bench/python/anchors_layer.py");
   a.add_choice("--attention-kernel", &o.attention_kernel, {"auto", "mma", "wgmma-v5"},
@@ -184,9 +190,11 @@ int bench_layer(int argc, char** argv) {
     return fail("no usable CUDA device (" + why + ")");
   }
   FILE* table_out = json ? stderr : stdout;
-  std::vector<Geometry> geos = {{"4:1", 4, 1, 16, {4, 16, 32}}, {"32:1", 32, 1, 32, {4}}, {"32:2", 32, 2, 16, {4}}};
+  std::vector<Geometry> geos = {
+      {"4:1", 4, 1, 16, {4, 16, 32}}, {"32:1", 32, 1, 32, {4}}, {"32:2", 32, 2, 16, {4}}};
   if (o.geometry != "all")
-    geos.erase(std::remove_if(geos.begin(), geos.end(), [&](const Geometry& g) { return g.name != o.geometry; }),
+    geos.erase(std::remove_if(geos.begin(), geos.end(),
+                              [&](const Geometry& g) { return g.name != o.geometry; }),
                geos.end());
 
   // One set of buffers sized for the largest geometry, filled once with random values.
@@ -200,12 +208,15 @@ int bench_layer(int argc, char** argv) {
   }
   Buffers buf;
   const size_t kv_elems = static_cast<size_t>(max_kv_pages) * kB * kD;
-  if (!cuda_ok(cudaMalloc(&buf.k, kv_elems * 2), "K pool") || !cuda_ok(cudaMalloc(&buf.v, kv_elems * 2), "V pool") ||
-      !cuda_ok(cudaMalloc(&buf.reps, static_cast<size_t>(max_kv_pages) * kD * 2), "representatives") ||
+  if (!cuda_ok(cudaMalloc(&buf.k, kv_elems * 2), "K pool") ||
+      !cuda_ok(cudaMalloc(&buf.v, kv_elems * 2), "V pool") ||
+      !cuda_ok(cudaMalloc(&buf.reps, static_cast<size_t>(max_kv_pages) * kD * 2),
+               "representatives") ||
       !cuda_ok(cudaMalloc(&buf.q, static_cast<size_t>(max_q) * kD * 2), "queries") ||
       !cuda_ok(cudaMalloc(&buf.out, static_cast<size_t>(max_q) * kD * 4), "output") ||
       !cuda_ok(cudaMalloc(&buf.lse, static_cast<size_t>(max_q) * 4), "lse") ||
-      !cuda_ok(cudaMalloc(&buf.index_q, static_cast<size_t>(max_rows_kv) * kD * 4), "index queries") ||
+      !cuda_ok(cudaMalloc(&buf.index_q, static_cast<size_t>(max_rows_kv) * kD * 4),
+               "index queries") ||
       !cuda_ok(cudaMalloc(&buf.tables, static_cast<size_t>(max_pages) * 4), "block tables") ||
       !cuda_ok(cudaMalloc(&buf.rep_pages, static_cast<size_t>(max_pages) * 4), "rep page list"))
     return 1;
@@ -227,19 +238,27 @@ int bench_layer(int argc, char** argv) {
   doc["window"] = o.window;
   doc["prefill_queries"] = o.prefill;
   doc["iters"] = o.iters;
-  doc["block_tables"] = o.contiguous ? "pool order (--contiguous-pages)" : "random permutation of the pool";
-  doc["kernels"] = "v6: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer unions, "
-                   "wgmma for 64-row prefill tiles) + warp-specialised wgmma kernel for 128-row tiles (producer warps, "
-                   "mbarriers, ping-pong consumer warpgroups), one-wave decode splits, warp-per-row split-KV merge";
+  doc["block_tables"] =
+      o.contiguous ? "pool order (--contiguous-pages)" : "random permutation of the pool";
+  doc["kernels"] =
+      "v6: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer "
+      "unions, "
+      "wgmma for 64-row prefill tiles) + warp-specialised wgmma kernel for 128-row tiles (producer "
+      "warps, "
+      "mbarriers, ping-pong consumer warpgroups), one-wave decode splits, warp-per-row split-KV "
+      "merge";
   const cuda::PlanOptions popt = o.plan_options();
   doc["attention_mainloop"] =
-      popt.attention_kernel == cuda::AttentionKernel::kMma ? "mma.sync everywhere (--attention-kernel mma)"
+      popt.attention_kernel == cuda::AttentionKernel::kMma
+          ? "mma.sync everywhere (--attention-kernel mma)"
       : popt.attention_kernel == cuda::AttentionKernel::kWgmmaV5
           ? "v4/v5 wgmma kernel for full prefill tiles (--attention-kernel wgmma-v5)"
-          : "wgmma for full prefill tiles at d = 128 (128-row tiles warp-specialised), mma.sync elsewhere";
+          : "wgmma for full prefill tiles at d = 128 (128-row tiles warp-specialised), mma.sync "
+            "elsewhere";
   if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
-  doc["index_query_model"] = "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
+  doc["index_query_model"] =
+      "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();
   std::mt19937 rng(42);
 
@@ -264,7 +283,8 @@ int bench_layer(int argc, char** argv) {
       if (o.phase != "all" && (o.phase == "prefill") != prefill) continue;
       const int64_t count = prefill ? o.prefill : 1;
       std::vector<BatchEntry> batch;
-      for (int s = 0; s < geo.seqs; ++s) batch.push_back({s, o.context - count, static_cast<int32_t>(count)});
+      for (int s = 0; s < geo.seqs; ++s)
+        batch.push_back({s, o.context - count, static_cast<int32_t>(count)});
       const int64_t rows = geo.seqs * count;
       // Index queries: adjacent positions of a sequence point the same way (as real ones do).
       std::vector<float> iq(static_cast<size_t>(rows * geo.hkv * kD));
@@ -275,7 +295,8 @@ int bench_layer(int argc, char** argv) {
           for (auto& x : base) x = nd(rng);
           for (int64_t r = 0; r < count; ++r)
             for (int i = 0; i < kD; ++i)
-              iq[static_cast<size_t>(((s * count + r) * geo.hkv + g) * kD + i)] = base[static_cast<size_t>(i)] + 0.3f * nd(rng);
+              iq[static_cast<size_t>(((s * count + r) * geo.hkv + g) * kD + i)] =
+                  base[static_cast<size_t>(i)] + 0.3f * nd(rng);
         }
       cudaMemcpy(buf.index_q, iq.data(), iq.size() * 4, cudaMemcpyHostToDevice);
       const std::string phase = prefill ? "prefill" : "decode";
@@ -287,9 +308,11 @@ int bench_layer(int argc, char** argv) {
       Stopwatch clock;
       must(cuda::plan_dense(layer, tables, batch, geo.hq, 0, &dense, popt), "dense plan");
       const double dense_plan_host_ms = clock.ms();
-      const double d_setup = median_ms([&] { (void)cuda::run_select(dense, layer, nullptr, nullptr); }, o);
+      const double d_setup =
+          median_ms([&] { (void)cuda::run_select(dense, layer, nullptr, nullptr); }, o);
       const double d_attn = median_ms(
-          [&] { (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+          [&] { (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); },
+          o);
       if (!cuda_ok(cudaGetLastError(), "dense run")) return 1;
       const double dense_bytes = static_cast<double>(dense.total_pages()) * page_bytes;
       Json dj = Json::object();
@@ -305,27 +328,34 @@ int bench_layer(int argc, char** argv) {
       dj["attention_tb_s"] = dense_bytes / (d_attn * 1e-3) / 1e12;
       dj["attention_tflop_s"] = dense_flop / (d_attn * 1e-3) / 1e12;
       results.push_back(dj);
-      std::fprintf(table_out, "%-5s %-7s dense       attention %9s ms  setup %7s  busy %9s  %6.2f TB/s %6.1f TFLOP/s\n",
-                   geo.name.c_str(), phase.c_str(), fmt(d_attn).c_str(), fmt(d_setup).c_str(),
-                   fmt(d_setup + d_attn).c_str(), dense_bytes / (d_attn * 1e-3) / 1e12,
-                   dense_flop / (d_attn * 1e-3) / 1e12);
+      std::fprintf(
+          table_out,
+          "%-5s %-7s dense       attention %9s ms  setup %7s  busy %9s  %6.2f TB/s %6.1f TFLOP/s\n",
+          geo.name.c_str(), phase.c_str(), fmt(d_attn).c_str(), fmt(d_setup).c_str(),
+          fmt(d_setup + d_attn).c_str(), dense_bytes / (d_attn * 1e-3) / 1e12,
+          dense_flop / (d_attn * 1e-3) / 1e12);
 
       // Pages this step fills: prefill 512/16 per sequence; decode one every 16 steps.
       const int64_t fill_pages = prefill ? geo.seqs * (count / kB) : geo.seqs;
-      const double other = median_ms([&] { (void)cuda::run_update_reps(layer, buf.rep_pages, fill_pages, nullptr); }, o) *
-                           (prefill ? 1.0 : 1.0 / kB);
+      const double other =
+          median_ms([&] { (void)cuda::run_update_reps(layer, buf.rep_pages, fill_pages, nullptr); },
+                    o) *
+          (prefill ? 1.0 : 1.0 / kB);
       for (int64_t G : prefill ? geo.prefill_g : std::vector<int64_t>{1}) {
         SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = G};
         cuda::Plan plan;
         clock.restart();
         must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan, popt), "sparse plan");
         const double host_ms = clock.ms();
-        auto stage = [&](cuda::SelectStage st) { (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr); };
+        auto stage = [&](cuda::SelectStage st) {
+          (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr);
+        };
         const double setup = median_ms([&] { stage(cuda::SelectStage::kSetup); }, o);
         const double score = median_ms([&] { stage(cuda::SelectStage::kScore); }, o);
         const double topk = median_ms([&] { stage(cuda::SelectStage::kTopK); }, o);
-        const double attn =
-            median_ms([&] { (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+        const double attn = median_ms(
+            [&] { (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); },
+            o);
         if (!cuda_ok(cudaGetLastError(), "sparse run")) return 1;
         PageLists lists;
         must(cuda::download_page_lists(plan, &lists), "download lists");
@@ -340,12 +370,17 @@ int bench_layer(int argc, char** argv) {
           cuda::Plan flat;
           cuda::PlanOptions flat_options = popt;
           flat_options.group_unions = false;
-          must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &flat, flat_options), "flat plan");
+          must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &flat, flat_options),
+               "flat plan");
           must(cuda::run_select(flat, layer, buf.index_q, nullptr), "flat select");
-          attn_no_unions =
-              median_ms([&] { (void)cuda::run_attention(flat, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+          attn_no_unions = median_ms(
+              [&] {
+                (void)cuda::run_attention(flat, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr);
+              },
+              o);
         }
-        const double rep_bytes = static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) * kD * 2;
+        const double rep_bytes =
+            static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) * kD * 2;
         double tokens = 0;  // attended tokens summed over query rows
         for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
           const auto& g = lists.groups[gi];
@@ -353,8 +388,9 @@ int bench_layer(int argc, char** argv) {
                     static_cast<double>(g.last - g.first + 1) * geo.hq;
         }
         const double flop = 4.0 * tokens * kD;
-        const std::string tag = geo.name.substr(0, geo.name.find(':')) + "x" + geo.name.substr(geo.name.find(':') + 1) +
-                                "_" + phase + "_G" + std::to_string(G);
+        const std::string tag = geo.name.substr(0, geo.name.find(':')) + "x" +
+                                geo.name.substr(geo.name.find(':') + 1) + "_" + phase + "_G" +
+                                std::to_string(G);
         if (!o.dump_dir.empty()) dump_lists(o.dump_dir + "/" + tag + ".bin", lists);
         Json j = Json::object();
         j["geometry"] = geo.name;
@@ -384,13 +420,16 @@ int bench_layer(int argc, char** argv) {
         j["speedup_vs_own_dense"] = (d_setup + d_attn) / busy;
         j["adjacent_group_overlap"] = adjacent_overlap(lists, o.budget);
         results.push_back(j);
-        std::fprintf(table_out,
-                     "%-5s %-7s cisa G=%-3lld attention %9s ms  setup %7s  score %7s  topk %7s  other %7s  busy %8s"
-                     "  %6.2f TB/s %6.1f TFLOP/s  %5.2fx own dense  overlap %.2f  no-union attn %s\n",
-                     geo.name.c_str(), phase.c_str(), static_cast<long long>(G), fmt(attn).c_str(), fmt(setup).c_str(),
-                     fmt(score).c_str(), fmt(topk).c_str(), fmt(other).c_str(), fmt(busy).c_str(),
-                     read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12, (d_setup + d_attn) / busy,
-                     adjacent_overlap(lists, o.budget), fmt(attn_no_unions).c_str());
+        std::fprintf(
+            table_out,
+            "%-5s %-7s cisa G=%-3lld attention %9s ms  setup %7s  score %7s  topk %7s  other %7s  "
+            "busy %8s"
+            "  %6.2f TB/s %6.1f TFLOP/s  %5.2fx own dense  overlap %.2f  no-union attn %s\n",
+            geo.name.c_str(), phase.c_str(), static_cast<long long>(G), fmt(attn).c_str(),
+            fmt(setup).c_str(), fmt(score).c_str(), fmt(topk).c_str(), fmt(other).c_str(),
+            fmt(busy).c_str(), read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12,
+            (d_setup + d_attn) / busy, adjacent_overlap(lists, o.budget),
+            fmt(attn_no_unions).c_str());
       }
     }
   }

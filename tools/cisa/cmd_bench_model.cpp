@@ -25,12 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/json.h"
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/quant.h"
 #include "bench_model_protocol.h"
+#include "cisa/core/json.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/quant.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -63,7 +63,6 @@ std::string cpu_name() {
   std::fclose(f);
   return name;
 }
-
 
 struct Measurement {
   std::vector<double> prefill_tok_s, decode_tok_s;  // one per timed run
@@ -142,9 +141,8 @@ Status measure(const std::string& path, const ModelCliOptions& mo,
 
 // Share of forward time spent in global-layer attention, prefill and decode parts of a run.
 double share_prefill(const Measurement& m) {
-  return m.prefill.seconds_total > 0
-             ? m.prefill.seconds_global_attention / m.prefill.seconds_total
-             : 0.0;
+  return m.prefill.seconds_total > 0 ? m.prefill.seconds_global_attention / m.prefill.seconds_total
+                                     : 0.0;
 }
 double share_decode(const Measurement& m) {
   const double t = m.total.seconds_total - m.prefill.seconds_total;
@@ -174,14 +172,18 @@ int bench_model(int argc, char** argv) {
   add_model_options(p, &mo, /*with_context=*/false);
   add_synthetic_option(p, &mo, /*with_prompt_tokens=*/false);
   ProtocolArgs proto;
-  p.add_int("--batch", &proto.batch, "fixed-output protocol: B requests decoded together (default 1)");
-  p.add_int("--tokens", &proto.tokens, "fixed-output protocol: T tokens each request generates (default 32)");
+  p.add_int("--batch", &proto.batch,
+            "fixed-output protocol: B requests decoded together (default 1)");
+  p.add_int("--tokens", &proto.tokens,
+            "fixed-output protocol: T tokens each request generates (default 32)");
   p.add_choice("--fill", &proto.fill, {"prompt", "random"},
                "fixed-output protocol: prefill the prompts (default) or fill each cache with L "
                "tokens of random K/V (no TTFT)");
-  p.add_int("--seed", &proto.seed, "fixed-output protocol: seed of the random prompts and K/V (default 1)");
-  p.add_string("--text", &proto.text_path,
-               "fixed-output protocol, GGUF models: prompt text file (default: the repository's docs)");
+  p.add_int("--seed", &proto.seed,
+            "fixed-output protocol: seed of the random prompts and K/V (default 1)");
+  p.add_string(
+      "--text", &proto.text_path,
+      "fixed-output protocol, GGUF models: prompt text file (default: the repository's docs)");
   p.add_int("--bandwidth-mib", &proto.bandwidth_mib,
             "fixed-output protocol: copy-bandwidth buffer size in MiB (default 2048)");
   p.add_flag("--json", &json, "print one JSON document");
@@ -191,11 +193,13 @@ int bench_model(int argc, char** argv) {
                         p.given("--tokens") || p.given("--fill");
   if (!mo.synthetic.empty() && !model_arg.empty())
     return fail("give either --model or --synthetic, not both");
-  if (mo.synthetic.empty() && model_arg.empty()) return fail("give --model NAME|PATH or --synthetic NAME");
+  if (mo.synthetic.empty() && model_arg.empty())
+    return fail("give --model NAME|PATH or --synthetic NAME");
   if (protocol) {
     for (const char* o : {"--decode", "--repeat", "--no-anchor", "--anchor-flash-attn"})
       if (p.given(o))
-        return fail(std::string(o) + " belongs to the llama.cpp-anchored benchmark; the "
+        return fail(std::string(o) +
+                    " belongs to the llama.cpp-anchored benchmark; the "
                     "fixed-output protocol (--batch/--tokens/--fill/--synthetic/--backend cuda) "
                     "uses --tokens and has no llama.cpp anchor");
     if (proto.bandwidth_mib < 64 || proto.bandwidth_mib > (int64_t{64} << 10))
@@ -213,7 +217,8 @@ int bench_model(int argc, char** argv) {
     return bench_model_protocol(proto);
   }
   for (const char* o : {"--seed", "--text", "--bandwidth-mib"})
-    if (p.given(o)) return fail(std::string(o) + " belongs to the fixed-output protocol (give --batch/--tokens)");
+    if (p.given(o))
+      return fail(std::string(o) + " belongs to the fixed-output protocol (give --batch/--tokens)");
   if (n_decode < 1) return fail("--decode must be >= 1");
   if (repeat < 1 || repeat > 100) return fail("--repeat must be in [1, 100]");
 
@@ -386,15 +391,15 @@ int bench_model(int argc, char** argv) {
   std::printf("%s, context %lld, %d threads, batch %d, KV %s\n", model_arg.c_str(),
               static_cast<long long>(context), m.threads, batch, kv_dtype_name(m.kv_dtype));
   std::printf("%-16s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
-  if (cisa)
-    std::printf("%-16s %14.1f %14.2f\n", "cisa dense", dense_pre, dense_dec);
+  if (cisa) std::printf("%-16s %14.1f %14.2f\n", "cisa dense", dense_pre, dense_dec);
   std::printf("%-16s %14.1f %14.2f\n", cisa ? "cisa cisa" : "cisa", our_pre, our_dec);
   if (cisa) {
     std::printf("%-16s %13.2fx %13.2fx\n", "cisa / dense", sp_pre, sp_dec);
-    std::printf("%-16s %13.2fx %13.2fx   (1 / (1 - s), s = dense share in global attention: "
-                "%.1f%% prefill, %.1f%% decode)\n",
-                "Amdahl ceiling", ceil_pre, ceil_dec, 100 * share_prefill(dense_m),
-                100 * share_decode(dense_m));
+    std::printf(
+        "%-16s %13.2fx %13.2fx   (1 / (1 - s), s = dense share in global attention: "
+        "%.1f%% prefill, %.1f%% decode)\n",
+        "Amdahl ceiling", ceil_pre, ceil_dec, 100 * share_prefill(dense_m),
+        100 * share_decode(dense_m));
     std::printf("%-16s %13.2f  %13.2f    (speedup / ceiling)\n", "of ceiling", sp_pre / ceil_pre,
                 sp_dec / ceil_dec);
   }

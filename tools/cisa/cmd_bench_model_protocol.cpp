@@ -15,16 +15,16 @@
 
 #include "bench_model_protocol.h"
 #include "bench_model_report.h"
-#include "cisa/gguf.h"
-#include "cisa/membw.h"
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/sampling.h"
-#include "cisa/thread_pool.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/membw.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/sampling.h"
+#include "cisa/model/tokenizer.h"
 #include "cli_common.h"
 #ifdef CISA_WITH_CUDA_MODEL
-#include "cisa/cuda_bandwidth.h"
+#include "cisa/cuda/bandwidth.h"
 #endif
 
 namespace cisa::cli {
@@ -112,7 +112,8 @@ Status fill_random_cache(Model& m, const std::vector<SeqId>& seqs, int64_t L, ui
   Backend& be = m.backend();
   const KvCacheConfig& kc = be.cache_config();
   const int64_t row = int64_t{kc.num_kv_heads} * kc.head_dim;
-  const int64_t chunk = std::min<int64_t>(L, std::max<int64_t>(256, (int64_t{64} << 20) / (row * 4)));
+  const int64_t chunk =
+      std::min<int64_t>(L, std::max<int64_t>(256, (int64_t{64} << 20) / (row * 4)));
   CISA_ASSIGN_OR_RETURN(auto k, be.allocate(chunk * row * 4, "random K"));
   CISA_ASSIGN_OR_RETURN(auto v, be.allocate(chunk * row * 4, "random V"));
   for (SeqId s : seqs) CISA_RETURN_IF_ERROR(be.reserve(s, L));
@@ -188,8 +189,9 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
     Progress pr(std::string("prefill ") + mo.attention);
     const Stopwatch clock;
     // The first generated token of every request, greedy on the backend.
-    CISA_RETURN_IF_ERROR(m.forward(in, ForwardOutputs{.argmax = &next},
-                                   [&](int64_t done, int64_t total) { pr.update(done, total, "tokens"); }));
+    CISA_RETURN_IF_ERROR(
+        m.forward(in, ForwardOutputs{.argmax = &next},
+                  [&](int64_t done, int64_t total) { pr.update(done, total, "tokens"); }));
     out->ttft_s = clock.seconds();
   }
   out->prefill = m.stats();

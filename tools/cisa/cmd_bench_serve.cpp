@@ -40,8 +40,8 @@ using Clock = std::chrono::steady_clock;
 struct Outcome {
   bool ok = false;
   std::string error;
-  double ttft = 0, e2e = 0;   // seconds from sending
-  std::vector<double> itl;    // seconds between stream chunks after the first
+  double ttft = 0, e2e = 0;  // seconds from sending
+  std::vector<double> itl;   // seconds between stream chunks after the first
   int64_t prompt_tokens = 0, output_tokens = 0;
 };
 
@@ -109,7 +109,8 @@ Outcome run_one(httplib::Client& cli, const std::string& path, const json& body,
       const json& c = j["choices"][0];
       std::string text;
       if (c.contains("text") && c["text"].is_string()) text = c["text"];
-      if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
+      if (c.contains("delta") && c["delta"].contains("content") &&
+          c["delta"]["content"].is_string())
         text = c["delta"]["content"];
       if (text.empty()) continue;
       const double t = since(t0);
@@ -134,9 +135,9 @@ Outcome run_one(httplib::Client& cli, const std::string& path, const json& body,
   }
   if (res->status != 200) {
     json j = json::parse(buf, nullptr, false);
-    o.error = "HTTP " + std::to_string(res->status) +
-              (!j.is_discarded() && j.contains("error") ? ": " + j["error"].value("message", "")
-                                                        : "");
+    o.error =
+        "HTTP " + std::to_string(res->status) +
+        (!j.is_discarded() && j.contains("error") ? ": " + j["error"].value("message", "") : "");
     return o;
   }
   if (!done && o.error.empty()) o.error = "the stream ended without [DONE]";
@@ -170,7 +171,8 @@ int bench_serve(int argc, char** argv) {
   p.add_double("--request-rate", &rate,
                "Poisson arrivals per second (default 0: as fast as --concurrency allows)",
                DoubleRange{0, 1e6});
-  p.add_int("--input-len", &input_len, "random prompt length in tokens (default 128)", {1, 1 << 24});
+  p.add_int("--input-len", &input_len, "random prompt length in tokens (default 128)",
+            {1, 1 << 24});
   p.add_int("--output-len", &output_len, "tokens to generate, EOS ignored (default 64)",
             {1, 1 << 24});
   p.add_string("--prompt-file", &prompt_file, "prompts, one per line (instead of random tokens)");
@@ -212,12 +214,9 @@ int bench_serve(int argc, char** argv) {
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   std::vector<json> bodies;
   for (int64_t i = 0; i < num_prompts; ++i) {
-    json b = {{"model", model},
-              {"max_tokens", output_len},
-              {"ignore_eos", true},
-              {"temperature", 0},
-              {"stream", true},
-              {"stream_options", {{"include_usage", true}}}};
+    json b = {{"model", model},     {"max_tokens", output_len},
+              {"ignore_eos", true}, {"temperature", 0},
+              {"stream", true},     {"stream_options", {{"include_usage", true}}}};
     if (!lines.empty()) {
       const std::string& text = lines[static_cast<size_t>(i) % lines.size()];
       if (endpoint == "chat") {
@@ -265,7 +264,8 @@ int bench_serve(int argc, char** argv) {
     }
   };
   std::vector<std::thread> threads;
-  for (int64_t c = 0; c < std::min<int64_t>(concurrency, num_prompts); ++c) threads.emplace_back(worker);
+  for (int64_t c = 0; c < std::min<int64_t>(concurrency, num_prompts); ++c)
+    threads.emplace_back(worker);
   for (std::thread& t : threads) t.join();
   const double duration = since(t_start);
   if (bar) std::fputc('\n', stderr);
@@ -316,15 +316,15 @@ int bench_serve(int argc, char** argv) {
     std::printf("%-34s %lld\n", "successful requests:", static_cast<long long>(ok));
     std::printf("%-34s %lld%s%s\n", "failed requests:", static_cast<long long>(failed),
                 first_error.empty() ? "" : "  first: ", first_error.c_str());
-    std::printf("%-34s %lld (concurrency), %g (req/s, 0 = unlimited)\n", "limits:",
-                static_cast<long long>(concurrency), rate);
+    std::printf("%-34s %lld (concurrency), %g (req/s, 0 = unlimited)\n",
+                "limits:", static_cast<long long>(concurrency), rate);
     std::printf("%-34s %.2f\n", "duration (s):", duration);
     std::printf("%-34s %lld\n", "total input tokens:", static_cast<long long>(in_tokens));
     std::printf("%-34s %lld\n", "total generated tokens:", static_cast<long long>(out_tokens));
     std::printf("%-34s %.2f\n", "request throughput (req/s):", ok / duration);
     std::printf("%-34s %.2f\n", "output token throughput (tok/s):", out_tokens / duration);
-    std::printf("%-34s %.2f\n", "total token throughput (tok/s):",
-                (in_tokens + out_tokens) / duration);
+    std::printf("%-34s %.2f\n",
+                "total token throughput (tok/s):", (in_tokens + out_tokens) / duration);
     for (const char* k : {"ttft", "tpot", "itl", "e2el"})
       std::printf("%-6s mean %9.2f  median %9.2f  p99 %9.2f  (ms)\n", k,
                   r[k]["mean_ms"].get<double>(), r[k]["median_ms"].get<double>(),

@@ -2,16 +2,16 @@
 // attention-distribution matching on calibration text (SPEC §6) and write the indexer file.
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
-#include "cisa/atomic_file.h"
-#include "cisa/indexer.h"
-#include "cisa/json.h"
-#include "cisa/model_store.h"
-#include "cisa/plan.h"
+#include "cisa/core/atomic_file.h"
+#include "cisa/core/json.h"
+#include "cisa/core/plan.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/model_store.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -84,8 +84,7 @@ int cmd_calibrate(int argc, char** argv) {
             pages);
   p.add_choice("--criterion", &criterion, {"kl", "mass"},
                "winner by mean KL(p||pi) (default) or captured mass");
-  p.add_int("--positions", &positions, "sampled positions per document (default 64)",
-            {1, 1 << 20});
+  p.add_int("--positions", &positions, "sampled positions per document (default 64)", {1, 1 << 20});
   p.add_int("--seed", &seed, "position sampling seed (default 1)", {0, INT64_MAX});
   p.add_int("--tokens", &max_tokens, "tokens per document (default: the model's training context)",
             {0, kMaxContextTokens});

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "cisa/atomic_file.h"
-#include "cisa/indexer.h"
-#include "cisa/json.h"
-#include "cisa/model_store.h"
-#include "cisa/plan.h"
+#include "cisa/core/atomic_file.h"
+#include "cisa/core/json.h"
+#include "cisa/core/plan.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/model_store.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -110,7 +110,8 @@ int cmd_diagnose(int argc, char** argv) {
               "CISA selection diagnostics on real activations, per global layer (SPEC section 9).");
   std::string model_arg, indexer_path, text_path, plot_path;
   DiagnoseOptions o;
-  int64_t budget = 128, window = 32, sinks = 0, positions = 32, seed = 1, threads = 0, max_tokens = 0;
+  int64_t budget = 128, window = 32, sinks = 0, positions = 32, seed = 1, threads = 0,
+          max_tokens = 0;
   bool json = false, quiet = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
   p.alias("-m", "--model");

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "cisa/eval.h"
-#include "cisa/gguf.h"
-#include "cisa/json.h"
-#include "cisa/model_store.h"
+#include "cisa/core/json.h"
+#include "cisa/model/eval.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model_store.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -131,15 +131,18 @@ int cmd_eval(int argc, char** argv) {
     plan.resume = resume;
     plan.threads = static_cast<int>(threads);
     plan.prefill_block = static_cast<int>(prefill_block);
-    if (backend == "cuda" && kv == "f32") return fail("--backend cuda keeps K/V in bf16: drop --kv-dtype f32");
-    plan.kv_dtype = kv == "bf16" || (kv == "auto" && backend == "cuda") ? KvDtype::kBF16 : KvDtype::kF32;
+    if (backend == "cuda" && kv == "f32")
+      return fail("--backend cuda keeps K/V in bf16: drop --kv-dtype f32");
+    plan.kv_dtype =
+        kv == "bf16" || (kv == "auto" && backend == "cuda") ? KvDtype::kBF16 : KvDtype::kF32;
     auto factory = cli::backend_factory(backend);
     if (!factory.ok()) return fail(factory.status().message());
     plan.backend = *factory;
     plan.backend_name = backend;
     bool any_cal = false;
     for (const auto& c : plan.configs) any_cal = any_cal || c.calibrated;
-    if (any_cal && indexer_path.empty()) return fail("a configuration uses 'cal': give --indexer FILE");
+    if (any_cal && indexer_path.empty())
+      return fail("a configuration uses 'cal': give --indexer FILE");
     if (!indexer_path.empty()) {
       // Projections for every global layer; a config's dense layers simply do not use theirs.
       auto f = GgufFile::open(plan.model_path);

@@ -6,9 +6,9 @@
 #include <optional>
 #include <string>
 
-#include "cisa/gguf.h"
-#include "cisa/json.h"
-#include "cisa/model_store.h"
+#include "cisa/core/json.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model_store.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -212,7 +212,8 @@ int cmd_info(int argc, char** argv) {
   // Everything below comes from the file: control characters in it (terminal escape sequences)
   // are shown as \xNN, never sent to the terminal.
   const auto safe = [](std::string_view v) { return terminal_safe(v); };
-  std::printf("file          %s (%s)\n", safe(*path).c_str(), human_bytes(f.bytes().size()).c_str());
+  std::printf("file          %s (%s)\n", safe(*path).c_str(),
+              human_bytes(f.bytes().size()).c_str());
   std::printf("format        GGUF v%u, alignment %llu\n", f.version(),
               static_cast<unsigned long long>(f.alignment()));
   std::printf("architecture  %s", arch.empty() ? "(none)" : safe(arch).c_str());

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cisa/model_store.h"
+#include "cisa/model/model_store.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"

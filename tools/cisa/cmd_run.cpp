@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "cisa/generate.h"
-#include "cisa/json.h"
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/sampling.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/json.h"
+#include "cisa/model/generate.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/sampling.h"
+#include "cisa/model/tokenizer.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"

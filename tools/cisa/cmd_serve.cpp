@@ -11,10 +11,10 @@
 #include <string>
 #include <thread>
 
-#include "cisa/gguf.h"
-#include "cisa/model.h"
-#include "cisa/model_store.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "cisa/model/tokenizer.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "model_cli.h"
@@ -49,8 +49,8 @@ Result<std::unique_ptr<Model>> load_for_serving(const std::string& path, ModelCl
     CISA_ASSIGN_OR_RETURN(mopt.attention.index,
                           load_index_projections(o.indexer, f, hp, mopt.attention.dense_layers));
   }
-  *model_note = std::string(model_arch_name(hp.arch)) + ", context " +
-                std::to_string(o.context) + " x " + std::to_string(parallel) + " sequences, " +
+  *model_note = std::string(model_arch_name(hp.arch)) + ", context " + std::to_string(o.context) +
+                " x " + std::to_string(parallel) + " sequences, " +
                 attention_mode_name(mopt.attention.mode) + " attention";
   return Model::load(path, mopt);
 }
@@ -97,8 +97,10 @@ int cmd_serve(int argc, char** argv) {
   add_model_options(p, &mo);
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
   if (host != "127.0.0.1" && host != "localhost" && host != "::1")
-    std::fprintf(stderr, "cisa serve: warning: listening on %s, beyond this machine; the server "
-                         "has no authentication\n", host.c_str());
+    std::fprintf(stderr,
+                 "cisa serve: warning: listening on %s, beyond this machine; the server "
+                 "has no authentication\n",
+                 host.c_str());
 
   auto path = resolve_model(model_arg);
   if (!path.ok()) return fail(path.status().message());

@@ -1,8 +1,8 @@
 // cisa traffic — the attention-traffic model of SPEC §8.
 #include <cstdio>
 
-#include "cisa/json.h"
-#include "cisa/traffic.h"
+#include "cisa/core/json.h"
+#include "cisa/core/traffic.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -26,7 +26,10 @@ Json point_json(const TrafficPoint& x) {
 // The check table of SPEC §8: N = 2^20, B = 16, no window.
 int print_check_table(bool json) {
   Json rows = Json::array();
-  if (!json) std::printf("| k | nominal | G=1 (decode) | G=4 end | G=32 end | G=4 full |\n|---|---|---|---|---|---|\n");
+  if (!json)
+    std::printf(
+        "| k | nominal | G=1 (decode) | G=4 end | G=32 end | G=4 full "
+        "|\n|---|---|---|---|---|---|\n");
   for (int64_t k : {8192, 4096, 2048}) {
     TrafficParams p{.context = 1 << 20, .budget = k, .window = 0, .qshare = 4, .page = 16};
     const double r1 = ceiling_ratio(p, 1), r4 = ceiling_ratio(p, 4), r32 = ceiling_ratio(p, 32);
@@ -52,10 +55,11 @@ int print_check_table(bool json) {
 }  // namespace
 
 int cmd_traffic(int argc, char** argv) {
-  ArgParser a("cisa traffic",
-              "Elements of K, V and representatives read per query position, per KV group and layer,\n"
-              "dense against CISA (SPEC section 8): at the end of a prefill, summed over a whole prefill,\n"
-              "and for one decode step; with and without the recent window and current-page tail.");
+  ArgParser a(
+      "cisa traffic",
+      "Elements of K, V and representatives read per query position, per KV group and layer,\n"
+      "dense against CISA (SPEC section 8): at the end of a prefill, summed over a whole prefill,\n"
+      "and for one decode step; with and without the recent window and current-page tail.");
   TrafficParams p;
   bool json = false, table = false;
   a.add_int("--context", &p.context, "context length N in tokens", {1, kMaxTrafficContext});
@@ -95,20 +99,22 @@ int cmd_traffic(int argc, char** argv) {
     print_json(j);
     return 0;
   }
-  std::printf("context N=%lld  k=%lld  W=%lld  G=%lld  B=%lld  d=%lld   nominal compression %.2fx\n\n",
-              (long long)p.context, (long long)p.budget, (long long)p.window, (long long)p.qshare,
-              (long long)p.page, (long long)p.head_dim, r.nominal);
+  std::printf(
+      "context N=%lld  k=%lld  W=%lld  G=%lld  B=%lld  d=%lld   nominal compression %.2fx\n\n",
+      (long long)p.context, (long long)p.budget, (long long)p.window, (long long)p.qshare,
+      (long long)p.page, (long long)p.head_dim, r.nominal);
   std::printf("%-26s %16s %16s %10s %16s %10s %10s\n", "", "dense elems", "CISA elems", "ratio",
               "CISA no W/tail", "ratio", "ceiling");
   auto row = [](const char* name, const TrafficPoint& x, double ceil) {
-    std::printf("%-26s %16.4g %16.4g %9.2fx %16.4g %9.2fx %9.2fx\n", name, x.dense, x.cisa, x.ratio(),
-                x.cisa_no_window, x.ratio_no_window(), ceil);
+    std::printf("%-26s %16.4g %16.4g %9.2fx %16.4g %9.2fx %9.2fx\n", name, x.dense, x.cisa,
+                x.ratio(), x.cisa_no_window, x.ratio_no_window(), ceil);
   };
   row("end of prefill (G)", r.end, r.ceiling_end);
   row("whole prefill (G)", r.prefill, r.ceiling_prefill);
   row("decode step (G=1)", r.decode, r.ceiling_decode);
-  std::printf("\nceilings: closed forms of SPEC section 8 (no window, no tail); elements per query\n"
-              "position, per KV group and layer (whole prefill: summed over all N positions).\n");
+  std::printf(
+      "\nceilings: closed forms of SPEC section 8 (no window, no tail); elements per query\n"
+      "position, per KV group and layer (whole prefill: summed over all N positions).\n");
   return 0;
 }
 

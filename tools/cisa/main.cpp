@@ -20,9 +20,12 @@ const Command kCommands[] = {
     {"info", cisa::cli::cmd_info, "print a GGUF model's architecture, metadata and tensor types"},
     {"pull", cisa::cli::cmd_pull, "download a supported model into the models directory"},
     {"run", cisa::cli::cmd_run, "generate text with a GGUF model (dense or CISA attention)"},
-    {"calibrate", cisa::cli::cmd_calibrate, "choose CISA index projections on calibration text (SPEC 6)"},
-    {"diagnose", cisa::cli::cmd_diagnose, "CISA selection diagnostics on real activations (SPEC 9)"},
-    {"eval", cisa::cli::cmd_eval, "quality of CISA against dense: RULER-style tasks, long-document likelihood"},
+    {"calibrate", cisa::cli::cmd_calibrate,
+     "choose CISA index projections on calibration text (SPEC 6)"},
+    {"diagnose", cisa::cli::cmd_diagnose,
+     "CISA selection diagnostics on real activations (SPEC 9)"},
+    {"eval", cisa::cli::cmd_eval,
+     "quality of CISA against dense: RULER-style tasks, long-document likelihood"},
 #endif
 #ifdef CISA_WITH_SERVER
     {"serve", cisa::cli::cmd_serve, "OpenAI-compatible server with continuous batching"},
@@ -30,7 +33,8 @@ const Command kCommands[] = {
 };
 
 void usage() {
-  std::printf("usage: cisa <command> [options]   (cisa <command> --help for details)\n\ncommands:\n");
+  std::printf(
+      "usage: cisa <command> [options]   (cisa <command> --help for details)\n\ncommands:\n");
   for (const auto& c : kCommands) std::printf("  %-10s %s\n", c.name, c.summary);
 }
 

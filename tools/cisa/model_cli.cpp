@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "cisa/gguf.h"
-#include "cisa/indexer.h"
-#include "cisa/tokenizer.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/indexer.h"
+#include "cisa/model/tokenizer.h"
 #ifdef CISA_WITH_CUDA_MODEL
-#include "cisa/cuda_backend.h"
-#include "cisa/cuda_model_backend.h"
+#include "cisa/cuda/backend.h"
+#include "cisa/cuda/model_backend.h"
 #endif
 
 namespace cisa::cli {
@@ -29,16 +29,19 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
                "KV cache element type (default: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},
                "attention on global layers (default dense)");
-  p.add_int("--budget", &o->budget, "CISA: chunks chosen by top-k (default: model context / 256; 128 at 32K)");
-  p.add_int("--window", &o->window, "CISA: recent pages always attended (default: model context / 1024; 32 at 32K)");
+  p.add_int("--budget", &o->budget,
+            "CISA: chunks chosen by top-k (default: model context / 256; 128 at 32K)");
+  p.add_int("--window", &o->window,
+            "CISA: recent pages always attended (default: model context / 1024; 32 at 32K)");
   p.add_int("--qshare", &o->qshare, "CISA: prefill positions sharing one selection (default 16)");
   p.add_choice("--qshare-query", &o->qshare_query, {"mean", "last"},
                "CISA: the group's index query");
   p.add_int("--sink-pages", &o->sink_pages, "CISA: first pages always attended (default 0)");
   p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
   p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
-  p.add_string("--indexer", &o->indexer,
-               "CISA: indexer file from cisa calibrate (default: mean of each group's query heads)");
+  p.add_string(
+      "--indexer", &o->indexer,
+      "CISA: indexer file from cisa calibrate (default: mean of each group's query heads)");
   p.add_flag("--no-mmap", &o->no_mmap,
              "read the model file into memory instead of mapping it (safe if the file changes)");
   p.add_flag("--llamacpp-numerics", &o->llamacpp_numerics,
@@ -49,9 +52,10 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
 void add_synthetic_option(ArgParser& p, ModelCliOptions* o, bool with_prompt_tokens) {
   std::string names;
   for (const std::string& n : synthetic_model_names()) names += (names.empty() ? "" : ", ") + n;
-  p.add_string("--synthetic", &o->synthetic,
-               "a synthetic model instead of a file: random weights of a public shape, speed only (" +
-                   names + ")");
+  p.add_string(
+      "--synthetic", &o->synthetic,
+      "a synthetic model instead of a file: random weights of a public shape, speed only (" +
+          names + ")");
   if (with_prompt_tokens)
     p.add_int("--prompt-tokens", &o->synthetic_prompt_tokens,
               "with --synthetic: prompt length in tokens (random ids; there is no tokenizer)");
@@ -67,8 +71,7 @@ bool cuda_model_backend_built() {
 
 Result<BackendFactory> backend_factory(const std::string& name) {
   if (name == "cpu") return BackendFactory{};
-  if (name != "cuda")
-    return invalid_argument("--backend must be cpu or cuda (got '" + name + "')");
+  if (name != "cuda") return invalid_argument("--backend must be cpu or cuda (got '" + name + "')");
 #ifdef CISA_WITH_CUDA_MODEL
   std::string why;
   if (!cuda::device_available(&why))
@@ -98,7 +101,8 @@ void scale_cisa_defaults(ModelCliOptions* o, int64_t n_ctx_train) {
 
 Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   ModelOptions m;
-  if (o.attention == "cisa" && (o.budget == ModelCliOptions::kUnset || o.window == ModelCliOptions::kUnset))
+  if (o.attention == "cisa" &&
+      (o.budget == ModelCliOptions::kUnset || o.window == ModelCliOptions::kUnset))
     return invalid_argument("CISA budget and window are unset (scale_cisa_defaults not called)");
   if (o.threads < 0 || o.threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
   m.threads = static_cast<int>(o.threads);
@@ -108,13 +112,14 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   m.prefill_block = static_cast<int>(o.prefill_block);
   CISA_ASSIGN_OR_RETURN(m.backend, backend_factory(o.backend));
   const bool cuda = o.backend == "cuda";
-  CISA_ASSIGN_OR_RETURN(m.kv_dtype,
-                        parse_kv_dtype(o.kv_dtype == "auto" ? (cuda ? "bf16" : "f32") : o.kv_dtype));
+  CISA_ASSIGN_OR_RETURN(
+      m.kv_dtype, parse_kv_dtype(o.kv_dtype == "auto" ? (cuda ? "bf16" : "f32") : o.kv_dtype));
   if (cuda && m.kv_dtype != KvDtype::kBF16)
     return invalid_argument("--backend cuda keeps its KV cache in bf16: drop --kv-dtype " +
                             o.kv_dtype + " or use --kv-dtype bf16");
   if (cuda && o.llamacpp_numerics)
-    return invalid_argument("--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");
+    return invalid_argument(
+        "--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");
   CISA_ASSIGN_OR_RETURN(m.rep, parse_rep_kind(o.rep));
   m.attention.mode = o.attention == "cisa" ? AttentionMode::kCisa : AttentionMode::kDense;
   if (o.budget != ModelCliOptions::kUnset) m.attention.selection.budget = o.budget;
@@ -155,7 +160,8 @@ Result<LoadedModel> load_synthetic_for(ModelCliOptions o, int64_t n_generate) {
     return invalid_argument("--indexer: an indexer is calibrated for a model file; --synthetic " +
                             o.synthetic + " has none (drop --indexer)");
   if (o.synthetic_prompt_tokens < 1)
-    return invalid_argument("--synthetic has no tokenizer: give the prompt length with --prompt-tokens N");
+    return invalid_argument(
+        "--synthetic has no tokenizer: give the prompt length with --prompt-tokens N");
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic));
   scale_cisa_defaults(&o, hp.n_ctx_train);
   CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/json.h"
-#include "cisa/model.h"
-#include "cisa/status.h"
+#include "cisa/core/json.h"
+#include "cisa/core/status.h"
+#include "cisa/model/gguf.h"
+#include "cisa/model/model.h"
 #include "cli_args.h"
 
 namespace cisa::cli {
@@ -27,7 +27,7 @@ struct ModelCliOptions {
   int64_t threads = 0;
   int64_t context = 0;  // 0: prompt + generated tokens (rounded up to 256), at most the model's
   int64_t prefill_block = 512;
-  // "cpu" or "cuda" (the CUDA model backend, cuda_model_backend.h; needs a build with it and an
+  // "cpu" or "cuda" (the CUDA model backend, cuda/model_backend.h; needs a build with it and an
   // sm_90 GPU).
   std::string backend = "cpu";
   // "auto": f32 on the CPU backend, bf16 on CUDA (the only type its kernels take).
@@ -42,9 +42,10 @@ struct ModelCliOptions {
   static constexpr int64_t kUnset = INT64_MIN;
   int64_t budget = kUnset, window = kUnset, qshare = 16, sink_pages = 0, dense_layers = 0;
   std::string qshare_query = "mean", rep = "mean";
-  std::string indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
+  std::string
+      indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
   bool llamacpp_numerics = false;  // attention rounded exactly as llama.cpp's CPU code (slower)
-  bool no_mmap = false;  // read the GGUF into memory (ModelOptions::weights_load = kRead)
+  bool no_mmap = false;            // read the GGUF into memory (ModelOptions::weights_load = kRead)
   bool quiet = false;
 };
 

@@ -1,10 +1,10 @@
-// Device-to-device copy bandwidth and device facts (see cisa/cuda_bandwidth.h).
+// Device-to-device copy bandwidth and device facts (see cisa/cuda/bandwidth.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <string>
 
-#include "cisa/cuda_bandwidth.h"
+#include "cisa/cuda/bandwidth.h"
 
 namespace cisa::cuda {
 namespace {
@@ -54,16 +54,16 @@ Result<CopyBandwidth> measure_copy_bandwidth(int64_t bytes, int runs, int warmup
   const size_t n = static_cast<size_t>(bytes);
   CISA_RETURN_IF_ERROR(check(cudaMalloc(&s.src, n), "cudaMalloc (source)"));
   CISA_RETURN_IF_ERROR(check(cudaMalloc(&s.dst, n), "cudaMalloc (destination)"));
-  CISA_RETURN_IF_ERROR(check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
-                             "cudaStreamCreate"));
+  CISA_RETURN_IF_ERROR(
+      check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   CISA_RETURN_IF_ERROR(check(cudaEventCreate(&s.start), "cudaEventCreate"));
   CISA_RETURN_IF_ERROR(check(cudaEventCreate(&s.stop), "cudaEventCreate"));
   // Touch both buffers so no first-use cost lands in a timed copy.
   CISA_RETURN_IF_ERROR(check(cudaMemsetAsync(s.src, 0x3c, n, s.stream), "cudaMemset"));
   CISA_RETURN_IF_ERROR(check(cudaMemsetAsync(s.dst, 0, n, s.stream), "cudaMemset"));
   for (int i = 0; i < warmup; ++i)
-    CISA_RETURN_IF_ERROR(
-        check(cudaMemcpyAsync(s.dst, s.src, n, cudaMemcpyDeviceToDevice, s.stream), "warm-up copy"));
+    CISA_RETURN_IF_ERROR(check(cudaMemcpyAsync(s.dst, s.src, n, cudaMemcpyDeviceToDevice, s.stream),
+                               "warm-up copy"));
   CISA_RETURN_IF_ERROR(check(cudaStreamSynchronize(s.stream), "warm-up"));
 
   CopyBandwidth out;

@@ -1,6 +1,6 @@
 // CudaBackend, part 2: the paged KV cache on the device.
 //
-// Per layer, bf16 pools in the layout of cuda_backend.h's DeviceLayer (and of kv_cache.h):
+// Per layer, bf16 pools in the layout of cuda/backend.h's DeviceLayer (and of kv_cache.h):
 //   K, V:            [num_pages][num_kv_heads][16][head_dim]
 //   representatives: [num_pages][num_kv_heads][rep_width]   (rep layers only)
 // A PageTable (page_table.h) keeps sequences, block tables and the free list on the host, so
@@ -27,8 +27,9 @@ constexpr int kPageSize = 16;  // the attention kernels' page tile
 
 Status validate_config(const KvCacheConfig& c) {
   if (c.dtype != KvDtype::kBF16)
-    return unimplemented(std::string("cuda create_cache: K/V dtype ") + kv_dtype_name(c.dtype) +
-                         " is not supported (the device cache holds bf16: set KvCacheConfig::dtype to bf16)");
+    return unimplemented(
+        std::string("cuda create_cache: K/V dtype ") + kv_dtype_name(c.dtype) +
+        " is not supported (the device cache holds bf16: set KvCacheConfig::dtype to bf16)");
   if (c.page_size != kPageSize)
     return unimplemented("cuda create_cache: page_size " + std::to_string(c.page_size) +
                          " is not supported (the kernels need 16)");
@@ -36,13 +37,15 @@ Status validate_config(const KvCacheConfig& c) {
     return unimplemented("cuda create_cache: head_dim " + std::to_string(c.head_dim) +
                          " is not supported (64, 128 or 256)");
   if (c.num_layers <= 0) return invalid_argument("cuda create_cache: num_layers must be positive");
-  if (c.num_kv_heads <= 0) return invalid_argument("cuda create_cache: num_kv_heads must be positive");
+  if (c.num_kv_heads <= 0)
+    return invalid_argument("cuda create_cache: num_kv_heads must be positive");
   if (c.num_pages <= 0 || c.num_pages > std::numeric_limits<int32_t>::max())
-    return invalid_argument("cuda create_cache: num_pages must be in [1, 2^31) (got " + std::to_string(c.num_pages) +
-                            ")");
+    return invalid_argument("cuda create_cache: num_pages must be in [1, 2^31) (got " +
+                            std::to_string(c.num_pages) + ")");
   if (!c.rep_layers.empty() && c.rep_layers.size() != static_cast<size_t>(c.num_layers))
-    return invalid_argument("cuda create_cache: rep_layers has " + std::to_string(c.rep_layers.size()) +
-                            " entries for " + std::to_string(c.num_layers) + " layers");
+    return invalid_argument("cuda create_cache: rep_layers has " +
+                            std::to_string(c.rep_layers.size()) + " entries for " +
+                            std::to_string(c.num_layers) + " layers");
   return Status::Ok();
 }
 
@@ -55,7 +58,8 @@ std::string gib(double bytes) {
 }  // namespace
 
 Status CudaBackend::require_cache(const char* op) const {
-  if (!has_cache_) return failed_precondition(std::string("cuda ") + op + ": create_cache was not called");
+  if (!has_cache_)
+    return failed_precondition(std::string("cuda ") + op + ": create_cache was not called");
   return Status::Ok();
 }
 
@@ -79,11 +83,14 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
   CISA_RETURN_IF_ERROR(validate_config(config));
   // Sizes in double first: a configuration too large for int64 byte counts is just too large.
   const int rep_width = config.rep == RepKind::kQuest ? 2 * config.head_dim : config.head_dim;
-  const double kv_d = static_cast<double>(config.num_pages) * config.num_kv_heads * kPageSize * config.head_dim * 2;
+  const double kv_d =
+      static_cast<double>(config.num_pages) * config.num_kv_heads * kPageSize * config.head_dim * 2;
   const double rep_d = static_cast<double>(config.num_pages) * config.num_kv_heads * rep_width * 2;
   double needed = 0;
   for (int l = 0; l < config.num_layers; ++l)
-    needed += 2 * kv_d + (config.rep_layers.empty() || config.rep_layers[static_cast<size_t>(l)] ? rep_d : 0.0);
+    needed +=
+        2 * kv_d +
+        (config.rep_layers.empty() || config.rep_layers[static_cast<size_t>(l)] ? rep_d : 0.0);
   // The old cache (if any) goes first: its memory counts as free for the new one.
   CISA_RETURN_IF_ERROR(synchronize());
   for (Slot& s : slots_) s.planned = false;
@@ -92,12 +99,14 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
   mirrored_ = false;
   const int64_t free_now = free_memory();
   if (needed > static_cast<double>(free_now))
-    return resource_exhausted("cuda create_cache: " + std::to_string(config.num_pages) + " pages x " +
-                              std::to_string(config.num_layers) + " layers need " + gib(needed) + " (" +
+    return resource_exhausted("cuda create_cache: " + std::to_string(config.num_pages) +
+                              " pages x " + std::to_string(config.num_layers) + " layers need " +
+                              gib(needed) + " (" +
                               std::to_string(static_cast<uint64_t>(std::min(needed, 1.8e19))) +
-                              " bytes) of device memory; " + gib(static_cast<double>(free_now)) + " (" +
-                              std::to_string(free_now) + " bytes) free");
-  const auto kv_bytes = static_cast<int64_t>(kv_d), rep_bytes = static_cast<int64_t>(rep_d);  // ≤ free: exact
+                              " bytes) of device memory; " + gib(static_cast<double>(free_now)) +
+                              " (" + std::to_string(free_now) + " bytes) free");
+  const auto kv_bytes = static_cast<int64_t>(kv_d),
+             rep_bytes = static_cast<int64_t>(rep_d);  // ≤ free: exact
   std::vector<LayerPools> pools(static_cast<size_t>(config.num_layers));
   for (int l = 0; l < config.num_layers; ++l) {
     LayerPools& p = pools[static_cast<size_t>(l)];
@@ -106,11 +115,14 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
     CISA_ASSIGN_OR_RETURN(p.v, DeviceMemory::allocate(kv_bytes, what + " values"));
     // Zeros, not garbage: masked positions of a partial page are multiplied by 0, and 0 · NaN
     // would not be 0.
-    CISA_RETURN_IF_ERROR(check_cuda(cudaMemsetAsync(p.k.get(), 0, static_cast<size_t>(kv_bytes), stream_), what));
-    CISA_RETURN_IF_ERROR(check_cuda(cudaMemsetAsync(p.v.get(), 0, static_cast<size_t>(kv_bytes), stream_), what));
+    CISA_RETURN_IF_ERROR(
+        check_cuda(cudaMemsetAsync(p.k.get(), 0, static_cast<size_t>(kv_bytes), stream_), what));
+    CISA_RETURN_IF_ERROR(
+        check_cuda(cudaMemsetAsync(p.v.get(), 0, static_cast<size_t>(kv_bytes), stream_), what));
     if (config.rep_layers.empty() || config.rep_layers[static_cast<size_t>(l)]) {
       CISA_ASSIGN_OR_RETURN(p.reps, DeviceMemory::allocate(rep_bytes, what + " representatives"));
-      CISA_RETURN_IF_ERROR(check_cuda(cudaMemsetAsync(p.reps.get(), 0, static_cast<size_t>(rep_bytes), stream_), what));
+      CISA_RETURN_IF_ERROR(check_cuda(
+          cudaMemsetAsync(p.reps.get(), 0, static_cast<size_t>(rep_bytes), stream_), what));
     }
   }
   CISA_RETURN_IF_ERROR(synchronize());
@@ -152,15 +164,15 @@ Status CudaBackend::sync_block_tables() {
   const auto bytes = static_cast<int64_t>(h_tables_.size() * sizeof(int32_t));
   mirrored_ = false;  // until the upload below succeeds
   CISA_RETURN_IF_ERROR(d_tables_.reserve(bytes, "device block tables", stream_));
-  if (bytes > 0)
-    CISA_RETURN_IF_ERROR(upload(d_tables_.get(), h_tables_.data(), bytes));
+  if (bytes > 0) CISA_RETURN_IF_ERROR(upload(d_tables_.get(), h_tables_.data(), bytes));
   mirrored_ = true;
   mirrored_version_ = table_.version();
   ++mirror_generation_;
   return Status::Ok();
 }
 
-Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, const float* k, const float* v) {
+Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, const float* k,
+                              const float* v) {
   CISA_RETURN_IF_ERROR(require_cache("append_kv"));
   if (layer < 0 || layer >= config_.num_layers)
     return out_of_range("cuda append_kv: layer " + std::to_string(layer) + " outside [0, " +
@@ -175,8 +187,10 @@ Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, cons
     const BatchEntry& b = batch[e];
     const std::string where = "cuda append_kv: batch entry " + std::to_string(e) + ": ";
     if (b.count < 0) return invalid_argument(where + "negative count");
-    CISA_ASSIGN_OR_RETURN(const int64_t written, table_.tokens(layer, b.seq));  // checks the sequence
-    auto it = std::find_if(pending.begin(), pending.end(), [&](const auto& p) { return p.first == b.seq; });
+    CISA_ASSIGN_OR_RETURN(const int64_t written,
+                          table_.tokens(layer, b.seq));  // checks the sequence
+    auto it = std::find_if(pending.begin(), pending.end(),
+                           [&](const auto& p) { return p.first == b.seq; });
     if (it == pending.end()) {
       pending.emplace_back(b.seq, 0);
       it = std::prev(pending.end());
@@ -185,8 +199,9 @@ Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, cons
     CISA_ASSIGN_OR_RETURN(const int64_t capacity, table_.reserved(b.seq));
     if (w + b.count > capacity)
       return resource_exhausted(where + "sequence " + std::to_string(b.seq) + " has room for " +
-                                std::to_string(capacity) + " tokens; writing " + std::to_string(b.count) +
-                                " after " + std::to_string(w) + " needs reserve() first");
+                                std::to_string(capacity) + " tokens; writing " +
+                                std::to_string(b.count) + " after " + std::to_string(w) +
+                                " needs reserve() first");
     CISA_ASSIGN_OR_RETURN(std::span<const int32_t> pages, table_.block_table(b.seq));
     for (int64_t i = 0; i < b.count; ++i) {
       const int64_t pos = w + i;
@@ -202,15 +217,16 @@ Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, cons
   CISA_RETURN_IF_ERROR(d_slots_.reserve(rows * 8, "append_kv token slots", stream_));
   CISA_RETURN_IF_ERROR(upload(d_slots_.get(), h_slots_.data(), rows * 8));
   LayerPools& p = pools_[static_cast<size_t>(layer)];
-  CISA_RETURN_IF_ERROR(launched(detail::launch_append_kv(k, v, d_slots_.as<int64_t>(), rows, config_.num_kv_heads,
-                                                         config_.head_dim, p.k.as<uint16_t>(), p.v.as<uint16_t>(),
-                                                         stream_),
-                                "append_kv"));
+  CISA_RETURN_IF_ERROR(launched(
+      detail::launch_append_kv(k, v, d_slots_.as<int64_t>(), rows, config_.num_kv_heads,
+                               config_.head_dim, p.k.as<uint16_t>(), p.v.as<uint16_t>(), stream_),
+      "append_kv"));
   if (!h_full_pages_.empty()) {
     const auto n = static_cast<int64_t>(h_full_pages_.size());
     CISA_RETURN_IF_ERROR(d_full_pages_.reserve(n * 4, "append_kv filled pages", stream_));
     CISA_RETURN_IF_ERROR(upload(d_full_pages_.get(), h_full_pages_.data(), n * 4));
-    CISA_RETURN_IF_ERROR(run_update_reps(device_layer(layer), d_full_pages_.as<int32_t>(), n, stream_));
+    CISA_RETURN_IF_ERROR(
+        run_update_reps(device_layer(layer), d_full_pages_.as<int32_t>(), n, stream_));
   }
   for (const auto& [seq, n] : pending) CISA_RETURN_IF_ERROR(table_.mark_written(layer, seq, n));
   return Status::Ok();

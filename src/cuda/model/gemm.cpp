@@ -20,16 +20,16 @@ namespace cisa::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS' recommendation for Hopper
-constexpr size_t kMaxCachedShapes = 1024;             // prefill row counts vary; start over past this
+constexpr size_t kMaxCachedShapes = 1024;  // prefill row counts vary; start over past this
 
 Status blas_error(cublasStatus_t s, const char* what) {
-  return internal_error(std::string("cuda gemm: ") + what + " failed: " + cublasLtGetStatusName(s) + " (" +
-                        cublasLtGetStatusString(s) + ")");
+  return internal_error(std::string("cuda gemm: ") + what + " failed: " + cublasLtGetStatusName(s) +
+                        " (" + cublasLtGetStatusString(s) + ")");
 }
 
-#define CISA_BLAS_OK(expr, what)                          \
-  do {                                                    \
-    const cublasStatus_t blas_status_ = (expr);           \
+#define CISA_BLAS_OK(expr, what)                                                      \
+  do {                                                                                \
+    const cublasStatus_t blas_status_ = (expr);                                       \
     if (blas_status_ != CUBLAS_STATUS_SUCCESS) return blas_error(blas_status_, what); \
   } while (0)
 
@@ -94,7 +94,8 @@ struct Gemm::Impl {
     if (auto it = plans.find(key); it != plans.end()) return it->second.get();
     const auto [n, k, rows, ldy, align_w, align_x, align_y] = key;
     auto p = std::make_unique<Plan>();
-    const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k), ur = static_cast<uint64_t>(rows);
+    const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k),
+               ur = static_cast<uint64_t>(rows);
     CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, uk, un, k), "layout of W");
     CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uk, ur, k), "layout of x");
     CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, un, ur, ldy), "layout of y");
@@ -102,8 +103,8 @@ struct Gemm::Impl {
     cublasLtMatmulPreference_t pref = nullptr;
     CISA_BLAS_OK(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const uint64_t ws = kWorkspaceBytes;
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                            sizeof ws);
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     const uint32_t aligns[4] = {align_w, align_x, align_y, align_y};
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -113,15 +114,17 @@ struct Gemm::Impl {
     cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(handle, desc, p->a, p->b, p->c, p->c, pref, kCandidates, results, &found);
+      s = cublasLtMatmulAlgoGetHeuristic(handle, desc, p->a, p->b, p->c, p->c, pref, kCandidates,
+                                         results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS) return blas_error(s, "algorithm heuristic");
     if (found < 1 || results[0].state != CUBLAS_STATUS_SUCCESS)
-      return internal_error("cuda gemm: cuBLASLt has no bf16 → f32 algorithm for n = " + std::to_string(n) +
-                            ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) + ", ldy = " +
-                            std::to_string(ldy) + " (alignments " + std::to_string(align_w) + "/" +
-                            std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
-                            cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
+      return internal_error(
+          "cuda gemm: cuBLASLt has no bf16 → f32 algorithm for n = " + std::to_string(n) +
+          ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
+          ", ldy = " + std::to_string(ldy) + " (alignments " + std::to_string(align_w) + "/" +
+          std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
+          cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
     p->algo = results[0].algo;
     if (rows <= kTimedRowsMax && found > 1) p->algo = fastest(*p, results, found, call);
     if (plans.size() >= kMaxCachedShapes) plans.clear();
@@ -131,10 +134,11 @@ struct Gemm::Impl {
   // The fastest of the heuristic's candidates on this call's own operands (each run once to warm
   // up, then timed over kTimedRuns with events on the call's stream; the result is overwritten by
   // the call itself). The heuristic's first pick when the stream is being captured or timing fails.
-  cublasLtMatmulAlgo_t fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int found,
-                               const Call& call) {
+  cublasLtMatmulAlgo_t fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* cand,
+                               int found, const Call& call) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    if (cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
       cudaGetLastError();
       return cand[0].algo;
     }
@@ -147,16 +151,18 @@ struct Gemm::Impl {
     }
     const float alpha = 1.0f, beta = 0.0f;
     auto run = [&](const cublasLtMatmulAlgo_t& a) {
-      return cublasLtMatmul(handle, desc, &alpha, call.w, p.a, call.x, p.b, &beta, call.y, p.c, call.y, p.c, &a,
-                            workspace, kWorkspaceBytes, call.stream);
+      return cublasLtMatmul(handle, desc, &alpha, call.w, p.a, call.x, p.b, &beta, call.y, p.c,
+                            call.y, p.c, &a, workspace, kWorkspaceBytes, call.stream);
     };
     cublasLtMatmulAlgo_t best = cand[0].algo;
     float best_ms = -1.0f;
     for (int i = 0; i < found; ++i) {
-      if (cand[i].state != CUBLAS_STATUS_SUCCESS || run(cand[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+      if (cand[i].state != CUBLAS_STATUS_SUCCESS || run(cand[i].algo) != CUBLAS_STATUS_SUCCESS)
+        continue;
       bool ok = cudaEventRecord(ev[0], call.stream) == cudaSuccess;
       for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(cand[i].algo) == CUBLAS_STATUS_SUCCESS;
-      ok = ok && cudaEventRecord(ev[1], call.stream) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess;
+      ok = ok && cudaEventRecord(ev[1], call.stream) == cudaSuccess &&
+           cudaEventSynchronize(ev[1]) == cudaSuccess;
       float ms = 0.0f;
       ok = ok && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess;
       if (!ok) {
@@ -180,37 +186,44 @@ Gemm::~Gemm() = default;
 Result<std::unique_ptr<Gemm>> Gemm::create() {
   auto impl = std::make_unique<Impl>();
   CISA_BLAS_OK(cublasLtCreate(&impl->handle), "cublasLtCreate");
-  CISA_BLAS_OK(cublasLtMatmulDescCreate(&impl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul description");
+  CISA_BLAS_OK(cublasLtMatmulDescCreate(&impl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "matmul description");
   const cublasOperation_t trans_w = CUBLAS_OP_T, trans_x = CUBLAS_OP_N;
-  CISA_BLAS_OK(cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w, sizeof trans_w),
+  CISA_BLAS_OK(cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w,
+                                              sizeof trans_w),
                "transpose of W");
-  CISA_BLAS_OK(cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_x, sizeof trans_x),
+  CISA_BLAS_OK(cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_x,
+                                              sizeof trans_x),
                "transpose of x");
   const cudaError_t err = cudaMalloc(&impl->workspace, kWorkspaceBytes);
   if (err != cudaSuccess) {
     impl->workspace = nullptr;
-    const std::string m = std::string("cuda gemm: workspace of ") + std::to_string(kWorkspaceBytes >> 20) +
-                          " MiB: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+    const std::string m = std::string("cuda gemm: workspace of ") +
+                          std::to_string(kWorkspaceBytes >> 20) + " MiB: " + cudaGetErrorName(err) +
+                          " (" + cudaGetErrorString(err) + ")";
     cudaGetLastError();
     return err == cudaErrorMemoryAllocation ? resource_exhausted(m) : unavailable(m);
   }
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
 
-Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y, int64_t ldy,
-                 void* stream) {
+Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
+                 int64_t ldy, void* stream) {
   if (n < 1 || k < 1 || rows < 0 || ldy < n)
-    return invalid_argument("cuda gemm: bad shape n = " + std::to_string(n) + ", k = " + std::to_string(k) +
-                            ", rows = " + std::to_string(rows) + ", ldy = " + std::to_string(ldy) +
+    return invalid_argument("cuda gemm: bad shape n = " + std::to_string(n) +
+                            ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
+                            ", ldy = " + std::to_string(ldy) +
                             " (need n, k >= 1, rows >= 0, ldy >= n)");
   if (rows == 0) return Status::Ok();
   if (!w || !x || !y) return invalid_argument("cuda gemm: null W, x or y pointer");
   std::lock_guard<std::mutex> lock(impl_->mu);
   const ShapeKey key{n, k, rows, ldy, alignment_of(w), alignment_of(x), alignment_of(y)};
-  CISA_ASSIGN_OR_RETURN(const Plan* p, impl_->plan(key, {w, x, y, static_cast<cudaStream_t>(stream)}));
+  CISA_ASSIGN_OR_RETURN(const Plan* p,
+                        impl_->plan(key, {w, x, y, static_cast<cudaStream_t>(stream)}));
   const float alpha = 1.0f, beta = 0.0f;
-  CISA_BLAS_OK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
-                              impl_->workspace, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
+  CISA_BLAS_OK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c,
+                              y, p->c, &p->algo, impl_->workspace, kWorkspaceBytes,
+                              static_cast<cudaStream_t>(stream)),
                "cublasLtMatmul");
   return Status::Ok();
 }

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa::cuda {
 

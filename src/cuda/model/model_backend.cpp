@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "cisa/bf16.h"
-#include "cisa/cuda_model_backend.h"
-#include "cisa/quant.h"
+#include "cisa/core/bf16.h"
+#include "cisa/cuda/model_backend.h"
+#include "cisa/model/quant.h"
 #include "model_backend_impl.h"
 #include "model_ops.cuh"
 
@@ -99,14 +99,16 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
 }
 
 Result<DeviceMemory> DeviceMemory::allocate(int64_t bytes, const std::string& what) {
-  if (bytes < 0) return invalid_argument("cuda: " + what + ": negative size " + std::to_string(bytes));
+  if (bytes < 0)
+    return invalid_argument("cuda: " + what + ": negative size " + std::to_string(bytes));
   const int64_t rounded = (std::max<int64_t>(bytes, 1) + 255) / 256 * 256;
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(rounded));
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     return resource_exhausted("cuda: " + what + " needs " + describe_bytes(rounded) +
-                              " of device memory; " + describe_bytes(device_free_bytes()) + " free");
+                              " of device memory; " + describe_bytes(device_free_bytes()) +
+                              " free");
   }
   CISA_RETURN_IF_ERROR(check_cuda(err, "cuda: allocating " + what));
   DeviceMemory m;
@@ -148,14 +150,16 @@ Status PinnedMemory::reserve(int64_t bytes, const char* what) {
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
   std::string why;
-  if (!device_available(&why)) return unavailable("cuda model backend: no usable device (" + why + ")");
+  if (!device_available(&why))
+    return unavailable("cuda model backend: no usable device (" + why + ")");
   int count = 0;
   CISA_RETURN_IF_ERROR(check_cuda(cudaGetDeviceCount(&count), "cuda: counting devices"));
   if (options.device < 0 || options.device >= count)
     return invalid_argument("cuda: device " + std::to_string(options.device) + " does not exist (" +
                             std::to_string(count) + " devices)");
   cudaDeviceProp prop{};
-  CISA_RETURN_IF_ERROR(check_cuda(cudaGetDeviceProperties(&prop, options.device), "cuda: device properties"));
+  CISA_RETURN_IF_ERROR(
+      check_cuda(cudaGetDeviceProperties(&prop, options.device), "cuda: device properties"));
   if (prop.major < 9)
     return unavailable("cuda: device " + std::to_string(options.device) + " (" + prop.name +
                        ") is older than compute capability 9.0");
@@ -163,7 +167,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = options.device;
   // A blocking stream: it stays ordered with the legacy default stream on which the attention
-  // planner (cuda_backend.h) uploads its metadata.
+  // planner (cuda/backend.h) uploads its metadata.
   CISA_RETURN_IF_ERROR(check_cuda(cudaStreamCreate(&be->stream_), "cuda: creating the stream"));
   be->description_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) +
                      std::to_string(prop.minor) + ")";
@@ -187,7 +191,9 @@ Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& option
 
 Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out) {
   auto* be = dynamic_cast<CudaBackend*>(&backend);
-  if (!be) return invalid_argument("download_slot_page_lists: not a CUDA model backend (" + backend.description() + ")");
+  if (!be)
+    return invalid_argument("download_slot_page_lists: not a CUDA model backend (" +
+                            backend.description() + ")");
   return be->download_page_lists(slot, out);
 }
 
@@ -203,8 +209,9 @@ Status CudaBackend::upload(void* dst, const void* host_src, int64_t bytes) {
   if (bytes == 0) return Status::Ok();
   if (!dst || !host_src) return invalid_argument("cuda upload: null pointer");
   // From pageable memory the copy returns once the source is staged: the caller may reuse it.
-  return check_cuda(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
-                    "cuda upload");
+  return check_cuda(
+      cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+      "cuda upload");
 }
 
 Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
@@ -213,7 +220,8 @@ Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
   if (!host_dst || !src) return invalid_argument("cuda download: null pointer");
   if (bytes < kPinnedDownloadMin) {
     CISA_RETURN_IF_ERROR(check_cuda(
-        cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_), "cuda download"));
+        cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
+        "cuda download"));
     return synchronize();
   }
   // Large copies (logits) go through two pinned chunks: the device fills chunk i + 1 while the host
@@ -229,24 +237,30 @@ Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
   const int64_t chunks = (bytes + kPinnedChunk - 1) / kPinnedChunk;
   auto issue = [&](int64_t c) -> Status {
     const int64_t off = c * kPinnedChunk, len = std::min(kPinnedChunk, bytes - off);
-    CISA_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(staging_[c % 2].get(), s + off, static_cast<size_t>(len),
-                                                    cudaMemcpyDeviceToHost, stream_),
-                                    "cuda download"));
+    CISA_RETURN_IF_ERROR(
+        check_cuda(cudaMemcpyAsync(staging_[c % 2].get(), s + off, static_cast<size_t>(len),
+                                   cudaMemcpyDeviceToHost, stream_),
+                   "cuda download"));
     return check_cuda(cudaEventRecord(staged_[c % 2], stream_), "cuda download: event");
   };
   CISA_RETURN_IF_ERROR(issue(0));
   for (int64_t c = 0; c < chunks; ++c) {
     if (c + 1 < chunks) CISA_RETURN_IF_ERROR(issue(c + 1));  // its buffer was copied out at c − 1
-    CISA_RETURN_IF_ERROR(check_cuda(cudaEventSynchronize(staged_[c % 2]), "cuda download: waiting"));
+    CISA_RETURN_IF_ERROR(
+        check_cuda(cudaEventSynchronize(staged_[c % 2]), "cuda download: waiting"));
     const int64_t off = c * kPinnedChunk, len = std::min(kPinnedChunk, bytes - off);
     std::memcpy(d + off, staging_[c % 2].get(), static_cast<size_t>(len));
   }
   return synchronize();
 }
 
-Status CudaBackend::synchronize() { return check_cuda(cudaStreamSynchronize(stream_), "cuda: stream synchronize"); }
+Status CudaBackend::synchronize() {
+  return check_cuda(cudaStreamSynchronize(stream_), "cuda: stream synchronize");
+}
 
-int64_t CudaBackend::free_memory() const { return device_free_bytes(); }
+int64_t CudaBackend::free_memory() const {
+  return device_free_bytes();
+}
 
 Result<uint16_t*> CudaBackend::bf16_scratch(int64_t n) {
   CISA_RETURN_IF_ERROR(scratch_bf16_.reserve(n * 2, "bf16 staging buffer", stream_));
@@ -256,9 +270,10 @@ Result<uint16_t*> CudaBackend::bf16_scratch(int64_t n) {
 Status CudaBackend::launched(cudaError_t err, const char* op) const {
   if (err == cudaErrorInvalidValue) {
     cudaGetLastError();
-    return invalid_argument(std::string("cuda ") + op +
-                            ": invalid arguments (a negative size, a null pointer with work to do, or a "
-                            "shape the kernel does not take)");
+    return invalid_argument(
+        std::string("cuda ") + op +
+        ": invalid arguments (a negative size, a null pointer with work to do, or a "
+        "shape the kernel does not take)");
   }
   return check_cuda(err, std::string("cuda ") + op);
 }
@@ -271,9 +286,10 @@ Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
     return invalid_argument("cuda bind_matrix: shape " + std::to_string(w.n_rows) + " x " +
                             std::to_string(w.n_cols) + " is out of range");
   const int64_t n_cols = w.n_cols;
-  CISA_ASSIGN_OR_RETURN(DeviceMemory mem,
-                        DeviceMemory::allocate(w.n_rows * n_cols * 2, "weights " + std::to_string(w.n_rows) + " x " +
-                                                                          std::to_string(n_cols) + " bf16"));
+  CISA_ASSIGN_OR_RETURN(
+      DeviceMemory mem,
+      DeviceMemory::allocate(w.n_rows * n_cols * 2, "weights " + std::to_string(w.n_rows) + " x " +
+                                                        std::to_string(n_cols) + " bf16"));
   // Rows are dequantised into one reused chunk and uploaded; the f32 row is the only other copy.
   const int64_t chunk_rows = std::clamp<int64_t>(kBindChunkBytes / (n_cols * 2), 1, w.n_rows);
   std::vector<float> row(static_cast<size_t>(n_cols));
@@ -287,10 +303,10 @@ Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
       uint16_t* dst = chunk.data() + r * n_cols;
       for (int64_t c = 0; c < n_cols; ++c) dst[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
     }
-    CISA_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(mem.as<uint16_t>() + r0 * n_cols, chunk.data(),
-                                                    static_cast<size_t>(nr * n_cols) * 2, cudaMemcpyHostToDevice,
-                                                    stream_),
-                                    "cuda bind_matrix: upload"));
+    CISA_RETURN_IF_ERROR(check_cuda(
+        cudaMemcpyAsync(mem.as<uint16_t>() + r0 * n_cols, chunk.data(),
+                        static_cast<size_t>(nr * n_cols) * 2, cudaMemcpyHostToDevice, stream_),
+        "cuda bind_matrix: upload"));
   }
   CISA_RETURN_IF_ERROR(synchronize());
   weight_bytes_ += w.n_rows * n_cols * 2;
@@ -298,13 +314,15 @@ Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
   return BackendMatrix{w.n_rows, n_cols, static_cast<int>(matrices_.size()) - 1};
 }
 
-Result<BackendMatrix> CudaBackend::random_matrix(int64_t rows, int64_t cols, uint64_t seed, float scale) {
+Result<BackendMatrix> CudaBackend::random_matrix(int64_t rows, int64_t cols, uint64_t seed,
+                                                 float scale) {
   if (rows <= 0 || cols <= 0 || rows > kMaxMatrixSide || cols > kMaxMatrixSide)
-    return invalid_argument("cuda random_matrix: shape " + std::to_string(rows) + " x " + std::to_string(cols) +
-                            " is out of range");
-  CISA_ASSIGN_OR_RETURN(DeviceMemory mem, DeviceMemory::allocate(rows * cols * 2, "random weights " +
-                                                                                      std::to_string(rows) + " x " +
-                                                                                      std::to_string(cols) + " bf16"));
+    return invalid_argument("cuda random_matrix: shape " + std::to_string(rows) + " x " +
+                            std::to_string(cols) + " is out of range");
+  CISA_ASSIGN_OR_RETURN(
+      DeviceMemory mem,
+      DeviceMemory::allocate(rows * cols * 2, "random weights " + std::to_string(rows) + " x " +
+                                                  std::to_string(cols) + " bf16"));
   CISA_RETURN_IF_ERROR(fill_random_bf16(mem.as<uint16_t>(), rows * cols, seed, scale, stream_));
   weight_bytes_ += rows * cols * 2;
   matrices_.push_back({std::move(mem), rows, cols});
@@ -321,27 +339,32 @@ Result<const float*> CudaBackend::bind_vector(std::span<const float> host_values
   return static_cast<const float*>(vectors_.back().get());
 }
 
-Result<const CudaBackend::DeviceMatrix*> CudaBackend::find_matrix(const BackendMatrix& m, const char* op) const {
+Result<const CudaBackend::DeviceMatrix*> CudaBackend::find_matrix(const BackendMatrix& m,
+                                                                  const char* op) const {
   if (m.id < 0 || static_cast<size_t>(m.id) >= matrices_.size())
     return invalid_argument(std::string("cuda ") + op + ": matrix id " + std::to_string(m.id) +
                             " is not bound to this backend");
   const DeviceMatrix& d = matrices_[static_cast<size_t>(m.id)];
   if (d.n_rows != m.n_rows || d.n_cols != m.n_cols)
-    return invalid_argument(std::string("cuda ") + op + ": matrix " + std::to_string(m.id) + " is " +
-                            std::to_string(d.n_rows) + " x " + std::to_string(d.n_cols) + ", not " +
-                            std::to_string(m.n_rows) + " x " + std::to_string(m.n_cols));
+    return invalid_argument(std::string("cuda ") + op + ": matrix " + std::to_string(m.id) +
+                            " is " + std::to_string(d.n_rows) + " x " + std::to_string(d.n_cols) +
+                            ", not " + std::to_string(m.n_rows) + " x " + std::to_string(m.n_cols));
   return &d;
 }
 
 // ---- operations ----
 
-Status CudaBackend::embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows, float scale, float* x) {
+Status CudaBackend::embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows,
+                          float scale, float* x) {
   CISA_ASSIGN_OR_RETURN(const DeviceMatrix* t, find_matrix(table, "embed"));
   // Tokens live on the device: one outside the vocabulary gives a row of NaN (model_ops.cuh).
-  return launched(detail::launch_embed(t->data(), tokens, rows, t->n_cols, scale, x, stream_, t->n_rows), "embed");
+  return launched(
+      detail::launch_embed(t->data(), tokens, rows, t->n_cols, scale, x, stream_, t->n_rows),
+      "embed");
 }
 
-Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows, int64_t ldy) {
+Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows,
+                           int64_t ldy) {
   CISA_ASSIGN_OR_RETURN(const DeviceMatrix* m, find_matrix(w, "matmul"));
   if (rows < 0) return invalid_argument("cuda matmul: negative row count");
   if (ldy == 0) ldy = m->n_rows;
@@ -352,26 +375,30 @@ Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int
   if (!x || !y) return invalid_argument("cuda matmul: null input or output");
   // x is f32; the GEMM multiplies bf16 with f32 accumulation.
   CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(rows * m->n_cols));
-  CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(x, xb, rows * m->n_cols, stream_), "matmul input to bf16"));
+  CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(x, xb, rows * m->n_cols, stream_),
+                                "matmul input to bf16"));
   return gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_);
 }
 
-Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps) {
+Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                             float eps) {
   if (rows > 0 && n <= 0) return invalid_argument("cuda rms_norm: row width must be positive");
   return launched(detail::launch_rms_norm(x, w, y, rows, n, eps, stream_), "rms_norm");
 }
 
-Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
-                         RopeStyle style) {
+Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* cos,
+                         const float* sin, RopeStyle style) {
   if (rows > 0 && (heads <= 0 || d <= 0 || d % 2 != 0))
     return invalid_argument("cuda rope: heads must be positive and d positive and even (got " +
                             std::to_string(heads) + " heads, d " + std::to_string(d) + ")");
-  return launched(detail::launch_rope(x, rows, heads, d, cos, sin, style == RopeStyle::kNeox, stream_), "rope");
+  return launched(
+      detail::launch_rope(x, rows, heads, d, cos, sin, style == RopeStyle::kNeox, stream_), "rope");
 }
 
-Status CudaBackend::gated_activation(Activation act, const float* gate, const float* up, float* out, int64_t rows,
-                                     int64_t n) {
-  return launched(detail::launch_gated_activation(act == Activation::kGeluTanh, gate, up, out, rows, n, stream_),
+Status CudaBackend::gated_activation(Activation act, const float* gate, const float* up, float* out,
+                                     int64_t rows, int64_t n) {
+  return launched(detail::launch_gated_activation(act == Activation::kGeluTanh, gate, up, out, rows,
+                                                  n, stream_),
                   "gated_activation");
 }
 
@@ -385,8 +412,9 @@ Status CudaBackend::round_f16(float* x, int64_t n) {
 
 Status CudaBackend::mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out) {
   if (rows > 0 && (hq <= 0 || hkv <= 0 || d <= 0 || hq % hkv != 0))
-    return invalid_argument("cuda mean_heads: " + std::to_string(hq) + " query heads are not a positive multiple of " +
-                            std::to_string(hkv) + " KV heads (d " + std::to_string(d) + ")");
+    return invalid_argument("cuda mean_heads: " + std::to_string(hq) +
+                            " query heads are not a positive multiple of " + std::to_string(hkv) +
+                            " KV heads (d " + std::to_string(d) + ")");
   return launched(detail::launch_mean_heads(q, rows, hq, hkv, d, out, stream_), "mean_heads");
 }
 
@@ -398,27 +426,33 @@ Status CudaBackend::fill_random(float* x, int64_t n, uint64_t seed, float scale)
   for (int64_t i0 = 0; i0 < n; i0 += kFillChunk) {
     const int64_t m = std::min(kFillChunk, n - i0);
     CISA_RETURN_IF_ERROR(fill_random_bf16(tmp, m, chunk_seed(seed, i0), scale, stream_));
-    CISA_RETURN_IF_ERROR(launched(detail::launch_bf16_to_f32(tmp, x + i0, m, stream_), "fill_random"));
+    CISA_RETURN_IF_ERROR(
+        launched(detail::launch_bf16_to_f32(tmp, x + i0, m, stream_), "fill_random"));
   }
   return Status::Ok();
 }
 
-Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* out) {
+Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int64_t width,
+                                float* out) {
   if (width < 0) return invalid_argument("cuda gather_rows: negative width");
   if (rows.empty() || width == 0) return Status::Ok();
   if (!x || !out) return invalid_argument("cuda gather_rows: null input or output");
   for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i] < 0) return invalid_argument("cuda gather_rows: row index " + std::to_string(i) + " is negative");
+    if (rows[i] < 0)
+      return invalid_argument("cuda gather_rows: row index " + std::to_string(i) + " is negative");
   const auto n = static_cast<int64_t>(rows.size());
   CISA_RETURN_IF_ERROR(d_gather_rows_.reserve(n * 8, "gather_rows indices", stream_));
   CISA_RETURN_IF_ERROR(upload(d_gather_rows_.get(), rows.data(), n * 8));
-  return launched(detail::launch_gather_rows(x, d_gather_rows_.as<int64_t>(), n, width, out, stream_), "gather_rows");
+  return launched(
+      detail::launch_gather_rows(x, d_gather_rows_.as<int64_t>(), n, width, out, stream_),
+      "gather_rows");
 }
 
 Status CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) {
   if (rows < 0 || n < 0) return invalid_argument("cuda argmax_rows: negative rows or width");
   if (n > std::numeric_limits<int32_t>::max())
-    return invalid_argument("cuda argmax_rows: rows of " + std::to_string(n) + " values do not fit int32 indices");
+    return invalid_argument("cuda argmax_rows: rows of " + std::to_string(n) +
+                            " values do not fit int32 indices");
   if (rows == 0) return Status::Ok();
   if (!out || (n > 0 && !x)) return invalid_argument("cuda argmax_rows: null input or output");
   return launched(detail::launch_argmax_rows(x, rows, n, out, stream_), "argmax_rows");

@@ -1,4 +1,4 @@
-// CudaBackend, part 3: attention over the Hopper path of cuda_backend.h.
+// CudaBackend, part 3: attention over the Hopper path of cuda/backend.h.
 //
 // plan() builds one cuda::Plan per slot and step: the batch is copied with BatchEntry::seq
 // replaced by the sequence's row of the device block tables, planned with plan_dense (full or
@@ -24,9 +24,12 @@ namespace {
 
 const char* slot_name(PlanSlot s) {
   switch (s) {
-    case PlanSlot::kGlobal: return "global";
-    case PlanSlot::kSliding: return "sliding";
-    case PlanSlot::kCisa: return "cisa";
+    case PlanSlot::kGlobal:
+      return "global";
+    case PlanSlot::kSliding:
+      return "sliding";
+    case PlanSlot::kCisa:
+      return "cisa";
   }
   return "?";
 }
@@ -45,16 +48,17 @@ const CudaBackend::Slot* CudaBackend::find_slot(PlanSlot slot) const {
 
 Status CudaBackend::build_plan(Slot& s, int q_heads) {
   if (s.spec.kind == PlanKind::kDense) {
-    CISA_RETURN_IF_ERROR(
-        plan_dense(device_layer(0), device_tables(), s.mapped, q_heads, s.spec.sliding_window, &s.plan));
+    CISA_RETURN_IF_ERROR(plan_dense(device_layer(0), device_tables(), s.mapped, q_heads,
+                                    s.spec.sliding_window, &s.plan));
   } else {
     int rep_layer = 0;
     while (rep_layer < config_.num_layers && !layer_has_reps(rep_layer)) ++rep_layer;
     if (rep_layer == config_.num_layers)
-      return failed_precondition("cuda plan: a CISA plan needs a layer with representatives (KvCacheConfig::rep_layers "
-                                 "marks none)");
-    CISA_RETURN_IF_ERROR(
-        plan_sparse(device_layer(rep_layer), device_tables(), s.mapped, q_heads, s.spec.selection, &s.plan));
+      return failed_precondition(
+          "cuda plan: a CISA plan needs a layer with representatives (KvCacheConfig::rep_layers "
+          "marks none)");
+    CISA_RETURN_IF_ERROR(plan_sparse(device_layer(rep_layer), device_tables(), s.mapped, q_heads,
+                                     s.spec.selection, &s.plan));
   }
   s.q_heads = q_heads;
   // Dense ranges, sinks, window and tail of every list: the same for every layer of the step.
@@ -63,9 +67,10 @@ Status CudaBackend::build_plan(Slot& s, int q_heads) {
 
 Status CudaBackend::check_plan_current(const Slot& s, const char* op) const {
   if (s.mirror_generation != mirror_generation_)
-    return failed_precondition(std::string("cuda ") + op +
-                               ": the block tables changed after the slot was planned (a later plan() saw a "
-                               "reserve or release); plan the slot again");
+    return failed_precondition(
+        std::string("cuda ") + op +
+        ": the block tables changed after the slot was planned (a later plan() saw a "
+        "reserve or release); plan the slot again");
   return Status::Ok();
 }
 
@@ -88,8 +93,10 @@ Status CudaBackend::plan(PlanSlot slot, std::span<const BatchEntry> batch, const
     if (b.count <= 0) return invalid_argument(where + "query count must be positive");
     CISA_ASSIGN_OR_RETURN(const int64_t reserved, table_.reserved(b.seq));
     if (b.first + b.count > reserved)
-      return out_of_range(where + "queries up to position " + std::to_string(b.first + b.count - 1) + " but sequence " +
-                          std::to_string(b.seq) + " has " + std::to_string(reserved) + " tokens reserved");
+      return out_of_range(where + "queries up to position " +
+                          std::to_string(b.first + b.count - 1) + " but sequence " +
+                          std::to_string(b.seq) + " has " + std::to_string(reserved) +
+                          " tokens reserved");
   }
   CISA_RETURN_IF_ERROR(sync_block_tables());
   s->spec = spec;
@@ -115,14 +122,15 @@ const std::vector<QueryGroup>& CudaBackend::plan_groups(PlanSlot slot) const {
 
 Status CudaBackend::check_written(const Slot& s, int layer, const char* op) const {
   if (layer < 0 || layer >= config_.num_layers)
-    return out_of_range(std::string("cuda ") + op + ": layer " + std::to_string(layer) + " outside [0, " +
-                        std::to_string(config_.num_layers) + ")");
+    return out_of_range(std::string("cuda ") + op + ": layer " + std::to_string(layer) +
+                        " outside [0, " + std::to_string(config_.num_layers) + ")");
   for (const BatchEntry& b : s.batch) {
     CISA_ASSIGN_OR_RETURN(const int64_t written, table_.tokens(layer, b.seq));
     if (b.first + b.count > written)
-      return failed_precondition(std::string("cuda ") + op + ": position " + std::to_string(b.first + b.count - 1) +
-                                 " of sequence " + std::to_string(b.seq) + " has no K/V in layer " +
-                                 std::to_string(layer) + " (" + std::to_string(written) + " tokens written)");
+      return failed_precondition(
+          std::string("cuda ") + op + ": position " + std::to_string(b.first + b.count - 1) +
+          " of sequence " + std::to_string(b.seq) + " has no K/V in layer " +
+          std::to_string(layer) + " (" + std::to_string(written) + " tokens written)");
   }
   return Status::Ok();
 }
@@ -141,11 +149,13 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   CISA_RETURN_IF_ERROR(run_select(s->plan, device_layer(layer), index_q, stream_));
   if (selects && !s->q_heads_known) {
     // Kept for the re-plan of the first attend (see the top of this file).
-    const int64_t bytes = s->rows * config_.num_kv_heads * config_.head_dim * int64_t{sizeof(float)};
+    const int64_t bytes =
+        s->rows * config_.num_kv_heads * config_.head_dim * int64_t{sizeof(float)};
     CISA_RETURN_IF_ERROR(s->saved_index_q.reserve(bytes, "saved index queries", stream_));
-    CISA_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s->saved_index_q.get(), index_q, static_cast<size_t>(bytes),
-                                                    cudaMemcpyDeviceToDevice, stream_),
-                                    "cuda select: saving the index queries"));
+    CISA_RETURN_IF_ERROR(
+        check_cuda(cudaMemcpyAsync(s->saved_index_q.get(), index_q, static_cast<size_t>(bytes),
+                                   cudaMemcpyDeviceToDevice, stream_),
+                   "cuda select: saving the index queries"));
     s->saved_valid = true;
   }
   s->selected = true;
@@ -154,24 +164,28 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
 }
 
 Status CudaBackend::set_page_lists(PlanSlot slot, const PageLists& lists) {
-  return unimplemented(std::string("cuda set_page_lists (slot ") + slot_name(slot) +
-                       "): host page lists from a PageSelector are not supported on the CUDA backend; use "
-                       "select(), or the CPU backend");
+  return unimplemented(
+      std::string("cuda set_page_lists (slot ") + slot_name(slot) +
+      "): host page lists from a PageSelector are not supported on the CUDA backend; use "
+      "select(), or the CPU backend");
 }
 
-Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_heads, const AttendParams& p,
-                           float* out) {
+Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_heads,
+                           const AttendParams& p, float* out) {
   Slot* s = find_slot(slot);
-  if (!s || !s->planned) return failed_precondition("cuda attend: the slot is not planned for this step");
+  if (!s || !s->planned)
+    return failed_precondition("cuda attend: the slot is not planned for this step");
   if (p.numerics == AttentionNumerics::kLlamaCpp)
-    return unimplemented("cuda attend: AttentionNumerics::kLlamaCpp (llama.cpp's f16 rounding order) runs on the "
-                         "CPU backend only");
+    return unimplemented(
+        "cuda attend: AttentionNumerics::kLlamaCpp (llama.cpp's f16 rounding order) runs on the "
+        "CPU backend only");
   CISA_RETURN_IF_ERROR(check_written(*s, layer, "attend"));
   CISA_RETURN_IF_ERROR(check_plan_current(*s, "attend"));
   const int hkv = config_.num_kv_heads;
   if (num_q_heads <= 0 || num_q_heads % hkv != 0)
-    return invalid_argument("cuda attend: " + std::to_string(num_q_heads) + " query heads are not a positive multiple of " +
-                            std::to_string(hkv) + " KV heads");
+    return invalid_argument("cuda attend: " + std::to_string(num_q_heads) +
+                            " query heads are not a positive multiple of " + std::to_string(hkv) +
+                            " KV heads");
   if (!q || !out) return invalid_argument("cuda attend: null query or output pointer");
   // The window is part of the plan (its page lists and the kernels' mask).
   const int64_t window = s->spec.kind == PlanKind::kDense ? s->spec.sliding_window : 0;
@@ -180,29 +194,32 @@ Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_h
                             " differs from the slot's planned window " + std::to_string(window));
   const bool cisa = s->spec.kind == PlanKind::kCisa;
   if (cisa && s->selected_layer != layer)
-    return failed_precondition("cuda attend: no page lists selected for layer " + std::to_string(layer) +
-                               " (call select() for it first)");
+    return failed_precondition("cuda attend: no page lists selected for layer " +
+                               std::to_string(layer) + " (call select() for it first)");
   if (num_q_heads != s->q_heads) {
     if (cisa && s->plan.selected_lists() > 0 && !s->saved_valid)
-      return failed_precondition("cuda attend: the query-head count changed from " + std::to_string(s->q_heads) +
-                                 " to " + std::to_string(num_q_heads) + " after select(); plan the slot again");
+      return failed_precondition("cuda attend: the query-head count changed from " +
+                                 std::to_string(s->q_heads) + " to " + std::to_string(num_q_heads) +
+                                 " after select(); plan the slot again");
     CISA_RETURN_IF_ERROR(build_plan(*s, num_q_heads));
     if (cisa && s->plan.selected_lists() > 0)
-      CISA_RETURN_IF_ERROR(
-          run_select(s->plan, device_layer(s->selected_layer), s->saved_index_q.as<float>(), stream_));
+      CISA_RETURN_IF_ERROR(run_select(s->plan, device_layer(s->selected_layer),
+                                      s->saved_index_q.as<float>(), stream_));
   }
   s->q_heads_known = true;
   known_q_heads_ = num_q_heads;
   const int64_t n = s->rows * num_q_heads * config_.head_dim;
   CISA_ASSIGN_OR_RETURN(uint16_t * qb, bf16_scratch(n));
-  CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(q, qb, n, stream_), "attend: queries to bf16"));
+  CISA_RETURN_IF_ERROR(
+      launched(detail::launch_f32_to_bf16(q, qb, n, stream_), "attend: queries to bf16"));
   return run_attention(s->plan, device_layer(layer), qb, p.scale, out, nullptr, stream_);
 }
 
 Status CudaBackend::download_page_lists(PlanSlot slot, PageLists* out) {
   if (!out) return invalid_argument("download_slot_page_lists: null output");
   const Slot* s = find_slot(slot);
-  if (!s || !s->planned) return failed_precondition("download_slot_page_lists: the slot is not planned");
+  if (!s || !s->planned)
+    return failed_precondition("download_slot_page_lists: the slot is not planned");
   CISA_RETURN_IF_ERROR(synchronize());
   return cuda::download_page_lists(s->plan, out);
 }

@@ -1,9 +1,9 @@
-// The CUDA model backend (cisa/cuda_model_backend.h) as a class: CudaBackend implements
+// The CUDA model backend (cisa/cuda/model_backend.h) as a class: CudaBackend implements
 // cisa::Backend on one device and one stream. Its parts live in three files:
 //   model_backend.cpp            memory, weights, the per-row operations, GEMMs, the factory
 //   device_kv_cache.cpp          the paged KV cache: device pools, PageTable, block-table mirror
 //   model_backend_attention.cpp  plan / select / attend over the Hopper attention path
-// Host C++ (C++20); kernels are reached through model_ops.cuh, gemm.h and cuda_backend.h.
+// Host C++ (C++20); kernels are reached through model_ops.cuh, gemm.h and cuda/backend.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "cisa/backend.h"
-#include "cisa/cuda_backend.h"
-#include "cisa/page_table.h"
+#include "cisa/core/backend.h"
+#include "cisa/core/page_table.h"
+#include "cisa/cuda/backend.h"
 #include "gemm.h"
 
 namespace cisa::cuda {
@@ -46,7 +46,10 @@ class DeviceMemory {
   // so no queued kernel still reads the old memory.
   Status reserve(int64_t bytes, const std::string& what, cudaStream_t stream);
   void* get() const { return ptr_; }
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   int64_t bytes() const { return bytes_; }
 
  private:
@@ -88,15 +91,18 @@ class CudaBackend final : public Backend {
 
   // ---- weights (model_backend.cpp) ----
   Result<BackendMatrix> bind_matrix(const WeightView& w) override;
-  Result<BackendMatrix> random_matrix(int64_t rows, int64_t cols, uint64_t seed, float scale) override;
+  Result<BackendMatrix> random_matrix(int64_t rows, int64_t cols, uint64_t seed,
+                                      float scale) override;
   Result<const float*> bind_vector(std::span<const float> host_values) override;
   int64_t weight_bytes() const override { return weight_bytes_; }
 
   // ---- operations (model_backend.cpp) ----
   Status embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows, float scale,
                float* x) override;
-  Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows, int64_t ldy) override;
-  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps) override;
+  Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows,
+                int64_t ldy) override;
+  Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                  float eps) override;
   Status rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
               RopeStyle style) override;
   Status gated_activation(Activation act, const float* gate, const float* up, float* out,
@@ -196,10 +202,10 @@ class CudaBackend final : public Backend {
     DeviceMemory reps;  // bf16 [num_pages][num_kv_heads][rep_width], rep layers only
   };
   std::vector<LayerPools> pools_;
-  DeviceMemory d_tables_;              // int32 [h_offsets_.back()]
-  std::vector<int32_t> h_tables_;      // host copy of the mirrored block tables
-  std::vector<int64_t> h_offsets_;     // CSR offsets, one row per live sequence + 1
-  std::vector<int32_t> seq_row_;       // SeqId → row of the mirror, −1 when not live
+  DeviceMemory d_tables_;           // int32 [h_offsets_.back()]
+  std::vector<int32_t> h_tables_;   // host copy of the mirrored block tables
+  std::vector<int64_t> h_offsets_;  // CSR offsets, one row per live sequence + 1
+  std::vector<int32_t> seq_row_;    // SeqId → row of the mirror, −1 when not live
   bool mirrored_ = false;
   uint64_t mirrored_version_ = 0;
   uint64_t mirror_generation_ = 0;

@@ -23,7 +23,8 @@ constexpr int kWarpRowMax = 1024;  // rms_norm: rows up to this length take one 
 
 template <int V>
 __global__ void embed_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ tokens,
-                             int64_t rows, int64_t n, int64_t n_vocab, float scale, float* __restrict__ x) {
+                             int64_t rows, int64_t n, int64_t n_vocab, float scale,
+                             float* __restrict__ x) {
   const int64_t nv = n / V, total = rows * nv;
   for (int64_t t = first_index(); t < total; t += grid_stride()) {
     const int64_t r = t / nv, c = (t % nv) * V;
@@ -84,7 +85,8 @@ __device__ __forceinline__ float rms_scale(float ss, int n, float eps) {
 
 // One warp per row (n ≤ kWarpRowMax): the shuffles order the reads of x before the writes of y.
 template <int V>
-__global__ void rms_norm_warp_kernel(const float* x, const float* w, float* y, int64_t rows, int n, float eps) {
+__global__ void rms_norm_warp_kernel(const float* x, const float* w, float* y, int64_t rows, int n,
+                                     float eps) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32; r < rows;
        r += int64_t(gridDim.x) * kRowsPerWarpBlock) {
@@ -95,7 +97,8 @@ __global__ void rms_norm_warp_kernel(const float* x, const float* w, float* y, i
 
 // One block per row: the barrier of the block sum orders the reads of x before the writes of y.
 template <int V>
-__global__ void rms_norm_block_kernel(const float* x, const float* w, float* y, int64_t rows, int n, float eps) {
+__global__ void rms_norm_block_kernel(const float* x, const float* w, float* y, int64_t rows, int n,
+                                      float eps) {
   __shared__ float partial[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -112,8 +115,8 @@ __global__ void rms_norm_block_kernel(const float* x, const float* w, float* y, 
 
 // One thread per rotated pair. The products are __fmul_rn so that nothing fuses them: each output
 // is fma(a, cos, −(b sin)) or fma(a, sin, b cos), bit for bit ops::rope_apply.
-__global__ void rope_kernel(float* __restrict__ x, int64_t rows, int heads, int d, const float* __restrict__ cs,
-                            const float* __restrict__ sn, bool neox) {
+__global__ void rope_kernel(float* __restrict__ x, int64_t rows, int heads, int d,
+                            const float* __restrict__ cs, const float* __restrict__ sn, bool neox) {
   const int half = d / 2;
   const int64_t total = rows * heads * half;
   for (int64_t t = first_index(); t < total; t += grid_stride()) {
@@ -151,8 +154,8 @@ __global__ void mean_heads_kernel(const float* __restrict__ q, int64_t rows, int
 }
 
 template <int V>
-__global__ void gather_rows_kernel(const float* __restrict__ x, const int64_t* __restrict__ rows, int64_t n,
-                                   int64_t width, float* __restrict__ out) {
+__global__ void gather_rows_kernel(const float* __restrict__ x, const int64_t* __restrict__ rows,
+                                   int64_t n, int64_t width, float* __restrict__ out) {
   const int64_t wv = width / V, total = n * wv;
   for (int64_t t = first_index(); t < total; t += grid_stride()) {
     const int64_t i = t / wv, c = (t % wv) * V;
@@ -163,7 +166,8 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, const int64_t* _
 template <int V>
 __global__ void append_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                  const int64_t* __restrict__ slots, int64_t rows, int num_kv_heads,
-                                 int head_dim, uint16_t* __restrict__ k_pool, uint16_t* __restrict__ v_pool) {
+                                 int head_dim, uint16_t* __restrict__ k_pool,
+                                 uint16_t* __restrict__ v_pool) {
   constexpr int B = tiles::kPageSize;
   const int dv = head_dim / V;
   const int64_t total = rows * num_kv_heads * dv;
@@ -190,16 +194,19 @@ cudaError_t launch_embed(const uint16_t* table, const int32_t* tokens, int64_t r
   if (!table || !tokens || !x) return cudaErrorInvalidValue;
   const bool x16 = aligned(x, 16);
   if (n % 8 == 0 && x16 && aligned(table, 16))
-    embed_kernel<8><<<blocks_for(rows * n / 8), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
+    embed_kernel<8><<<blocks_for(rows * n / 8), kThreads, 0, stream>>>(table, tokens, rows, n,
+                                                                       n_vocab, scale, x);
   else if (n % 4 == 0 && x16 && aligned(table, 8))
-    embed_kernel<4><<<blocks_for(rows * n / 4), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
+    embed_kernel<4><<<blocks_for(rows * n / 4), kThreads, 0, stream>>>(table, tokens, rows, n,
+                                                                       n_vocab, scale, x);
   else
-    embed_kernel<1><<<blocks_for(rows * n), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
+    embed_kernel<1>
+        <<<blocks_for(rows * n), kThreads, 0, stream>>>(table, tokens, rows, n, n_vocab, scale, x);
   return cudaGetLastError();
 }
 
-cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n, float eps,
-                            cudaStream_t stream) {
+cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                            float eps, cudaStream_t stream) {
   if (rows < 0 || n < 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (n == 0 || !x || !y) return cudaErrorInvalidValue;
@@ -207,22 +214,27 @@ cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t ro
   if (n <= kWarpRowMax) {
     const int64_t b = (rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
     const unsigned grid = static_cast<unsigned>(b > (1 << 20) ? (1 << 20) : b);
-    if (vec) rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
-    else rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+    if (vec)
+      rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+    else
+      rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
   } else {
     const unsigned grid = static_cast<unsigned>(rows > (1 << 20) ? (1 << 20) : rows);
-    if (vec) rms_norm_block_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
-    else rms_norm_block_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+    if (vec)
+      rms_norm_block_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+    else
+      rms_norm_block_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
   }
   return cudaGetLastError();
 }
 
-cudaError_t launch_rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
-                        bool neox, cudaStream_t stream) {
+cudaError_t launch_rope(float* x, int64_t rows, int heads, int d, const float* cos,
+                        const float* sin, bool neox, cudaStream_t stream) {
   if (rows < 0 || heads < 0 || d < 0 || d % 2 != 0) return cudaErrorInvalidValue;
   if (rows == 0 || heads == 0 || d == 0) return cudaSuccess;
   if (!x || !cos || !sin) return cudaErrorInvalidValue;
-  rope_kernel<<<blocks_for(rows * heads * (d / 2)), kThreads, 0, stream>>>(x, rows, heads, d, cos, sin, neox);
+  rope_kernel<<<blocks_for(rows * heads * (d / 2)), kThreads, 0, stream>>>(x, rows, heads, d, cos,
+                                                                           sin, neox);
   return cudaGetLastError();
 }
 
@@ -232,19 +244,22 @@ cudaError_t launch_mean_heads(const float* q, int64_t rows, int hq, int hkv, int
   if (rows == 0 || d == 0) return cudaSuccess;
   if (hkv == 0 || hq < hkv || hq % hkv != 0 || !q || !out) return cudaErrorInvalidValue;
   if (d % 4 == 0 && aligned(q, 16) && aligned(out, 16))
-    mean_heads_kernel<4><<<blocks_for(rows * hkv * (d / 4)), kThreads, 0, stream>>>(q, rows, hq, hkv, d, out);
+    mean_heads_kernel<4>
+        <<<blocks_for(rows * hkv * (d / 4)), kThreads, 0, stream>>>(q, rows, hq, hkv, d, out);
   else
-    mean_heads_kernel<1><<<blocks_for(rows * hkv * d), kThreads, 0, stream>>>(q, rows, hq, hkv, d, out);
+    mean_heads_kernel<1>
+        <<<blocks_for(rows * hkv * d), kThreads, 0, stream>>>(q, rows, hq, hkv, d, out);
   return cudaGetLastError();
 }
 
-cudaError_t launch_gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t width, float* out,
-                               cudaStream_t stream) {
+cudaError_t launch_gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t width,
+                               float* out, cudaStream_t stream) {
   if (n < 0 || width < 0) return cudaErrorInvalidValue;
   if (n == 0 || width == 0) return cudaSuccess;
   if (!x || !rows || !out) return cudaErrorInvalidValue;
   if (width % 4 == 0 && aligned(x, 16) && aligned(out, 16))
-    gather_rows_kernel<4><<<blocks_for(n * (width / 4)), kThreads, 0, stream>>>(x, rows, n, width, out);
+    gather_rows_kernel<4>
+        <<<blocks_for(n * (width / 4)), kThreads, 0, stream>>>(x, rows, n, width, out);
   else
     gather_rows_kernel<1><<<blocks_for(n * width), kThreads, 0, stream>>>(x, rows, n, width, out);
   return cudaGetLastError();
@@ -314,7 +329,8 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t rows, in
 
 }  // namespace
 
-cudaError_t launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream) {
+cudaError_t launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out,
+                               cudaStream_t stream) {
   if (rows < 0 || n < 0 || n > INT32_MAX) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (!out || (n > 0 && !x)) return cudaErrorInvalidValue;
@@ -330,7 +346,8 @@ cudaError_t launch_append_kv(const float* k, const float* v, const int64_t* slot
   if (rows == 0 || num_kv_heads == 0 || head_dim == 0) return cudaSuccess;
   if (!k || !v || !slots || !k_pool || !v_pool) return cudaErrorInvalidValue;
   const int64_t work = rows * num_kv_heads;
-  if (head_dim % 4 == 0 && aligned(k, 16) && aligned(v, 16) && aligned(k_pool, 8) && aligned(v_pool, 8))
+  if (head_dim % 4 == 0 && aligned(k, 16) && aligned(v, 16) && aligned(k_pool, 8) &&
+      aligned(v_pool, 8))
     append_kv_kernel<4><<<blocks_for(work * (head_dim / 4)), kThreads, 0, stream>>>(
         k, v, slots, rows, num_kv_heads, head_dim, k_pool, v_pool);
   else

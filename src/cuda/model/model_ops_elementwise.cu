@@ -19,7 +19,9 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   const float u2 = 2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x);
   return x / (1.0f + expf(-u2));
 }
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
 
 template <bool Gelu, int V>
 __global__ void gated_kernel(const float* gate, const float* up, float* out, int64_t n) {
@@ -68,7 +70,8 @@ __global__ void round_f16_kernel(float* x, int64_t n) {
 }
 
 template <int V>
-__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
+                                   int64_t n) {
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -81,7 +84,8 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __rest
 }
 
 template <int V>
-__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ y, int64_t n) {
+__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ y,
+                                   int64_t n) {
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -95,8 +99,8 @@ __global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __rest
 
 }  // namespace
 
-cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out, int64_t rows,
-                                    int64_t n, cudaStream_t stream) {
+cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out,
+                                    int64_t rows, int64_t n, cudaStream_t stream) {
   if (rows < 0 || n < 0) return cudaErrorInvalidValue;
   const int64_t total = rows * n;
   if (total == 0) return cudaSuccess;
@@ -104,11 +108,15 @@ cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* u
   const bool vec = aligned(gate, 16) && aligned(up, 16) && aligned(out, 16);
   const unsigned grid = blocks_for(vec ? total / 4 + 3 : total);
   if (gelu) {
-    if (vec) gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
-    else gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    if (vec)
+      gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    else
+      gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
   } else {
-    if (vec) gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
-    else gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    if (vec)
+      gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+    else
+      gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
   }
   return cudaGetLastError();
 }
@@ -117,8 +125,10 @@ cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream)
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!y || !x) return cudaErrorInvalidValue;
-  if (aligned(y, 16) && aligned(x, 16)) add_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(y, x, n);
-  else add_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  if (aligned(y, 16) && aligned(x, 16))
+    add_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(y, x, n);
+  else
+    add_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
   return cudaGetLastError();
 }
 
@@ -126,8 +136,10 @@ cudaError_t launch_round_f16(float* x, int64_t n, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x) return cudaErrorInvalidValue;
-  if (aligned(x, 16)) round_f16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, n);
-  else round_f16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, n);
+  if (aligned(x, 16))
+    round_f16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, n);
+  else
+    round_f16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, n);
   return cudaGetLastError();
 }
 
@@ -135,8 +147,10 @@ cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStrea
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x || !y) return cudaErrorInvalidValue;
-  if (aligned(x, 16) && aligned(y, 8)) f32_to_bf16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
-  else f32_to_bf16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  if (aligned(x, 16) && aligned(y, 8))
+    f32_to_bf16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+  else
+    f32_to_bf16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   return cudaGetLastError();
 }
 
@@ -144,8 +158,10 @@ cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStrea
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x || !y) return cudaErrorInvalidValue;
-  if (aligned(x, 8) && aligned(y, 16)) bf16_to_f32_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
-  else bf16_to_f32_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  if (aligned(x, 8) && aligned(y, 16))
+    bf16_to_f32_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+  else
+    bf16_to_f32_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,6 @@
 // Shared pieces of the model_ops kernels (model_ops.cu, model_ops_elementwise.cu): the block size,
-// grid sizing for grid-stride loops, alignment tests, and V-wide f32 / bf16 accesses (V ∈ {1, 4, 8})
-// that compile to one 4-, 8- or 16-byte load or store.
+// grid sizing for grid-stride loops, alignment tests, and V-wide f32 / bf16 accesses (V ∈ {1, 4,
+// 8}) that compile to one 4-, 8- or 16-byte load or store.
 //
 //   const Vec<4> a = load_f32<4>(x + i);   // x + i 16-byte aligned
 //   store_bf16<4>(y + i, a);                // y + i 8-byte aligned
@@ -23,10 +23,16 @@ inline unsigned blocks_for(int64_t work) {
   return static_cast<unsigned>(b < 1 ? 1 : b > (1 << 20) ? (1 << 20) : b);
 }
 
-inline bool aligned(const void* p, unsigned bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+inline bool aligned(const void* p, unsigned bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
-__device__ __forceinline__ int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+__device__ __forceinline__ int64_t first_index() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+  return int64_t(gridDim.x) * blockDim.x;
+}
 
 // V consecutive floats / bf16 values as one access (V ∈ {1, 4, 8}; 8 only for bf16 loads).
 template <int V>

@@ -1,5 +1,5 @@
-// cisa/json.h — JSON values (nlohmann::ordered_json) and the project's one way to print and read
-// them: `--json` output, result files, eval result lines.
+// cisa/core/json.h — JSON values (nlohmann::ordered_json) and the project's one way to print and
+// read them: `--json` output, result files, eval result lines.
 //
 //   cisa::Json j = cisa::Json::object();
 //   j["context"] = 65536;
@@ -25,7 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

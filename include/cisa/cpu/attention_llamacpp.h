@@ -1,4 +1,4 @@
-// cisa/attention_llamacpp.h — attention over page lists with llama.cpp's CPU numerics
+// cisa/cpu/attention_llamacpp.h — attention over page lists with llama.cpp's CPU numerics
 // (conformance).
 //
 // The same function as attend() (attention.h): every query head attends to the tokens of its
@@ -25,10 +25,10 @@
 #include <cstdint>
 #include <span>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/status.h"
-#include "cisa/thread_pool.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/cpu/kv_cache.h"
 
 namespace cisa {
 

@@ -1,4 +1,4 @@
-// cisa/indexer.h — the CISA indexer of SPEC §2 and §6: which index projection W̃ each
+// cisa/model/indexer.h — the CISA indexer of SPEC §2 and §6: which index projection W̃ each
 // (global layer, KV group) uses, how it was chosen (calibration by attention-distribution matching,
 // no gradients), and the small versioned file that carries the choice from `cisa calibrate` to
 // `cisa run`.
@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "cisa/model.h"
-#include "cisa/status.h"
+#include "cisa/core/status.h"
+#include "cisa/model/model.h"
 
 namespace cisa {
 

@@ -1,4 +1,4 @@
-// cisa/tokenizer.h — text <-> token IDs for GGUF models, driven only by the file's metadata.
+// cisa/model/tokenizer.h — text <-> token IDs for GGUF models, driven only by the file's metadata.
 //
 // Two tokenizer families are supported, chosen by `tokenizer.ggml.model`:
 //  - "llama": SentencePiece-style (Gemma 3). Spaces become U+2581, adjacent symbols are merged
@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

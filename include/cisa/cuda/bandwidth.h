@@ -1,4 +1,4 @@
-// cisa/cuda_bandwidth.h — the GPU's measured copy bandwidth, the ceiling a memory-bound decode
+// cisa/cuda/bandwidth.h — the GPU's measured copy bandwidth, the ceiling a memory-bound decode
 // step (the whole model: weights + attended K/V + representatives) is judged against, and the
 // device facts a benchmark's JSON records. No CUDA includes: the CLI uses it without nvcc.
 //
@@ -17,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa::cuda {
 
 struct CopyBandwidth {
-  double gb_per_s = 0;        // 2 · bytes / median time, 10^9 bytes per second
-  double median_ms = 0;       // one copy
-  int64_t bytes = 0;          // size of each buffer (bytes read = bytes written = this)
+  double gb_per_s = 0;          // 2 · bytes / median time, 10^9 bytes per second
+  double median_ms = 0;         // one copy
+  int64_t bytes = 0;            // size of each buffer (bytes read = bytes written = this)
   std::vector<double> runs_ms;  // every timed copy, in order
 };
 
@@ -36,7 +36,7 @@ Result<CopyBandwidth> measure_copy_bandwidth(int64_t bytes = int64_t{2} << 30, i
 
 // What a benchmark's JSON says about the device it ran on.
 struct DeviceFacts {
-  std::string name;         // "NVIDIA H200"
+  std::string name;  // "NVIDIA H200"
   int compute_major = 0, compute_minor = 0;
   int sms = 0;
   int64_t total_memory = 0;  // bytes

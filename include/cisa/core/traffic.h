@@ -1,5 +1,5 @@
-// cisa/traffic.h — the attention-traffic model of SPEC §8: elements of K, V and representatives
-// read per query position, per KV group, per layer, dense against CISA.
+// cisa/core/traffic.h — the attention-traffic model of SPEC §8: elements of K, V and
+// representatives read per query position, per KV group, per layer, dense against CISA.
 //
 //   dense(t) = 2·t·d
 //   cisa(t)  = 2·d·(k·B + W·B + τ) + |E_t|·d / G      (τ ≤ B: tokens of the current page)
@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
-#include "cisa/plan.h"
-#include "cisa/status.h"
+#include "cisa/core/plan.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 
@@ -27,10 +27,10 @@ struct TrafficParams {
 };
 
 // Bounds of the model's inputs: within them every count is exact in int64 and no ratio overflows.
-inline constexpr int64_t kMaxTrafficContext = int64_t{1} << 40;  // tokens
-inline constexpr int64_t kMaxTrafficPages = kMaxSelectionPages;  // k, W, G (plan.h)
-inline constexpr int64_t kMaxTrafficPageSize = int64_t{1} << 20; // B
-inline constexpr int64_t kMaxTrafficHeadDim = int64_t{1} << 16;  // d
+inline constexpr int64_t kMaxTrafficContext = int64_t{1} << 40;   // tokens
+inline constexpr int64_t kMaxTrafficPages = kMaxSelectionPages;   // k, W, G (plan.h)
+inline constexpr int64_t kMaxTrafficPageSize = int64_t{1} << 20;  // B
+inline constexpr int64_t kMaxTrafficHeadDim = int64_t{1} << 16;   // d
 
 // Errors name the parameter, its accepted range and the value given.
 Status validate_traffic_params(const TrafficParams& p);
@@ -42,14 +42,14 @@ double dense_elements(int64_t t, const TrafficParams& p);
 double cisa_elements(int64_t t, const TrafficParams& p, int64_t qshare, bool with_window_tail);
 
 // Closed forms of SPEC §8; both ceilings are 1 when kB ≥ N (every position reads as dense).
-double nominal_compression(const TrafficParams& p);  // N / (kB)
+double nominal_compression(const TrafficParams& p);            // N / (kB)
 double ceiling_ratio(const TrafficParams& p, int64_t qshare);  // 1 / (ρ + 1/(2BG)), ρ = kB/N
 double prefill_ceiling_ratio(const TrafficParams& p, int64_t qshare);  // R_full
 
 struct TrafficPoint {
-  double dense = 0;          // elements
-  double cisa = 0;           // with window and tail
-  double cisa_no_window = 0; // without window and tail
+  double dense = 0;           // elements
+  double cisa = 0;            // with window and tail
+  double cisa_no_window = 0;  // without window and tail
   double ratio() const { return dense / cisa; }
   double ratio_no_window() const { return dense / cisa_no_window; }
 };

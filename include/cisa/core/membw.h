@@ -1,4 +1,4 @@
-// cisa/membw.h — measures this machine's memory read bandwidth, the ceiling that memory-bound
+// cisa/core/membw.h — measures this machine's memory read bandwidth, the ceiling that memory-bound
 // attention (decode) is judged against.
 //
 //   cisa::ThreadPool pool(0);
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cisa/thread_pool.h"
+#include "cisa/core/thread_pool.h"
 
 namespace cisa {
 

@@ -1,4 +1,4 @@
-// cisa/thread_pool.h — a fixed set of worker threads for data-parallel loops.
+// cisa/core/thread_pool.h — a fixed set of worker threads for data-parallel loops.
 //
 // Owned by whoever runs work (an engine, a model, a benchmark); there is no global pool.
 //
@@ -6,17 +6,17 @@
 //   pool.parallel_for(n_tasks, [&](int64_t task, int thread) { work(task, scratch[thread]); });
 //
 // parallel_for blocks until every task ran. Idle workers spin for a few tens of microseconds before
-// sleeping, so the back-to-back loops of a decode step do not pay a wake-up each. Tasks are handed out dynamically (an atomic counter),
-// so uneven tasks balance. The calling thread takes part as thread 0. Not re-entrant: a task must
-// not call parallel_for on the same pool.
+// sleeping, so the back-to-back loops of a decode step do not pay a wake-up each. Tasks are handed
+// out dynamically (an atomic counter), so uneven tasks balance. The calling thread takes part as
+// thread 0. Not re-entrant: a task must not call parallel_for on the same pool.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <type_traits>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace cisa {

@@ -1,7 +1,7 @@
-// cisa/plan.h — SPEC §3–§4 and §8 as code, once, for every backend: selection parameters and
+// cisa/core/plan.h — SPEC §3–§4 and §8 as code, once, for every backend: selection parameters and
 // their bounds, eligible chunks, the cut of a batch into query groups (dense prefix, then QShare
 // groups of G), the size and layout of every page list, dense plans, and the pages a plan reads.
-// The CPU engine (selection.h, attention.h) and the CUDA backend (cuda_backend.h) both call these;
+// The CPU engine (selection.h, attention.h) and the CUDA backend (cuda/backend.h) both call these;
 // neither restates them.
 //
 //   cisa::SelectionParams p{.budget = 256, .window = 32, .qshare = 16};
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/page_table.h"
-#include "cisa/status.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/page_table.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 
@@ -29,9 +29,9 @@ const char* qshare_query_name(QShareQuery q);
 Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last"
 
 struct SelectionParams {
-  int64_t budget = 0;      // k: chunks chosen by top-k
-  int64_t window = 128;    // W: recent pages always attended
-  int64_t qshare = 1;      // G: positions sharing one selection (decode: 1)
+  int64_t budget = 0;    // k: chunks chosen by top-k
+  int64_t window = 128;  // W: recent pages always attended
+  int64_t qshare = 1;    // G: positions sharing one selection (decode: 1)
   QShareQuery qshare_query = QShareQuery::kMean;
   int64_t sink_pages = 0;  // first n chunks always attended, not counted in k
 };

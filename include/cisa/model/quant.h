@@ -1,4 +1,5 @@
-// cisa/quant.h — quantised tensor types: dequantisation and the fused quantised matrix products.
+// cisa/model/quant.h — quantised tensor types: dequantisation and the fused quantised matrix
+// products.
 //
 // Weights stay in their GGUF block format. A product y = W x first quantises the activations x to
 // 8-bit blocks (32 elements with an f16 scale, or 256 with an f32 scale for the K-quants), then
@@ -22,9 +23,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "cisa/gguf.h"
-#include "cisa/status.h"
-#include "cisa/thread_pool.h"
+#include "cisa/core/status.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/model/gguf.h"
 
 namespace cisa {
 

@@ -1,4 +1,4 @@
-// cisa/eval.h — quality evaluation of CISA against dense attention (issue 5): RULER-style
+// cisa/model/eval.h — quality evaluation of CISA against dense attention (issue 5): RULER-style
 // synthetic tasks written for base models, their scorers, long-document likelihood, the
 // configurations compared, and the statistics of the report.
 //
@@ -28,12 +28,12 @@
 #include <string_view>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/model.h"
-#include "cisa/selection.h"
-#include "cisa/status.h"
-#include "cisa/thread_pool.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/cpu/selection.h"
+#include "cisa/model/model.h"
 
 namespace cisa::eval {
 

@@ -1,4 +1,4 @@
-// cisa/diagnostics.h — selection diagnostics of SPEC §9 (the paper's appendix B.3) and the
+// cisa/core/diagnostics.h — selection diagnostics of SPEC §9 (the paper's appendix B.3) and the
 // distribution comparisons of SPEC §6, as plain functions over per-chunk attention mass.
 //
 // The caller computes, from real activations, the dense attention mass of each chunk for one
@@ -25,7 +25,8 @@ std::vector<double> chunk_mass(std::span<const std::span<const double>> head_pro
 double captured_mass(std::span<const double> mass, std::span<const int32_t> chunks);
 
 // The k chunks of [first, end) with the largest mass (ties: smaller index), ascending.
-std::vector<int32_t> oracle_topk(std::span<const double> mass, int64_t first, int64_t end, int64_t k);
+std::vector<int32_t> oracle_topk(std::span<const double> mass, int64_t first, int64_t end,
+                                 int64_t k);
 
 // |A ∩ B| / min(|A|, |B|); 1 when both are empty.
 double selection_overlap(std::span<const int32_t> a, std::span<const int32_t> b);

@@ -1,4 +1,4 @@
-// cisa/gguf.h — a bounds-checked reader for GGUF model files (versions 2 and 3).
+// cisa/model/gguf.h — a bounds-checked reader for GGUF model files (versions 2 and 3).
 //
 // A GGUF file is a header, a table of typed metadata key/values, a table of tensor descriptions
 // and an aligned data section (docs/gguf.md describes the layout). GgufFile parses all of it up
@@ -32,7 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

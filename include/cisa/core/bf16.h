@@ -1,4 +1,4 @@
-// cisa/bf16.h — bfloat16 storage type: the top 16 bits of an IEEE float32.
+// cisa/core/bf16.h — bfloat16 storage type: the top 16 bits of an IEEE float32.
 //
 //   uint16_t h = cisa::f32_to_bf16(1.5f);   // round to nearest even
 //   float x = cisa::bf16_to_f32(h);         // exact widening

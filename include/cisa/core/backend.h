@@ -1,4 +1,4 @@
-// cisa/backend.h — the one seam between the model runtime and the hardware it runs on.
+// cisa/core/backend.h — the one seam between the model runtime and the hardware it runs on.
 //
 // A Backend owns the memory a model runs in (weights, activations, the paged KV cache) and runs
 // the operations of a forward step on it. cisa::Model writes each architecture's layers once, as
@@ -23,8 +23,9 @@
 //   cisa::BackendMatrix wq = *be->bind_matrix(weight_view);        // at load
 //   auto q = *be->allocate(rows * n_head * d * sizeof(float));     // activations
 //   CISA_RETURN_IF_ERROR(be->matmul(wq, xn, q->f32(), rows));       // y = W x, per row
-//   CISA_RETURN_IF_ERROR(be->plan(cisa::PlanSlot::kGlobal, batch, {.kind = cisa::PlanKind::kDense}));
-//   CISA_RETURN_IF_ERROR(be->attend(cisa::PlanSlot::kGlobal, layer, q->f32(), n_head, ap, att));
+//   CISA_RETURN_IF_ERROR(be->plan(cisa::PlanSlot::kGlobal, batch, {.kind =
+//   cisa::PlanKind::kDense})); CISA_RETURN_IF_ERROR(be->attend(cisa::PlanSlot::kGlobal, layer,
+//   q->f32(), n_head, ap, att));
 #pragma once
 
 #include <cstdint>
@@ -34,19 +35,19 @@
 #include <string>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/page_table.h"
-#include "cisa/plan.h"
-#include "cisa/quant.h"
-#include "cisa/status.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/page_table.h"
+#include "cisa/core/plan.h"
+#include "cisa/core/status.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/model/quant.h"
 
 namespace cisa {
 
 class ThreadPool;
 
 enum class BackendKind { kCpu, kCuda };
-const char* backend_kind_name(BackendKind k);           // "cpu", "cuda"
+const char* backend_kind_name(BackendKind k);  // "cpu", "cuda"
 Result<BackendKind> parse_backend_kind(const std::string& s);
 
 // Which dimensions RoPE rotates together: NEOX pairs dimension i with i + d/2 (Gemma), NORM
@@ -83,8 +84,8 @@ enum class PlanSlot { kGlobal, kSliding, kCisa };
 enum class PlanKind { kDense, kCisa };
 struct PlanSpec {
   PlanKind kind = PlanKind::kDense;
-  int64_t sliding_window = 0;        // kDense: 0 for full attention, else t − window < s ≤ t
-  SelectionParams selection;         // kCisa
+  int64_t sliding_window = 0;  // kDense: 0 for full attention, else t − window < s ≤ t
+  SelectionParams selection;   // kCisa
 };
 
 struct AttendParams {
@@ -129,8 +130,8 @@ class Backend {
 
   // ---- operations on f32 rows ----
   // x[r] = table[tokens[r]] · scale; tokens: backend int32 [rows], x: [rows][table.n_cols].
-  virtual Status embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows,
-                       float scale, float* x) = 0;
+  virtual Status embed(const BackendMatrix& table, const int32_t* tokens, int64_t rows, float scale,
+                       float* x) = 0;
   // y[r·ldy + o] = Σ_c W[o][c] · x[r·w.n_cols + c]; ldy 0 means w.n_rows.
   virtual Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows,
                         int64_t ldy = 0) = 0;
@@ -139,8 +140,8 @@ class Backend {
                           float eps) = 0;
   // Rotates `heads` head vectors of d values in every row by that row's angles:
   // x: [rows][heads][d], cos/sin: [rows][d/2] (backend memory).
-  virtual Status rope(float* x, int64_t rows, int heads, int d, const float* cos,
-                      const float* sin, RopeStyle style) = 0;
+  virtual Status rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
+                      RopeStyle style) = 0;
   // out[r][i] = act(gate[r][i]) · up[r][i] over rows of n; out may alias gate or up.
   virtual Status gated_activation(Activation act, const float* gate, const float* up, float* out,
                                   int64_t rows, int64_t n) = 0;
@@ -148,7 +149,8 @@ class Backend {
   virtual Status add(float* y, const float* x, int64_t n) = 0;
   // x[i] = the IEEE half value nearest x[i] (llama.cpp's f16 KV cache numerics).
   virtual Status round_f16(float* x, int64_t n) = 0;
-  // out[r][g] = mean over the heads h of KV group g of q[r][h]: q [rows][hq][d], out [rows][hkv][d].
+  // out[r][g] = mean over the heads h of KV group g of q[r][h]: q [rows][hq][d], out
+  // [rows][hkv][d].
   virtual Status mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out) = 0;
   // n pseudo-random values (deterministic in seed, roughly normal, standard deviation `scale`):
   // synthetic K/V and activations for benchmarks.

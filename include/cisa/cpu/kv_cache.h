@@ -1,4 +1,4 @@
-// cisa/kv_cache.h — the paged KV cache and its representative cache.
+// cisa/cpu/kv_cache.h — the paged KV cache and its representative cache.
 //
 // A pool of fixed-size physical pages (B = page_size tokens each, 16 by default) shared by many
 // sequences. Each sequence owns a block table mapping its logical pages (chunk j = positions
@@ -16,7 +16,8 @@
 //   cisa::SeqId s = *cache->add_sequence();
 //   CISA_RETURN_IF_ERROR(cache->reserve(s, n));            // room for n more tokens, all layers
 //   for (int l = 0; l < 2; ++l)
-//     CISA_RETURN_IF_ERROR(cache->append(l, s, n, k[l], v[l]));  // k, v: [n][num_kv_heads][head_dim]
+//     CISA_RETURN_IF_ERROR(cache->append(l, s, n, k[l], v[l]));  // k, v:
+//     [n][num_kv_heads][head_dim]
 //
 // Every failing call returns a Status and leaves the cache unchanged and usable.
 #pragma once
@@ -27,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/page_table.h"
-#include "cisa/plan.h"
-#include "cisa/status.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/page_table.h"
+#include "cisa/core/plan.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

@@ -1,5 +1,5 @@
-// cisa/generate.h — the generation loop: prompts in, sampled tokens and text out, for any number
-// of requests batched on one Model. `cisa run`, `cisa eval` and a server all drive this.
+// cisa/model/generate.h — the generation loop: prompts in, sampled tokens and text out, for any
+// number of requests batched on one Model. `cisa run`, `cisa eval` and a server all drive this.
 //
 //   cisa::GenerationRequest r{.prompt = model->tokenizer().encode("Once upon a time", true),
 //                             .max_tokens = 32, .sampling = {.greedy = true}};
@@ -17,10 +17,11 @@
 // GeneratorOptions::prefill_chunk at most that many prompt rows per step, the rest in later
 // steps — sequences of different lengths side by side. Requests carrying different attention
 // settings (GenerationRequest::attention) never share a step: each step serves the settings of
-// the running request that has waited longest. A finished request drops out and its sequence is released at
-// once, so a waiting request can take it in the next step. At most ModelOptions::max_sequences
-// requests run at once (the KV cache holds that many full-context sequences, so a running request
-// never runs out of pages); the rest wait in the order they were added.
+// the running request that has waited longest. A finished request drops out and its sequence is
+// released at once, so a waiting request can take it in the next step. At most
+// ModelOptions::max_sequences requests run at once (the KV cache holds that many full-context
+// sequences, so a running request never runs out of pages); the rest wait in the order they were
+// added.
 //
 // Context. A prompt must leave room for one generated token (prompt < context(), else add() fails
 // with kOutOfRange before any work). Prompt and output together never exceed context(): a request
@@ -47,10 +48,10 @@
 #include <string_view>
 #include <vector>
 
-#include "cisa/model.h"
-#include "cisa/sampling.h"
-#include "cisa/status.h"
-#include "cisa/tokenizer.h"
+#include "cisa/core/status.h"
+#include "cisa/model/model.h"
+#include "cisa/model/sampling.h"
+#include "cisa/model/tokenizer.h"
 
 namespace cisa {
 

@@ -1,4 +1,4 @@
-// cisa/cuda_backend.h — the Hopper (sm_90a) CUDA backend of the CISA attention path.
+// cisa/cuda/backend.h — the Hopper (sm_90a) CUDA backend of the CISA attention path.
 //
 // The same method and data layout as the CPU engine (kv_cache.h, selection.h, attention.h), on
 // device memory, for bf16 K/V with f32 accumulation, head_dim 64/128/256, page_size 16. This
@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/selection.h"
-#include "cisa/status.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/cpu/selection.h"
 
 namespace cisa::cuda {
 
@@ -76,10 +76,10 @@ class Plan {
   Impl* impl() const { return impl_.get(); }
   // The query groups of the plan (host copy), as PageLists::groups would hold them.
   const std::vector<QueryGroup>& groups() const;
-  int64_t total_pages() const;      // entries of all page lists
-  int64_t selected_lists() const;   // lists that run scoring and top-k
-  int64_t num_rows() const;         // packed query rows of the batch
-  int64_t num_unions() const;       // KV-outer unions of small lists (PlanOptions::group_unions)
+  int64_t total_pages() const;     // entries of all page lists
+  int64_t selected_lists() const;  // lists that run scoring and top-k
+  int64_t num_rows() const;        // packed query rows of the batch
+  int64_t num_unions() const;      // KV-outer unions of small lists (PlanOptions::group_unions)
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -87,9 +87,9 @@ class Plan {
 
 // The attention mainloop of a plan (A/B measurements; kAuto is the fast path).
 enum class AttentionKernel {
-  kAuto,      // wgmma where it applies (d = 128, full prefill tiles), mma.sync elsewhere
-  kMma,       // every launch on the mma.sync kernel
-  kWgmmaV5,   // wgmma tiles on the v4/v5 kernel instead of the warp-specialised one (v6)
+  kAuto,     // wgmma where it applies (d = 128, full prefill tiles), mma.sync elsewhere
+  kMma,      // every launch on the mma.sync kernel
+  kWgmmaV5,  // wgmma tiles on the v4/v5 kernel instead of the warp-specialised one (v6)
 };
 
 // Planner switches (for ablations; the defaults are the fast path). `cisa bench layer` sets them
@@ -123,10 +123,10 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
 
 // The selection stages, separately launchable for timing; run_select runs all three in order.
 enum class SelectStage {
-  kSetup,    // write the fixed parts of every page list (dense ranges, sinks, window, tail)
-  kScore,    // index query per list (mean or last) and scores of every eligible chunk
-  kTopK,     // top-k per list, written as physical pages in ascending logical order; then the
-             // union lists of grouped small lists (PlanOptions::group_unions)
+  kSetup,  // write the fixed parts of every page list (dense ranges, sinks, window, tail)
+  kScore,  // index query per list (mean or last) and scores of every eligible chunk
+  kTopK,   // top-k per list, written as physical pages in ascending logical order; then the
+           // union lists of grouped small lists (PlanOptions::group_unions)
 };
 
 // index_q: device f32 [rows][num_kv_heads][head_dim] (ignored, may be null, for a dense plan).

@@ -1,10 +1,11 @@
-// cisa/batch.h — a batch of sequences, each with a run of query positions, and the page lists
+// cisa/core/batch.h — a batch of sequences, each with a run of query positions, and the page lists
 // that say which physical pages each group of queries attends to.
 //
 // Queries of all entries are packed row after row: entry e's `count` rows start at the sum of the
 // counts before it. A QueryGroup is a run of consecutive positions of one entry that shares one
 // page list per KV group (a QShare group, or a whole block on the dense path). The plan step
-// (plan.h's plan_dense, a backend's selection) builds PageLists; the run step (attend) only reads them.
+// (plan.h's plan_dense, a backend's selection) builds PageLists; the run step (attend) only reads
+// them.
 //
 //   std::vector<cisa::BatchEntry> batch = {{.seq = s0, .first = 4096, .count = 512},   // prefill
 //                                          {.seq = s1, .first = 9000, .count = 1}};    // decode
@@ -14,8 +15,8 @@
 #include <span>
 #include <vector>
 
-#include "cisa/page_table.h"
-#include "cisa/status.h"
+#include "cisa/core/page_table.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 
@@ -41,8 +42,8 @@ struct PageLists {
   std::vector<QueryGroup> groups;
   // List (group i, KV group g) = pages[offsets[i·H + g] … offsets[i·H + g + 1]), H = num_kv_heads.
   std::vector<int64_t> offsets;
-  std::vector<int32_t> pages;   // physical page IDs, in ascending logical order within a list
-  std::vector<int32_t> chunks;  // the logical chunk index of each entry of `pages`
+  std::vector<int32_t> pages;         // physical page IDs, in ascending logical order within a list
+  std::vector<int32_t> chunks;        // the logical chunk index of each entry of `pages`
   std::vector<int32_t> num_selected;  // per list: pages chosen by top-k (0 on the dense path)
 
   int64_t num_lists() const { return static_cast<int64_t>(groups.size()) * num_kv_heads; }

@@ -1,4 +1,4 @@
-// cisa/model_store.h — the models cisa knows by name, and where their files live.
+// cisa/model/model_store.h — the models cisa knows by name, and where their files live.
 //
 // `-m gemma3-270m` anywhere in the CLI goes through resolve_model, which turns a known name into
 // the file in the models directory (downloaded by `cisa pull NAME`, see docs/models.md) and
@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

@@ -1,4 +1,4 @@
-// cisa/status.h — error values used across the library.
+// cisa/core/status.h — error values used across the library.
 //
 // Every fallible call returns a Status (or a Result<T>) instead of throwing or aborting, so that
 // bad input (a malformed model file, a wrong option, an exhausted page pool) produces a clear
@@ -19,15 +19,15 @@ namespace cisa {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,  // the caller passed something malformed or inconsistent
-  kOutOfRange,       // an index or size is past what exists
-  kNotFound,         // unknown sequence, file, tensor, key
-  kResourceExhausted,// page pool or memory exhausted
-  kDataLoss,         // corrupted or truncated file
-  kUnimplemented,    // valid request this build does not support
+  kInvalidArgument,    // the caller passed something malformed or inconsistent
+  kOutOfRange,         // an index or size is past what exists
+  kNotFound,           // unknown sequence, file, tensor, key
+  kResourceExhausted,  // page pool or memory exhausted
+  kDataLoss,           // corrupted or truncated file
+  kUnimplemented,      // valid request this build does not support
   kFailedPrecondition,
   kInternal,
-  kUnavailable,      // offline, no device
+  kUnavailable,  // offline, no device
 };
 
 const char* status_code_name(StatusCode code);
@@ -49,15 +49,33 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
-inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status resource_exhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
-inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
-inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
-inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status invalid_argument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status out_of_range(std::string m) {
+  return {StatusCode::kOutOfRange, std::move(m)};
+}
+inline Status not_found(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+inline Status resource_exhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status data_loss(std::string m) {
+  return {StatusCode::kDataLoss, std::move(m)};
+}
+inline Status unimplemented(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
+inline Status failed_precondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
+inline Status internal_error(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
+inline Status unavailable(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
+}
 
 // A value or an error. Accessing the value of an error Result is a programming bug (asserted).
 template <class T>
@@ -68,9 +86,18 @@ class [[nodiscard]] Result {
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -85,9 +112,9 @@ class [[nodiscard]] Result {
 }  // namespace cisa
 
 // Propagate an error Status from an expression returning Status.
-#define CISA_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::cisa::Status cisa_status_ = (expr);     \
+#define CISA_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::cisa::Status cisa_status_ = (expr);        \
     if (!cisa_status_.ok()) return cisa_status_; \
   } while (0)
 

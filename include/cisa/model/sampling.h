@@ -1,4 +1,4 @@
-// cisa/sampling.h — choosing the next token from a row of logits: greedy, or a seeded draw
+// cisa/model/sampling.h — choosing the next token from a row of logits: greedy, or a seeded draw
 // after temperature, top-k and top-p (nucleus) filtering.
 //
 //   CISA_ASSIGN_OR_RETURN(cisa::Sampler s, cisa::Sampler::create({.temperature = 0.8f, .top_k = 40,
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

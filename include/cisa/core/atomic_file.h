@@ -1,6 +1,6 @@
-// cisa/atomic_file.h — every output file (indexers, eval results and summaries, benchmark JSON)
-// is written through here, so a failed or interrupted write never destroys what was there before,
-// and a full disk or a failed close is an error, not a silently short file.
+// cisa/core/atomic_file.h — every output file (indexers, eval results and summaries, benchmark
+// JSON) is written through here, so a failed or interrupted write never destroys what was there
+// before, and a full disk or a failed close is an error, not a silently short file.
 //
 //   CISA_RETURN_IF_ERROR(cisa::check_output_path(out));     // before an hour of work
 //   ...
@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

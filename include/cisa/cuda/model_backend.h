@@ -1,7 +1,7 @@
-// cisa/cuda_model_backend.h — the CUDA implementation of cisa::Backend (backend.h): a whole model
+// cisa/cuda/model_backend.h — the CUDA implementation of cisa::Backend (backend.h): a whole model
 // on one GPU. Weights are bf16 on the device (GGUF tensors are dequantised at load), activations
-// f32, the paged KV cache bf16 pools per layer in the layout of cuda_backend.h's DeviceLayer, and
-// attention the Hopper path of cuda_backend.h (plan_dense / plan_sparse / run_select /
+// f32, the paged KV cache bf16 pools per layer in the layout of cuda/backend.h's DeviceLayer, and
+// attention the Hopper path of cuda/backend.h (plan_dense / plan_sparse / run_select /
 // run_attention). Every operation is enqueued on the backend's one stream; download() and
 // synchronize() wait for it. docs/cuda-model.md describes what runs where.
 //
@@ -21,9 +21,9 @@
 
 #include <memory>
 
-#include "cisa/backend.h"
-#include "cisa/batch.h"
-#include "cisa/status.h"
+#include "cisa/core/backend.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
 
 namespace cisa::cuda {
 

@@ -1,12 +1,13 @@
-// cisa/attention.h — exact attention over page lists (SPEC §5), the same code for dense and CISA.
+// cisa/cpu/attention.h — exact attention over page lists (SPEC §5), the same code for dense and
+// CISA.
 //
 // For each query group and KV group, every query head of that group attends, with its own query,
 // to the tokens of the listed physical pages, read in place (no gather), under the causal mask by
 // absolute position (s ≤ t) and, with sliding_window > 0, t − window < s. Online softmax in f32;
 // bf16 K/V are widened page by page as they are read.
 //
-//   cisa::AttentionWorkspace ws;                      // reused across calls: no per-step allocation
-//   cisa::AttentionParams ap{.scale = 1.0f / std::sqrt(128.0f)};
+//   cisa::AttentionWorkspace ws;                      // reused across calls: no per-step
+//   allocation cisa::AttentionParams ap{.scale = 1.0f / std::sqrt(128.0f)};
 //   CISA_RETURN_IF_ERROR(cisa::attend(*cache, layer, batch, lists, q, num_q_heads, ap,
 //                                     out, lse, pool, &ws));
 //   // q, out: [rows][num_q_heads][head_dim] f32; lse: [rows][num_q_heads] (natural log of the
@@ -19,10 +20,10 @@
 #include <span>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/status.h"
-#include "cisa/thread_pool.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/status.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/cpu/kv_cache.h"
 
 namespace cisa {
 

@@ -1,8 +1,8 @@
-// cisa/page_table.h — the bookkeeping half of a paged KV cache, free of any storage: sequences,
-// their block tables (logical page → physical page ID), a free list of physical pages, and how
-// many tokens each layer has written. Every backend's cache (the CPU's PagedKvCache, the GPU's
-// device pools) keeps one, so the planning code in the core (batch.h, plan.h) reads block tables
-// and lengths the same way whatever memory the pages live in.
+// cisa/core/page_table.h — the bookkeeping half of a paged KV cache, free of any storage:
+// sequences, their block tables (logical page → physical page ID), a free list of physical pages,
+// and how many tokens each layer has written. Every backend's cache (the CPU's PagedKvCache, the
+// GPU's device pools) keeps one, so the planning code in the core (batch.h, plan.h) reads block
+// tables and lengths the same way whatever memory the pages live in.
 //
 //   cisa::PageTable t(/*num_layers=*/2, /*page_size=*/16, /*num_pages=*/4096);
 //   cisa::SeqId s = *t.add_sequence();
@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "cisa/status.h"
+#include "cisa/core/status.h"
 
 namespace cisa {
 

@@ -1,4 +1,5 @@
-// cisa/model.h — pretrained GGUF language models (Gemma 3, Llama family) on the paged KV cache.
+// cisa/model/model.h — pretrained GGUF language models (Gemma 3, Llama family) on the paged KV
+// cache.
 //
 // Model::load maps a GGUF file, reads the architecture's hyper-parameters from its metadata,
 // checks every tensor's shape and type, and builds a tokenizer and a paged KV cache. forward()
@@ -36,12 +37,12 @@
 #include <string>
 #include <vector>
 
-#include "cisa/backend.h"
-#include "cisa/gguf.h"
-#include "cisa/kv_cache.h"
-#include "cisa/plan.h"
-#include "cisa/selection.h"
-#include "cisa/status.h"
+#include "cisa/core/backend.h"
+#include "cisa/core/plan.h"
+#include "cisa/core/status.h"
+#include "cisa/cpu/kv_cache.h"
+#include "cisa/cpu/selection.h"
+#include "cisa/model/gguf.h"
 
 namespace cisa {
 
@@ -162,10 +163,10 @@ struct StepAttention {
   SelectionParams selection;  // kCisa only; checked with validate_selection_params
   bool operator==(const StepAttention& o) const {
     const SelectionParams &a = selection, &b = o.selection;
-    return mode == o.mode && (mode == AttentionMode::kDense ||
-                              (a.budget == b.budget && a.window == b.window &&
-                               a.qshare == b.qshare && a.qshare_query == b.qshare_query &&
-                               a.sink_pages == b.sink_pages));
+    return mode == o.mode &&
+           (mode == AttentionMode::kDense ||
+            (a.budget == b.budget && a.window == b.window && a.qshare == b.qshare &&
+             a.qshare_query == b.qshare_query && a.sink_pages == b.sink_pages));
   }
 };
 
@@ -182,7 +183,7 @@ struct SequenceInput {
 // What a forward() call returns for its output rows (inputs in order, rows ascending within an
 // input; OutputMode picks the rows). Either or both may be given.
 struct ForwardOutputs {
-  std::vector<float>* logits = nullptr;    // resized to [outputs][n_vocab]
+  std::vector<float>* logits = nullptr;  // resized to [outputs][n_vocab]
   // Resized to [outputs]: the greedy next token of every output row, argmax of its logits (ties to
   // the smaller id, NaN never wins: cisa::argmax, sampling.h), computed by the backend, so the
   // logits never leave its memory unless `logits` asks for them too.

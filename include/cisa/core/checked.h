@@ -1,5 +1,5 @@
-// cisa/checked.h — overflow-checked integer arithmetic for sizes computed from untrusted numbers
-// (command-line options, file headers) before anything is allocated.
+// cisa/core/checked.h — overflow-checked integer arithmetic for sizes computed from untrusted
+// numbers (command-line options, file headers) before anything is allocated.
 //
 //   int64_t bytes = 0;
 //   if (!cisa::checked_mul({pages, page_size, heads, head_dim, 2}, &bytes))
@@ -37,6 +37,8 @@ inline bool checked_mul(std::initializer_list<int64_t> factors, int64_t* out) {
 }
 
 // True when x fits the range of int32_t (the type of page indices and most kernel arguments).
-inline bool fits_int32(int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; }
+inline bool fits_int32(int64_t x) {
+  return x >= INT32_MIN && x <= INT32_MAX;
+}
 
 }  // namespace cisa

@@ -1,4 +1,4 @@
-// cisa/selection.h — CISA page selection on the CPU (SPEC §3, §4): scores against the
+// cisa/cpu/selection.h — CISA page selection on the CPU (SPEC §3, §4): scores against the
 // representative cache, deterministic top-k, and the full selection step that fills page lists
 // with sinks, selected chunks, window and current-page tail. The rules themselves (parameters,
 // eligible chunks, query groups, list layout) are the core's, in plan.h.
@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "cisa/batch.h"
-#include "cisa/kv_cache.h"
-#include "cisa/plan.h"
-#include "cisa/status.h"
-#include "cisa/thread_pool.h"
+#include "cisa/core/batch.h"
+#include "cisa/core/plan.h"
+#include "cisa/core/status.h"
+#include "cisa/core/thread_pool.h"
+#include "cisa/cpu/kv_cache.h"
 
 namespace cisa {
 
