@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import subprocess
 import sys
 
 WANT_UNICODE_VERSION = "15.1.0"
@@ -110,7 +111,9 @@ def main() -> int:
     args = ap.parse_args()
     root = pathlib.Path(__file__).resolve().parent.parent
     out = pathlib.Path(args.out) if args.out else root / "src" / "model" / "unicode_tables.cpp"
-    text = render()
+    # The tree is clang-formatted (CI checks it), so the generated file is too.
+    text = subprocess.run(["clang-format", "--assume-filename=" + str(out)], input=render(),
+                          capture_output=True, text=True, check=True).stdout
     if args.check:
         if not out.exists() or out.read_text() != text:
             print(f"{out} is stale: rerun scripts/gen_unicode_tables.py", file=sys.stderr)
