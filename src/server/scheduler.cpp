@@ -28,11 +28,15 @@ RequestOutcome outcome_of(FinishReason r) {
 
 }  // namespace
 
-bool RequestStream::wait(std::chrono::milliseconds timeout, std::string* text) {
+bool RequestStream::wait(std::chrono::milliseconds timeout, std::string* text,
+                         std::vector<int32_t>* ids) {
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return finished_ || !pending_.empty(); });
+  cv_.wait_for(lk, timeout,
+               [&] { return finished_ || !pending_.empty() || (ids && !pending_ids_.empty()); });
   *text += pending_;
   pending_.clear();
+  if (ids) ids->insert(ids->end(), pending_ids_.begin(), pending_ids_.end());
+  pending_ids_.clear();
   return finished_;
 }
 
@@ -101,6 +105,7 @@ void Scheduler::loop() {
     {
       std::lock_guard<std::mutex> lk(s.mu_);
       s.pending_ += t.text;
+      s.pending_ids_.push_back(t.token);
       ++s.tokens_;
     }
     s.cv_.notify_all();

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cisa/core/status.h"
 #include "cisa/model/generate.h"
@@ -44,7 +45,10 @@ class RequestStream {
  public:
   // Waits up to `timeout` for text or the end. Appends released text to *text and returns true
   // once the request has finished (result() is then final and every byte of text delivered).
-  bool wait(std::chrono::milliseconds timeout, std::string* text);
+  // With `ids`, also wakes for new tokens and appends their ids to *ids (a model without a
+  // tokenizer releases no text, so its streams send ids).
+  bool wait(std::chrono::milliseconds timeout, std::string* text,
+            std::vector<int32_t>* ids = nullptr);
   // Ends the request at the scheduler's next loop (kCancelled); its sequence is released.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -57,6 +61,7 @@ class RequestStream {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string pending_;
+  std::vector<int32_t> pending_ids_;
   int64_t tokens_ = 0;
   bool finished_ = false;
   GenerationResult result_;

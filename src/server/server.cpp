@@ -79,13 +79,15 @@ void Server::Impl::routes() {
     reply(res, 200, {{"status", "ok"}});
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    reply(res, 200,
-          {{"object", "list"},
-           {"data", json::array({{{"id", opt.model_id},
-                                  {"object", "model"},
-                                  {"created", 0},
-                                  {"owned_by", "cisa"},
-                                  {"max_model_len", model.context()}}})}});
+    json body = {{"object", "list"},
+                 {"data", json::array({{{"id", opt.model_id},
+                                        {"object", "model"},
+                                        {"created", 0},
+                                        {"owned_by", "cisa"},
+                                        {"max_model_len", model.context()}}})}};
+    // A synthetic model (Model::load_synthetic): random weights, its outputs mean nothing.
+    if (!model.has_file()) body["data"][0]["weights"] = "synthetic weights, speed only";
+    reply(res, 200, body);
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
@@ -139,7 +141,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     if (e.http_status < 500) e.http_status = 500;
     return reply_error(res, e);
   }
-  reply(res, 200, completion_body(route, make_id(route), unix_time(), opt.model_id, r));
+  json body = completion_body(route, make_id(route), unix_time(), opt.model_id, r);
+  if (!model.has_tokenizer()) body["choices"][0]["token_ids"] = r.tokens;  // no text to give
+  reply(res, 200, body);
 }
 
 void Server::Impl::stream(httplib::Response& res, Route route, std::shared_ptr<RequestStream> s,
@@ -169,11 +173,15 @@ void Server::Impl::stream(httplib::Response& res, Route route, std::shared_ptr<R
             return false;
         }
         std::string text;
-        const bool finished = s->wait(std::chrono::milliseconds(250), &text);
-        if (!text.empty()) {
-          if (!data(
-                  stream_chunk(route, st->id, st->created, opt.model_id, text, nullptr, st->first)))
-            return false;
+        std::vector<int32_t> ids;  // a model without a tokenizer: the chunks carry token ids
+        const bool ids_only = !model.has_tokenizer();
+        const bool finished =
+            s->wait(std::chrono::milliseconds(250), &text, ids_only ? &ids : nullptr);
+        if (!text.empty() || !ids.empty()) {
+          json chunk =
+              stream_chunk(route, st->id, st->created, opt.model_id, text, nullptr, st->first);
+          if (!ids.empty()) chunk["choices"][0]["token_ids"] = ids;
+          if (!data(chunk)) return false;
           st->first = false;
         } else if (!finished &&
                    std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(1)) {
@@ -217,11 +225,17 @@ Result<std::unique_ptr<Server>> Server::create(Model& model, ServerOptions optio
   if (options.max_body_bytes < 1024) return invalid_argument("serve: a body limit below 1 KiB");
   if (options.scheduler.max_waiting < 0 || options.scheduler.prefill_chunk < 0)
     return invalid_argument("serve: negative queue length or prefill chunk");
-  if (!model.has_tokenizer()) return invalid_argument("serve: the model has no tokenizer");
+  if (!model.has_tokenizer() && !options.chat_template.empty())
+    return invalid_argument("serve: --chat-template needs a tokenizer; this model has none");
   CISA_RETURN_IF_ERROR(validate_selection_params(options.cisa_defaults));
   auto impl = std::make_unique<Impl>(model, std::move(options));
   Impl& m = *impl;
-  auto tmpl = ChatTemplate::for_model(model.file(), model.tokenizer(), m.opt.chat_template);
+  // A model without a tokenizer (a synthetic one) serves completions of token-id prompts only.
+  auto tmpl = model.has_tokenizer()
+                  ? ChatTemplate::for_model(model.file(), model.tokenizer(), m.opt.chat_template)
+                  : Result<ChatTemplate>(invalid_argument(
+                        "this model has no tokenizer (synthetic weights): chat needs text; send "
+                        "token ids to /v1/completions"));
   if (tmpl.ok()) {
     m.chat = std::move(*tmpl);
   } else if (!m.opt.chat_template.empty()) {

@@ -4,7 +4,9 @@
 // file, a fixed output length with EOS ignored ("ignore_eos": true). Reports request and token
 // throughput and mean / median / p99 of TTFT, TPOT (time per output token after the first), ITL
 // (between stream chunks) and end-to-end latency, as text or --json. Loopback targets only unless
-// --allow-remote.
+// --allow-remote. --extra-body adds fields to every request (e.g. `cisa serve`'s per-request
+// {"attention": "dense"}). A chunk counts as output when it carries text, or token ids
+// (choices[0].token_ids: what `cisa serve` streams for a model without a tokenizer).
 #ifdef CISA_WITH_SERVER
 
 #include <httplib.h>
@@ -112,7 +114,9 @@ Outcome run_one(httplib::Client& cli, const std::string& path, const json& body,
       if (c.contains("delta") && c["delta"].contains("content") &&
           c["delta"]["content"].is_string())
         text = c["delta"]["content"];
-      if (text.empty()) continue;
+      const bool ids =
+          c.contains("token_ids") && c["token_ids"].is_array() && !c["token_ids"].empty();
+      if (text.empty() && !ids) continue;
       const double t = since(t0);
       if (last < 0) {
         o.ttft = t;
@@ -156,8 +160,9 @@ int bench_serve(int argc, char** argv) {
   ArgParser p("cisa bench serve",
               "Load generator for an OpenAI-compatible server: throughput and TTFT / TPOT / ITL / "
               "end-to-end latency of N streamed requests.");
-  std::string host = "127.0.0.1", model, endpoint = "completions", prompt_file;
+  std::string host = "127.0.0.1", model, endpoint = "completions", prompt_file, extra_body_arg;
   int64_t port = 8080, num_prompts = 64, concurrency = 4, input_len = 128, output_len = 64;
+  int64_t min_token_id = 1000, max_token_id = 9999;
   int64_t seed = 0, timeout = 600;
   double rate = 0;
   bool json_out = false, allow_remote = false, quiet = false;
@@ -176,6 +181,12 @@ int bench_serve(int argc, char** argv) {
   p.add_int("--output-len", &output_len, "tokens to generate, EOS ignored (default 64)",
             {1, 1 << 24});
   p.add_string("--prompt-file", &prompt_file, "prompts, one per line (instead of random tokens)");
+  p.add_int("--min-token-id", &min_token_id, "random prompts: smallest token id (default 1000)",
+            {0, INT32_MAX});
+  p.add_int("--max-token-id", &max_token_id, "random prompts: largest token id (default 9999)",
+            {0, INT32_MAX});
+  p.add_string("--extra-body", &extra_body_arg,
+               "a JSON object merged into every request body, e.g. '{\"attention\": \"dense\"}'");
   p.add_int("--seed", &seed, "random prompts and arrivals (default 0)");
   p.add_int("--timeout", &timeout, "seconds a request may take (default 600)", {1, 86400});
   p.add_flag("--allow-remote", &allow_remote, "allow a target that is not this machine");
@@ -186,6 +197,13 @@ int bench_serve(int argc, char** argv) {
     return fail("refusing to load " + host + ", which is not this machine (--allow-remote)", 2);
   if (endpoint == "chat" && prompt_file.empty())
     return fail("--endpoint chat needs --prompt-file (chat messages are text)", 2);
+  if (min_token_id > max_token_id) return fail("--min-token-id is above --max-token-id", 2);
+  json extra_body = json::object();
+  if (!extra_body_arg.empty()) {
+    extra_body = json::parse(extra_body_arg, nullptr, false);
+    if (extra_body.is_discarded() || !extra_body.is_object())
+      return fail("--extra-body must be a JSON object", 2);
+  }
 
   std::vector<std::string> lines;
   if (!prompt_file.empty()) {
@@ -225,12 +243,15 @@ int bench_serve(int argc, char** argv) {
         b["prompt"] = text;
       }
     } else {
-      // Ids in [1000, 10000): ordinary tokens in both supported vocabularies, none special.
-      std::uniform_int_distribution<int> id(1000, 9999);
+      // By default ids in [1000, 10000): ordinary tokens in both supported vocabularies, none
+      // special.
+      std::uniform_int_distribution<int> id(static_cast<int>(min_token_id),
+                                            static_cast<int>(max_token_id));
       std::vector<int> ids(static_cast<size_t>(input_len));
       for (int& t : ids) t = id(rng);
       b["prompt"] = ids;
     }
+    b.update(extra_body);
     bodies.push_back(std::move(b));
   }
   std::vector<double> arrival(bodies.size(), 0);
@@ -296,6 +317,7 @@ int bench_serve(int argc, char** argv) {
             {"request_rate", rate},
             {"input_len", lines.empty() ? json(input_len) : json("from " + prompt_file)},
             {"output_len", output_len},
+            {"extra_body", extra_body},
             {"successful_requests", ok},
             {"failed_requests", failed},
             {"duration_s", duration},

@@ -55,6 +55,28 @@ Result<std::unique_ptr<Model>> load_for_serving(const std::string& path, ModelCl
   return Model::load(path, mopt);
 }
 
+// A synthetic model (--synthetic NAME): random weights of a public shape, no file, no tokenizer
+// (token-id prompts only), for speed measurements (`cisa bench serve`).
+Result<std::unique_ptr<Model>> load_synthetic_for_serving(ModelCliOptions o, int parallel,
+                                                          std::string* model_note) {
+  if (!o.indexer.empty())
+    return invalid_argument("--indexer: an indexer is calibrated for a model file; --synthetic " +
+                            o.synthetic + " has none (drop --indexer)");
+  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic));
+  if (o.context > hp.n_ctx_train)
+    return invalid_argument("--context " + std::to_string(o.context) +
+                            " exceeds the model's context of " + std::to_string(hp.n_ctx_train) +
+                            " tokens");
+  if (o.context == 0) o.context = std::min<int64_t>(4096, hp.n_ctx_train);
+  scale_cisa_defaults(&o, hp.n_ctx_train);
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
+  mopt.max_sequences = parallel;
+  *model_note = "synthetic " + o.synthetic + " (" + kSyntheticNote + "), context " +
+                std::to_string(o.context) + " x " + std::to_string(parallel) + " sequences, " +
+                attention_mode_name(mopt.attention.mode) + " attention";
+  return Model::load_synthetic(o.synthetic, mopt);
+}
+
 std::string default_model_id(const std::string& arg) {
   if (find_known_model(arg)) return arg;
   std::string base = arg.substr(arg.find_last_of('/') + 1);
@@ -72,7 +94,8 @@ int cmd_serve(int argc, char** argv) {
   std::string model_arg, host = "127.0.0.1", model_id, chat_template;
   int64_t port = 8080, parallel = 4, max_waiting = 64, prefill_chunk = 256, http_threads = 32;
   int64_t max_body_kib = 8192;
-  p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
+  p.add_string("--model", &model_arg,
+               "model name (gemma3-270m, smollm2-135m) or GGUF path (or --synthetic NAME)");
   p.alias("-m", "--model");
   p.add_string("--host", &host, "address to listen on (default 127.0.0.1)");
   p.add_int("--port", &port, "port (default 8080; 0: any free port, printed at start)", {0, 65535});
@@ -95,23 +118,35 @@ int cmd_serve(int argc, char** argv) {
                "chat format when the GGUF has none (or to override it)");
   ModelCliOptions mo;
   add_model_options(p, &mo);
+  add_synthetic_option(p, &mo, /*with_prompt_tokens=*/false);
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
+  if (!mo.synthetic.empty() && !model_arg.empty())
+    return fail("give either --model or --synthetic, not both", 2);
+  if (mo.synthetic.empty() && model_arg.empty())
+    return fail("give --model NAME|PATH (or --synthetic NAME)", 2);
   if (host != "127.0.0.1" && host != "localhost" && host != "::1")
     std::fprintf(stderr,
                  "cisa serve: warning: listening on %s, beyond this machine; the server "
                  "has no authentication\n",
                  host.c_str());
 
-  auto path = resolve_model(model_arg);
-  if (!path.ok()) return fail(path.status().message());
   std::string note;
-  auto model = load_for_serving(*path, mo, static_cast<int>(parallel), &note);
+  Result<std::unique_ptr<Model>> model = invalid_argument("no model");
+  if (!mo.synthetic.empty()) {
+    model = load_synthetic_for_serving(mo, static_cast<int>(parallel), &note);
+  } else {
+    auto path = resolve_model(model_arg);
+    if (!path.ok()) return fail(path.status().message());
+    model = load_for_serving(*path, mo, static_cast<int>(parallel), &note);
+  }
   if (!model.ok()) return fail(model.status().message());
 
   server::ServerOptions so;
   so.host = host;
   so.port = static_cast<int>(port);
-  so.model_id = model_id.empty() ? default_model_id(model_arg) : model_id;
+  so.model_id = !model_id.empty()       ? model_id
+                : !mo.synthetic.empty() ? mo.synthetic + "-synthetic"
+                                        : default_model_id(model_arg);
   so.http_threads = static_cast<int>(http_threads);
   so.max_body_bytes = max_body_kib * 1024;
   so.chat_template = chat_template;
