@@ -22,38 +22,40 @@ TEST(ModelSynthetic, ShapesOfThePublicModels) {
   for (const char* n : {"llama-3.1-8b", "qwen2.5-7b", "tiny-llama"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
 
-  auto l = synthetic_hparams("llama-3.1-8b");
-  ASSERT_TRUE(l.ok());
-  EXPECT_EQ(l->n_layer, 32);
-  EXPECT_EQ(l->n_embd, 4096);
-  EXPECT_EQ(l->n_head, 32);
-  EXPECT_EQ(l->n_head_kv, 8);
-  EXPECT_EQ(l->head_dim, 128);
-  EXPECT_EQ(l->n_ff, 14336);
-  EXPECT_EQ(l->n_vocab, 128256);
-  EXPECT_EQ(l->n_ctx_train, 131072);
-  EXPECT_EQ(l->rope_base, 500000.0f);
-  EXPECT_EQ(l->rope_style, RopeStyle::kNorm);
-  EXPECT_EQ(l->activation, Activation::kSilu);
-  EXPECT_NE(l->name.find("random weights"), std::string::npos);
-
-  auto q = synthetic_hparams("qwen2.5-7b");
-  ASSERT_TRUE(q.ok());
-  EXPECT_EQ(q->n_layer, 28);
-  EXPECT_EQ(q->n_embd, 3584);
-  EXPECT_EQ(q->n_head, 28);
-  EXPECT_EQ(q->n_head_kv, 4);
-  EXPECT_EQ(q->head_dim, 128);
-  EXPECT_EQ(q->n_ff, 18944);
-  EXPECT_EQ(q->n_vocab, 152064);
-  EXPECT_EQ(q->rope_base, 1000000.0f);
-  EXPECT_EQ(q->rope_style, RopeStyle::kNeox);
-  EXPECT_NE(q->name.find("no q/k/v biases"), std::string::npos);
-  for (const auto* h : {&*l, &*q}) {
+  // The published shapes (the models' config.json), one row per synthetic model.
+  struct Shape {
+    const char* name;
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    float rope_base;
+    RopeStyle rope_style;
+    const char* label_part;  // a phrase the name must carry
+  };
+  const Shape shapes[] = {
+      {"llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, RopeStyle::kNorm,
+       "random weights"},
+      {"qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 1000000.0f, RopeStyle::kNeox,
+       "no q/k/v biases"},
+  };
+  for (const Shape& e : shapes) {
+    SCOPED_TRACE(e.name);
+    auto h = synthetic_hparams(e.name);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(h->n_layer, e.n_layer);
+    EXPECT_EQ(h->n_embd, e.n_embd);
+    EXPECT_EQ(h->n_head, e.n_head);
+    EXPECT_EQ(h->n_head_kv, e.n_head_kv);
+    EXPECT_EQ(h->head_dim, e.head_dim);
+    EXPECT_EQ(h->n_ff, e.n_ff);
+    EXPECT_EQ(h->n_vocab, e.n_vocab);
+    EXPECT_EQ(h->rope_base, e.rope_base);
+    EXPECT_EQ(h->rope_style, e.rope_style);
+    EXPECT_EQ(h->activation, Activation::kSilu);
+    EXPECT_NE(h->name.find(e.label_part), std::string::npos);
     EXPECT_EQ(h->n_head * h->head_dim, h->n_embd);
     EXPECT_TRUE(std::none_of(h->layer_swa.begin(), h->layer_swa.end(), [](bool b) { return b; }));
     EXPECT_FLOAT_EQ(h->attn_scale, 1.0f / std::sqrt(128.0f));
   }
+  EXPECT_EQ(synthetic_hparams("llama-3.1-8b")->n_ctx_train, 131072);
 
   EXPECT_EQ(synthetic_hparams("llama-9").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(Model::load_synthetic("llama-9", {}).status().code(), StatusCode::kNotFound);
