@@ -9,15 +9,19 @@
 #   OUT=/tmp/out bash scripts/gpu_model_session.sh tests    # call 1: build + GPU tests (~6-9 min cold)
 #   OUT=/tmp/out bash scripts/gpu_model_session.sh bench    # call 2: the grid (build/cuda kept warm)
 #   OUT=/tmp/out bash scripts/gpu_model_session.sh anchor   # call 3: the transformers anchor
+#   OUT=/tmp/out bash scripts/gpu_model_session.sh graphs   # step graphs: build what they need,
+#       their GPU test, then the two goal rows (16 x 128K, 2 x 1M) and B = 1 at 1K with
+#       --cuda-graphs on and off (same binary, same call), then the other CUDA backend tests
 #   python3 bench/python/plot_model_throughput.py $OUT -o throughput.png
 #
-# Modes: build, tests (build + tests), bench, anchor, all (everything; needs DEADLINE_S raised).
+# Modes: build, tests (build + tests), bench, anchor, graphs, all (everything; needs DEADLINE_S
+# raised).
 # Environment: CISA_COMMIT (recorded in every JSON; default git rev-parse), MODEL (default
 # qwen2.5-7b), TOKENS (default 32), SKIP_BUILD=1 (use build/cuda as it is), DEADLINE_S, GRID
 # (space-separated row names of the grid below to run only those).
 set -uo pipefail
 mode=${1:-all}
-case "$mode" in all | build | tests | bench | anchor) ;; *) echo "gpu_model_session.sh: unknown mode '$mode' (all, build, tests, bench, anchor)" >&2; exit 2 ;; esac
+case "$mode" in all | build | tests | bench | anchor | graphs) ;; *) echo "gpu_model_session.sh: unknown mode '$mode' (all, build, tests, bench, anchor, graphs)" >&2; exit 2 ;; esac
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,7 +58,7 @@ if [ "$mode" = all ] || [ "$mode" = build ] || [ "$mode" = tests ]; then
     if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
   fi
 fi
-if [ "$mode" != anchor ]; then
+if [ "$mode" != anchor ] && [ "$mode" != graphs ]; then
   [ -x "$cisa" ] || { log "no $cisa: run the build stage first"; exit 1; }
 fi
 
@@ -119,5 +123,56 @@ for line in sys.stdin:
     if r.get("header"): continue
     print("  HF B=%s L=%s %s: %s" % (r["batch"], r["context"], r["fill"],
           r.get("error") or "decode %.1f tok/s, TTFT %s" % (r["decode_tok_s"], r.get("ttft_ms"))))' | tee -a "$OUT/session.log"
+fi
+# ---- step graphs: only the targets they need, their test, the goal rows with graphs on and off ----
+if [ "$mode" = graphs ]; then
+  if [ -z "${SKIP_BUILD:-}" ]; then
+    log "configure + build (cisa and the CUDA backend tests)"
+    bounded 330 bash -c 'cmake --preset cuda -DCISA_BUILD_BENCH=OFF >/dev/null && cmake --build build/cuda -j16 --target cisa cuda_step_graph_test cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_select_test' \
+      >"$OUT/build.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/build.log"
+    if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
+  fi
+  log "step-graph test"
+  bounded 120 build/cuda/tests/cuda_step_graph_test >"$OUT/gpu_tests.log" 2>&1
+  log "cuda_step_graph_test rc=$?"
+  grep -E "graphs off|OK \]|FAILED|Failure|differ" "$OUT/gpu_tests.log" | head -20
+  # name batch context budget window graphs
+  ggrid=(
+    "b16_l128k_on   16  131072 1024 128 on"
+    "b2_l1m_on       2 1048576 4096 128 on"
+    "b16_l128k_off  16  131072 1024 128 off"
+    "b2_l1m_off      2 1048576 4096 128 off"
+    "b1_l1k_on       1    1024 1024 128 on"
+    "b1_l1k_off      1    1024 1024 128 off"
+  )
+  for row in "${ggrid[@]}"; do
+    read -r name B L K W graphs <<<"$row"
+    if [ -n "${GRID:-}" ] && [[ " $GRID " != *" $name "* ]]; then continue; fi
+    log "bench $name: B=$B L=$L k=$K W=$W --cuda-graphs $graphs"
+    bounded 150 "$cisa" bench model --synthetic "$MODEL" --backend cuda --attention cisa \
+      --batch "$B" --context "$L" --tokens "$TOKENS" --fill random --budget "$K" --window "$W" \
+      --cuda-graphs "$graphs" --bandwidth-mib 256 --json >"$OUT/graphs_${name}.json" 2>"$OUT/graphs_${name}.log"
+    rc=$?
+    log "bench $name rc=$rc"
+    [ $rc -eq 0 ] || { tail -5 "$OUT/graphs_${name}.log"; rm -f "$OUT/graphs_${name}.json"; }
+    python3 - "$OUT/graphs_${name}.json" <<'EOF' 2>/dev/null | tee -a "$OUT/session.log"
+import json, sys
+j = json.load(open(sys.argv[1]))
+for m, r in j["runs"].items():
+    g = r.get("cuda_graphs", {})
+    print(f"  {m:6s} step {r['decode_step_ms_median']:.2f} ms, floor {r['roofline']['floor_ms']:.2f} ms, "
+          f"graphs {g.get('enabled')} (eager {g.get('eager_steps')}, captured {g.get('captured_steps')}, "
+          f"replayed {g.get('replayed_steps')})")
+if "cisa_vs_dense" in j: print("  cisa/dense decode %.2fx" % j["cisa_vs_dense"]["decode_speedup"])
+EOF
+  done
+  log "other CUDA backend tests"
+  for t in cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_select_test; do
+    bounded 90 "build/cuda/tests/$t" >>"$OUT/gpu_tests.log" 2>&1
+    log "$t rc=$?"
+  done
+  grep -E "PASSED|FAILED" "$OUT/gpu_tests.log" | tee -a "$OUT/session.log"
 fi
 log "done"

@@ -2,6 +2,8 @@
 // decomposition (plan), and the launch sequences of the run step.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -39,10 +41,28 @@ Status DeviceBuffer::reserve(size_t bytes, const char* what) {
   if (ptr_) cudaFree(ptr_);
   ptr_ = nullptr;
   bytes_ = 0;
-  const size_t rounded = (bytes + 255) / 256 * 256;
+  const size_t rounded = (bytes + bytes / 8 + 255) / 256 * 256;
   CISA_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ptr_, rounded), what));
   bytes_ = rounded;
   return Status::Ok();
+}
+
+Status PinnedBuffer::reserve(size_t bytes, const char* what) {
+  if (bytes <= bytes_) return Status::Ok();
+  if (ptr_) cudaFreeHost(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  const size_t rounded = (bytes + bytes / 8 + 4095) / 4096 * 4096;
+  CISA_RETURN_IF_ERROR(cuda_status(cudaMallocHost(&ptr_, rounded), what));
+  bytes_ = rounded;
+  return Status::Ok();
+}
+
+Plan::Impl::~Impl() {
+  if (meta_copied) {
+    cudaEventSynchronize(meta_copied);  // the staging must outlive its copy
+    cudaEventDestroy(meta_copied);
+  }
 }
 
 bool device_available(std::string* why) {
@@ -87,6 +107,10 @@ int64_t Plan::num_unions() const {
 namespace {
 
 constexpr int kB = tiles::kPageSize;
+// Rounding of ListDesc-derived launch bounds (finish_plan): one assembly block's entries, and the
+// scoring kernels' widest block of chunks.
+constexpr int64_t kFixedQuantum = int64_t{tiles::kAssembleThreads} * tiles::kAssembleItems;
+constexpr int32_t kSpanQuantum = tiles::kScoreFewChunks;
 
 Status validate_layer(const DeviceLayer& layer) {
   if (!layer.k || !layer.v) return invalid_argument("cuda: the layer's K or V pointer is null");
@@ -270,13 +294,64 @@ Status plan_attention(Plan::Impl& P) {
   return Status::Ok();
 }
 
+// The metadata arena's layout: each array at a 256-byte aligned offset.
+size_t align_meta(size_t off) {
+  return (off + 255) / 256 * 256;
+}
+
 template <class T>
-Status upload(DeviceBuffer& buf, const std::vector<T>& host, const char* what) {
-  CISA_RETURN_IF_ERROR(buf.reserve(std::max<size_t>(1, host.size()) * sizeof(T), what));
-  if (host.empty()) return Status::Ok();
-  return cuda_status(
-      cudaMemcpy(buf.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-      what);
+size_t meta_bytes(const std::vector<T>& v) {
+  return std::max<size_t>(1, v.size()) * sizeof(T);
+}
+
+// Writes the launch metadata arrays into the device arena with one copy (see Plan::Impl).
+Status upload_metadata(Plan::Impl& P) {
+  const size_t o_lists = 0;
+  const size_t o_sel = align_meta(o_lists + meta_bytes(P.lists));
+  const size_t o_streams = align_meta(o_sel + meta_bytes(P.sel));
+  const size_t o_tasks = align_meta(o_streams + meta_bytes(P.streams));
+  const size_t o_merges = align_meta(o_tasks + meta_bytes(P.tasks));
+  const size_t o_unions = align_meta(o_merges + meta_bytes(P.merges));
+  const size_t total = o_unions + meta_bytes(P.unions);
+  CISA_RETURN_IF_ERROR(P.d_meta.reserve(total, "cuda plan: launch metadata"));
+  uint8_t* const base = P.d_meta.as<uint8_t>();
+  P.d_lists = reinterpret_cast<ListDesc*>(base + o_lists);
+  P.d_sel = reinterpret_cast<int32_t*>(base + o_sel);
+  P.d_streams = reinterpret_cast<ScoreStream*>(base + o_streams);
+  P.d_tasks = reinterpret_cast<AttnTask*>(base + o_tasks);
+  P.d_merges = reinterpret_cast<MergeTask*>(base + o_merges);
+  P.d_unions = reinterpret_cast<detail::UnionDesc*>(base + o_unions);
+  auto stream = static_cast<cudaStream_t>(P.options.upload_stream);
+  if (stream) {
+    // The previous plan's copy out of the staging must be done before it is overwritten (it
+    // was enqueued a step ago, so this does not wait in practice).
+    if (P.meta_copied)
+      CISA_RETURN_IF_ERROR(
+          cuda_status(cudaEventSynchronize(P.meta_copied), "cuda plan: metadata staging"));
+    else
+      CISA_RETURN_IF_ERROR(
+          cuda_status(cudaEventCreateWithFlags(&P.meta_copied, cudaEventDisableTiming),
+                      "cuda plan: metadata event"));
+    CISA_RETURN_IF_ERROR(P.h_meta.reserve(total, "cuda plan: metadata staging"));
+  }
+  std::vector<uint8_t> sync_staging;
+  if (!stream) sync_staging.resize(total);
+  uint8_t* const h = stream ? P.h_meta.get() : sync_staging.data();
+  const auto put = [&](size_t off, const auto& v) {
+    if (!v.empty()) std::memcpy(h + off, v.data(), v.size() * sizeof(v[0]));
+  };
+  put(o_lists, P.lists);
+  put(o_sel, P.sel);
+  put(o_streams, P.streams);
+  put(o_tasks, P.tasks);
+  put(o_merges, P.merges);
+  put(o_unions, P.unions);
+  if (!stream)
+    return cuda_status(cudaMemcpy(base, h, total, cudaMemcpyHostToDevice),
+                       "cuda plan: launch metadata");
+  CISA_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(base, h, total, cudaMemcpyHostToDevice, stream),
+                                   "cuda plan: launch metadata"));
+  return cuda_status(cudaEventRecord(P.meta_copied, stream), "cuda plan: metadata event");
 }
 
 // Sizes the lists (already described in P.lists), score streams, attention work; uploads.
@@ -326,13 +401,13 @@ Status finish_plan(Plan::Impl& P) {
     }
     gi = gj;
   }
+  // Launch bounds that grow with the sequences, rounded up (the kernels check each list's and
+  // stream's own range): the assembly grid is unchanged by this, the scoring grid gains at most
+  // one block of early exits, and a decode batch keeps its launch arguments for many steps.
+  P.max_fixed = (P.max_fixed + kFixedQuantum - 1) / kFixedQuantum * kFixedQuantum;
+  P.max_score_span = (P.max_score_span + kSpanQuantum - 1) / kSpanQuantum * kSpanQuantum;
   CISA_RETURN_IF_ERROR(plan_attention(P));
-  CISA_RETURN_IF_ERROR(upload(P.d_lists, P.lists, "cuda plan: page-list descriptors"));
-  CISA_RETURN_IF_ERROR(upload(P.d_sel, P.sel, "cuda plan: selecting lists"));
-  CISA_RETURN_IF_ERROR(upload(P.d_streams, P.streams, "cuda plan: score streams"));
-  CISA_RETURN_IF_ERROR(upload(P.d_tasks, P.tasks, "cuda plan: attention tasks"));
-  CISA_RETURN_IF_ERROR(upload(P.d_merges, P.merges, "cuda plan: merge tasks"));
-  CISA_RETURN_IF_ERROR(upload(P.d_unions, P.unions, "cuda plan: union descriptors"));
+  CISA_RETURN_IF_ERROR(upload_metadata(P));
   const size_t ucap = static_cast<size_t>(std::max<int64_t>(1, P.union_capacity)) * sizeof(int32_t);
   CISA_RETURN_IF_ERROR(P.d_upages.reserve(ucap, "cuda plan: union pages"));
   CISA_RETURN_IF_ERROR(P.d_uchunks.reserve(ucap, "cuda plan: union chunks"));
@@ -465,42 +540,38 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
     return invalid_argument("cuda: the layer does not have the shape the plan was built for");
   switch (stage) {
     case SelectStage::kSetup:
-      return cuda_status(
-          detail::launch_assemble_lists(
-              P.d_lists.as<ListDesc>(), static_cast<int64_t>(P.lists.size()), P.max_fixed,
-              P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
-          "cuda: page-list assembly");
+      return cuda_status(detail::launch_assemble_lists(
+                             P.d_lists, static_cast<int64_t>(P.lists.size()), P.max_fixed,
+                             P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+                         "cuda: page-list assembly");
     case SelectStage::kScore:
       if (P.sel.empty()) return Status::Ok();
       if (!index_q)
         return invalid_argument("cuda: null index query pointer for a plan that selects");
       if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
-      CISA_RETURN_IF_ERROR(
-          cuda_status(detail::launch_index_queries(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
-                                                   static_cast<int64_t>(P.sel.size()), index_q,
-                                                   P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
-                                                   P.d_qsplit.as<uint16_t>(), s),
-                      "cuda: index queries"));
+      CISA_RETURN_IF_ERROR(cuda_status(
+          detail::launch_index_queries(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                       index_q, P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
+                                       P.d_qsplit.as<uint16_t>(), s),
+          "cuda: index queries"));
       return cuda_status(
-          detail::launch_score(P.d_streams.as<ScoreStream>(),
-                               static_cast<int64_t>(P.streams.size()), P.max_score_span,
-                               P.max_stream_lists, P.d_lists.as<ListDesc>(), P.block_pages,
+          detail::launch_score(P.d_streams, static_cast<int64_t>(P.streams.size()),
+                               P.max_score_span, P.max_stream_lists, P.d_lists, P.block_pages,
                                layer.reps, P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
                                P.num_kv_heads, P.head_dim, P.quest, P.d_scores.as<float>(), s),
           "cuda: scoring");
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
-      CISA_RETURN_IF_ERROR(cuda_status(
-          detail::launch_topk(P.d_lists.as<ListDesc>(), P.d_sel.as<int32_t>(),
-                              static_cast<int64_t>(P.sel.size()), P.d_scores.as<float>(),
-                              P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
-          "cuda: top-k"));
+      CISA_RETURN_IF_ERROR(
+          cuda_status(detail::launch_topk(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                          P.d_scores.as<float>(), P.block_pages,
+                                          P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+                      "cuda: top-k"));
       return cuda_status(
           detail::launch_build_unions(
-              P.d_unions.as<detail::UnionDesc>(), static_cast<int64_t>(P.unions.size()),
-              P.union_smem, P.d_lists.as<ListDesc>(), P.d_chunks.as<int32_t>(), P.block_pages,
-              P.d_upages.as<int32_t>(), P.d_uchunks.as<int32_t>(), P.d_umask.as<int32_t>(),
-              P.d_ucounts.as<int32_t>(), s),
+              P.d_unions, static_cast<int64_t>(P.unions.size()), P.union_smem, P.d_lists,
+              P.d_chunks.as<int32_t>(), P.block_pages, P.d_upages.as<int32_t>(),
+              P.d_uchunks.as<int32_t>(), P.d_umask.as<int32_t>(), P.d_ucounts.as<int32_t>(), s),
           "cuda: union lists");
   }
   return invalid_argument("cuda: unknown selection stage");
@@ -522,9 +593,9 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   a.k = layer.k;
   a.v = layer.v;
   a.q = q;
-  a.lists = P.d_lists.as<ListDesc>();
-  a.tasks = P.d_tasks.as<AttnTask>();
-  a.merges = P.d_merges.as<MergeTask>();
+  a.lists = P.d_lists;
+  a.tasks = P.d_tasks;
+  a.merges = P.d_merges;
   a.pages = P.d_pages.as<int32_t>();
   a.chunks = P.d_chunks.as<int32_t>();
   a.upages = P.d_upages.as<int32_t>();
@@ -553,6 +624,43 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   return cuda_status(
       detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
       "cuda: split-KV merge");
+}
+
+uint64_t plan_launch_key(const Plan& plan) {
+  const auto& P = *plan.impl();
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
+  const auto ptr = [&mix](const void* p) { mix(reinterpret_cast<uint64_t>(p)); };
+  for (const int64_t v : {int64_t{P.num_q_heads},
+                          int64_t{P.num_kv_heads},
+                          int64_t{P.head_dim},
+                          int64_t{P.quest},
+                          P.num_rows,
+                          static_cast<int64_t>(P.lists.size()),
+                          static_cast<int64_t>(P.sel.size()),
+                          static_cast<int64_t>(P.streams.size()),
+                          int64_t{P.max_score_span},
+                          int64_t{P.max_stream_lists},
+                          P.max_fixed,
+                          static_cast<int64_t>(P.unions.size()),
+                          static_cast<int64_t>(P.union_smem),
+                          static_cast<int64_t>(P.tasks.size()),
+                          static_cast<int64_t>(P.merges.size()),
+                          int64_t{P.merge_max_rows},
+                          int64_t{P.warps},
+                          int64_t{P.page_warps},
+                          int64_t{P.wgmma},
+                          static_cast<int64_t>(P.options.attention_kernel),
+                          int64_t{P.options.ws_copy_warps},
+                          int64_t{P.lists.empty() ? 0 : P.lists[0].window}})
+    mix(static_cast<uint64_t>(v));
+  for (const void* p : std::initializer_list<const void*>{
+           static_cast<const void*>(P.block_pages), P.d_meta.as<void>(), P.d_pages.as<void>(),
+           P.d_chunks.as<void>(), P.d_scores.as<void>(), P.d_qbar.as<void>(), P.d_qsplit.as<void>(),
+           P.d_partial_out.as<void>(), P.d_partial_lse.as<void>(), P.d_upages.as<void>(),
+           P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>()})
+    ptr(p);
+  return h;
 }
 
 Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream) {

@@ -14,7 +14,9 @@
 
 namespace cisa::cuda {
 
-// Device memory that only grows (so a plan rebuilt every step stops allocating after warm-up).
+// Device memory that only grows (so a plan rebuilt every step stops allocating after warm-up);
+// a growth takes an eighth more than asked, so buffers that grow a little every step (lists of
+// sequences in decode) keep their addresses for many steps (a captured step graph names them).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -29,6 +31,23 @@ class DeviceBuffer {
     return static_cast<T*>(ptr_);
   }
   size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Page-locked host memory that only grows (staging of the plan's metadata).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  Status reserve(size_t bytes, const char* what);
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
 
  private:
   void* ptr_ = nullptr;
@@ -63,9 +82,21 @@ struct Plan::Impl {
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)
   int64_t max_fixed = 0;   // most fixed entries (dense range / sinks + window + tail) of a list
 
-  DeviceBuffer d_lists, d_sel, d_streams, d_tasks, d_merges;
+  // Launch metadata: one device arena (lists, selecting lists, score streams, attention tasks,
+  // merge tasks, union descriptors at 256-byte aligned offsets), written by one copy per plan:
+  // from pinned staging on PlanOptions::upload_stream, or synchronously when that is null.
+  DeviceBuffer d_meta;
+  PinnedBuffer h_meta;
+  cudaEvent_t meta_copied = nullptr;  // recorded after the async copy; h_meta is reused after it
+  detail::ListDesc* d_lists = nullptr;
+  int32_t* d_sel = nullptr;
+  detail::ScoreStream* d_streams = nullptr;
+  detail::AttnTask* d_tasks = nullptr;
+  detail::MergeTask* d_merges = nullptr;
+  detail::UnionDesc* d_unions = nullptr;
+  ~Impl();
   DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_qsplit, d_partial_out, d_partial_lse;
-  DeviceBuffer d_unions, d_upages, d_uchunks, d_umask, d_ucounts;
+  DeviceBuffer d_upages, d_uchunks, d_umask, d_ucounts;
 };
 
 }  // namespace cisa::cuda

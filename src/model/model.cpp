@@ -371,10 +371,7 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
       for (const BatchEntry& e : st.batch)
         for (int32_t j = 0; j < e.count; ++j) st.pos[r++] = e.first + j;
     }
-    // Embeddings, scaled (Gemma multiplies by sqrt(n_embd)).
     CISA_RETURN_IF_ERROR(be.upload(st.token_ids->data(), st.tokens.data(), rows * 4));
-    CISA_RETURN_IF_ERROR(
-        be.embed(m.w.tok_embd, st.token_ids->i32(), rows, hp.embed_scale, st.x->f32()));
     // RoPE angle tables for this step's positions, one per base in use, made on the host.
     st.host_cos.resize(static_cast<size_t>(rows * half));
     st.host_sin.resize(static_cast<size_t>(rows * half));
@@ -405,26 +402,60 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
     if (any_cisa)
       CISA_RETURN_IF_ERROR(
           be.plan(PlanSlot::kCisa, st.batch, {.kind = PlanKind::kCisa, .selection = selection}));
-    CISA_RETURN_IF_ERROR(m.run_layers());
-
-    // Final norm and logits for the wanted rows only (the output matrix is the largest one).
-    if (!out_rows.empty()) {
-      const int64_t no = static_cast<int64_t>(out_rows.size());
-      CISA_RETURN_IF_ERROR(ensure_buffer(be, st.xo, no * E * f4, "output rows"));
-      CISA_RETURN_IF_ERROR(be.gather_rows(st.x->f32(), out_rows, E, st.xo->f32()));
-      CISA_RETURN_IF_ERROR(
-          be.rms_norm(st.xo->f32(), m.w.output_norm, st.xo->f32(), no, hp.n_embd, hp.rms_eps));
-      float* dst = logits ? logits->data() + out_written * V : nullptr;
-      // Host memory is the CPU backend's memory: the product lands in `logits` directly.
-      const bool direct = dst && be.kind() == BackendKind::kCpu;
+    // The output buffers first: nothing allocates inside the step's bracket.
+    const int64_t no = static_cast<int64_t>(out_rows.size());
+    float* const dst = logits && no > 0 ? logits->data() + out_written * V : nullptr;
+    // Host memory is the CPU backend's memory: the product lands in `logits` directly.
+    const bool direct = dst && be.kind() == BackendKind::kCpu;
+    // Every row wanted in order (decode): the final norm reads the residual rows in place.
+    bool all_rows = no == rows;
+    for (int64_t i = 0; all_rows && i < no; ++i) all_rows = out_rows[static_cast<size_t>(i)] == i;
+    if (no > 0) {
+      if (!all_rows) CISA_RETURN_IF_ERROR(ensure_buffer(be, st.xo, no * E * f4, "output rows"));
       if (!direct) CISA_RETURN_IF_ERROR(ensure_buffer(be, st.logits, no * V * f4, "logits"));
-      float* const product = direct ? dst : st.logits->f32();
-      CISA_RETURN_IF_ERROR(be.matmul(m.w.output, st.xo->f32(), product, no));
-      if (greedy) {  // the greedy tokens, on the backend: only `no` ids move
-        CISA_RETURN_IF_ERROR(ensure_buffer(be, st.argmax, no * 4, "greedy tokens"));
-        CISA_RETURN_IF_ERROR(be.argmax_rows(product, no, V, st.argmax->i32()));
+      if (greedy) CISA_RETURN_IF_ERROR(ensure_buffer(be, st.argmax, no * 4, "greedy tokens"));
+    }
+    float* const xo = all_rows ? st.o->f32() : no > 0 ? st.xo->f32() : nullptr;
+    float* const product = direct ? dst : no > 0 ? st.logits->f32() : nullptr;
+
+    // The device work of the step, bracketed: a decode step (one row per sequence, all rows
+    // wanted) passes a key that names everything its operations depend on besides the backend's
+    // plans, so a backend may replay a recording of it (Backend::begin_step).
+    uint64_t graph_key = 0;
+    if (all_rows && no == static_cast<int64_t>(st.batch.size()) && !m.tap && !direct &&
+        !m.opt.attention.selector) {
+      graph_key = 0x9E3779B97F4A7C15ull;
+      const auto mix = [&](uint64_t v) { graph_key = (graph_key ^ v) * 0x100000001b3ull; };
+      mix(static_cast<uint64_t>(rows));
+      mix(static_cast<uint64_t>(greedy != nullptr));
+      mix(static_cast<uint64_t>(call_dense));
+      for (const BufferPtr* b : {&st.token_ids, &st.x, &st.xn, &st.o, &st.q, &st.att, &st.k, &st.v,
+                                 &st.gate, &st.up, &st.index_q, &st.rope_cos[0], &st.rope_sin[0],
+                                 &st.rope_cos[1], &st.rope_sin[1], &st.logits, &st.argmax})
+        mix(*b ? reinterpret_cast<uint64_t>((*b)->data()) : 0);
+      graph_key |= 1;
+    }
+    CISA_RETURN_IF_ERROR(be.begin_step(st.batch, graph_key));
+    const Status step = [&]() -> Status {
+      // Embeddings, scaled (Gemma multiplies by sqrt(n_embd)).
+      CISA_RETURN_IF_ERROR(
+          be.embed(m.w.tok_embd, st.token_ids->i32(), rows, hp.embed_scale, st.x->f32()));
+      CISA_RETURN_IF_ERROR(m.run_layers());
+      // Final norm and logits for the wanted rows only (the output matrix is the largest one).
+      if (no == 0) return Status::Ok();
+      if (!all_rows) CISA_RETURN_IF_ERROR(be.gather_rows(st.x->f32(), out_rows, E, xo));
+      CISA_RETURN_IF_ERROR(
+          be.rms_norm(all_rows ? st.x->f32() : xo, m.w.output_norm, xo, no, hp.n_embd, hp.rms_eps));
+      CISA_RETURN_IF_ERROR(be.matmul(m.w.output, xo, product, no));
+      // The greedy tokens, on the backend: only `no` ids move.
+      if (greedy) CISA_RETURN_IF_ERROR(be.argmax_rows(product, no, V, st.argmax->i32()));
+      return Status::Ok();
+    }();
+    CISA_RETURN_IF_ERROR(be.end_step(step.ok()));
+    CISA_RETURN_IF_ERROR(step);
+    if (no > 0) {
+      if (greedy)
         CISA_RETURN_IF_ERROR(be.download(greedy->data() + out_written, st.argmax->data(), no * 4));
-      }
       if (dst && !direct) CISA_RETURN_IF_ERROR(be.download(dst, product, no * V * f4));
       out_written += no;
     }

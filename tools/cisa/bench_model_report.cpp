@@ -73,6 +73,14 @@ Json run_json(const ProtocolRun& r, const Derived& d) {
   Json j = Json::object();
   j["attention_mode"] = r.mode;
   j["backend"] = r.backend;
+  // Whether decode steps ran from CUDA graphs (BackendOptions::step_graphs): steps launched one
+  // by one, recorded, and replayed, over the whole run (warm-up, prefill or fill, decode).
+  Json g = Json::object();
+  g["enabled"] = r.graphs.enabled;
+  g["eager_steps"] = r.graphs.eager;
+  g["captured_steps"] = r.graphs.captured;
+  g["replayed_steps"] = r.graphs.replayed;
+  j["cuda_graphs"] = g;
   j["load_s"] = r.load_s;
   j["ttft_s"] = nullable(r.ttft_s);
   if (std::isnan(r.ttft_s))

@@ -32,6 +32,7 @@ struct ProtocolRun {
   int64_t weight_bytes = 0;
   int64_t peak_memory = 0;  // CUDA: device memory in use (total − free); CPU: peak RSS
   std::string backend;      // Backend::description()
+  StepGraphStats graphs;    // Backend::step_graph_stats() after decode
   int threads = 0;
 };
 

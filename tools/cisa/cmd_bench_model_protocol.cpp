@@ -217,6 +217,7 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   out->cache = m.backend().cache_config();
   out->weight_bytes = m.backend().weight_bytes();
   out->backend = m.backend().description();
+  out->graphs = m.backend().step_graph_stats();
   out->threads = m.num_threads();
   return Status::Ok();
 }

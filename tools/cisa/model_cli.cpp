@@ -25,6 +25,8 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_int("--prefill-block", &o->prefill_block, "prompt tokens per forward step (default 512)");
   p.add_choice("--backend", &o->backend, {"cpu", "cuda"},
                "where the model runs: cpu (default) or cuda (an sm_90 GPU; builds with CUDA)");
+  p.add_choice("--cuda-graphs", &o->cuda_graphs, {"on", "off"},
+               "--backend cuda: replay decode steps from CUDA graphs (default on)");
   p.add_choice("--kv-dtype", &o->kv_dtype, {"auto", "f32", "bf16"},
                "KV cache element type (default: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},
@@ -69,14 +71,18 @@ bool cuda_model_backend_built() {
 #endif
 }
 
-Result<BackendFactory> backend_factory(const std::string& name) {
+Result<BackendFactory> backend_factory(const std::string& name, bool step_graphs) {
   if (name == "cpu") return BackendFactory{};
   if (name != "cuda") return invalid_argument("--backend must be cpu or cuda (got '" + name + "')");
 #ifdef CISA_WITH_CUDA_MODEL
   std::string why;
   if (!cuda::device_available(&why))
     return unavailable("--backend cuda: no usable GPU (" + why + ")");
-  return BackendFactory(cuda::make_model_backend);
+  return BackendFactory([step_graphs](const BackendOptions& options) {
+    BackendOptions o = options;
+    o.step_graphs = step_graphs;
+    return cuda::make_model_backend(o);
+  });
 #else
   return unavailable(
       "--backend cuda: this cisa was built without the CUDA model backend (configure with the "
@@ -110,7 +116,7 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (o.prefill_block < 1 || o.prefill_block > 65536)
     return invalid_argument("--prefill-block must be in [1, 65536]");
   m.prefill_block = static_cast<int>(o.prefill_block);
-  CISA_ASSIGN_OR_RETURN(m.backend, backend_factory(o.backend));
+  CISA_ASSIGN_OR_RETURN(m.backend, backend_factory(o.backend, o.cuda_graphs == "on"));
   const bool cuda = o.backend == "cuda";
   CISA_ASSIGN_OR_RETURN(
       m.kv_dtype, parse_kv_dtype(o.kv_dtype == "auto" ? (cuda ? "bf16" : "f32") : o.kv_dtype));

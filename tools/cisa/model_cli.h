@@ -30,6 +30,9 @@ struct ModelCliOptions {
   // "cpu" or "cuda" (the CUDA model backend, cuda/model_backend.h; needs a build with it and an
   // sm_90 GPU).
   std::string backend = "cpu";
+  // "on": the CUDA backend records decode steps in CUDA graphs and replays them
+  // (BackendOptions::step_graphs); "off": every kernel launched one by one.
+  std::string cuda_graphs = "on";
   // "auto": f32 on the CPU backend, bf16 on CUDA (the only type its kernels take).
   std::string kv_dtype = "auto";
   // A synthetic model (Model::load_synthetic, synthetic_model_names()) instead of a GGUF file:
@@ -58,7 +61,8 @@ void add_synthetic_option(ArgParser& p, ModelCliOptions* o, bool with_prompt_tok
 // What --backend NAME makes: an empty factory for "cpu" (Model's default, the CPU backend),
 // cisa::cuda::make_model_backend for "cuda". Errors, each saying what to do: an unknown name; a
 // cisa built without the CUDA model backend; no usable GPU (cuda::device_available's reason).
-Result<BackendFactory> backend_factory(const std::string& name);
+// step_graphs: BackendOptions::step_graphs of the CUDA backend (--cuda-graphs).
+Result<BackendFactory> backend_factory(const std::string& name, bool step_graphs = true);
 // True when this binary was built with the CUDA model backend (CISA_WITH_CUDA_MODEL).
 bool cuda_model_backend_built();
 // "synthetic weights, speed only": what every output of a synthetic run says.

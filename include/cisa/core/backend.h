@@ -100,6 +100,19 @@ struct AttendParams {
 struct BackendOptions {
   int threads = 0;  // CPU: worker threads (0: one per hardware thread); CUDA: host-side threads
   int device = 0;   // CUDA device ordinal
+  // CUDA: record the device work of a decode step (begin_step with a nonzero key) in a CUDA graph
+  // and replay it on later steps of the same key instead of launching each kernel. The CPU
+  // backend ignores it.
+  bool step_graphs = true;
+};
+
+// What a backend did with the steps begin_step() bracketed (step_graph_stats()).
+struct StepGraphStats {
+  bool enabled = false;  // the backend records step graphs (BackendOptions::step_graphs, CUDA)
+  int64_t eager = 0;     // bracketed steps whose operations were launched one by one
+  int64_t captured = 0;  // steps recorded into a new graph (and run from it)
+  int64_t replayed = 0;  // steps run by replaying a graph recorded earlier
+  int64_t graphs = 0;    // graphs held now
 };
 
 class Backend {
@@ -191,6 +204,26 @@ class Backend {
   // q, out: [rows][num_q_heads][head_dim].
   virtual Status attend(PlanSlot slot, int layer, const float* q, int num_q_heads,
                         const AttendParams& p, float* out) = 0;
+
+  // ---- steps ----
+  // Model::forward brackets the device work of each step with begin_step() and end_step(): after
+  // the step's uploads, reserve() and plan() calls, before its downloads. `graph_key` is nonzero
+  // only when the caller issues the same operations, on the same buffers and row counts, on every
+  // step that passes that key (the decode steps of one batch shape); a backend may then record the
+  // operations once and, on later steps of the key, replay the recording instead of launching
+  // each one (operations still check their arguments and keep the host's bookkeeping). The batch
+  // is the step's (append_kv's entries): a backend may prepare per-step metadata from it.
+  // end_step(false) closes the bracket after a failed operation without running what it holds.
+  virtual Status begin_step(std::span<const BatchEntry> batch, uint64_t graph_key) {
+    (void)batch;
+    (void)graph_key;
+    return Status::Ok();
+  }
+  virtual Status end_step(bool run = true) {
+    (void)run;
+    return Status::Ok();
+  }
+  virtual StepGraphStats step_graph_stats() const { return {}; }
 
   // ---- the CPU backend's own objects (calibration taps and page selectors read them) ----
   virtual const PagedKvCache* cpu_cache() const { return nullptr; }

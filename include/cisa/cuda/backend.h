@@ -106,7 +106,11 @@ struct PlanOptions {
   int blocks_per_sm = 0;
   // Producer warps copying K/V in the warp-specialised kernel's 128-row tiles: 0 for
   // tile_sizes.cuh's kWsCopyWarps, or 1.
-  int ws_copy_warps = 0;
+  int ws_copy_warps = 0;  // Where the plan's launch metadata goes to the device: a cudaStream_t, on
+                          // which one copy from
+  // page-locked staging is enqueued (no host synchronisation; the staging is reused once that
+  // copy is done). nullptr: a synchronous copy (the legacy default stream).
+  void* upload_stream = nullptr;
 };
 
 // Dense plan: one group per entry over every page up to its last query's page, or, with
@@ -120,6 +124,14 @@ Status plan_dense(const DeviceLayer& layer, const DeviceBlockTables& tables,
 Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
                    std::span<const BatchEntry> batch, int num_q_heads, const SelectionParams& p,
                    Plan* plan, const PlanOptions& options = {});
+
+// A hash of everything run_select and run_attention pass to their launches for this plan (grid
+// sizes, kernel choices, device pointers), except the layer's K/V: two plans with the same key
+// launch the same kernels with the same arguments, so a CUDA graph recorded for one replays the
+// other once the plan's metadata is on the device. Bounds that grow with the sequences (the
+// longest eligible range, the longest fixed part of a list) are rounded up before launch, so a
+// decode batch keeps its key for many steps.
+uint64_t plan_launch_key(const Plan& plan);
 
 // The selection stages, separately launchable for timing; run_select runs all three in order.
 enum class SelectStage {

@@ -37,4 +37,10 @@ Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& option
 // is not a CUDA model backend, failed_precondition when the slot is not planned.
 Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out);
 
+// Turns a CUDA backend's step graphs (BackendOptions::step_graphs) on or off from its next step;
+// off also drops the graphs it holds. Tests compare both ways on one backend (same GEMM
+// algorithms, so results must be bit for bit the same). invalid_argument when `backend` is not a
+// CUDA model backend, failed_precondition inside a step.
+Status set_step_graphs(Backend& backend, bool on);
+
 }  // namespace cisa::cuda

@@ -125,7 +125,13 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
           cudaMemsetAsync(p.reps.get(), 0, static_cast<size_t>(rep_bytes), stream_), what));
     }
   }
+  // The block-table mirror at its largest (every page in some sequence's table), allocated once:
+  // its address never changes, so plans and step graphs that name it stay valid.
+  DeviceMemory tables;
+  CISA_ASSIGN_OR_RETURN(tables, DeviceMemory::allocate(config.num_pages * int64_t{sizeof(int32_t)},
+                                                       "device block tables"));
   CISA_RETURN_IF_ERROR(synchronize());
+  d_tables_ = std::move(tables);
   pools_ = std::move(pools);
   config_ = config;
   table_ = PageTable(config.num_layers, kPageSize, config.num_pages);
@@ -164,7 +170,8 @@ Status CudaBackend::sync_block_tables() {
   const auto bytes = static_cast<int64_t>(h_tables_.size() * sizeof(int32_t));
   mirrored_ = false;  // until the upload below succeeds
   CISA_RETURN_IF_ERROR(d_tables_.reserve(bytes, "device block tables", stream_));
-  if (bytes > 0) CISA_RETURN_IF_ERROR(upload(d_tables_.get(), h_tables_.data(), bytes));
+  if (bytes > 0)
+    CISA_RETURN_IF_ERROR(stage_upload(d_tables_.get(), h_tables_.data(), bytes, "block tables"));
   mirrored_ = true;
   mirrored_version_ = table_.version();
   ++mirror_generation_;
@@ -214,19 +221,34 @@ Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, cons
   const auto rows = static_cast<int64_t>(h_slots_.size());
   if (rows == 0) return Status::Ok();
   if (!k || !v) return invalid_argument("cuda append_kv: null K or V pointer");
-  CISA_RETURN_IF_ERROR(d_slots_.reserve(rows * 8, "append_kv token slots", stream_));
-  CISA_RETURN_IF_ERROR(upload(d_slots_.get(), h_slots_.data(), rows * 8));
+  // The slots and filled pages begin_step uploaded for the step, when this layer's are those
+  // (every layer of a step that appends once per layer); else this call uploads its own.
+  const int32_t* d_full = nullptr;
+  const int64_t* d_slots = nullptr;
+  const auto n_full = static_cast<int64_t>(h_full_pages_.size());
+  if (step_ready_ && h_slots_ == step_slots_ && (!reps || h_full_pages_ == step_full_pages_)) {
+    d_slots = d_step_.as<int64_t>();
+    d_full = reinterpret_cast<const int32_t*>(d_step_.as<uint8_t>() + step_pages_offset_);
+  } else {
+    CISA_RETURN_IF_ERROR(d_slots_.reserve(rows * 8, "append_kv token slots", stream_));
+    CISA_RETURN_IF_ERROR(stage_upload(d_slots_.get(), h_slots_.data(), rows * 8, "append_kv"));
+    d_slots = d_slots_.as<int64_t>();
+    if (n_full > 0) {
+      CISA_RETURN_IF_ERROR(d_full_pages_.reserve(n_full * 4, "append_kv filled pages", stream_));
+      CISA_RETURN_IF_ERROR(
+          stage_upload(d_full_pages_.get(), h_full_pages_.data(), n_full * 4, "append_kv"));
+      d_full = d_full_pages_.as<int32_t>();
+    }
+  }
   LayerPools& p = pools_[static_cast<size_t>(layer)];
-  CISA_RETURN_IF_ERROR(launched(
-      detail::launch_append_kv(k, v, d_slots_.as<int64_t>(), rows, config_.num_kv_heads,
-                               config_.head_dim, p.k.as<uint16_t>(), p.v.as<uint16_t>(), stream_),
-      "append_kv"));
-  if (!h_full_pages_.empty()) {
-    const auto n = static_cast<int64_t>(h_full_pages_.size());
-    CISA_RETURN_IF_ERROR(d_full_pages_.reserve(n * 4, "append_kv filled pages", stream_));
-    CISA_RETURN_IF_ERROR(upload(d_full_pages_.get(), h_full_pages_.data(), n * 4));
-    CISA_RETURN_IF_ERROR(
-        run_update_reps(device_layer(layer), d_full_pages_.as<int32_t>(), n, stream_));
+  if (!graph_skip(10, {arg(k), arg(v), arg(d_slots), arg(rows), arg(int64_t{layer}), arg(d_full),
+                       arg(n_full)})) {
+    CISA_RETURN_IF_ERROR(launched(
+        detail::launch_append_kv(k, v, d_slots, rows, config_.num_kv_heads, config_.head_dim,
+                                 p.k.as<uint16_t>(), p.v.as<uint16_t>(), stream_),
+        "append_kv"));
+    if (n_full > 0)
+      CISA_RETURN_IF_ERROR(run_update_reps(device_layer(layer), d_full, n_full, stream_));
   }
   for (const auto& [seq, n] : pending) CISA_RETURN_IF_ERROR(table_.mark_written(layer, seq, n));
   return Status::Ok();

@@ -166,6 +166,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
   CISA_RETURN_IF_ERROR(check_cuda(cudaSetDevice(options.device), "cuda: selecting the device"));
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = options.device;
+  be->step_graphs_ = options.step_graphs;
   // A blocking stream: it stays ordered with the legacy default stream on which the attention
   // planner (cuda/backend.h) uploads its metadata.
   CISA_RETURN_IF_ERROR(check_cuda(cudaStreamCreate(&be->stream_), "cuda: creating the stream"));
@@ -182,6 +183,9 @@ CudaBackend::~CudaBackend() {
   }
   for (cudaEvent_t& e : staged_)
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t& e : stage_done_)
+    if (e) cudaEventDestroy(e);
+  for (StepGraph& g : graphs_) cudaGraphExecDestroy(g.exec);
 }
 
 Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& options) {
@@ -195,6 +199,14 @@ Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out)
     return invalid_argument("download_slot_page_lists: not a CUDA model backend (" +
                             backend.description() + ")");
   return be->download_page_lists(slot, out);
+}
+
+Status set_step_graphs(Backend& backend, bool on) {
+  auto* be = dynamic_cast<CudaBackend*>(&backend);
+  if (!be)
+    return invalid_argument("set_step_graphs: not a CUDA model backend (" + backend.description() +
+                            ")");
+  return be->set_step_graphs(on);
 }
 
 // ---- memory ----
@@ -358,6 +370,8 @@ Status CudaBackend::embed(const BackendMatrix& table, const int32_t* tokens, int
                           float scale, float* x) {
   CISA_ASSIGN_OR_RETURN(const DeviceMatrix* t, find_matrix(table, "embed"));
   // Tokens live on the device: one outside the vocabulary gives a row of NaN (model_ops.cuh).
+  if (graph_skip(1, {arg(t->data()), arg(tokens), arg(rows), arg(scale), arg(x)}))
+    return Status::Ok();
   return launched(
       detail::launch_embed(t->data(), tokens, rows, t->n_cols, scale, x, stream_, t->n_rows),
       "embed");
@@ -375,6 +389,9 @@ Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int
   if (!x || !y) return invalid_argument("cuda matmul: null input or output");
   // x is f32; the GEMM multiplies bf16 with f32 accumulation.
   CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(rows * m->n_cols));
+  if (graph_skip(2, {arg(m->data()), arg(m->n_rows), arg(m->n_cols), arg(x), arg(xb), arg(y),
+                     arg(rows), arg(ldy)}))
+    return Status::Ok();
   CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(x, xb, rows * m->n_cols, stream_),
                                 "matmul input to bf16"));
   return gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_);
@@ -383,6 +400,8 @@ Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int
 Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
                              float eps) {
   if (rows > 0 && n <= 0) return invalid_argument("cuda rms_norm: row width must be positive");
+  if (graph_skip(3, {arg(x), arg(w), arg(y), arg(rows), arg(int64_t{n}), arg(eps)}))
+    return Status::Ok();
   return launched(detail::launch_rms_norm(x, w, y, rows, n, eps, stream_), "rms_norm");
 }
 
@@ -391,22 +410,30 @@ Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* 
   if (rows > 0 && (heads <= 0 || d <= 0 || d % 2 != 0))
     return invalid_argument("cuda rope: heads must be positive and d positive and even (got " +
                             std::to_string(heads) + " heads, d " + std::to_string(d) + ")");
+  if (graph_skip(4, {arg(x), arg(rows), arg(int64_t{heads}), arg(int64_t{d}), arg(cos), arg(sin),
+                     arg(int64_t{style == RopeStyle::kNeox})}))
+    return Status::Ok();
   return launched(
       detail::launch_rope(x, rows, heads, d, cos, sin, style == RopeStyle::kNeox, stream_), "rope");
 }
 
 Status CudaBackend::gated_activation(Activation act, const float* gate, const float* up, float* out,
                                      int64_t rows, int64_t n) {
+  if (graph_skip(5, {arg(int64_t{act == Activation::kGeluTanh}), arg(gate), arg(up), arg(out),
+                     arg(rows), arg(n)}))
+    return Status::Ok();
   return launched(detail::launch_gated_activation(act == Activation::kGeluTanh, gate, up, out, rows,
                                                   n, stream_),
                   "gated_activation");
 }
 
 Status CudaBackend::add(float* y, const float* x, int64_t n) {
+  if (graph_skip(6, {arg(y), arg(x), arg(n)})) return Status::Ok();
   return launched(detail::launch_add(y, x, n, stream_), "add");
 }
 
 Status CudaBackend::round_f16(float* x, int64_t n) {
+  if (graph_skip(7, {arg(x), arg(n)})) return Status::Ok();
   return launched(detail::launch_round_f16(x, n, stream_), "round_f16");
 }
 
@@ -415,6 +442,9 @@ Status CudaBackend::mean_heads(const float* q, int64_t rows, int hq, int hkv, in
     return invalid_argument("cuda mean_heads: " + std::to_string(hq) +
                             " query heads are not a positive multiple of " + std::to_string(hkv) +
                             " KV heads (d " + std::to_string(d) + ")");
+  if (graph_skip(
+          8, {arg(q), arg(rows), arg(int64_t{hq}), arg(int64_t{hkv}), arg(int64_t{d}), arg(out)}))
+    return Status::Ok();
   return launched(detail::launch_mean_heads(q, rows, hq, hkv, d, out, stream_), "mean_heads");
 }
 
@@ -422,6 +452,8 @@ Status CudaBackend::fill_random(float* x, int64_t n, uint64_t seed, float scale)
   if (n < 0) return invalid_argument("cuda fill_random: negative count");
   if (n == 0) return Status::Ok();
   if (!x) return invalid_argument("cuda fill_random: null output");
+  if (step_mode_ == StepMode::kCapture || step_mode_ == StepMode::kReplay)
+    return failed_precondition("cuda fill_random: not inside a recorded step");
   CISA_ASSIGN_OR_RETURN(uint16_t * tmp, bf16_scratch(std::min(n, kFillChunk)));
   for (int64_t i0 = 0; i0 < n; i0 += kFillChunk) {
     const int64_t m = std::min(kFillChunk, n - i0);
@@ -441,8 +473,9 @@ Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, i
     if (rows[i] < 0)
       return invalid_argument("cuda gather_rows: row index " + std::to_string(i) + " is negative");
   const auto n = static_cast<int64_t>(rows.size());
+  // Host row indices: uploaded here, so never inside a recorded step (stage_upload says so).
   CISA_RETURN_IF_ERROR(d_gather_rows_.reserve(n * 8, "gather_rows indices", stream_));
-  CISA_RETURN_IF_ERROR(upload(d_gather_rows_.get(), rows.data(), n * 8));
+  CISA_RETURN_IF_ERROR(stage_upload(d_gather_rows_.get(), rows.data(), n * 8, "gather_rows"));
   return launched(
       detail::launch_gather_rows(x, d_gather_rows_.as<int64_t>(), n, width, out, stream_),
       "gather_rows");
@@ -455,6 +488,7 @@ Status CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t
                             " values do not fit int32 indices");
   if (rows == 0) return Status::Ok();
   if (!out || (n > 0 && !x)) return invalid_argument("cuda argmax_rows: null input or output");
+  if (graph_skip(9, {arg(x), arg(rows), arg(n), arg(out)})) return Status::Ok();
   return launched(detail::launch_argmax_rows(x, rows, n, out, stream_), "argmax_rows");
 }
 

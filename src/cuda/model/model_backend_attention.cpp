@@ -47,9 +47,14 @@ const CudaBackend::Slot* CudaBackend::find_slot(PlanSlot slot) const {
 }
 
 Status CudaBackend::build_plan(Slot& s, int q_heads) {
+  // Inside a recorded or replayed step a plan cannot change (the graph holds its launches).
+  if (step_mode_ == StepMode::kCapture || step_mode_ == StepMode::kReplay)
+    return internal_error("cuda: a slot would be planned again inside a recorded step");
+  // The launch metadata goes up on the stream from page-locked staging: no host wait.
+  const PlanOptions plan_options{.upload_stream = stream_};
   if (s.spec.kind == PlanKind::kDense) {
     CISA_RETURN_IF_ERROR(plan_dense(device_layer(0), device_tables(), s.mapped, q_heads,
-                                    s.spec.sliding_window, &s.plan));
+                                    s.spec.sliding_window, &s.plan, plan_options));
   } else {
     int rep_layer = 0;
     while (rep_layer < config_.num_layers && !layer_has_reps(rep_layer)) ++rep_layer;
@@ -58,7 +63,7 @@ Status CudaBackend::build_plan(Slot& s, int q_heads) {
           "cuda plan: a CISA plan needs a layer with representatives (KvCacheConfig::rep_layers "
           "marks none)");
     CISA_RETURN_IF_ERROR(plan_sparse(device_layer(rep_layer), device_tables(), s.mapped, q_heads,
-                                     s.spec.selection, &s.plan));
+                                     s.spec.selection, &s.plan, plan_options));
   }
   s.q_heads = q_heads;
   // Dense ranges, sinks, window and tail of every list: the same for every layer of the step.
@@ -146,7 +151,8 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   CISA_RETURN_IF_ERROR(check_plan_current(*s, "select"));
   const bool selects = s->plan.selected_lists() > 0;
   if (selects && !index_q) return invalid_argument("cuda select: null index query pointer");
-  CISA_RETURN_IF_ERROR(run_select(s->plan, device_layer(layer), index_q, stream_));
+  if (!graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q)}))
+    CISA_RETURN_IF_ERROR(run_select(s->plan, device_layer(layer), index_q, stream_));
   if (selects && !s->q_heads_known) {
     // Kept for the re-plan of the first attend (see the top of this file).
     const int64_t bytes =
@@ -210,6 +216,9 @@ Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_h
   known_q_heads_ = num_q_heads;
   const int64_t n = s->rows * num_q_heads * config_.head_dim;
   CISA_ASSIGN_OR_RETURN(uint16_t * qb, bf16_scratch(n));
+  if (graph_skip(12, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(q), arg(qb), arg(out),
+                      arg(p.scale), arg(n)}))
+    return Status::Ok();
   CISA_RETURN_IF_ERROR(
       launched(detail::launch_f32_to_bf16(q, qb, n, stream_), "attend: queries to bf16"));
   return run_attention(s->plan, device_layer(layer), qb, p.scale, out, nullptr, stream_);

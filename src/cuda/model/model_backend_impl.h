@@ -3,6 +3,7 @@
 //   model_backend.cpp            memory, weights, the per-row operations, GEMMs, the factory
 //   device_kv_cache.cpp          the paged KV cache: device pools, PageTable, block-table mirror
 //   model_backend_attention.cpp  plan / select / attend over the Hopper attention path
+//   model_backend_graph.cpp      begin_step / end_step: per-step metadata, step graphs
 // Host C++ (C++20); kernels are reached through model_ops.cuh, gemm.h and cuda/backend.h.
 #pragma once
 
@@ -10,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +136,12 @@ class CudaBackend final : public Backend {
                 float* out) override;
   Status download_page_lists(PlanSlot slot, PageLists* out);
 
+  // ---- steps (model_backend_graph.cpp) ----
+  Status begin_step(std::span<const BatchEntry> batch, uint64_t graph_key) override;
+  Status end_step(bool run) override;
+  StepGraphStats step_graph_stats() const override;
+  Status set_step_graphs(bool on);
+
  private:
   CudaBackend() = default;
 
@@ -147,6 +155,31 @@ class CudaBackend final : public Backend {
   // The shared bf16 staging buffer (matmul inputs, attention queries, random fills): n values.
   Result<uint16_t*> bf16_scratch(int64_t n);
   Status launched(cudaError_t err, const char* op) const;
+
+  // ---- step graphs and per-step metadata (model_backend_graph.cpp) ----
+  // How the operations between begin_step and end_step reach the device.
+  enum class StepMode {
+    kNone,     // outside a bracket: every operation launches
+    kEager,    // in a bracket, launching one by one
+    kCapture,  // recorded on the stream into a graph, run at end_step
+    kReplay,   // a graph recorded for this key runs at end_step; operations only check and hash
+  };
+  // While recording or replaying, folds an operation's launch arguments into the step's hash
+  // (end_step compares a replay's hash with the recording's); true when the operation must not
+  // launch (replay).
+  bool graph_skip(uint64_t op, std::initializer_list<uint64_t> args);
+  static uint64_t arg(const void* p) { return reinterpret_cast<uint64_t>(p); }
+  static uint64_t arg(int64_t v) { return static_cast<uint64_t>(v); }
+  static uint64_t arg(float v);
+  // Host → device copy through page-locked staging (a ring of kStageSlots buffers, each reused
+  // once the copy that last used it is done): no host synchronisation in steady state. Not
+  // inside a recorded or replayed step (the graph would read the staging later).
+  Status stage_upload(void* dst, const void* src, int64_t bytes, const char* what);
+  // Token slots and filled pages of a step's batch as append_kv computes them for a layer whose
+  // sequences hold exactly the tokens before each entry (every layer, in a step that appends once
+  // per layer).
+  Status step_slots(std::span<const BatchEntry> batch, std::vector<int64_t>* slots,
+                    std::vector<int32_t>* full_pages) const;
 
   // ---- KV cache helpers (device_kv_cache.cpp) ----
   Status require_cache(const char* op) const;
@@ -212,6 +245,34 @@ class CudaBackend final : public Backend {
   std::vector<int64_t> h_slots_;       // append_kv: token slot of every row
   std::vector<int32_t> h_full_pages_;  // append_kv: pages the step filled
   DeviceMemory d_slots_, d_full_pages_;
+  // The step's slots and filled pages, uploaded once by begin_step (d_step_: int64 slots, then
+  // int32 pages at step_pages_offset_); append_kv uses them when its own match.
+  std::vector<int64_t> step_slots_;
+  std::vector<int32_t> step_full_pages_;
+  DeviceMemory d_step_;
+  int64_t step_pages_offset_ = 0;
+  bool step_ready_ = false;
+
+  static constexpr int kStageSlots = 4;
+  PinnedMemory stage_[kStageSlots];
+  int64_t stage_bytes_[kStageSlots] = {};
+  cudaEvent_t stage_done_[kStageSlots] = {};
+  int stage_next_ = 0;
+
+  bool step_graphs_ = true;  // BackendOptions::step_graphs
+  StepMode step_mode_ = StepMode::kNone;
+  uint64_t step_key_ = 0;     // the bracket's full key (the caller's and the backend's state)
+  uint64_t step_hash_ = 0;    // launch arguments of the bracket's operations so far
+  uint64_t pending_key_ = 0;  // the last key run eagerly: recorded when it comes again
+  struct StepGraph {
+    uint64_t key = 0, op_hash = 0, last_use = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::vector<StepGraph> graphs_;  // at most kMaxStepGraphs, least recently used dropped
+  static constexpr size_t kMaxStepGraphs = 8;
+  uint64_t graph_clock_ = 0;
+  size_t replay_index_ = 0;
+  StepGraphStats graph_stats_;
 
   std::array<Slot, 3> slots_;
   int known_q_heads_ = 0;  // learned from the first attend; plans are cut for it afterwards
