@@ -22,7 +22,7 @@
 # CONCURRENCY (8; also the server's --parallel), BUDGET (1024), WINDOW (128), QSHARE (16),
 # ALT_BUDGET (512: a second CISA pass with this budget per request; 0: none),
 # PREFILL_CHUNK (4096), PREFILL_BLOCK (4096), PORT (18080), REPEAT (1: repeat dense and CISA when
-# time is left), SKIP_BUILD=1 (use CISA_BIN, default build/cuda/cisa, as it is), DEADLINE_S,
+# time is left), PASS_EST (45: seconds a pass takes; skipped when less is left), SKIP_BUILD=1 (use CISA_BIN, default build/cuda/cisa, as it is), DEADLINE_S,
 # CISA_COMMIT, TREE_NOTE, MIN_TOKEN_ID / MAX_TOKEN_ID (random prompt ids, default 1000 / 9999),
 # BACKEND (cuda; cpu with THREADS for a dry run: MODEL=tiny-llama MAX_TOKEN_ID=255 BACKEND=cpu).
 set -uo pipefail
@@ -43,6 +43,7 @@ PREFILL_CHUNK=${PREFILL_CHUNK:-4096}
 PREFILL_BLOCK=${PREFILL_BLOCK:-4096}
 PORT=${PORT:-18080}
 REPEAT=${REPEAT:-1}
+PASS_EST=${PASS_EST:-45}  # seconds one pass is expected to take: a pass is skipped when less is left
 CONTEXT=$(((INPUT_LEN + OUTPUT_LEN + 511) / 256 * 256))
 export CISA_COMMIT=${CISA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 TREE_NOTE=${TREE_NOTE:-}
@@ -135,14 +136,14 @@ EOF
 warm_in=$((INPUT_LEN < 2048 ? INPUT_LEN / 2 : 1024))
 pass warmup '{"attention": "dense"}' 2 "$warm_in" 8 20
 pass warmup_cisa '{}' 2 "$warm_in" 8 20
-pass dense '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" 45
-pass cisa '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" 45
+pass dense '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
+pass cisa '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
 if [ "$ALT_BUDGET" -gt 0 ]; then
-  pass "cisa_k$ALT_BUDGET" "{\"cisa\": {\"budget\": $ALT_BUDGET}}" "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" 45
+  pass "cisa_k$ALT_BUDGET" "{\"cisa\": {\"budget\": $ALT_BUDGET}}" "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
 fi
 if [ "$REPEAT" = 1 ]; then
-  pass dense_2 '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" 45
-  pass cisa_2 '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" 45
+  pass dense_2 '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
+  pass cisa_2 '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
 fi
 stop_server
 trap - EXIT
@@ -165,7 +166,7 @@ res = {"what": "cisa serve --backend cuda, synthetic $MODEL (synthetic weights, 
                "driven by cisa bench serve: fixed-output requests (ignore_eos), dense vs CISA per request",
        "weights": "synthetic weights, speed only",
        "commit": "$CISA_COMMIT", "tree_note": "$TREE_NOTE",
-       "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+       "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
        "machine": {"gpu": gpu, "cpus": os.cpu_count()},
        "server_command": "${serve_cmd[*]}",
        "protocol": {"num_prompts": $NUM_PROMPTS, "input_len": $INPUT_LEN, "output_len": $OUTPUT_LEN,
