@@ -153,7 +153,7 @@ if [ "$mode" = graphs ]; then
     log "bench $name: B=$B L=$L k=$K W=$W --cuda-graphs $graphs"
     bounded 150 "$cisa" bench model --synthetic "$MODEL" --backend cuda --attention cisa \
       --batch "$B" --context "$L" --tokens "$TOKENS" --fill random --budget "$K" --window "$W" \
-      --cuda-graphs "$graphs" --bandwidth-mib 256 --json >"$OUT/graphs_${name}.json" 2>"$OUT/graphs_${name}.log"
+      --cuda-graphs "$graphs" --json >"$OUT/graphs_${name}.json" 2>"$OUT/graphs_${name}.log"
     rc=$?
     log "bench $name rc=$rc"
     [ $rc -eq 0 ] || { tail -5 "$OUT/graphs_${name}.log"; rm -f "$OUT/graphs_${name}.json"; }
