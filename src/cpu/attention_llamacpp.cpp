@@ -82,6 +82,23 @@ float dot16(const float* a, const float* b, int n) {
   return tree_sum16(l);
 }
 
+float dot64x4(const float* a, const float* b, int n) {
+  // Four accumulators of 16 lanes: element i goes to accumulator (i / 16) mod 4, lane i mod 16,
+  // over the whole 64-element chunks in ascending order; then (s0 + s2) + (s1 + s3) lane-wise and
+  // the tree; a tail of n mod 64 elements adds its f32 products one by one in fp64.
+  float s[4][16] = {};
+  const int np = n & ~63;
+  for (int i = 0; i < np; i += 64)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 16; ++l)
+        s[j][l] = std::fma(a[i + 16 * j + l], b[i + 16 * j + l], s[j][l]);
+  float t[16];
+  for (int l = 0; l < 16; ++l) t[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+  double sum = tree_sum16(t);
+  for (int i = np; i < n; ++i) sum += static_cast<double>(a[i] * b[i]);
+  return static_cast<float>(sum);
+}
+
 }  // namespace llamacpp
 
 namespace {
@@ -100,6 +117,9 @@ struct Runner {
   LlamaCppAttentionParams p;
   float* out;
   std::vector<int64_t> row_group;  // packed row → query group
+  // A batch of one row in all (a decode step): llama.cpp's products then take its one-column
+  // path (llamacpp::dot64x4 order) instead of the matrix kernels' (llamacpp::dot16 order).
+  bool one_row = false;
 
   // Scratch of one thread.
   struct Scratch {
@@ -161,9 +181,19 @@ struct Runner {
           for (int i = 0; i < d; ++i)
             dst[i] = llamacpp::round_f16(p.scale_queries ? src[i] * p.scale : src[i]);
         }
+      // One row: each score is the one-column dot product (llamacpp::dot64x4).
+      for (size_t j = 0; one_row && j < n; ++j) {
+        load_row(s.kptr[j], s.row.data());
+        for (int qi = 0; qi < nq; ++qi) {
+          const float dot = llamacpp::dot64x4(s.qs.data() + qi * d, s.row.data(), d);
+          s.score[qi * n + j] = !visible(s.pos[j], t0) ? -INFINITY
+                                : p.scale_queries      ? dot
+                                                       : dot * p.scale;
+        }
+      }
       // Scores 16 keys at a time: the block's rounded keys transposed ([d][16]), so that the 16
       // dimension lanes of q·k (llamacpp::dot16) run for all 16 keys at once, then the same tree.
-      for (size_t j0 = 0; j0 < n; j0 += 16) {
+      for (size_t j0 = 0; !one_row && j0 < n; j0 += 16) {
         const int nk = static_cast<int>(std::min<size_t>(16, n - j0));
         for (int kk = 0; kk < 16; ++kk) {
           if (kk < nk) load_row(s.kptr[j0 + kk], s.row.data());
@@ -211,24 +241,30 @@ struct Runner {
         for (size_t j = 0; j < n; ++j) sc[j] = llamacpp::round_f16(sc[j] * inv);
       }
       // O = P·V in 16 lanes by key position, each lane accumulating in ascending position (a
-      // masked key adds 0·v, exactly nothing, as in llama.cpp).
-      std::fill(s.acc.begin(), s.acc.begin() + static_cast<ptrdiff_t>(nq) * 16 * d, 0.0f);
+      // masked key adds 0·v, exactly nothing, as in llama.cpp). One row: 64 lanes by position
+      // (llamacpp::dot64x4's accumulator and lane; llama.cpp's cache length is a multiple of 256,
+      // so no position falls in its tail).
+      const int nl = one_row ? 64 : 16;
+      std::fill(s.acc.begin(), s.acc.begin() + static_cast<ptrdiff_t>(nq) * nl * d, 0.0f);
       for (size_t j = 0; j < n; ++j) {
         load_row(s.vptr[j], s.row.data());
-        const int lane = static_cast<int>(s.pos[j] % 16);
+        const int lane = static_cast<int>(s.pos[j] % nl);
         for (int qi = 0; qi < nq; ++qi) {
           const float pj = s.score[qi * n + j];
-          float* a = s.acc.data() + (static_cast<size_t>(qi) * 16 + lane) * d;
+          float* a = s.acc.data() + (static_cast<size_t>(qi) * nl + lane) * d;
           for (int i = 0; i < d; ++i) a[i] = std::fma(pj, s.row[i], a[i]);
         }
       }
       for (int r = 0; r < nr; ++r)
         for (int h = 0; h < hg; ++h) {
           float* o = out + ((r0 + r) * hq + kv * hg + h) * d;
-          const float* a = s.acc.data() + static_cast<size_t>(r * hg + h) * 16 * d;
+          const float* a = s.acc.data() + static_cast<size_t>(r * hg + h) * nl * d;
           float lanes[16];
           for (int i = 0; i < d; ++i) {
-            for (int l = 0; l < 16; ++l) lanes[l] = a[l * d + i];
+            for (int l = 0; l < 16; ++l)
+              lanes[l] = one_row ? (a[l * d + i] + a[(l + 32) * d + i]) +
+                                       (a[(l + 16) * d + i] + a[(l + 48) * d + i])
+                                 : a[l * d + i];
             o[i] = llamacpp::tree_sum16(lanes);
           }
         }
@@ -261,6 +297,7 @@ Status attend_llamacpp(const PagedKvCache& cache, int layer, std::span<const Bat
              .out = out,
              .row_group = std::move(row_group)};
   if (run.p.scale == 0.0f) run.p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  run.one_row = run.row_group.size() == 1;
 
   // Tasks: tiles of up to kTileRows rows of one query group.
   std::vector<std::pair<int64_t, int>> tiles;

@@ -4,7 +4,9 @@
 // attention against an fp64 softmax over the same f16-rounded inputs. Bit-exactness against
 // llama.cpp itself is the golden test's job (tests/golden/model_golden_test.cpp).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "cisa/cpu/attention_llamacpp.h"
 #include "cisa/cpu/selection.h"
@@ -88,7 +90,26 @@ TEST(LlamaCppNumerics, TreeAndLaneSumsFollowTheirOrder) {
     double want = 0, mag = 0;
     for (int i = 0; i < n; ++i) want += double(a[i]) * b[i], mag += std::abs(double(a[i]) * b[i]);
     EXPECT_NEAR(llamacpp::dot16(a.data(), b.data(), n), want, 1e-6 * mag) << n;
+    EXPECT_NEAR(llamacpp::dot64x4(a.data(), b.data(), n), want, 1e-6 * mag) << n;
   }
+}
+
+TEST(LlamaCppNumerics, OneColumnDotFollowsItsOrder) {
+  // Elements 0, 32 and 64 share dot16's lane 0, where 1e8 + 1 loses the 1 before −1e8 cancels
+  // 1e8. dot64x4 puts 0 and 64 in accumulator 0 (they cancel there) and 32 in accumulator 2.
+  std::vector<float> a(128, 0.0f), ones(128, 1.0f);
+  a[0] = 1e8f;
+  a[32] = 1.0f;
+  a[64] = -1e8f;
+  EXPECT_EQ(llamacpp::dot16(a.data(), ones.data(), 128), 0.0f);
+  EXPECT_EQ(llamacpp::dot64x4(a.data(), ones.data(), 128), 1.0f);
+  // The tail past the last whole 64-chunk is summed in fp64: 2^24 + 1 + 1 is exact there, while
+  // f32 additions would round each + 1 away (ties to even).
+  std::vector<float> b(70, 0.0f);
+  b[0] = 0x1p24f;
+  b[64] = b[65] = 1.0f;
+  EXPECT_EQ(llamacpp::dot64x4(b.data(), ones.data(), 70), 0x1p24f + 2.0f);
+  EXPECT_EQ(llamacpp::dot16(b.data(), ones.data(), 70), 0x1p24f);
 }
 
 struct KvSetup {
@@ -194,8 +215,59 @@ TEST_P(LlamaCppAttention, DenseAndCisaListsMatchFp64) {
   check_against_fp64(*s.cache, batch, sparse, q, hq, scale, c.scale_queries, 0, out_sparse);
 }
 
-// A query's result depends only on its own keys: splitting a sequence's rows into blocks and
-// single decode rows, or batching it with other sequences, gives the very same floats.
+// A batch of one row (a decode step) in llama.cpp's one-column order, written out from the
+// building blocks: q·k by dot64x4, the softmax as in batches, P·V in 64 lanes by position,
+// (l + 32) added to l and (l + 48) to (l + 16), then the tree.
+std::vector<float> one_row_reference(const PagedKvCache& c, SeqId seq, int64_t t, const float* q,
+                                     int hq, const LlamaCppAttentionParams& p) {
+  const int d = c.head_dim(), hg = hq / c.num_kv_heads();
+  std::vector<float> out(static_cast<size_t>(hq * d));
+  const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, t - p.sliding_window + 1) : 0;
+  for (int h = 0; h < hq; ++h) {
+    const int g = h / hg;
+    std::vector<float> qh(static_cast<size_t>(d)), k(static_cast<size_t>(d)), e;
+    for (int i = 0; i < d; ++i)
+      qh[i] = llamacpp::round_f16(p.scale_queries ? q[h * d + i] * p.scale : q[h * d + i]);
+    float mx = -INFINITY;
+    for (int64_t s = lo; s <= t; ++s) {
+      for (int i = 0; i < d; ++i)
+        k[i] = llamacpp::round_f16(test::stored(c, true, 0, seq, s, g, i));
+      const float dot = llamacpp::dot64x4(qh.data(), k.data(), d);
+      e.push_back(p.scale_queries ? dot : dot * p.scale);
+      mx = std::max(mx, e.back());
+    }
+    double total = 0;
+    float lanes[16] = {};
+    for (int64_t s = lo; s <= t; ++s) {
+      float& x = e[static_cast<size_t>(s - lo)];
+      lanes[s % 16] = x = llamacpp::exp(x - mx);
+      if (s == t || s % 16 == 15) {
+        total += llamacpp::tree_sum16(lanes);
+        std::fill(lanes, lanes + 16, 0.0f);
+      }
+    }
+    const float inv = static_cast<float>(1.0 / total);
+    std::vector<float> acc(static_cast<size_t>(64 * d), 0.0f);
+    for (int64_t s = lo; s <= t; ++s) {
+      const float pr = llamacpp::round_f16(e[static_cast<size_t>(s - lo)] * inv);
+      for (int i = 0; i < d; ++i)
+        acc[(s % 64) * d + i] =
+            std::fma(pr, llamacpp::round_f16(test::stored(c, false, 0, seq, s, g, i)),
+                     acc[(s % 64) * d + i]);
+    }
+    for (int i = 0; i < d; ++i) {
+      for (int l = 0; l < 16; ++l)
+        lanes[l] = (acc[l * d + i] + acc[(l + 32) * d + i]) +
+                   (acc[(l + 16) * d + i] + acc[(l + 48) * d + i]);
+      out[static_cast<size_t>(h * d + i)] = llamacpp::tree_sum16(lanes);
+    }
+  }
+  return out;
+}
+
+// A query's result depends only on its own keys and on whether its batch has one row: splitting
+// a sequence's rows into blocks of two or more rows, or batching it with other sequences, gives
+// the very same floats; a batch of one row takes llama.cpp's one-column order (above).
 TEST_P(LlamaCppAttention, RowsAreBitIdenticalAcrossBlockSplitsAndBatches) {
   const Case c = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(c.d + c.hkv * 11 + c.hg * 5 + c.window));
@@ -217,15 +289,30 @@ TEST_P(LlamaCppAttention, RowsAreBitIdenticalAcrossBlockSplitsAndBatches) {
   };
   const auto whole = run({{s.seqs[0], 0, 200}}, q);
   std::vector<float> pieces;
+  int decode_rows_differing = 0;
   for (int64_t first = 0; first < 200;) {
-    const int32_t n = first < 150 ? 7 : 1;  // 7-row blocks, then decode rows
+    const int32_t n = first < 150 ? 7 : first < 160 ? 2 : 1;  // 7- and 2-row blocks, decode rows
     std::vector<float> qs(q.begin() + first * row_floats, q.begin() + (first + n) * row_floats);
     const auto o = run({{s.seqs[0], first, n}}, qs);
-    pieces.insert(pieces.end(), o.begin(), o.end());
+    if (n == 1) {
+      const auto want = one_row_reference(*s.cache, s.seqs[0], first, qs.data(), hq, p);
+      ASSERT_EQ(std::memcmp(o.data(), want.data(), row_floats * sizeof(float)), 0) << first;
+      decode_rows_differing +=
+          std::memcmp(o.data(), whole.data() + first * row_floats, row_floats * sizeof(float)) != 0;
+      std::copy(whole.begin() + first * row_floats, whole.begin() + (first + 1) * row_floats,
+                std::back_inserter(pieces));
+    } else {
+      pieces.insert(pieces.end(), o.begin(), o.end());
+    }
     first += n;
   }
   ASSERT_EQ(pieces.size(), whole.size());
   EXPECT_EQ(std::memcmp(pieces.data(), whole.data(), whole.size() * sizeof(float)), 0);
+  // The two orders are different functions: some decode row must show it (d = 40 sums its lone
+  // partial chunk in fp64, which can agree with the 16 lanes).
+  if (c.d >= 64) {
+    EXPECT_GT(decode_rows_differing, 0);
+  }
   // Batched behind another sequence's decode row.
   std::vector<float> qb = q_other;
   qb.insert(qb.end(), q.begin() + 100 * row_floats, q.begin() + 140 * row_floats);

@@ -9,7 +9,10 @@
 //  - K, V and the query are rounded to IEEE half; with `scale_queries` the query is multiplied by
 //    the scale in f32 before its rounding (llama.cpp's Gemma graphs), else the f16 dot product is;
 //  - q·k and p·v are accumulated in 16 fused multiply-add lanes (lane = dimension mod 16 for q·k,
-//    absolute key position mod 16 for p·v), then the lanes are added in a fixed tree;
+//    absolute key position mod 16 for p·v), then the lanes are added in a fixed tree (llama.cpp's
+//    matrix kernel, used for batches of two or more rows); when the whole batch is one row (a
+//    decode step), in 4 × 16 lanes instead (index mod 64), added pairwise, then the same tree
+//    (llama.cpp's one-column dot product, ggml_vec_dot_f16);
 //  - the softmax spans the whole row: one max, exp by llama.cpp's polynomial, the denominator
 //  summed
 //    in fp64 over aligned 16-position blocks (each block's lanes added by the same tree), and the
@@ -53,6 +56,9 @@ float exp(float x);                    // llama.cpp's vectorised expf, one lane
 float tree_sum16(const float* lanes);  // the fixed addition tree over 16 lanes
 float dot16(const float* a, const float* b,
             int n);  // 16 fma lanes (lane = i mod 16), then the tree
+// 4 accumulators of 16 fma lanes (element i: accumulator i / 16 mod 4, lane i mod 16) over the
+// whole 64-element chunks, (s0 + s2) + (s1 + s3), the tree; the n mod 64 tail added in fp64.
+float dot64x4(const float* a, const float* b, int n);
 }  // namespace llamacpp
 
 }  // namespace cisa
