@@ -44,6 +44,8 @@ class Server {
   // Checks the options and builds the routes; the model must outlive the server. A model without
   // a usable chat template still serves completions (chat requests get a 400 saying why), unless
   // options.chat_template names a format the vocabulary cannot render (an error here).
+  // A model without a tokenizer (Model::load_synthetic) serves token-id prompts on completions;
+  // its responses carry the generated ids in choices[0].token_ids (there is no text).
   static Result<std::unique_ptr<Server>> create(Model& model, ServerOptions options);
   ~Server();  // stop()
   Server(const Server&) = delete;
