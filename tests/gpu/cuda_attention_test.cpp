@@ -403,7 +403,7 @@ TEST(CudaAttention, LongTasksMatchCpu) {
     ASSERT_GT(max_pages, cuda::tiles::kSegPages);
     P->tasks = whole;
     P->merges.clear();
-    CUDA_OK(cudaMemcpy(P->d_tasks.as<void>(), whole.data(), whole.size() * sizeof(whole[0]),
+    CUDA_OK(cudaMemcpy(P->d_tasks, whole.data(), whole.size() * sizeof(whole[0]),
                        cudaMemcpyHostToDevice));
     run_and_compare(w, m, plan, 0);
   }
