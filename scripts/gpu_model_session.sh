@@ -18,7 +18,8 @@
 # raised).
 # Environment: CISA_COMMIT (recorded in every JSON; default git rev-parse), MODEL (default
 # qwen2.5-7b), TOKENS (default 32), SKIP_BUILD=1 (use build/cuda as it is), DEADLINE_S, GRID
-# (space-separated row names of the grid below to run only those).
+# (space-separated row names of the grid below to run only those), NCU_PROFILE=1 (graphs mode:
+# ncu kernel times of a 16 x 128K CISA run).
 set -uo pipefail
 mode=${1:-all}
 case "$mode" in all | build | tests | bench | anchor | graphs) ;; *) echo "gpu_model_session.sh: unknown mode '$mode' (all, build, tests, bench, anchor, graphs)" >&2; exit 2 ;; esac
@@ -174,5 +175,19 @@ EOF
     log "$t rc=$?"
   done
   grep -E "PASSED|FAILED" "$OUT/gpu_tests.log" | tee -a "$OUT/session.log"
+  if [ -n "${NCU_PROFILE:-}" ]; then
+    # Kernel times of a CISA decode step (16 x 128K, k = 1024, W = 128, graphs on), each kernel
+    # alone: ncu's gpu__time_duration for every launch of the run (clocks and caches as found);
+    # the last complete step is the launches between the last two argmax kernels.
+    log "ncu kernel times (16 x 128K CISA, 3 decode steps)"
+    bounded 200 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      "$cisa" bench model --synthetic "$MODEL" --backend cuda --attention cisa --batch 16 \
+      --context 131072 --tokens 3 --fill random --budget 1024 --window 128 --json \
+      >"$OUT/ncu_b16_l128k.csv" 2>"$OUT/ncu_b16_l128k.log"
+    log "ncu rc=$? $(wc -l <"$OUT/ncu_b16_l128k.csv") lines"
+    gzip -f "$OUT/ncu_b16_l128k.csv"
+  fi
+  # A device call brings back at most 8 files: everything of this mode in one archive.
+  (cd "$OUT" && tar czf /tmp/graphs_all.tgz . && rm -f ./*.json ./*.log ./*.gz && mv /tmp/graphs_all.tgz .)
 fi
 log "done"

@@ -220,6 +220,7 @@ Status CudaBackend::upload(void* dst, const void* host_src, int64_t bytes) {
   if (bytes < 0) return invalid_argument("cuda upload: negative size");
   if (bytes == 0) return Status::Ok();
   if (!dst || !host_src) return invalid_argument("cuda upload: null pointer");
+  ++op_count_;  // may overwrite an input matmul converted
   // From pageable memory the copy returns once the source is staged: the caller may reuse it.
   return check_cuda(
       cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
@@ -388,13 +389,31 @@ Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int
   if (rows == 0) return Status::Ok();
   if (!x || !y) return invalid_argument("cuda matmul: null input or output");
   // x is f32; the GEMM multiplies bf16 with f32 accumulation.
-  CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(rows * m->n_cols));
-  if (graph_skip(2, {arg(m->data()), arg(m->n_rows), arg(m->n_cols), arg(x), arg(xb), arg(y),
-                     arg(rows), arg(ldy)}))
+  const int64_t n = rows * m->n_cols;
+  CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(n));
+  // The previous operation converted this same input (q/k/v, gate/up): the staging holds it.
+  const bool converted = x == conv_x_ && xb == conv_xb_ && n == conv_n_ && op_count_ == conv_op_;
+  const bool skip = graph_skip(2, {arg(m->data()), arg(m->n_rows), arg(m->n_cols), arg(x), arg(xb),
+                                   arg(y), arg(rows), arg(ldy), arg(int64_t{converted})});
+  // Kept for the next matmul unless this one writes over its own input.
+  const bool keeps_input = y + rows * ldy <= x || x + n <= y;
+  const auto remember = [&] {
+    conv_x_ = keeps_input ? x : nullptr;
+    conv_xb_ = xb;
+    conv_n_ = n;
+    conv_op_ = op_count_;
+  };
+  if (skip) {
+    remember();
     return Status::Ok();
-  CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(x, xb, rows * m->n_cols, stream_),
-                                "matmul input to bf16"));
-  return gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_);
+  }
+  conv_x_ = nullptr;
+  if (!converted)
+    CISA_RETURN_IF_ERROR(
+        launched(detail::launch_f32_to_bf16(x, xb, n, stream_), "matmul input to bf16"));
+  CISA_RETURN_IF_ERROR(gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_));
+  remember();
+  return Status::Ok();
 }
 
 Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
@@ -454,6 +473,7 @@ Status CudaBackend::fill_random(float* x, int64_t n, uint64_t seed, float scale)
   if (!x) return invalid_argument("cuda fill_random: null output");
   if (step_mode_ == StepMode::kCapture || step_mode_ == StepMode::kReplay)
     return failed_precondition("cuda fill_random: not inside a recorded step");
+  ++op_count_;  // writes the bf16 staging (matmul's converted input)
   CISA_ASSIGN_OR_RETURN(uint16_t * tmp, bf16_scratch(std::min(n, kFillChunk)));
   for (int64_t i0 = 0; i0 < n; i0 += kFillChunk) {
     const int64_t m = std::min(kFillChunk, n - i0);
@@ -473,6 +493,7 @@ Status CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, i
     if (rows[i] < 0)
       return invalid_argument("cuda gather_rows: row index " + std::to_string(i) + " is negative");
   const auto n = static_cast<int64_t>(rows.size());
+  ++op_count_;
   // Host row indices: uploaded here, so never inside a recorded step (stage_upload says so).
   CISA_RETURN_IF_ERROR(d_gather_rows_.reserve(n * 8, "gather_rows indices", stream_));
   CISA_RETURN_IF_ERROR(stage_upload(d_gather_rows_.get(), rows.data(), n * 8, "gather_rows"));

@@ -151,8 +151,14 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   CISA_RETURN_IF_ERROR(check_plan_current(*s, "select"));
   const bool selects = s->plan.selected_lists() > 0;
   if (selects && !index_q) return invalid_argument("cuda select: null index query pointer");
-  if (!graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q)}))
-    CISA_RETURN_IF_ERROR(run_select(s->plan, device_layer(layer), index_q, stream_));
+  // Scores and top-k only: plan() wrote the fixed parts of every list (SelectStage::kSetup),
+  // which no layer's selection overwrites.
+  if (!graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q)})) {
+    CISA_RETURN_IF_ERROR(
+        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kScore, stream_));
+    CISA_RETURN_IF_ERROR(
+        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kTopK, stream_));
+  }
   if (selects && !s->q_heads_known) {
     // Kept for the re-plan of the first attend (see the top of this file).
     const int64_t bytes =

@@ -273,6 +273,14 @@ class CudaBackend final : public Backend {
   uint64_t graph_clock_ = 0;
   size_t replay_index_ = 0;
   StepGraphStats graph_stats_;
+  // Operations so far (graph_skip counts them): matmul reuses the bf16 copy of its input that the
+  // previous operation, a matmul of the same input, left in the staging buffer (q/k/v and gate/up
+  // share their input); any other operation in between may have changed either.
+  uint64_t op_count_ = 0;
+  const float* conv_x_ = nullptr;
+  const uint16_t* conv_xb_ = nullptr;
+  int64_t conv_n_ = 0;
+  uint64_t conv_op_ = 0;
 
   std::array<Slot, 3> slots_;
   int known_q_heads_ = 0;  // learned from the first attend; plans are cut for it afterwards
