@@ -16,7 +16,8 @@
 #
 # Modes: build, tests (build + tests), bench, anchor, graphs, all (everything; needs DEADLINE_S
 # raised).
-# Environment: CISA_COMMIT (recorded in every JSON; default git rev-parse), MODEL (default
+# Environment: CISA_COMMIT (recorded in every JSON; default git rev-parse, which on the device machine
+# can name the session's starting commit rather than the tree sent: pass it), MODEL (default
 # qwen2.5-7b), TOKENS (default 32), SKIP_BUILD=1 (use build/cuda as it is), DEADLINE_S, GRID
 # (space-separated row names of the grid below to run only those), NCU_PROFILE=1 (graphs mode:
 # ncu kernel times of a 16 x 128K CISA run).
@@ -180,7 +181,7 @@ EOF
     # alone: ncu's gpu__time_duration for every launch of the run (clocks and caches as found);
     # the last complete step is the launches between the last two argmax kernels.
     log "ncu kernel times (16 x 128K CISA, 3 decode steps)"
-    bounded 200 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+    bounded 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
       "$cisa" bench model --synthetic "$MODEL" --backend cuda --attention cisa --batch 16 \
       --context 131072 --tokens 3 --fill random --budget 1024 --window 128 --json \
       >"$OUT/ncu_b16_l128k.csv" 2>"$OUT/ncu_b16_l128k.log"
