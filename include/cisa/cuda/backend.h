@@ -6,10 +6,11 @@
 // and a stream as `void*` (a cudaStream_t; nullptr is the legacy default stream).
 //
 // Plan/run split: plan_dense / plan_sparse validate the batch on the host, cut it into query
-// groups, size every page list and upload the launch metadata (they may allocate and
-// synchronise). run_select and run_attention only enqueue kernels on the stream: no allocation,
-// no host synchronisation, so a run step can be captured in a CUDA graph and replayed as long
-// as the plan and the pointers stay the same.
+// groups, size every page list and upload the launch metadata (they may allocate; they
+// synchronise unless PlanOptions::upload_stream is set, and then only when a buffer grows).
+// run_select and run_attention only enqueue kernels on the stream: no allocation, no host
+// synchronisation, so a run step can be captured in a CUDA graph and replayed while
+// plan_launch_key stays the same (the plan's metadata is read from device memory).
 //
 //   cisa::cuda::DeviceLayer layer{.k = d_k, .v = d_v, .reps = d_reps, .num_pages = P,
 //                                 .num_kv_heads = 1, .head_dim = 128};
