@@ -65,6 +65,13 @@ Check read_bool(const json& j, const char* name, bool* out) {
   return {};
 }
 
+// obj[key] when it is a string, else "" (json::value(key, "") throws when the field holds another
+// type, and a request body must never make the parser throw).
+std::string string_field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // Fields that must ask for nothing: false, 0 or null (the openai client sends some of them).
 Check refuse_unsupported(const json& j) {
   for (const char* name : {"logprobs", "echo", "best_of", "top_logprobs", "tools", "functions",
@@ -77,7 +84,7 @@ Check refuse_unsupported(const json& j) {
         (std::string(name) == "best_of" && it->is_number_integer() && it->get<int64_t>() == 1) ||
         (it->is_object() && it->empty()) || (it->is_array() && it->empty()) ||
         (std::string(name) == "response_format" && it->is_object() &&
-         it->value("type", "") == "text");
+         string_field(*it, "type") == "text");
     if (!off) return {bad(std::string("'") + name + "' is not supported by this server", name)};
   }
   for (const char* name : {"frequency_penalty", "presence_penalty"}) {
@@ -145,7 +152,7 @@ std::optional<ApiError> message_text(const json& content, size_t i, std::string*
   if (!content.is_array())
     return bad("'" + where + "' must be a string or an array of parts", where);
   for (const json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || string_field(part, "type") != "text" || !part.contains("text") ||
         !part["text"].is_string())
       return bad("'" + where + "' parts must be {\"type\": \"text\", \"text\": string}", where);
     *out += part["text"].get<std::string>();
@@ -251,7 +258,8 @@ ApiResult<ParsedRequest> parse_request(const std::string& body, Route route,
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number beyond a double ("1e999").
     return fail(bad(std::string("the body is not valid JSON: ") + e.what()));
   }
   if (!j.is_object()) return fail(bad("the body must be a JSON object"));

@@ -3,12 +3,13 @@
 
   python3 tests/fuzz/make_seeds.py            # every corpus
   python3 tests/fuzz/make_seeds.py indexer    # one (gguf, gguf_tokenizer, indexer, tokenizer,
-                                              # cli_args)
+                                              # cli_args, server_request)
 
 gguf: small files from the gguf package's writer (pip install gguf); gguf_tokenizer: two
 tokenizer-only GGUFs written with struct (no packages needed). indexer: the committed
 indexers/*.cisaidx (the small one whole, both as bare payloads behind the mode byte, truncated and
-bit-flipped copies). tokenizer and cli_args: hand-written texts and command lines. Each seed starts
+bit-flipped copies). tokenizer and cli_args: hand-written texts and command lines; server_request:
+hand-written request bodies. Each seed starts
 with the mode bytes its fuzzer reads (see the .cpp files).
 """
 import struct
@@ -182,8 +183,38 @@ def cli_args_seeds():
             (out / f"{name}.{config}").write_bytes(bytes([config]) + b"\x00".join(words))
 
 
+def server_request_seeds():
+    """Request bodies behind the selector byte (server_request_fuzz.cpp): bit 0 the route (1: chat),
+    the rest the model (0 tiny dense, 1 tiny CISA, 2 synthetic without a tokenizer, 3+ models/)."""
+    out = out_dir("server_request")
+    completions = {
+        "text": b'{"model": "fuzz", "prompt": "abc", "max_tokens": 4, "temperature": 0}',
+        "ids": b'{"prompt": [1, 3, 4, 5], "max_tokens": 8, "ignore_eos": true, "seed": 7}',
+        "stream": b'{"prompt": ["abc"], "stream": true, "stream_options": {"include_usage": true}}',
+        "sampling": b'{"prompt": "ab", "temperature": 0.7, "top_p": 0.9, "top_k": 40, "stop": ["x", "y"]}',
+        "dense": b'{"prompt": [1, 3], "attention": "dense"}',
+        "cisa": b'{"prompt": [1, 3], "attention": "cisa", "cisa": {"budget": 8, "window": 2, "qshare": 4, "sink_pages": 1}}',
+        "cisa_huge": b'{"prompt": [1, 3], "cisa": {"budget": 9223372036854775807, "window": -1}}',
+        "unsupported": b'{"prompt": "a", "logprobs": 0, "echo": false, "best_of": 1, "response_format": {"type": "text"}, "presence_penalty": 0}',
+        "bad_types": b'{"prompt": "a", "max_tokens": "4", "n": 2, "stop": [1]}',
+        "big_numbers": b'{"prompt": [18446744073709551615], "max_tokens": 1e300, "seed": -1}',
+    }
+    chats = {
+        "chat": b'{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], "max_tokens": 4}',
+        "parts": b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}',
+        "roles": b'{"messages": [{"role": "developer", "content": "d"}, {"role": "assistant", "content": "x"}, {"role": "tool", "content": 1}]}',
+        "parts_bad": b'{"messages": [{"role": "user", "content": [{"type": 1, "text": "a"}]}]}',
+    }
+    for name, body in completions.items():
+        for sel in (0, 2, 4, 6):
+            (out / f"{name}.{sel}").write_bytes(bytes([sel]) + body)
+    for name, body in chats.items():
+        for sel in (1, 7, 9):
+            (out / f"{name}.{sel}").write_bytes(bytes([sel]) + body)
+
+
 ALL = {"gguf": gguf_seeds, "gguf_tokenizer": gguf_tokenizer_seeds, "indexer": indexer_seeds, "tokenizer": tokenizer_seeds,
-       "cli_args": cli_args_seeds}
+       "cli_args": cli_args_seeds, "server_request": server_request_seeds}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or ALL:

@@ -209,6 +209,100 @@ TEST(Api, RequestsAreCheckedFieldByField) {
   EXPECT_EQ(ok->gen.stop_strings, std::vector<std::string>{"x"});
 }
 
+std::string model_file(const char* name) {
+  const std::string p = std::string(CISA_SOURCE_DIR) + "/models/" + name;
+  return std::ifstream(p).good() ? p : "";
+}
+
+// Two exceptions out of parse_request that server_request_fuzz found (each a 500 from the HTTP
+// layer, and a crash for any other caller): a field of another type inside an object ("type": 1
+// in a response_format or a message part) made json::value() throw; and a number beyond a double.
+// Both are 400s.
+TEST(Api, AFieldOfAnotherTypeInsideAnObjectIsA400NotAnException) {
+  auto dense = load_tiny();
+  ASSERT_TRUE(dense);
+  using server::Route;
+  const auto ctx = context_for(*dense);
+  // json::parse throws out_of_range for "1e999"; parse_request caught parse_error only.
+  for (const char* body : {R"({"prompt": [1e999]})", R"({"prompt": "a", "top_p": -1e400})"}) {
+    auto big = server::parse_request(body, Route::kCompletions, ctx);
+    ASSERT_FALSE(big.ok()) << body;
+    EXPECT_EQ(big.error().http_status, 400) << body;
+    EXPECT_NE(big.error().message.find("not valid JSON"), std::string::npos) << body;
+  }
+  auto p = server::parse_request(R"({"prompt": "abc", "response_format": {"type": 1}})",
+                                 Route::kCompletions, ctx);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().http_status, 400);
+  EXPECT_EQ(p.error().param, "response_format");
+  // Message parts are read only under a chat template: SmolLM2's ChatML.
+  const std::string path = model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+  if (path.empty()) GTEST_SKIP() << "models/SmolLM2-135M-Instruct.Q4_1.gguf not downloaded";
+  auto m = Model::load(path, ModelOptions{.threads = 1, .context = 256, .max_sequences = 1});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  auto chat = server::ChatTemplate::for_model((*m)->file(), (*m)->tokenizer(), "");
+  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  server::ApiContext cctx = context_for(**m);
+  cctx.chat = &*chat;
+  for (const char* body :
+       {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "a"}]}]})",
+        R"({"messages": [{"role": "user", "content": [{"type": null, "text": "a"}]}]})",
+        R"({"messages": [{"role": "user", "content": [{"type": ["text"], "text": "a"}]}]})"}) {
+    auto r = server::parse_request(body, Route::kChat, cctx);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.error().http_status, 400) << body;
+    EXPECT_EQ(r.error().param, "messages[0].content") << body;
+  }
+  auto ok = server::parse_request(
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]})",
+      Route::kChat, cctx);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+}
+
+// A synthetic model (no file, no tokenizer) serves token-id prompts; the generated ids come back
+// in choices[0].token_ids, streamed one chunk per token batch; text prompts and chat get a 400.
+TEST(Http, ASyntheticModelServesTokenIds) {
+  ModelOptions o{.threads = 1, .context = 256, .max_sequences = 2};
+  auto m = Model::load_synthetic("tiny-llama", o);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  server::ServerOptions so{.host = "127.0.0.1", .port = 0, .model_id = "tiny-llama-synthetic"};
+  auto srv = server::Server::create(**m, so);
+  ASSERT_TRUE(srv.ok()) << srv.status().message();
+  ASSERT_TRUE((*srv)->start().ok());
+  httplib::Client cli("127.0.0.1", (*srv)->port());
+  cli.set_read_timeout(60, 0);
+  auto post = [&](const std::string& path, const std::string& body) {
+    return cli.Post(path.c_str(), body, "application/json");
+  };
+  auto r = post("/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(j["choices"][0]["text"], "");
+  EXPECT_EQ(j["choices"][0]["token_ids"].size(), 4u);
+  r = post("/v1/completions",
+           R"({"prompt": [1, 2, 3], "max_tokens": 3, "stream": true, "ignore_eos": true})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  size_t ids = 0;
+  for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+    const size_t end = r->body.find("\n\n", at);
+    json c = json::parse(r->body.substr(at + 6, end - at - 6));
+    if (c["choices"].size() && c["choices"][0].contains("token_ids"))
+      ids += c["choices"][0]["token_ids"].size();
+  }
+  EXPECT_EQ(ids, 3u) << r->body;
+  EXPECT_EQ(post("/v1/completions", R"({"prompt": "abc"})")->status, 400);
+  EXPECT_EQ(
+      post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}]})")->status,
+      400);
+  auto models = cli.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["weights"], "synthetic weights, speed only");
+  (*srv)->stop();
+}
+
 // The HTTP server in-process on the tiny model: the routes, errors, streams and a client that
 // leaves mid-stream (its request is cancelled and its pages freed).
 TEST(Http, RoutesErrorsStreamsAndDisconnects) {
@@ -288,11 +382,6 @@ TEST(Http, RoutesErrorsStreamsAndDisconnects) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   (*srv)->stop();
-}
-
-std::string model_file(const char* name) {
-  const std::string p = std::string(CISA_SOURCE_DIR) + "/models/" + name;
-  return std::ifstream(p).good() ? p : "";
 }
 
 TEST(ChatTemplate, SmolLm2ChatMlWithItsDefaultSystemMessage) {
