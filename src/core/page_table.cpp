@@ -38,6 +38,46 @@ Result<SeqId> PageTable::add_sequence() {
   return static_cast<SeqId>(seqs_.size() - 1);
 }
 
+Result<SeqId> PageTable::adopt_sequence(std::span<const int32_t> pages, int64_t tokens) {
+  const int64_t B = page_size_;
+  if (tokens < 0)
+    return invalid_argument("adopt_sequence: token count must be >= 0 (got " +
+                            std::to_string(tokens) + ")");
+  const int64_t need = tokens / B + (tokens % B != 0);
+  if (static_cast<int64_t>(pages.size()) != need)
+    return invalid_argument("adopt_sequence: " + std::to_string(tokens) + " tokens need " +
+                            std::to_string(need) + " pages of " + std::to_string(B) + " but " +
+                            std::to_string(pages.size()) + " were given");
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const int32_t p = pages[i];
+    if (p < 0 || p >= num_pages()) {
+      for (size_t j = 0; j < i; ++j) owner_[static_cast<size_t>(pages[j])] = -1;
+      return out_of_range("adopt_sequence: page ID " + std::to_string(p) + " (logical page " +
+                          std::to_string(i) + ") is out of range [0, " +
+                          std::to_string(num_pages()) + ")");
+    }
+    if (owner_[static_cast<size_t>(p)] != -1) {
+      for (size_t j = 0; j < i; ++j) owner_[static_cast<size_t>(pages[j])] = -1;
+      return invalid_argument("adopt_sequence: page ID " + std::to_string(p) + " (logical page " +
+                              std::to_string(i) + ") is already in use");
+    }
+    owner_[static_cast<size_t>(p)] = -2;  // claimed; the owner is set below
+  }
+  Result<SeqId> seq = add_sequence();
+  if (!seq.ok()) {
+    for (int32_t p : pages) owner_[static_cast<size_t>(p)] = -1;
+    return seq.status();
+  }
+  for (int32_t p : pages) owner_[static_cast<size_t>(p)] = *seq;
+  std::erase_if(free_list_, [&](int32_t p) { return owner_[static_cast<size_t>(p)] != -1; });
+  auto& s = seqs_[static_cast<size_t>(*seq)];
+  s.pages.assign(pages.begin(), pages.end());
+  s.reserved = tokens;
+  std::fill(s.written.begin(), s.written.end(), tokens);
+  ++version_;
+  return seq;
+}
+
 Status PageTable::release_sequence(SeqId seq) {
   CISA_RETURN_IF_ERROR(check_sequence(seq));
   auto& s = seqs_[static_cast<size_t>(seq)];

@@ -33,7 +33,7 @@ Result<RepKind> parse_rep_kind(const std::string& s) {
 }
 
 void PagedKvCache::FreeDeleter::operator()(void* p) const {
-  std::free(p);
+  if (owned) std::free(p);
 }
 
 namespace {
@@ -113,6 +113,47 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const KvCacheConfig& 
     cache->reps_.push_back(std::move(r));
   }
   return cache;
+}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::wrap(const KvCacheConfig& config,
+                                                         std::span<void* const> k,
+                                                         std::span<void* const> v,
+                                                         std::span<void* const> reps) {
+  CISA_RETURN_IF_ERROR(validate_config(config));
+  const auto layers = static_cast<size_t>(config.num_layers);
+  if (k.size() != layers || v.size() != layers || reps.size() != layers)
+    return invalid_argument("wrap: " + std::to_string(config.num_layers) +
+                            " layers need as many K, V and representative pools (got " +
+                            std::to_string(k.size()) + ", " + std::to_string(v.size()) + ", " +
+                            std::to_string(reps.size()) + ")");
+  std::unique_ptr<PagedKvCache> cache(new (std::nothrow) PagedKvCache(config));
+  if (!cache) return resource_exhausted("cannot allocate the KV cache object");
+  for (size_t l = 0; l < layers; ++l) {
+    const bool want_reps = cache->has_reps(static_cast<int>(l));
+    if (!k[l] || !v[l] || (want_reps && !reps[l]))
+      return invalid_argument("wrap: layer " + std::to_string(l) + " has a null pool");
+    cache->k_.emplace_back(static_cast<uint8_t*>(k[l]), FreeDeleter{false});
+    cache->v_.emplace_back(static_cast<uint8_t*>(v[l]), FreeDeleter{false});
+    cache->reps_.emplace_back(want_reps ? static_cast<uint8_t*>(reps[l]) : nullptr,
+                              FreeDeleter{false});
+  }
+  return cache;
+}
+
+Status PagedKvCache::update_reps(int layer, std::span<const int32_t> pages) {
+  if (layer < 0 || layer >= config_.num_layers)
+    return out_of_range("update_reps: layer " + std::to_string(layer) + " out of range [0, " +
+                        std::to_string(config_.num_layers) + ")");
+  if (!has_reps(layer))
+    return failed_precondition("update_reps: layer " + std::to_string(layer) +
+                               " keeps no representatives");
+  for (size_t i = 0; i < pages.size(); ++i)
+    if (pages[i] < 0 || pages[i] >= config_.num_pages)
+      return out_of_range("update_reps: page ID " + std::to_string(pages[i]) + " (entry " +
+                          std::to_string(i) + ") is out of range [0, " +
+                          std::to_string(config_.num_pages) + ")");
+  for (int32_t p : pages) update_rep(layer, p);
+  return Status::Ok();
 }
 
 bool PagedKvCache::has_reps(int layer) const {

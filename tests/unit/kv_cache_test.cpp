@@ -1,5 +1,6 @@
 // Paged KV cache: allocation, block tables, storage, representatives, errors.
 #include <algorithm>
+#include <cstring>
 
 #include "test_util.h"
 
@@ -172,6 +173,69 @@ TEST(KvCache, ErrorsOnBadCalls) {
   EXPECT_FALSE(c->has_sequence(s));
   EXPECT_EQ(c->release_sequence(s).code(), StatusCode::kNotFound);
   EXPECT_EQ(c->free_pages(), 8);
+}
+
+// A cache over the caller's pools (the Python bindings' tensors): sequences adopted from block
+// tables made elsewhere read the same bytes an owning cache wrote, and update_reps recomputes
+// the representatives append wrote.
+TEST(KvCache, WrapAdoptsBlockTablesOverCallerPools) {
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
+    const KvCacheConfig cfg{
+        .num_kv_heads = 2, .head_dim = 16, .page_size = 4, .num_pages = 12, .dtype = dt};
+    auto owner = make(cfg);
+    SeqId s = *owner->add_sequence();
+    std::mt19937 rng(3);
+    append_random(*owner, s, 10, rng);
+    const int64_t es = owner->elem_bytes();
+    const int64_t kv_bytes = 12 * 2 * 4 * 16 * es, rep_bytes = 12 * 2 * 16 * es;
+    std::vector<uint8_t> kp(static_cast<const uint8_t*>(owner->k_pool(0)),
+                            static_cast<const uint8_t*>(owner->k_pool(0)) + kv_bytes);
+    std::vector<uint8_t> vp(static_cast<const uint8_t*>(owner->v_pool(0)),
+                            static_cast<const uint8_t*>(owner->v_pool(0)) + kv_bytes);
+    std::vector<uint8_t> rp(static_cast<size_t>(rep_bytes), 0);
+    void* kpp[1] = {kp.data()};
+    void* vpp[1] = {vp.data()};
+    void* rpp[1] = {rp.data()};
+    auto view = PagedKvCache::wrap(cfg, kpp, vpp, rpp);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    PagedKvCache& w = **view;
+    const std::span<const int32_t> owned = *owner->block_table(s);
+    const std::vector<int32_t> table(owned.begin(), owned.end());
+    // Errors first: each leaves the view unchanged.
+    EXPECT_EQ(w.adopt_sequence(table, 13).status().code(), StatusCode::kInvalidArgument);
+    std::vector<int32_t> bad = table;
+    bad[1] = 12;
+    EXPECT_EQ(w.adopt_sequence(bad, 10).status().code(), StatusCode::kOutOfRange);
+    bad[1] = bad[0];
+    EXPECT_EQ(w.adopt_sequence(bad, 10).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w.free_pages(), 12);
+    auto a = w.adopt_sequence(table, 10);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(*w.tokens(0, *a), 10);
+    EXPECT_EQ(w.free_pages(), 12 - 3);
+    EXPECT_EQ(w.page_owner(table[2]), *a);
+    EXPECT_EQ(w.adopt_sequence(std::span<const int32_t>(table).first(1), 4).status().code(),
+              StatusCode::kInvalidArgument);  // page in use
+    for (int g = 0; g < 2; ++g)
+      EXPECT_EQ(0,
+                std::memcmp(w.k_page(0, table[1], g), owner->k_page(0, table[1], g), 4 * 16 * es));
+    // A new sequence takes pages the adopted one does not own.
+    SeqId b = *w.add_sequence();
+    ASSERT_TRUE(w.reserve(b, 4 * 9).ok());
+    EXPECT_FALSE(w.reserve(b, 1).ok());
+    const std::span<const int32_t> fresh = *w.block_table(b);
+    for (int32_t p : fresh) EXPECT_NE(w.page_owner(p), *a);
+    // Representatives of the two full pages, as append computed them.
+    ASSERT_TRUE(w.update_reps(0, std::span<const int32_t>(table).first(2)).ok());
+    for (int p = 0; p < 2; ++p)
+      for (int g = 0; g < 2; ++g)
+        EXPECT_EQ(0, std::memcmp(w.rep(0, table[p], g), owner->rep(0, table[p], g), 16 * es));
+    const int32_t out[1] = {12};
+    EXPECT_EQ(w.update_reps(0, out).code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(w.update_reps(1, table).code(), StatusCode::kOutOfRange);
+  }
+  void* none[1] = {nullptr};
+  EXPECT_FALSE(PagedKvCache::wrap({.num_pages = 4}, none, none, none).ok());
 }
 
 TEST(KvCache, BytesAccountsForRepLayers) {

@@ -36,6 +36,11 @@ class PageTable {
   int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()); }
 
   Result<SeqId> add_sequence();
+  // Adds a sequence whose block table was made elsewhere (a caller's own page allocator, e.g. the
+  // Python bindings' tensors): it owns exactly `pages` (physical IDs in logical order, each in
+  // range, free and listed once; ceil(tokens / page_size) of them) and has `tokens` tokens
+  // reserved and written in every layer. All or nothing.
+  Result<SeqId> adopt_sequence(std::span<const int32_t> pages, int64_t tokens);
   // Returns every page of the sequence to the free list; the id may be reused later.
   Status release_sequence(SeqId seq);
   // Allocates pages so that `n` more tokens fit after the tokens already reserved. All or nothing.

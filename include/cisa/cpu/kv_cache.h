@@ -61,6 +61,14 @@ int64_t kv_cache_bytes(const KvCacheConfig& config);
 class PagedKvCache {
  public:
   static Result<std::unique_ptr<PagedKvCache>> create(const KvCacheConfig& config);
+  // A cache over pools the caller owns, laid out as above: per layer one K, one V and one
+  // representative pool (null for a layer without representatives). Nothing is allocated,
+  // zeroed or freed for them; the caller keeps them alive while the cache is in use. Sequences
+  // come from adopt_sequence (block tables made elsewhere, e.g. the Python bindings' tensors).
+  static Result<std::unique_ptr<PagedKvCache>> wrap(const KvCacheConfig& config,
+                                                    std::span<void* const> k,
+                                                    std::span<void* const> v,
+                                                    std::span<void* const> reps);
 
   const KvCacheConfig& config() const { return config_; }
   int page_size() const { return config_.page_size; }
@@ -73,6 +81,10 @@ class PagedKvCache {
   // ---- sequences (the bookkeeping is a PageTable, page_table.h) ----
   const PageTable& pages() const { return table_; }
   Result<SeqId> add_sequence() { return table_.add_sequence(); }
+  // A sequence over pages whose K/V are already in the pools (PageTable::adopt_sequence).
+  Result<SeqId> adopt_sequence(std::span<const int32_t> pages, int64_t tokens) {
+    return table_.adopt_sequence(pages, tokens);
+  }
   // Returns every page of the sequence to the pool; the id may be reused later.
   Status release_sequence(SeqId seq) { return table_.release_sequence(seq); }
   // Makes room for `n` more tokens after the sequence's current capacity use (allocates pages).
@@ -93,6 +105,11 @@ class PagedKvCache {
   int64_t free_pages() const { return table_.free_pages(); }
   int64_t num_pages() const { return config_.num_pages; }
 
+  // Recomputes the representatives of the listed full pages of one layer from the keys stored
+  // in them (as append does when a page fills). Errors for a layer without representatives and
+  // a page ID out of range.
+  Status update_reps(int layer, std::span<const int32_t> pages);
+
   // ---- raw page access (for attention and scoring kernels) ----
   // Element size of K/V/rep storage in bytes (4 for f32, 2 for bf16).
   int elem_bytes() const { return config_.dtype == KvDtype::kF32 ? 4 : 2; }
@@ -108,6 +125,7 @@ class PagedKvCache {
 
  private:
   struct FreeDeleter {
+    bool owned = true;  // false: a pool of wrap()'s caller
     void operator()(void* p) const;
   };
   using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;

@@ -1,0 +1,293 @@
+"""The CISA ops as torch custom operators (namespace ``torch.ops.cisa``).
+
+Layout (one layer, the engine's, ``include/cisa/cpu/kv_cache.h``):
+
+* ``k_cache``, ``v_cache``: ``[num_pages, num_kv_heads, page_size, head_dim]``, float32 or
+  bfloat16 (``page_size`` is 16 on CUDA);
+* ``reps``: ``[num_pages, num_kv_heads, head_dim]``, same dtype: one mean key per full page;
+* ``block_tables``: int32 ``[num_seqs, max_pages]``, row s the physical pages of sequence s in
+  logical order (columns past ``ceil(seq_lens[s] / page_size)`` are ignored);
+* ``seq_lens``: int64 ``[num_seqs]``, tokens written per sequence;
+* ``entries``: int64 ``[num_entries, 3]``, the batch: (sequence, first position, query count);
+  queries of all entries are packed row after row.
+
+Every op checks dtype, device, shape and contiguity here and the engine checks page IDs and
+positions, raising ``TypeError``, ``ValueError`` or ``IndexError`` with the reason.
+Planning, batch tensors and page lists are host (CPU) tensors; the data tensors may be CPU or
+CUDA (CUDA needs a build with the Hopper backend; this build raises a clear error).
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+HAS_CUDA = bool(_C.has_cuda)
+
+
+def _fail(cls, op: str, msg: str):
+    raise cls(f"cisa.{op}: {msg}")
+
+
+def _check_tensor(op, name, t, dtypes, ndim=None, device=None):
+    if not isinstance(t, Tensor):
+        _fail(TypeError, op, f"{name} must be a torch.Tensor (got {type(t).__name__})")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        _fail(TypeError, op, f"{name} must be {want} (got {str(t.dtype).replace('torch.', '')})")
+    if ndim is not None and t.dim() != ndim:
+        _fail(ValueError, op, f"{name} must have {ndim} dimensions (got shape {tuple(t.shape)})")
+    if device is not None and t.device.type != device:
+        _fail(ValueError, op, f"{name} must be on {device} (got {t.device})")
+    if not t.is_contiguous():
+        _fail(ValueError, op, f"{name} must be contiguous (call .contiguous())")
+
+
+def _check_data_device(op, *tensors):
+    dev = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != dev:
+            _fail(ValueError, op, f"all data tensors must be on one device (got {dev} and {t.device})")
+    if dev.type == "cuda":
+        _fail(RuntimeError, op, "this cisa build has no CUDA backend (built without CUDA); "
+              "rebuild with -C cmake.define.CISA_PY_CUDA=ON on a machine with nvcc, or use CPU tensors")
+    if dev.type != "cpu":
+        _fail(ValueError, op, f"tensors on {dev.type} are not supported (cpu or cuda)")
+
+
+_KV_DTYPES = (torch.float32, torch.bfloat16)
+_INDEX = (torch.int32,)
+
+
+def _cache_args(op, k_cache, v_cache=None, reps=None):
+    _check_tensor(op, "k_cache", k_cache, _KV_DTYPES, 4)
+    P, H, B, d = k_cache.shape
+    if v_cache is not None:
+        _check_tensor(op, "v_cache", v_cache, _KV_DTYPES, 4)
+        if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+            _fail(ValueError, op, f"v_cache must match k_cache (got {tuple(v_cache.shape)} "
+                  f"{v_cache.dtype}, k_cache {tuple(k_cache.shape)} {k_cache.dtype})")
+    if reps is not None:
+        _check_tensor(op, "reps", reps, _KV_DTYPES, 3)
+        if tuple(reps.shape) != (P, H, d) or reps.dtype != k_cache.dtype:
+            _fail(ValueError, op, f"reps must be [num_pages, num_kv_heads, head_dim] = {(P, H, d)} "
+                  f"of k_cache's dtype (got {tuple(reps.shape)} {reps.dtype})")
+    if d % 8 != 0:
+        _fail(ValueError, op, f"head_dim must be a multiple of 8 (got {d})")
+    c = _C.CacheArgs()
+    c.k = k_cache.data_ptr()
+    c.v = (v_cache if v_cache is not None else k_cache).data_ptr()
+    c.reps = reps.data_ptr() if reps is not None else 0
+    c.bf16 = k_cache.dtype == torch.bfloat16
+    c.num_pages, c.num_kv_heads, c.page_size, c.head_dim = P, H, B, d
+    return c
+
+
+def _batch_args(op, block_tables, seq_lens, entries):
+    _check_tensor(op, "block_tables", block_tables, _INDEX, 2, "cpu")
+    _check_tensor(op, "seq_lens", seq_lens, (torch.int64,), 1, "cpu")
+    _check_tensor(op, "entries", entries, (torch.int64,), 2, "cpu")
+    if seq_lens.shape[0] != block_tables.shape[0]:
+        _fail(ValueError, op, f"seq_lens has {seq_lens.shape[0]} entries but block_tables has "
+              f"{block_tables.shape[0]} rows")
+    if entries.shape[1] != 3:
+        _fail(ValueError, op, f"entries must be [num_entries, 3] (sequence, first, count); "
+              f"got {tuple(entries.shape)}")
+    b = _C.BatchArgs()
+    b.tables = block_tables.data_ptr()
+    b.num_seqs, b.max_pages = block_tables.shape
+    b.lens = seq_lens.data_ptr()
+    b.entries = entries.data_ptr()
+    b.num_entries = entries.shape[0]
+    return b
+
+
+def _num_rows(entries: Tensor) -> int:
+    return int(entries[:, 2].sum()) if entries.shape[0] else 0
+
+
+# ---- representatives ------------------------------------------------------------------------
+
+def _update_representatives_impl(reps: Tensor, k_cache: Tensor, pages: Tensor) -> None:
+    """Recomputes ``reps[p]`` = the mean of page p's keys (per KV group) for every p in
+    ``pages`` (int32, 1-D, full pages)."""
+    op = "update_representatives"
+    c = _cache_args(op, k_cache, reps=reps)
+    _check_tensor(op, "pages", pages, _INDEX, 1, "cpu")
+    _check_data_device(op, k_cache, reps)
+    _C.update_reps(c, pages.data_ptr(), pages.shape[0])
+
+
+update_representatives = torch.library.custom_op("cisa::update_representatives", mutates_args=("reps",))(_update_representatives_impl)
+
+
+@update_representatives.register_fake
+def _(reps, k_cache, pages):
+    return None
+
+
+# ---- selection: scores and top-k ------------------------------------------------------------
+
+def _chunk_scores_impl(q: Tensor, reps: Tensor, block_table: Tensor, first_chunk: int, n: int) -> Tensor:
+    """Scores ``q[g] . reps[block_table[j], g] / sqrt(head_dim)`` of chunks
+    ``first_chunk <= j < first_chunk + n`` for every KV group g: float32 ``[num_kv_heads, n]``.
+    ``q``: float32 ``[num_kv_heads, head_dim]``."""
+    op = "chunk_scores"
+    _check_tensor(op, "reps", reps, _KV_DTYPES, 3)
+    P, H, d = reps.shape
+    _check_tensor(op, "q", q, (torch.float32,), 2)
+    if tuple(q.shape) != (H, d):
+        _fail(ValueError, op, f"q must be [num_kv_heads, head_dim] = {(H, d)} (got {tuple(q.shape)})")
+    _check_tensor(op, "block_table", block_table, _INDEX, 1, "cpu")
+    _check_data_device(op, q, reps)
+    c = _C.CacheArgs()
+    c.k = c.v = c.reps = reps.data_ptr()
+    c.bf16 = reps.dtype == torch.bfloat16
+    c.num_pages, c.num_kv_heads, c.page_size, c.head_dim = P, H, 16, d
+    out = torch.empty((H, n), dtype=torch.float32)
+    _C.chunk_scores(c, block_table.data_ptr(), block_table.shape[0], q.data_ptr(), first_chunk, n,
+                    out.data_ptr())
+    return out
+
+
+chunk_scores = torch.library.custom_op("cisa::chunk_scores", mutates_args=())(_chunk_scores_impl)
+
+
+@chunk_scores.register_fake
+def _(q, reps, block_table, first_chunk, n):
+    return q.new_empty((reps.shape[1], n), dtype=torch.float32)
+
+
+def _topk_impl(scores: Tensor, k: int) -> Tensor:
+    """Indices of the k largest scores of each row (ties: the smaller index; NaN ranks below
+    every number), in ascending order: int32 ``[rows, min(k, n)]``. ``scores``: float32
+    ``[rows, n]``."""
+    op = "topk"
+    _check_tensor(op, "scores", scores, (torch.float32,), 2, "cpu")
+    if k < 0:
+        _fail(ValueError, op, f"k must be >= 0 (got {k})")
+    rows, n = scores.shape
+    out = torch.empty((rows, min(k, n)), dtype=torch.int32)
+    _C.topk(scores.data_ptr(), rows, n, k, out.data_ptr())
+    return out
+
+
+topk = torch.library.custom_op("cisa::topk", mutates_args=())(_topk_impl)
+
+
+@topk.register_fake
+def _(scores, k):
+    return scores.new_empty((scores.shape[0], min(k, scores.shape[1])), dtype=torch.int32)
+
+
+# ---- planning and page lists ----------------------------------------------------------------
+
+def plan(block_tables: Tensor, seq_lens: Tensor, entries: Tensor, *, num_pages: int,
+         num_kv_heads: int, page_size: int = 16, dense: bool = False, sliding_window: int = 0,
+         budget: int = 0, window: int = 128, qshare: int = 1, sink_pages: int = 0,
+         qshare_query: str = "mean"):
+    """Host planning with the core's rules (``include/cisa/core/plan.h``): the query groups
+    (dense prefix, then QShare groups of G) and the size of every page list. Returns
+    ``(groups, offsets, pages, chunks, num_selected)`` as CPU tensors: groups int64 ``[G, 5]``
+    (entry, first, last, row, dense), offsets int64 ``[G * num_kv_heads + 1]``, pages and chunks
+    int32 ``[total]``, num_selected int32 ``[G * num_kv_heads]``. A dense plan's lists are
+    complete; a sparse plan's entries are -1 until :func:`select_pages` fills them."""
+    op = "plan"
+    b = _batch_args(op, block_tables, seq_lens, entries)
+    if qshare_query not in ("mean", "last"):
+        _fail(ValueError, op, f"qshare_query must be 'mean' or 'last' (got {qshare_query!r})")
+    g, o, p, c, ns = _C.plan(b, num_pages, num_kv_heads, page_size, dense, sliding_window, budget,
+                             window, qshare, sink_pages, qshare_query == "last")
+    return (torch.tensor(g, dtype=torch.int64).reshape(-1, 5), torch.tensor(o, dtype=torch.int64),
+            torch.tensor(p, dtype=torch.int32), torch.tensor(c, dtype=torch.int32),
+            torch.tensor(ns, dtype=torch.int32))
+
+
+def _select_pages_impl(index_q: Tensor, k_cache: Tensor, reps: Tensor, block_tables: Tensor,
+                 seq_lens: Tensor, entries: Tensor, budget: int, window: int, qshare: int,
+                 sink_pages: int, qshare_last: bool, total_pages: int,
+                 num_lists: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """CISA selection (SPEC sections 3-4, the engine's ``select_pages``): index query per
+    (query group, KV group), scores against ``reps``, top-k, and the page lists with sinks,
+    window and tail. ``index_q``: float32 ``[rows, num_kv_heads, head_dim]``. ``total_pages`` and
+    ``num_lists`` are the plan's sizes (``pages.numel()``, ``num_selected.numel()``). Returns
+    (pages, chunks, num_selected)."""
+    op = "select_pages"
+    c = _cache_args(op, k_cache, reps=reps)
+    b = _batch_args(op, block_tables, seq_lens, entries)
+    _check_tensor(op, "index_q", index_q, (torch.float32,), 3)
+    rows = _num_rows(entries)
+    if tuple(index_q.shape) != (rows, c.num_kv_heads, c.head_dim):
+        _fail(ValueError, op, f"index_q must be [rows, num_kv_heads, head_dim] = "
+              f"{(rows, c.num_kv_heads, c.head_dim)} (got {tuple(index_q.shape)})")
+    _check_data_device(op, index_q, k_cache, reps)
+    pages = torch.empty(total_pages, dtype=torch.int32)
+    chunks = torch.empty(total_pages, dtype=torch.int32)
+    num_selected = torch.empty(num_lists, dtype=torch.int32)
+    _C.select(c, b, index_q.data_ptr(), budget, window, qshare, sink_pages, qshare_last,
+              pages.data_ptr(), chunks.data_ptr(), num_selected.data_ptr(), total_pages, num_lists)
+    return pages, chunks, num_selected
+
+
+select_pages = torch.library.custom_op("cisa::select_pages", mutates_args=())(_select_pages_impl)
+
+
+@select_pages.register_fake
+def _(index_q, k_cache, reps, block_tables, seq_lens, entries, budget, window, qshare,
+      sink_pages, qshare_last, total_pages, num_lists):
+    return (block_tables.new_empty(total_pages), block_tables.new_empty(total_pages),
+            block_tables.new_empty(num_lists))
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+def _paged_attention_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                    seq_lens: Tensor, entries: Tensor, groups: Tensor, offsets: Tensor,
+                    pages: Tensor, chunks: Tensor, scale: float,
+                    sliding_window: int) -> Tuple[Tensor, Tensor]:
+    """Exact attention of every query row over its group's page lists (SPEC section 5), K/V read
+    in place from the pages. ``q``: float32 ``[rows, num_q_heads, head_dim]``; query head h
+    belongs to KV group ``h // (num_q_heads // num_kv_heads)``; causal by absolute position.
+    ``scale`` 0 means 1/sqrt(head_dim). Returns (out float32 like q, lse float32
+    ``[rows, num_q_heads]``, natural log of the softmax denominator)."""
+    op = "paged_attention"
+    c = _cache_args(op, k_cache, v_cache)
+    b = _batch_args(op, block_tables, seq_lens, entries)
+    _check_tensor(op, "q", q, (torch.float32,), 3)
+    rows = _num_rows(entries)
+    if q.shape[0] != rows or q.shape[2] != c.head_dim:
+        _fail(ValueError, op, f"q must be [rows = {rows}, num_q_heads, head_dim = {c.head_dim}] "
+              f"(got {tuple(q.shape)})")
+    if q.shape[1] % c.num_kv_heads != 0 or q.shape[1] == 0:
+        _fail(ValueError, op, f"num_q_heads ({q.shape[1]}) must be a positive multiple of "
+              f"num_kv_heads ({c.num_kv_heads})")
+    _check_tensor(op, "groups", groups, (torch.int64,), 2, "cpu")
+    _check_tensor(op, "offsets", offsets, (torch.int64,), 1, "cpu")
+    _check_tensor(op, "pages", pages, _INDEX, 1, "cpu")
+    _check_tensor(op, "chunks", chunks, _INDEX, 1, "cpu")
+    G = groups.shape[0]
+    if groups.shape[1] != 5 or offsets.shape[0] != G * c.num_kv_heads + 1:
+        _fail(ValueError, op, f"groups must be [G, 5] and offsets [G * num_kv_heads + 1] (got "
+              f"{tuple(groups.shape)} and {tuple(offsets.shape)}; pass the plan's tensors)")
+    if chunks.shape != pages.shape:
+        _fail(ValueError, op, "chunks must have the shape of pages")
+    _check_data_device(op, q, k_cache, v_cache)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32)
+    _C.attend(c, b, groups.data_ptr(), G, offsets.data_ptr(), pages.data_ptr(), chunks.data_ptr(),
+              pages.shape[0], q.data_ptr(), q.shape[1], scale, sliding_window, out.data_ptr(),
+              lse.data_ptr())
+    return out, lse
+
+
+paged_attention = torch.library.custom_op("cisa::paged_attention", mutates_args=())(_paged_attention_impl)
+
+
+@paged_attention.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens, entries, groups, offsets, pages, chunks,
+      scale, sliding_window):
+    return torch.empty_like(q), q.new_empty(q.shape[:2])
