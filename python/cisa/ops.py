@@ -53,8 +53,8 @@ def _check_data_device(op, *tensors):
         if t.device != dev:
             _fail(ValueError, op, f"all data tensors must be on one device (got {dev} and {t.device})")
     if dev.type == "cuda":
-        _fail(RuntimeError, op, "this cisa build has no CUDA backend (built without CUDA); "
-              "rebuild with -C cmake.define.CISA_PY_CUDA=ON on a machine with nvcc, or use CPU tensors")
+        _fail(RuntimeError, op, "this cisa build has no CUDA backend (built without CUDA): "
+              "the ops run on CPU tensors only (docs/python.md)")
     if dev.type != "cpu":
         _fail(ValueError, op, f"tensors on {dev.type} are not supported (cpu or cuda)")
 

@@ -146,3 +146,16 @@ def test_bad_batch_and_params(env):
         cisa.SparseAttentionWrapper(num_kv_heads=H).run(q, c["k_cache"], c["v_cache"])
     with pytest.raises(ValueError, match="k must be >= 0"):
         cisa.topk(torch.randn(2, 3), -1)
+
+
+def test_cuda_tensors_are_refused_by_a_cpu_build():
+    # The check the ops run on their data tensors, fed an object on a CUDA device (this machine
+    # has none; tests/test_gpu.py runs the real thing where one exists).
+    class OnCuda:
+        device = torch.device("cuda", 0)
+
+    if cisa.HAS_CUDA:
+        pytest.skip("this build has the CUDA backend")
+    with pytest.raises(RuntimeError, match=r"cisa.paged_attention: this cisa build has no CUDA "
+                       r"backend \(built without CUDA\)"):
+        cisa.ops._check_data_device("paged_attention", OnCuda())
