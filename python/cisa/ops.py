@@ -19,7 +19,7 @@ CUDA (CUDA needs a build with the Hopper backend; this build raises a clear erro
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -53,13 +53,19 @@ def _check_data_device(op, *tensors):
         if t.device != dev:
             _fail(ValueError, op, f"all data tensors must be on one device (got {dev} and {t.device})")
     if dev.type == "cuda":
-        _fail(RuntimeError, op, "this cisa build has no CUDA backend (built without CUDA): "
-              "the ops run on CPU tensors only (docs/python.md)")
+        if not HAS_CUDA:
+            _fail(RuntimeError, op, "this cisa build has no CUDA backend (built without CUDA): "
+                  "the ops run on CPU tensors only (docs/python.md)")
+        if op not in _CUDA_OPS:
+            _fail(ValueError, op, "this op runs on the CPU; on CUDA use SparseAttentionWrapper "
+                  "(plan/run) and update_representatives")
+        return "cuda"
     if dev.type != "cpu":
         _fail(ValueError, op, f"tensors on {dev.type} are not supported (cpu or cuda)")
 
 
 _KV_DTYPES = (torch.float32, torch.bfloat16)
+_CUDA_OPS = ("update_representatives", "cuda_run", "plan")
 _INDEX = (torch.int32,)
 
 
@@ -117,8 +123,12 @@ def _update_representatives_impl(reps: Tensor, k_cache: Tensor, pages: Tensor) -
     ``pages`` (int32, 1-D, full pages)."""
     op = "update_representatives"
     c = _cache_args(op, k_cache, reps=reps)
+    if _check_data_device(op, k_cache, reps) == "cuda":
+        _check_tensor(op, "pages", pages, _INDEX, 1, "cuda")
+        _C.cuda_update_reps(c, pages.data_ptr(), pages.shape[0],
+                            torch.cuda.current_stream(k_cache.device).cuda_stream)
+        return
     _check_tensor(op, "pages", pages, _INDEX, 1, "cpu")
-    _check_data_device(op, k_cache, reps)
     _C.update_reps(c, pages.data_ptr(), pages.shape[0])
 
 
@@ -291,3 +301,47 @@ paged_attention = torch.library.custom_op("cisa::paged_attention", mutates_args=
 def _(q, k_cache, v_cache, block_tables, seq_lens, entries, groups, offsets, pages, chunks,
       scale, sliding_window):
     return torch.empty_like(q), q.new_empty(q.shape[:2])
+
+
+# ---- CUDA: the Hopper backend's run step (SparseAttentionWrapper on CUDA tensors) ------------
+
+_CUDA_PLANS = {}  # plan id -> _C.CudaPlan, owned by its SparseAttentionWrapper
+
+
+def _cuda_run_impl(plan_id: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                   reps: Optional[Tensor], index_q: Optional[Tensor], scale: float, out: Tensor,
+                   lse: Tensor) -> None:
+    """Selection (sparse plans) and attention of a CUDA plan into ``out`` and ``lse``: kernel
+    launches only, on the current stream (no allocation, no host synchronisation), so it can be
+    captured in a CUDA graph. q bfloat16 ``[rows, num_q_heads, head_dim]``; index_q float32."""
+    op = "cuda_run"
+    cp = _CUDA_PLANS.get(plan_id)
+    if cp is None:
+        _fail(ValueError, op, f"no live plan {plan_id} (plan with SparseAttentionWrapper first)")
+    c = _cache_args(op, k_cache, v_cache, reps)
+    _check_tensor(op, "q", q, (torch.bfloat16,), 3)
+    _check_tensor(op, "out", out, (torch.float32,), 3)
+    _check_tensor(op, "lse", lse, (torch.float32,), 2)
+    if q.shape[0] != cp.rows or out.shape != q.shape or lse.shape != q.shape[:2]:
+        _fail(ValueError, op, f"q must be [{cp.rows}, num_q_heads, head_dim] and out, lse its "
+              f"shape (got {tuple(q.shape)}, {tuple(out.shape)}, {tuple(lse.shape)})")
+    tensors = [q, k_cache, v_cache, out, lse]
+    if not cp.dense:
+        if reps is None or index_q is None:
+            _fail(ValueError, op, "a sparse plan needs reps and index_q")
+        _check_tensor(op, "index_q", index_q, (torch.float32,), 3)
+        if tuple(index_q.shape) != (cp.rows, c.num_kv_heads, c.head_dim):
+            _fail(ValueError, op, f"index_q must be {(cp.rows, c.num_kv_heads, c.head_dim)} "
+                  f"(got {tuple(index_q.shape)})")
+        tensors += [reps, index_q]
+    _check_data_device(op, *tensors)
+    _C.cuda_run(cp, c, index_q.data_ptr() if index_q is not None else 0, q.data_ptr(), scale,
+                out.data_ptr(), lse.data_ptr(), torch.cuda.current_stream(q.device).cuda_stream)
+
+
+cuda_run = torch.library.custom_op("cisa::cuda_run", mutates_args=("out", "lse"))(_cuda_run_impl)
+
+
+@cuda_run.register_fake
+def _(plan_id, q, k_cache, v_cache, reps, index_q, scale, out, lse):
+    return None

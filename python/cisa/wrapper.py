@@ -22,14 +22,25 @@ class SparseAttentionWrapper:
     once per layer. After ``run``, :attr:`pages` holds the page lists it attended.
     """
 
-    def __init__(self, num_kv_heads: int, page_size: int = 16):
+    def __init__(self, num_kv_heads: int, page_size: int = 16, device="cpu"):
         self.num_kv_heads = num_kv_heads
         self.page_size = page_size
+        self.device = torch.device(device)
         self._planned = False
+        self._cuda = None
+        self._id = id(self)
+
+    def __del__(self):
+        ops._CUDA_PLANS.pop(getattr(self, "_id", None), None)
 
     def plan(self, block_tables: Tensor, seq_lens: Tensor, entries: Tensor, *, num_pages: int,
              dense: bool = False, sliding_window: int = 0, budget: int = 0, window: int = 128,
-             qshare: int = 1, sink_pages: int = 0, qshare_query: str = "mean") -> None:
+             qshare: int = 1, sink_pages: int = 0, qshare_query: str = "mean",
+             k_cache: Optional[Tensor] = None, v_cache: Optional[Tensor] = None,
+             reps: Optional[Tensor] = None, num_q_heads: Optional[int] = None) -> None:
+        """Host work of a step. On CUDA (``device="cuda"``) also the Hopper backend's plan, which
+        needs the layer's ``k_cache``, ``v_cache`` (bfloat16), ``reps`` (sparse plans) and
+        ``num_q_heads``, and preallocates ``out`` and ``lse`` for ``run``."""
         self.block_tables, self.seq_lens, self.entries = block_tables, seq_lens, entries
         (self.groups, self.offsets, self.pages, self.chunks, self.num_selected) = ops.plan(
             block_tables, seq_lens, entries, num_pages=num_pages, num_kv_heads=self.num_kv_heads,
@@ -38,7 +49,36 @@ class SparseAttentionWrapper:
         self.dense = dense
         self.sliding_window = sliding_window
         self.params = (budget, window, qshare, sink_pages, qshare_query == "last")
+        if self.device.type == "cuda":
+            if not ops.HAS_CUDA:
+                raise RuntimeError("cisa.SparseAttentionWrapper: this cisa build has no CUDA "
+                                   "backend (built without CUDA)")
+            if k_cache is None or v_cache is None or num_q_heads is None or (
+                    not dense and reps is None):
+                raise ValueError("cisa.SparseAttentionWrapper.plan: on CUDA pass k_cache, "
+                                 "v_cache, num_q_heads and (sparse plans) reps")
+            c = ops._cache_args("plan", k_cache, v_cache, reps)
+            ops._check_data_device("plan", *[t for t in (k_cache, v_cache, reps) if t is not None])
+            b = ops._batch_args("plan", block_tables, seq_lens, entries)
+            self._dev_tables = block_tables.to(k_cache.device)  # the plan reads it on the device
+            cp = _C.CudaPlan()
+            _C.cuda_plan(cp, c, b, self._dev_tables.data_ptr(), num_q_heads, dense,
+                         sliding_window, budget, window, qshare, sink_pages,
+                         qshare_query == "last")
+            self._cuda = cp
+            ops._CUDA_PLANS[self._id] = cp
+            rows = cp.rows
+            self.out = torch.empty(rows, num_q_heads, c.head_dim, dtype=torch.float32,
+                                   device=k_cache.device)
+            self.lse = torch.empty(rows, num_q_heads, dtype=torch.float32, device=k_cache.device)
         self._planned = True
+
+    def cuda_page_lists(self):
+        """The CUDA plan's page lists after ``run`` (pages, chunks as CPU int32 tensors) and the
+        K/V pages its attention reads; synchronises."""
+        (_, _, pages, chunks, _), read = _C.cuda_page_lists(self._cuda)
+        return (torch.tensor(pages, dtype=torch.int32), torch.tensor(chunks, dtype=torch.int32),
+                read)
 
     @property
     def num_groups(self) -> int:
@@ -57,6 +97,10 @@ class SparseAttentionWrapper:
             index_q: Optional[Tensor] = None, scale: float = 0.0):
         if not self._planned:
             raise RuntimeError("cisa.SparseAttentionWrapper.run: call plan() first")
+        if self._cuda is not None:
+            torch.ops.cisa.cuda_run(self._id, q, k_cache, v_cache, reps, index_q, scale,
+                                    self.out, self.lse)
+            return self.out, self.lse
         if not self.dense:
             if reps is None or index_q is None:
                 raise ValueError("cisa.SparseAttentionWrapper.run: a sparse plan needs reps and "

@@ -29,6 +29,9 @@
 #include "cisa/cpu/attention.h"
 #include "cisa/cpu/kv_cache.h"
 #include "cisa/cpu/selection.h"
+#ifdef CISA_PY_WITH_CUDA
+#include "cisa/cuda/backend.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -409,6 +412,81 @@ std::tuple<std::vector<std::vector<int32_t>>, PlanTuple> engine_reference(
   return {tables, to_tuple(lists)};
 }
 
+#ifdef CISA_PY_WITH_CUDA
+// ---- the Hopper backend (cuda/backend.h), built with -DCISA_PY_CUDA=ON ----------------------
+// Data pointers are device memory (bf16 K/V and representatives, q bf16, index_q and outputs
+// f32); the batch and the block tables are checked on the host first (the same adopt_sequence
+// and validate_batch as the CPU path), and the block tables' device copy is the caller's tensor.
+struct CudaPlan {
+  cisa::cuda::Plan plan;
+  std::vector<int64_t> offsets;
+  bool dense = true;
+  int64_t rows = 0;
+};
+
+cisa::cuda::DeviceLayer device_layer(const CacheArgs& c) {
+  if (!c.bf16) throw std::invalid_argument("cisa: the CUDA backend needs bfloat16 K/V");
+  return {.k = ptr<const uint16_t>(c.k),
+          .v = ptr<const uint16_t>(c.v),
+          .reps = ptr<uint16_t>(c.reps),
+          .num_pages = c.num_pages,
+          .num_kv_heads = c.num_kv_heads,
+          .head_dim = c.head_dim,
+          .page_size = c.page_size};
+}
+
+void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t device_tables,
+               int num_q_heads, bool dense, int64_t sliding_window, int64_t budget, int64_t window,
+               int64_t qshare, int64_t sink_pages, bool qshare_last) {
+  cisa::PageTable table(1, c.page_size, c.num_pages);
+  adopt_all(&table, b, c.page_size, "plan");
+  const std::vector<BatchEntry> batch = read_entries(b);
+  raise_if_error(cisa::validate_batch(table, 0, batch), "plan");
+  cp.offsets.resize(static_cast<size_t>(b.num_seqs + 1));
+  for (int64_t s = 0; s <= b.num_seqs; ++s) cp.offsets[static_cast<size_t>(s)] = s * b.max_pages;
+  const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
+  cp.dense = dense;
+  cp.rows = 0;
+  for (const auto& e : batch) cp.rows += e.count;
+  if (dense)
+    raise_if_error(cisa::cuda::plan_dense(device_layer(c), tables, batch, num_q_heads,
+                                          sliding_window, &cp.plan),
+                   "plan");
+  else
+    raise_if_error(cisa::cuda::plan_sparse(
+                       device_layer(c), tables, batch, num_q_heads,
+                       selection_params(budget, window, qshare, sink_pages, qshare_last), &cp.plan),
+                   "plan");
+}
+
+void cuda_run(const CudaPlan& cp, const CacheArgs& c, uintptr_t index_q, uintptr_t q, float scale,
+              uintptr_t out, uintptr_t lse, uintptr_t stream) {
+  const cisa::cuda::DeviceLayer layer = device_layer(c);
+  // Every plan runs the selection step: it writes the lists' fixed parts (a dense plan's whole
+  // lists) on the device; index_q is read only by sparse plans.
+  raise_if_error(
+      cisa::cuda::run_select(cp.plan, layer, ptr<const float>(index_q), ptr<void>(stream)), "run");
+  raise_if_error(
+      cisa::cuda::run_attention(cp.plan, layer, ptr<const uint16_t>(q), scale, ptr<float>(out),
+                                lse ? ptr<float>(lse) : nullptr, ptr<void>(stream)),
+      "run");
+}
+
+void cuda_update_reps(const CacheArgs& c, uintptr_t pages, int64_t n, uintptr_t stream) {
+  raise_if_error(
+      cisa::cuda::run_update_reps(device_layer(c), ptr<const int32_t>(pages), n, ptr<void>(stream)),
+      "update_representatives");
+}
+
+std::tuple<PlanTuple, int64_t> cuda_page_lists(const CudaPlan& cp) {
+  PageLists lists;
+  raise_if_error(cisa::cuda::download_page_lists(cp.plan, &lists), "page_lists");
+  int64_t read = 0;
+  raise_if_error(cisa::cuda::count_read_pages(cp.plan, &read), "page_lists");
+  return {to_tuple(lists), read};
+}
+#endif
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -444,5 +522,22 @@ NB_MODULE(_C, m) {
     pool_slot() = std::make_unique<cisa::ThreadPool>(n);
   });
   m.def("num_threads", []() { return pool().num_threads(); });
+#ifdef CISA_PY_WITH_CUDA
+  nb::class_<CudaPlan>(m, "CudaPlan")
+      .def(nb::init<>())
+      .def_ro("rows", &CudaPlan::rows)
+      .def_ro("dense", &CudaPlan::dense);
+  m.def("cuda_plan", &cuda_plan);
+  m.def("cuda_run", &cuda_run);
+  m.def("cuda_update_reps", &cuda_update_reps);
+  m.def("cuda_page_lists", &cuda_page_lists);
+  m.def("cuda_device_available", []() {
+    std::string why;
+    const bool ok = cisa::cuda::device_available(&why);
+    return std::make_tuple(ok, why);
+  });
+  m.attr("has_cuda") = true;
+#else
   m.attr("has_cuda") = false;
+#endif
 }
