@@ -29,20 +29,27 @@ int fail(const std::string& msg, int status = 1) {
   return status;
 }
 
+// The model options of a server of `parallel` sequences: the context checked against the model's
+// (the server's default: 4096, or the model's own when smaller) and CISA's defaults scaled to it.
+Result<ModelOptions> serving_options(ModelCliOptions* o, const ModelHparams& hp, int parallel) {
+  if (o->context > hp.n_ctx_train)
+    return invalid_argument("--context " + std::to_string(o->context) +
+                            " exceeds the model's context of " + std::to_string(hp.n_ctx_train) +
+                            " tokens");
+  if (o->context == 0) o->context = std::min<int64_t>(4096, hp.n_ctx_train);
+  scale_cisa_defaults(o, hp.n_ctx_train);
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(*o));
+  mopt.max_sequences = parallel;
+  return mopt;
+}
+
 // The model with a cache of `parallel` sequences of o.context tokens (the server's default
 // context: 4096, or the model's own when smaller).
 Result<std::unique_ptr<Model>> load_for_serving(const std::string& path, ModelCliOptions o,
                                                 int parallel, std::string* model_note) {
   CISA_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(path));
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, read_model_hparams(f));
-  if (o.context > hp.n_ctx_train)
-    return invalid_argument("--context " + std::to_string(o.context) +
-                            " exceeds the model's context of " + std::to_string(hp.n_ctx_train) +
-                            " tokens");
-  if (o.context == 0) o.context = std::min<int64_t>(4096, hp.n_ctx_train);
-  scale_cisa_defaults(&o, hp.n_ctx_train);
-  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
-  mopt.max_sequences = parallel;
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, serving_options(&o, hp, parallel));
   if (!o.indexer.empty()) {
     if (mopt.attention.mode != AttentionMode::kCisa)
       return invalid_argument("--indexer needs --attention cisa");
@@ -63,14 +70,7 @@ Result<std::unique_ptr<Model>> load_synthetic_for_serving(ModelCliOptions o, int
     return invalid_argument("--indexer: an indexer is calibrated for a model file; --synthetic " +
                             o.synthetic + " has none (drop --indexer)");
   CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic));
-  if (o.context > hp.n_ctx_train)
-    return invalid_argument("--context " + std::to_string(o.context) +
-                            " exceeds the model's context of " + std::to_string(hp.n_ctx_train) +
-                            " tokens");
-  if (o.context == 0) o.context = std::min<int64_t>(4096, hp.n_ctx_train);
-  scale_cisa_defaults(&o, hp.n_ctx_train);
-  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
-  mopt.max_sequences = parallel;
+  CISA_ASSIGN_OR_RETURN(ModelOptions mopt, serving_options(&o, hp, parallel));
   *model_note = "synthetic " + o.synthetic + " (" + kSyntheticNote + "), context " +
                 std::to_string(o.context) + " x " + std::to_string(parallel) + " sequences, " +
                 attention_mode_name(mopt.attention.mode) + " attention";
