@@ -315,6 +315,9 @@ ApiResult<ParsedRequest> parse_request(const std::string& body, Route route,
     }
   }
   if (Check c = read_bool(j, "ignore_eos", &g.ignore_eos); !c) return fail(*c.err);
+  // ignore_eos (the fixed-output protocol) goes past the chat template's end of turn too, as
+  // vLLM's does; the end of turn is the only stop token a request gets (parse_prompt).
+  if (g.ignore_eos) g.stop_tokens.clear();
   if (Check c = read_bool(j, "stream", &r.stream); !c) return fail(*c.err);
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return fail(bad("'stream_options' must be an object", "stream_options"));

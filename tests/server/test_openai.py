@@ -253,6 +253,33 @@ class Chat(unittest.TestCase):
         self.assertEqual(text, r.choices[0].message.content)
         self.assertEqual(chunks[-1].choices[0].finish_reason, r.choices[0].finish_reason)
 
+    def test_bench_serve_honors_eos_on_request(self):
+        # `cisa bench serve --honor-eos` lets requests end at EOS and reports their mean length
+        # (the verbosity measure); without it every request generates exactly --output-len.
+        s = SERVERS["smol"]
+        msgs = [{"role": "user", "content": "What is 2+2?"}]
+        r = client(s).chat.completions.create(model="smol", messages=msgs, max_tokens=64,
+                                              temperature=0)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        prompts = os.path.join(ARGS.tmp, "bench_prompts.txt")
+        with open(prompts, "w") as f:
+            f.write("What is 2+2?\n")
+
+        def bench(extra):
+            out = subprocess.run([ARGS.cisa, "bench", "serve", "--port", str(s.port),
+                                  "--endpoint", "chat", "--prompt-file", prompts,
+                                  "--num-prompts", "2", "--concurrency", "2", "--output-len",
+                                  "64", "--json", "--quiet", "--timeout", "120"] + extra,
+                                 capture_output=True, text=True, timeout=300, check=True)
+            return json.loads(out.stdout)
+        honored = bench(["--honor-eos"])
+        self.assertTrue(honored["honor_eos"])
+        self.assertEqual(honored["failed_requests"], 0)
+        self.assertEqual(honored["mean_output_tokens"], r.usage.completion_tokens)
+        fixed = bench([])
+        self.assertFalse(fixed["honor_eos"])
+        self.assertEqual(fixed["mean_output_tokens"], 64)
+
     def test_bad_messages(self):
         for body, needle in [({"messages": "hi"}, "messages"),
                              ({"messages": [{"role": "robot", "content": "x"}]}, "role"),

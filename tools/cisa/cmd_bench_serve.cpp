@@ -1,7 +1,8 @@
 // cisa bench serve — a load generator for OpenAI-compatible servers (`cisa serve`, llama.cpp's,
 // vLLM's): N streamed requests at a concurrency limit and/or a Poisson request rate, prompts of
 // random token ids of a fixed length (exact prompt lengths, no tokenizer needed) or lines of a
-// file, a fixed output length with EOS ignored ("ignore_eos": true). Reports request and token
+// file, a fixed output length with EOS ignored ("ignore_eos": true; --honor-eos lets requests end
+// at EOS and reports their mean length, the verbosity measure). Reports request and token
 // throughput and mean / median / p99 of TTFT, TPOT (time per output token after the first), ITL
 // (between stream chunks) and end-to-end latency, as text or --json. Loopback targets only unless
 // --allow-remote. --extra-body adds fields to every request (e.g. `cisa serve`'s per-request
@@ -165,7 +166,7 @@ int bench_serve(int argc, char** argv) {
   int64_t min_token_id = 1000, max_token_id = 9999;
   int64_t seed = 0, timeout = 600;
   double rate = 0;
-  bool json_out = false, allow_remote = false, quiet = false;
+  bool json_out = false, allow_remote = false, quiet = false, honor_eos = false;
   p.add_string("--host", &host, "server address (default 127.0.0.1)");
   p.add_int("--port", &port, "server port (default 8080)", {1, 65535});
   p.add_string("--model", &model, "model id to request (default: the first of /v1/models)");
@@ -178,8 +179,12 @@ int bench_serve(int argc, char** argv) {
                DoubleRange{0, 1e6});
   p.add_int("--input-len", &input_len, "random prompt length in tokens (default 128)",
             {1, 1 << 24});
-  p.add_int("--output-len", &output_len, "tokens to generate, EOS ignored (default 64)",
+  p.add_int("--output-len", &output_len,
+            "tokens to generate, EOS ignored (default 64; with --honor-eos, the most)",
             {1, 1 << 24});
+  p.add_flag("--honor-eos", &honor_eos,
+             "stop a request at the model's end of sequence (\"ignore_eos\": false), to measure "
+             "output lengths (verbosity) rather than a fixed-output load");
   p.add_string("--prompt-file", &prompt_file, "prompts, one per line (instead of random tokens)");
   p.add_int("--min-token-id", &min_token_id, "random prompts: smallest token id (default 1000)",
             {0, INT32_MAX});
@@ -232,9 +237,9 @@ int bench_serve(int argc, char** argv) {
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   std::vector<json> bodies;
   for (int64_t i = 0; i < num_prompts; ++i) {
-    json b = {{"model", model},     {"max_tokens", output_len},
-              {"ignore_eos", true}, {"temperature", 0},
-              {"stream", true},     {"stream_options", {{"include_usage", true}}}};
+    json b = {{"model", model},           {"max_tokens", output_len},
+              {"ignore_eos", !honor_eos}, {"temperature", 0},
+              {"stream", true},           {"stream_options", {{"include_usage", true}}}};
     if (!lines.empty()) {
       const std::string& text = lines[static_cast<size_t>(i) % lines.size()];
       if (endpoint == "chat") {
@@ -317,12 +322,14 @@ int bench_serve(int argc, char** argv) {
             {"request_rate", rate},
             {"input_len", lines.empty() ? json(input_len) : json("from " + prompt_file)},
             {"output_len", output_len},
+            {"honor_eos", honor_eos},
             {"extra_body", extra_body},
             {"successful_requests", ok},
             {"failed_requests", failed},
             {"duration_s", duration},
             {"total_input_tokens", in_tokens},
             {"total_output_tokens", out_tokens},
+            {"mean_output_tokens", ok > 0 ? double(out_tokens) / double(ok) : 0.0},
             {"request_throughput", ok / duration},
             {"output_throughput", out_tokens / duration},
             {"total_token_throughput", (in_tokens + out_tokens) / duration},
@@ -343,6 +350,9 @@ int bench_serve(int argc, char** argv) {
     std::printf("%-34s %.2f\n", "duration (s):", duration);
     std::printf("%-34s %lld\n", "total input tokens:", static_cast<long long>(in_tokens));
     std::printf("%-34s %lld\n", "total generated tokens:", static_cast<long long>(out_tokens));
+    std::printf("%-34s %.2f%s\n", "mean generated tokens per request:",
+                ok > 0 ? double(out_tokens) / double(ok) : 0.0,
+                honor_eos ? " (EOS honoured)" : " (EOS ignored)");
     std::printf("%-34s %.2f\n", "request throughput (req/s):", ok / duration);
     std::printf("%-34s %.2f\n", "output token throughput (tok/s):", out_tokens / duration);
     std::printf("%-34s %.2f\n",
