@@ -101,9 +101,17 @@ void Server::Impl::routes() {
   // Unknown routes, bodies over the limit (413) and other protocol errors: an OpenAI error body.
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    std::string msg = res.status == 413   ? "the request body is larger than the server accepts"
+    std::string msg = res.status == 413   ? "the request body is larger than the server accepts "
+                                            "(--max-body-kib)"
                       : res.status == 404 ? "no route " + req.method + " " + req.path
                                           : "bad request";
+    // cpp-httplib caps form-encoded bodies at 8 KiB whatever the limit; curl -d and urllib send
+    // that content type unless told otherwise, so a long prompt lands here: say what to change.
+    if (res.status == 413 &&
+        req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded"))
+      msg =
+          "the body was sent as application/x-www-form-urlencoded (curl -d's default), which the "
+          "HTTP library caps at 8 KiB: send it with 'Content-Type: application/json'";
     reply(res, res.status, error_body({.http_status = res.status, .message = msg}));
   });
   http.set_exception_handler(

@@ -187,6 +187,17 @@ class Errors(unittest.TestCase):
     def test_huge_body_and_unknown_route(self):
         got, j = self.s.request("POST", "/v1/completions", "x" * (9 << 20))
         self.assertEqual(got, 413)
+        self.assertIn("--max-body-kib", j["error"]["message"])
+        # A 60 KiB JSON body (mostly indentation) is served when labelled JSON; labelled form-encoded (curl -d's
+        # default) the HTTP library caps it at 8 KiB, and the 413 says which header to send.
+        body = json.dumps({"prompt": "Hello", "max_tokens": 1, "temperature": 0}, indent=20000)
+        got, j = self.s.request("POST", "/v1/completions", body,
+                                {"Content-Type": "application/json"})
+        self.assertEqual(got, 200, j)
+        got, j = self.s.request("POST", "/v1/completions", body,
+                                {"Content-Type": "application/x-www-form-urlencoded"})
+        self.assertEqual(got, 413)
+        self.assertIn("Content-Type: application/json", j["error"]["message"])
         got, j = self.s.request("GET", "/v1/nothing")
         self.assertEqual(got, 404)
         self.assertTrue(self.s.healthy())
