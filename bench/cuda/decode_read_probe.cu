@@ -5,10 +5,11 @@
 // per SM) from the arithmetic by running copy-only versions of the kernel's pipeline.
 //
 // Build (here or on the device):
-//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -Isrc bench/cuda/decode_read_probe.cu -o
-//   decode_read_probe
-// Run: ./decode_read_probe [geometry ...]   (default: 4:1 32:1 32:2; 1,048,576-token histories, d =
-// 128) Prints one line per variant: milliseconds (median of 7 after 2 warm-ups) and TB/s on the
+//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -Isrc
+//        bench/cuda/decode_read_probe.cu -o decode_read_probe      (one command)
+// Run: ./decode_read_probe [geometry ...]
+//   (default: 4:1 32:1 32:2; 1,048,576-token histories, d = 128)
+// Prints one line per variant: milliseconds (median of 7 after 2 warm-ups) and TB/s on the
 // bytes the variant must read (every K and V byte of every page once).
 #include <cuda_runtime.h>
 

@@ -23,9 +23,9 @@
 //   cisa::BackendMatrix wq = *be->bind_matrix(weight_view);        // at load
 //   auto q = *be->allocate(rows * n_head * d * sizeof(float));     // activations
 //   CISA_RETURN_IF_ERROR(be->matmul(wq, xn, q->f32(), rows));       // y = W x, per row
-//   CISA_RETURN_IF_ERROR(be->plan(cisa::PlanSlot::kGlobal, batch, {.kind =
-//   cisa::PlanKind::kDense})); CISA_RETURN_IF_ERROR(be->attend(cisa::PlanSlot::kGlobal, layer,
-//   q->f32(), n_head, ap, att));
+//   CISA_RETURN_IF_ERROR(
+//       be->plan(cisa::PlanSlot::kGlobal, batch, {.kind = cisa::PlanKind::kDense}));
+//   CISA_RETURN_IF_ERROR(be->attend(cisa::PlanSlot::kGlobal, layer, q->f32(), n_head, ap, att));
 #pragma once
 
 #include <cstdint>
@@ -162,8 +162,8 @@ class Backend {
   virtual Status add(float* y, const float* x, int64_t n) = 0;
   // x[i] = the IEEE half value nearest x[i] (llama.cpp's f16 KV cache numerics).
   virtual Status round_f16(float* x, int64_t n) = 0;
-  // out[r][g] = mean over the heads h of KV group g of q[r][h]: q [rows][hq][d], out
-  // [rows][hkv][d].
+  // out[r][g] = mean over the heads h of KV group g of q[r][h]:
+  // q [rows][hq][d], out [rows][hkv][d].
   virtual Status mean_heads(const float* q, int64_t rows, int hq, int hkv, int d, float* out) = 0;
   // n pseudo-random values (deterministic in seed, roughly normal, standard deviation `scale`):
   // synthetic K/V and activations for benchmarks.

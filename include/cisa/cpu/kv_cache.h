@@ -16,8 +16,8 @@
 //   cisa::SeqId s = *cache->add_sequence();
 //   CISA_RETURN_IF_ERROR(cache->reserve(s, n));            // room for n more tokens, all layers
 //   for (int l = 0; l < 2; ++l)
-//     CISA_RETURN_IF_ERROR(cache->append(l, s, n, k[l], v[l]));  // k, v:
-//     [n][num_kv_heads][head_dim]
+//     // k, v: [n][num_kv_heads][head_dim]
+//     CISA_RETURN_IF_ERROR(cache->append(l, s, n, k[l], v[l]));
 //
 // Every failing call returns a Status and leaves the cache unchanged and usable.
 #pragma once

@@ -7,8 +7,8 @@
 // Bad arguments (negative sizes, null pointers with work to do, odd d for RoPE, hq not a multiple
 // of hkv) return cudaErrorInvalidValue before anything is launched; empty work launches nothing.
 //
-//   CISA_RETURN_IF_ERROR(cuda_status(detail::launch_rms_norm(x, w, x, rows, n, eps, stream),
-//   "rms_norm"));
+//   CISA_RETURN_IF_ERROR(
+//       cuda_status(detail::launch_rms_norm(x, w, x, rows, n, eps, stream), "rms_norm"));
 #pragma once
 
 #include <cuda_runtime.h>
