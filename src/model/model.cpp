@@ -250,9 +250,8 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
   // ---- check everything before touching the cache ----
   if (m.tap && !be.cpu_cache())
     return failed_precondition(
-        "forward: an attention tap needs the CPU backend (this model runs "
-        "on " +
-        be.description() + ")");
+        "forward: an attention tap needs the CPU backend (this model runs on " + be.description() +
+        ")");
   int64_t total_rows = 0, n_out = 0, pages_needed = 0;
   std::unordered_set<SeqId> seen;
   std::vector<int64_t> start(inputs.size());
