@@ -17,6 +17,16 @@ Result<QShareQuery> parse_qshare_query(const std::string& s) {
   return invalid_argument("unknown QShare query '" + s + "' (expected mean or last)");
 }
 
+const char* reuse_check_name(ReuseCheck c) {
+  return c == ReuseCheck::kNone ? "none" : "new-chunks";
+}
+
+Result<ReuseCheck> parse_reuse_check(const std::string& s) {
+  if (s == "none") return ReuseCheck::kNone;
+  if (s == "new-chunks") return ReuseCheck::kNewChunks;
+  return invalid_argument("unknown reuse check '" + s + "' (expected none or new-chunks)");
+}
+
 namespace {
 
 Status check_bound(const char* what, int64_t v, int64_t lo) {
@@ -36,7 +46,27 @@ Status validate_selection_params(const SelectionParams& p) {
   CISA_RETURN_IF_ERROR(check_bound("sink pages", p.sink_pages, 0));
   if (p.qshare_query != QShareQuery::kMean && p.qshare_query != QShareQuery::kLast)
     return invalid_argument("unknown QShare query");
+  if (p.reuse_steps < 1 || p.reuse_steps > kMaxReuseSteps)
+    return invalid_argument("reuse steps r must be in [1, " + std::to_string(kMaxReuseSteps) +
+                            "] (got " + std::to_string(p.reuse_steps) + ")");
+  if (p.reuse_check != ReuseCheck::kNone && p.reuse_check != ReuseCheck::kNewChunks)
+    return invalid_argument("unknown reuse check");
   return Status::Ok();
+}
+
+bool reuse_allowed(int64_t a, int64_t selected_at, int64_t last_used, const SelectionParams& p) {
+  return p.reuse_steps > 1 && selected_at >= 0 && last_used >= selected_at && a == last_used + 1 &&
+         a - selected_at < p.reuse_steps;
+}
+
+bool same_selection_sets(const SelectionParams& a, const SelectionParams& b) {
+  return a.budget == b.budget && a.window == b.window && a.sink_pages == b.sink_pages;
+}
+
+ChunkRange newly_eligible(int64_t selected_at, int64_t a, int page_size, const SelectionParams& p) {
+  const int64_t begin = std::max<int64_t>(p.sink_pages, selected_at / page_size - p.window);
+  const int64_t end = std::max<int64_t>(begin, a / page_size - p.window);
+  return {begin, end};
 }
 
 int64_t eligible_count(int64_t a, int page_size, const SelectionParams& p) {

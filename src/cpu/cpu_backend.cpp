@@ -251,6 +251,7 @@ class CpuBackend final : public Backend {
   // ---- cache ----
   Status create_cache(const KvCacheConfig& config) override {
     CISA_ASSIGN_OR_RETURN(cache_, PagedKvCache::create(config));
+    reuse_.clear();  // selections of the old cache's sequences
     return Status::Ok();
   }
   const KvCacheConfig& cache_config() const override {
@@ -267,7 +268,9 @@ class CpuBackend final : public Backend {
   }
   Status release_sequence(SeqId seq) override {
     CISA_RETURN_IF_ERROR(need_cache("release_sequence"));
-    return cache_->release_sequence(seq);
+    CISA_RETURN_IF_ERROR(cache_->release_sequence(seq));
+    reuse_.release(seq);  // its SeqId may be handed out again
+    return Status::Ok();
   }
   Status reserve(SeqId seq, int64_t n) override {
     CISA_RETURN_IF_ERROR(need_cache("reserve"));
@@ -312,7 +315,7 @@ class CpuBackend final : public Backend {
     if (!sl.planned || sl.spec.kind != PlanKind::kCisa)
       return failed_precondition("select: the slot has no CISA plan for this step");
     CISA_RETURN_IF_ERROR(select_pages(*cache_, layer, sl.batch, index_q, sl.spec.selection, &pool_,
-                                      &sl.lists, &sel_ws_));
+                                      &sl.lists, &sel_ws_, &reuse_));
     sl.has_lists = true;
     sl.lists_layer = layer;
     return Status::Ok();
@@ -346,6 +349,8 @@ class CpuBackend final : public Backend {
     return cisa::attend(*cache_, layer, sl.batch, sl.lists, q, num_q_heads, ap, out, nullptr, pool_,
                         &aws_);
   }
+
+  SelectionReuseStats selection_reuse_stats() const override { return reuse_.stats; }
 
   const PagedKvCache* cpu_cache() const override { return cache_.get(); }
   ThreadPool* cpu_pool() override { return &pool_; }
@@ -390,6 +395,7 @@ class CpuBackend final : public Backend {
   MatmulScratch mm_;
   AttentionWorkspace aws_;
   SelectionWorkspace sel_ws_;
+  SelectionReuse reuse_;  // selection reuse: per sequence, CISA layer and KV group
   std::unique_ptr<PagedKvCache> cache_;
   std::vector<WeightView> views_;
   std::vector<std::vector<float>> owned_;  // random matrices and gains (stable addresses)

@@ -167,9 +167,47 @@ void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>*
     if (keys[i] >= t && (keys[i] > t || need-- > 0)) out->push_back(static_cast<int32_t>(i));
 }
 
+bool new_chunk_outranks(std::span<const float> reused_scores, std::span<const float> new_scores) {
+  if (reused_scores.empty()) return false;  // k = 0: nothing to displace
+  uint32_t lowest = UINT32_MAX;
+  for (float x : reused_scores) lowest = std::min(lowest, rank_key(x));
+  for (float x : new_scores)
+    if (rank_key(x) > lowest) return true;  // equal keys go to the reused chunk's smaller index
+  return false;
+}
+
+std::span<ReusedSelection> SelectionReuse::states(SeqId seq, int layer, int num_kv_heads) {
+  const uint64_t key = uint64_t{static_cast<uint32_t>(seq)} << 32 | static_cast<uint32_t>(layer);
+  std::vector<ReusedSelection>& v = map_[key];
+  if (v.size() != static_cast<size_t>(num_kv_heads))
+    v.assign(static_cast<size_t>(num_kv_heads), ReusedSelection{});
+  return v;
+}
+
+void SelectionReuse::release(SeqId seq) {
+  std::erase_if(map_, [seq](const auto& kv) {
+    return static_cast<uint32_t>(kv.first >> 32) == static_cast<uint32_t>(seq);
+  });
+}
+
+void SelectionReuse::clear() {
+  map_.clear();
+}
+
+namespace {
+// What select_pages does with one list under selection reuse.
+enum ReuseAction : uint8_t {
+  kNotCandidate = 0,  // prefill row, dense group, or reuse off: selects, keeps no state
+  kFresh,             // decode row without a usable selection: top-k, state replaced
+  kKeep,              // keeps its selection; the check had nothing to score
+  kKeepChecked,       // keeps its selection after the check scored newly eligible chunks
+  kCheckFailed,       // a newly eligible chunk outranked a kept one: top-k, state replaced
+};
+}  // namespace
+
 Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                     const float* index_q, const SelectionParams& p, ThreadPool* pool,
-                    PageLists* out, SelectionWorkspace* ws) {
+                    PageLists* out, SelectionWorkspace* ws, SelectionReuse* reuse) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
   if (!cache.has_reps(layer))
@@ -223,6 +261,61 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     return out->groups[static_cast<size_t>(t / H)].first / B - p.window - p.sink_pages;
   };
 
+  // Selection reuse (plan.h, docs/design.md): decide for every decode list whether it keeps its
+  // selection before anything is scored, so that kept lists are not scored at all.
+  const bool reusing = reuse && p.reuse_steps > 1;
+  auto action = [&](int64_t t) {
+    return reusing ? ws->reuse_action[static_cast<size_t>(t)] : uint8_t{kNotCandidate};
+  };
+  auto kept = [&](int64_t t) { return action(t) == kKeep || action(t) == kKeepChecked; };
+  if (reusing) {
+    ws->reuse_state.assign(static_cast<size_t>(num_lists), nullptr);
+    ws->reuse_action.assign(static_cast<size_t>(num_lists), kNotCandidate);
+    for (int64_t qg = 0; qg < num_groups; ++qg) {
+      const auto& grp = out->groups[static_cast<size_t>(qg)];
+      const BatchEntry& e = batch[static_cast<size_t>(grp.entry)];
+      if (grp.dense || e.count != 1) continue;  // prefill rows always select
+      std::span<ReusedSelection> st = reuse->states(e.seq, layer, H);
+      for (int g = 0; g < H; ++g) {
+        ws->reuse_state[static_cast<size_t>(qg * H + g)] = &st[static_cast<size_t>(g)];
+        ws->reuse_action[static_cast<size_t>(qg * H + g)] = kFresh;
+      }
+    }
+    auto decide = [&](int64_t t, int thread) {
+      ReusedSelection* st = ws->reuse_state[static_cast<size_t>(t)];
+      if (!st) return;
+      const auto& grp = out->groups[static_cast<size_t>(t / H)];
+      const int64_t a = grp.first;
+      if (!same_selection_sets(st->params, p) ||
+          !reuse_allowed(a, st->selected_at, st->last_used, p))
+        return;  // kFresh
+      uint8_t& act = ws->reuse_action[static_cast<size_t>(t)];
+      act = kKeep;
+      const ChunkRange n = newly_eligible(st->selected_at, a, cache.page_size(), p);
+      if (p.reuse_check != ReuseCheck::kNewChunks || n.end == n.begin) return;
+      // Scores of S, then of the newly eligible chunks, under this row's index query: the
+      // physical pages of both, in that order, form the table score_chunks walks.
+      auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
+      auto& s = scratch[static_cast<size_t>(thread)];
+      const size_t k = st->chunks.size(), m = k + static_cast<size_t>(n.end - n.begin);
+      s.tmp.resize(m);
+      for (size_t i = 0; i < k; ++i) s.tmp[i] = table[static_cast<size_t>(st->chunks[i])];
+      for (int64_t j = n.begin; j < n.end; ++j)
+        s.tmp[k + static_cast<size_t>(j - n.begin)] = table[static_cast<size_t>(j)];
+      s.qbar.resize(static_cast<size_t>(d));
+      index_query(t, s.qbar.data());
+      s.scores.resize(m);
+      score_chunks(cache, layer, s.tmp, static_cast<int>(t % H), s.qbar.data(), 0,
+                   static_cast<int64_t>(m), s.scores.data());
+      const std::span<const float> sc(s.scores.data(), m);
+      act = new_chunk_outranks(sc.first(k), sc.subspan(k)) ? kCheckFailed : kKeepChecked;
+    };
+    if (pool)
+      pool->parallel_for(num_lists, decide);
+    else
+      for (int64_t t = 0; t < num_lists; ++t) decide(t, 0);
+  }
+
   // Score every list first, in slices of each query group's page range, when there are fewer
   // lists than threads (decode) or several KV groups: a page's representatives of all KV groups
   // are adjacent in the pool, so a slice walks its pages in blocks and scores every group's list
@@ -234,11 +327,11 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     for (int64_t t = 0; t < num_lists; ++t)
       ws->score_offsets[static_cast<size_t>(t + 1)] =
           ws->score_offsets[static_cast<size_t>(t)] +
-          (out->groups[static_cast<size_t>(t / H)].dense ? 0 : eligible_of(t));
+          (out->groups[static_cast<size_t>(t / H)].dense || kept(t) ? 0 : eligible_of(t));
     ws->list_qbar.resize(static_cast<size_t>(num_lists * d));
     ws->list_scores.resize(static_cast<size_t>(ws->score_offsets.back()));
     for (int64_t t = 0; t < num_lists; ++t)
-      if (!out->groups[static_cast<size_t>(t / H)].dense)
+      if (!out->groups[static_cast<size_t>(t / H)].dense && !kept(t))
         index_query(t, ws->list_qbar.data() + t * d);
     const int64_t parts = num_groups < threads ? threads : 1;
     pool->parallel_for(num_groups * parts, [&](int64_t sl, int) {
@@ -250,6 +343,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       for (int64_t j0 = lo; j0 < hi; j0 += kBlock)
         for (int g = 0; g < H; ++g) {
           const int64_t t = qg * H + g;
+          if (kept(t)) continue;
           score_chunks(cache, layer, table, g, ws->list_qbar.data() + t * d, p.sink_pages + j0,
                        std::min(kBlock, hi - j0),
                        ws->list_scores.data() + ws->score_offsets[static_cast<size_t>(t)] + j0);
@@ -262,6 +356,12 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     const auto& grp = out->groups[static_cast<size_t>(t / H)];
     auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
     if (grp.dense) return write_page_list(table, cache.page_size(), p, {}, t, out);
+    ReusedSelection* st = reusing ? ws->reuse_state[static_cast<size_t>(t)] : nullptr;
+    if (kept(t)) {  // S as chosen at a0; sinks, window and tail from this row's position
+      write_page_list(table, cache.page_size(), p, st->chunks, t, out);
+      st->last_used = grp.first;
+      return;
+    }
     const int64_t ca = grp.first / B;
     auto& s = scratch[static_cast<size_t>(thread)];
     const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
@@ -280,11 +380,24 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     select_topk(scores, p.budget, &s.top, &s.tmp);
     for (auto& j : s.top) j += static_cast<int32_t>(first_eligible);  // to absolute chunk indices
     write_page_list(table, cache.page_size(), p, s.top, t, out);
+    if (st) {  // a decode row's fresh selection: the one later rows may keep
+      st->chunks.assign(s.top.begin(), s.top.end());
+      st->selected_at = st->last_used = grp.first;
+      st->params = p;
+    }
   };
   if (pool)
     pool->parallel_for(num_lists, task);
   else
     for (int64_t t = 0; t < num_lists; ++t) task(t, 0);
+  if (reusing)
+    for (int64_t t = 0; t < num_lists; ++t) {
+      const uint8_t a = action(t);
+      reuse->stats.selected += a == kFresh || a == kCheckFailed ? 1 : 0;
+      reuse->stats.reused += a == kKeep || a == kKeepChecked ? 1 : 0;
+      reuse->stats.checked += a == kKeepChecked || a == kCheckFailed ? 1 : 0;
+      reuse->stats.reselected += a == kCheckFailed ? 1 : 0;
+    }
   return Status::Ok();
 }
 

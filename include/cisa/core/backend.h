@@ -224,6 +224,8 @@ class Backend {
     return Status::Ok();
   }
   virtual StepGraphStats step_graph_stats() const { return {}; }
+  // What select() did with decode rows under selection reuse (plan.h); zeros where unsupported.
+  virtual SelectionReuseStats selection_reuse_stats() const { return {}; }
 
   // ---- the CPU backend's own objects (calibration taps and page selectors read them) ----
   virtual const PagedKvCache* cpu_cache() const { return nullptr; }

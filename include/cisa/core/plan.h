@@ -28,12 +28,23 @@ enum class QShareQuery { kMean, kLast };
 const char* qshare_query_name(QShareQuery q);
 Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last"
 
+// When a decode row re-selects before its reused selection ages out (docs/design.md, "Selection
+// reuse across decode steps"): kNone never; kNewChunks when a chunk that became eligible since the
+// selection outranks a reused one under the row's own index query.
+enum class ReuseCheck { kNone, kNewChunks };
+const char* reuse_check_name(ReuseCheck c);                  // "none", "new-chunks"
+Result<ReuseCheck> parse_reuse_check(const std::string& s);  // "none" | "new-chunks"
+
 struct SelectionParams {
   int64_t budget = 0;    // k: chunks chosen by top-k
   int64_t window = 128;  // W: recent pages always attended
   int64_t qshare = 1;    // G: positions sharing one selection (decode: 1)
   QShareQuery qshare_query = QShareQuery::kMean;
   int64_t sink_pages = 0;  // first n chunks always attended, not counted in k
+  // Decode rows (batch entries of one position) keep the chunks a top-k chose for up to this many
+  // steps, the selecting step included (1: select at every step). Prefill rows always select.
+  int64_t reuse_steps = 1;
+  ReuseCheck reuse_check = ReuseCheck::kNewChunks;  // early re-selection (reuse_steps > 1 only)
 };
 
 // The largest budget, window, sink count or QShare size any backend accepts: every page list
@@ -41,7 +52,12 @@ struct SelectionParams {
 // values cannot overflow 64 bits.
 inline constexpr int64_t kMaxSelectionPages = int64_t{1} << 26;
 
-// Errors for negative values, G < 1, and any value above kMaxSelectionPages.
+// The largest reuse_steps accepted (a reused list misses every chunk that left the window since
+// it was chosen, so far fewer steps than this are useful).
+inline constexpr int64_t kMaxReuseSteps = 65536;
+
+// Errors for negative values, G < 1, any value above kMaxSelectionPages, reuse_steps outside
+// [1, kMaxReuseSteps] and an unknown enum value.
 Status validate_selection_params(const SelectionParams& p);
 
 // Number of eligible chunks for a selection made at position a: |{j : j < c(a) − W}| minus sinks.
@@ -60,12 +76,40 @@ struct ListLayout {
 };
 ListLayout list_layout(const QueryGroup& g, int page_size, const SelectionParams& p);
 
+// ---- Selection reuse across decode steps (docs/design.md states the rule in full) ----
+// A decode row is a batch entry of one position whose group is sparse. Its backend keeps, per
+// sequence, CISA layer and KV group, the chunks S of its last fresh selection (made at position
+// a0), the position of the last row that used S, and the parameters S was chosen under. The row
+// at position a keeps S (its list: sinks, S, then the window and tail recomputed from a by
+// write_page_list) iff reuse_allowed(...) and same_selection_sets(...) hold and the check passes;
+// else it selects afresh and S, a0 are replaced.
+
+// p.reuse_steps > 1, the row directly follows the last use (a = last_used + 1: no position of the
+// sequence went through the layer without S) and S is younger than r steps (a − a0 < r).
+bool reuse_allowed(int64_t a, int64_t selected_at, int64_t last_used, const SelectionParams& p);
+// The parameters that fix the eligible set and k agree (budget, window, sink pages).
+bool same_selection_sets(const SelectionParams& a, const SelectionParams& b);
+
 // The chunks [begin, end) a dense plan gives one batch entry: 0 … c(last), or with
 // sliding_window > 0 those holding positions within the window of some query of the entry.
 struct ChunkRange {
   int64_t begin = 0, end = 0;
 };
 ChunkRange dense_chunk_range(const BatchEntry& e, int page_size, int64_t sliding_window);
+
+// Reuse's kNewChunks check scores these beside S: the chunks that became eligible between the
+// selection at a0 and the row at a, [c(a0) − W, c(a) − W) (empty when no page left the window).
+ChunkRange newly_eligible(int64_t selected_at, int64_t a, int page_size, const SelectionParams& p);
+
+// What a backend's selection did with decode rows under reuse (reuse_steps > 1), per list
+// (query group × KV group), since the backend was made. Lists of prefill rows, dense groups and
+// reuse_steps = 1 are not counted.
+struct SelectionReuseStats {
+  int64_t selected = 0;    // lists whose chunks a fresh top-k chose (first, aged, or check failed)
+  int64_t reused = 0;      // lists that kept a selection made at an earlier step
+  int64_t checked = 0;     // reuse candidates whose check scored newly eligible chunks
+  int64_t reselected = 0;  // of those, the ones that failed it (also counted in `selected`)
+};
 
 // Cuts every entry's positions into query groups (dense prefix, then QShare groups of G).
 // Fills out->groups only.

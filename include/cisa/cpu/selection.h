@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cisa/core/batch.h"
@@ -41,6 +42,33 @@ void score_chunks(const PagedKvCache& cache, int layer, std::span<const int32_t>
 void select_topk(std::span<const float> scores, int64_t k, std::vector<int32_t>* out,
                  std::vector<int32_t>* scratch);
 
+// Selection reuse state (plan.h's rule, docs/design.md): per sequence, CISA layer and KV group,
+// the chunks of the last fresh decode selection. One per backend; forget a sequence when it is
+// released (its SeqId may be handed out again).
+struct ReusedSelection {
+  std::vector<int32_t> chunks;  // S: absolute chunk indices, ascending (k of them)
+  int64_t selected_at = -1;     // position a0 of the decode row whose top-k chose S
+  int64_t last_used = -1;       // position of the last decode row whose list held S
+  SelectionParams params;       // the parameters S was chosen under
+};
+class SelectionReuse {
+ public:
+  // The states of (seq, layer), one per KV group, made empty on first use. The span stays valid
+  // until release() of seq or clear().
+  std::span<ReusedSelection> states(SeqId seq, int layer, int num_kv_heads);
+  void release(SeqId seq);
+  void clear();
+  SelectionReuseStats stats;
+
+ private:
+  std::unordered_map<uint64_t, std::vector<ReusedSelection>> map_;  // key: seq << 32 | layer
+};
+
+// True when a newly eligible chunk outranks the lowest-ranked reused chunk under top-k's ranking
+// (larger score first, ties to the smaller chunk index, NaN lowest): kNewChunks' failure. Every
+// newly eligible chunk has a larger index than every reused one, so it must score strictly higher.
+bool new_chunk_outranks(std::span<const float> reused_scores, std::span<const float> new_scores);
+
 // Per-thread scratch of select_pages (index query, scores, top-k). Reused across calls, so a
 // steady decode loop allocates nothing; optional.
 class SelectionWorkspace {
@@ -53,12 +81,18 @@ class SelectionWorkspace {
   // Decode (fewer lists than threads): index queries and scores of every list, scored in slices.
   std::vector<float> list_qbar, list_scores;
   std::vector<int64_t> score_offsets;
+  // Selection reuse: per list, its state (null: not a reuse candidate) and what it did.
+  std::vector<ReusedSelection*> reuse_state;
+  std::vector<uint8_t> reuse_action;
 };
 
 // The full selection step: query groups, index queries (mean or last over the group), scores,
 // top-k, and page lists with window, tail and sinks. Uses `pool` for (group, KV group) tasks.
+// With `reuse` and p.reuse_steps > 1, decode rows (entries of one position) keep or replace the
+// selection held in `reuse` by plan.h's reuse rule; without, or with r = 1, every list selects.
 Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchEntry> batch,
                     const float* index_q, const SelectionParams& p, ThreadPool* pool,
-                    PageLists* out, SelectionWorkspace* ws = nullptr);
+                    PageLists* out, SelectionWorkspace* ws = nullptr,
+                    SelectionReuse* reuse = nullptr);
 
 }  // namespace cisa

@@ -166,7 +166,8 @@ struct StepAttention {
     return mode == o.mode &&
            (mode == AttentionMode::kDense ||
             (a.budget == b.budget && a.window == b.window && a.qshare == b.qshare &&
-             a.qshare_query == b.qshare_query && a.sink_pages == b.sink_pages));
+             a.qshare_query == b.qshare_query && a.sink_pages == b.sink_pages &&
+             a.reuse_steps == b.reuse_steps && a.reuse_check == b.reuse_check));
   }
 };
 
