@@ -36,42 +36,79 @@ int64_t argmax_row(const float* x, int64_t n) {
 
 }  // namespace
 
-Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
-                                   const ProgressFn& progress) {
-  if (prompt.empty()) return invalid_argument("empty prompt");
-  if (max_new < 1)
-    return invalid_argument("max_new must be >= 1 (got " + std::to_string(max_new) + ")");
-  const auto t0 = std::chrono::steady_clock::now();
-  model.reset_stats();
-  GenerationRequest req{.prompt = {prompt.begin(), prompt.end()},
-                        .max_tokens = max_new,
-                        .sampling = {.greedy = true}};
-  Generation g;
-  // Stop at a line break once the answer has begun (base models continue with new text): the
-  // text keeps what precedes the break, and the token holding it counts.
-  bool started = false;
+Status generate_greedy_batch(Model& model, std::span<const GreedyPrompt> prompts,
+                             const GreedyDoneFn& done, const ProgressFn& progress) {
+  for (const GreedyPrompt& p : prompts) {
+    if (p.prompt.empty()) return invalid_argument("empty prompt");
+    if (p.max_new < 1)
+      return invalid_argument("max_new must be >= 1 (got " + std::to_string(p.max_new) + ")");
+  }
+  struct State {
+    Generation g;
+    bool started = false;  // non-space text generated
+  };
+  std::vector<State> st(prompts.size());
+  Status failed = Status::Ok();  // the first error of a request or of `done`
   GenerationCallbacks cb;
   cb.on_prefill_progress = progress;
+  // Stop at a line break once the answer has begun (base models continue with new text): the
+  // text keeps what precedes the break, and the token holding it counts.
   cb.on_token = [&](const GeneratedToken& t) {
+    State& s = st[t.request];
     const size_t nl = t.text.find('\n');
-    if (nl != std::string_view::npos && started) {
-      g.text += t.text.substr(0, nl);
+    if (nl != std::string_view::npos && s.started) {
+      s.g.text += t.text.substr(0, nl);
       return false;
     }
-    g.text += t.text;
-    for (char c : t.text) started = started || !std::isspace(static_cast<unsigned char>(c));
+    s.g.text += t.text;
+    for (char c : t.text) s.started = s.started || !std::isspace(static_cast<unsigned char>(c));
     return true;
   };
-  cb.on_finish = [&](size_t, const GenerationResult& r, std::string_view tail) {
+  cb.on_finish = [&](size_t i, const GenerationResult& r, std::string_view tail) {
+    if (r.finish == FinishReason::kError) {
+      if (failed.ok()) failed = r.error;
+      return;
+    }
+    Generation& g = st[i].g;
     g.text += tail;
     // End-of-generation tokens are not counted.
     g.tokens = static_cast<int64_t>(r.tokens.size()) - (r.finish == FinishReason::kEos ? 1 : 0);
+    g.stats.tokens = r.prompt_tokens + static_cast<int64_t>(r.tokens.size());
+    g.stats.global_pages_read = r.traffic.global_pages_read;
+    g.stats.global_pages_dense = r.traffic.global_pages_dense;
+    g.seconds = r.timings.prefill_seconds + r.timings.decode_seconds;
+    if (failed.ok()) failed = done(i, g);
   };
-  std::vector<GenerationResult> out;
-  CISA_RETURN_IF_ERROR(generate(model, {&req, 1}, &out, cb));
-  g.stats = model.stats();
-  g.seconds = since(t0);
-  return g;
+  Generator gen(model, cb);
+  for (const GreedyPrompt& p : prompts) {
+    GenerationRequest req{.prompt = {p.prompt.begin(), p.prompt.end()},
+                          .max_tokens = p.max_new,
+                          .sampling = {.greedy = true}};
+    CISA_RETURN_IF_ERROR(gen.add(std::move(req)).status());
+  }
+  while (!gen.done() && failed.ok()) {
+    if (Status s = gen.step(); !s.ok()) return s;
+  }
+  if (!failed.ok()) gen.abort(failed);
+  return failed;
+}
+
+Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
+                                   const ProgressFn& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  model.reset_stats();
+  Generation out;
+  const GreedyPrompt p{.prompt = prompt, .max_new = max_new};
+  CISA_RETURN_IF_ERROR(generate_greedy_batch(
+      model, {&p, 1},
+      [&](size_t, const Generation& g) {
+        out = g;
+        return Status::Ok();
+      },
+      progress));
+  out.stats = model.stats();
+  out.seconds = since(t0);
+  return out;
 }
 
 Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids, int64_t tail,

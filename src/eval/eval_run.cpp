@@ -55,18 +55,21 @@ struct Work {
   TaskSpec spec;
 };
 
-// The models of one prompt length, one per configuration (budgets depend on the length).
+// The models of one prompt length, one per (configuration, sequences held): budgets depend on the
+// length, and batched generation needs a cache of `batch` sequences where documents need one.
 class ModelCache {
  public:
   explicit ModelCache(const EvalPlan& plan) : plan_(plan) {}
-  Result<Model*> get(const EvalConfig& c, int64_t length, int64_t context, int page_size) {
+  Result<Model*> get(const EvalConfig& c, int64_t length, int64_t context, int page_size,
+                     int sequences) {
     if (length != length_) models_.clear(), length_ = length;
-    auto it = models_.find(c.name);
+    const std::string key = c.name + "#" + std::to_string(sequences);
+    auto it = models_.find(key);
     if (it != models_.end()) return it->second.get();
     ModelOptions o;
     o.threads = plan_.threads;
     o.context = context;
-    o.max_sequences = 1;
+    o.max_sequences = sequences;
     o.prefill_block = plan_.prefill_block;
     o.kv_dtype = plan_.kv_dtype;
     o.backend = plan_.backend;
@@ -79,8 +82,12 @@ class ModelCache {
     }
     CISA_ASSIGN_OR_RETURN(auto m, Model::load(plan_.model_path, o));
     Model* raw = m.get();
-    models_[c.name] = std::move(m);
+    models_[key] = std::move(m);
     return raw;
+  }
+  // Frees a model (and its KV cache) that no later work of this length needs.
+  void drop(const EvalConfig& c, int sequences) {
+    models_.erase(c.name + "#" + std::to_string(sequences));
   }
 
  private:
@@ -107,6 +114,9 @@ Status run_eval(const EvalPlan& plan) {
     return invalid_argument("the first configuration must be dense (the reference)");
   if (plan.tasks.empty() || plan.lengths.empty()) return invalid_argument("no tasks or no lengths");
   if (plan.examples < 1) return invalid_argument("--examples must be >= 1");
+  if (plan.batch < 1 || plan.batch > 4096)
+    return invalid_argument("--batch must be in [1, 4096] (got " + std::to_string(plan.batch) +
+                            ")");
   std::set<std::string> names;
   for (const auto& c : plan.configs)
     if (!names.insert(c.name).second)
@@ -182,6 +192,7 @@ Status run_eval(const EvalPlan& plan) {
     meta["command"] = plan.command_line;
     if (!plan.indexer_path.empty()) meta["indexer"] = plan.indexer_path;
     if (plan.backend_name != "cpu") meta["backend"] = plan.backend_name;
+    if (plan.batch > 1) meta["batch"] = plan.batch;
     meta["examples"] = plan.examples;
     meta["seed"] = static_cast<int64_t>(plan.seed);
     Json cfgs = Json::array();
@@ -258,79 +269,119 @@ Status run_eval(const EvalPlan& plan) {
                  fmt_duration(eta).c_str());
   };
 
-  for (const Work& w : work) {
-    const int64_t n = static_cast<int64_t>(w.ids.size());
-    // Models are cached per (configuration, length) and reused by every example of the length,
-    // so the KV cache is sized for the longest: the length plus any task's generation limit.
-    const int64_t context =
-        ((std::max(w.spec.length, n) + kEvalGenerationRoom + page_size - 1) / page_size) *
-        page_size;
-    auto base_line = [&](const EvalConfig& c) {
-      Json j = Json::object();
-      j["id"] = w.ex.id;
-      j["task"] = task_name(w.ex.kind);
-      j["length"] = w.spec.length;
-      j["index"] = w.spec.index;
-      j["config"] = c.name;
-      j["budget"] = config_budget(c, w.spec.length, page_size);
-      j["prompt_tokens"] = n;
-      return j;
-    };
-    if (w.ex.kind == TaskKind::kDocument) {
-      // Dense first: its log-probabilities are the reference of every other configuration.
-      std::vector<float> ref;
-      for (const auto& c : plan.configs) {
-        const bool is_dense = c.kind == ConfigKind::kDense;
-        if (!is_dense && done.count({w.ex.id, c.name})) continue;
-        bool others_pending = false;
-        for (const auto& o : plan.configs)
-          others_pending =
-              others_pending || (o.kind != ConfigKind::kDense && !done.count({w.ex.id, o.name}));
-        if (is_dense && done.count({w.ex.id, c.name}) && !others_pending) continue;
-        CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size));
-        CISA_ASSIGN_OR_RETURN(DocumentScores d,
-                              score_document(*m, w.ids, w.ex.tail, is_dense ? nullptr : &ref,
-                                             is_dense ? &ref : nullptr));
-        if (!done.count({w.ex.id, c.name})) {
-          Json j = base_line(c);
-          j["tail"] = w.ex.tail;
-          j["nll"] = array_of(d.nll);
-          if (!is_dense) {
-            j["kl"] = array_of(d.kl);
-            j["agree"] = array_of(d.agree);
-          }
-          j["stats"] = stats_json(d.stats);
-          j["seconds"] = d.seconds;
-          CISA_RETURN_IF_ERROR(append_line(results, j));
-          double mean_nll = 0, mean_kl = 0;
-          for (double x : d.nll) mean_nll += x / static_cast<double>(d.nll.size());
-          for (double x : d.kl) mean_kl += x / static_cast<double>(d.kl.size());
-          char b[96];
-          std::snprintf(b, sizeof b, "nll %.3f kl %.4f (%.1fs)", mean_nll, mean_kl, d.seconds);
-          report(w, c, b);
-        }
-      }
-      continue;
-    }
+  auto base_line = [&](const Work& w, const EvalConfig& c) {
+    Json j = Json::object();
+    j["id"] = w.ex.id;
+    j["task"] = task_name(w.ex.kind);
+    j["length"] = w.spec.length;
+    j["index"] = w.spec.index;
+    j["config"] = c.name;
+    j["budget"] = config_budget(c, w.spec.length, page_size);
+    j["prompt_tokens"] = static_cast<int64_t>(w.ids.size());
+    return j;
+  };
+
+  // Every configuration of one document, dense first: its log-probabilities are the reference of
+  // the others.
+  auto run_document = [&](const Work& w, int64_t context) -> Status {
+    std::vector<float> ref;
     for (const auto& c : plan.configs) {
+      const bool is_dense = c.kind == ConfigKind::kDense;
+      if (!is_dense && done.count({w.ex.id, c.name})) continue;
+      bool others_pending = false;
+      for (const auto& o : plan.configs)
+        others_pending =
+            others_pending || (o.kind != ConfigKind::kDense && !done.count({w.ex.id, o.name}));
+      if (is_dense && done.count({w.ex.id, c.name}) && !others_pending) continue;
+      CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size, 1));
+      CISA_ASSIGN_OR_RETURN(DocumentScores d,
+                            score_document(*m, w.ids, w.ex.tail, is_dense ? nullptr : &ref,
+                                           is_dense ? &ref : nullptr));
       if (done.count({w.ex.id, c.name})) continue;
-      CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size));
-      CISA_ASSIGN_OR_RETURN(Generation g, generate_greedy(*m, w.ids, w.ex.max_new_tokens));
-      const double score = score_prediction(w.ex, g.text);
-      Json j = base_line(c);
-      j["depth"] = w.ex.depth;
-      j["score"] = score;
-      j["prediction"] = g.text;
-      j["answers"] = array_of(w.ex.answers);
-      j["generated_tokens"] = g.tokens;
-      j["stats"] = stats_json(g.stats);
-      j["seconds"] = g.seconds;
+      Json j = base_line(w, c);
+      j["tail"] = w.ex.tail;
+      j["nll"] = array_of(d.nll);
+      if (!is_dense) {
+        j["kl"] = array_of(d.kl);
+        j["agree"] = array_of(d.agree);
+      }
+      j["stats"] = stats_json(d.stats);
+      j["seconds"] = d.seconds;
       CISA_RETURN_IF_ERROR(append_line(results, j));
+      double mean_nll = 0, mean_kl = 0;
+      for (double x : d.nll) mean_nll += x / static_cast<double>(d.nll.size());
+      for (double x : d.kl) mean_kl += x / static_cast<double>(d.kl.size());
       char b[96];
-      std::snprintf(b, sizeof b, "score %.2f gen %lld (%.1fs)", score,
-                    static_cast<long long>(g.tokens), g.seconds);
+      std::snprintf(b, sizeof b, "nll %.3f kl %.4f (%.1fs)", mean_nll, mean_kl, d.seconds);
       report(w, c, b);
     }
+    return Status::Ok();
+  };
+
+  // The prompts of one (length, configuration), up to plan.batch of them side by side.
+  auto run_generation = [&](std::span<const Work* const> todo, const EvalConfig& c,
+                            int64_t context) -> Status {
+    const int sequences =
+        static_cast<int>(std::min<int64_t>(plan.batch, static_cast<int64_t>(todo.size())));
+    CISA_ASSIGN_OR_RETURN(Model * m,
+                          cache.get(c, todo[0]->spec.length, context, page_size, sequences));
+    std::vector<GreedyPrompt> prompts;
+    for (const Work* w : todo)
+      prompts.push_back({.prompt = w->ids, .max_new = w->ex.max_new_tokens});
+    if (sequences == 1) m->reset_stats();
+    CISA_RETURN_IF_ERROR(
+        generate_greedy_batch(*m, prompts, [&](size_t i, const Generation& g) -> Status {
+          const Work& w = *todo[i];
+          Generation gen = g;
+          // One at a time the model's counters are this prompt's alone (attention seconds too).
+          if (sequences == 1) {
+            gen.stats = m->stats();
+            m->reset_stats();
+          }
+          const double score = score_prediction(w.ex, gen.text);
+          Json j = base_line(w, c);
+          j["depth"] = w.ex.depth;
+          j["score"] = score;
+          j["prediction"] = gen.text;
+          j["answers"] = array_of(w.ex.answers);
+          j["generated_tokens"] = gen.tokens;
+          j["stats"] = stats_json(gen.stats);
+          j["seconds"] = gen.seconds;
+          if (sequences > 1) j["batch"] = sequences;
+          CISA_RETURN_IF_ERROR(append_line(results, j));
+          char b[96];
+          std::snprintf(b, sizeof b, "score %.2f gen %lld (%.1fs)", score,
+                        static_cast<long long>(gen.tokens), gen.seconds);
+          report(w, c, b);
+          return Status::Ok();
+        }));
+    // A batch-sized KV cache is not kept for the next configuration (GPU memory).
+    if (sequences > 1) cache.drop(c, sequences);
+    return Status::Ok();
+  };
+
+  // Length by length (work is in length order): the generation tasks one configuration at a
+  // time, then the documents.
+  for (size_t i = 0, j = 0; i < work.size(); i = j) {
+    const int64_t length = work[i].spec.length;
+    int64_t context = 0;
+    for (j = i; j < work.size() && work[j].spec.length == length; ++j) {
+      // Room for the longest prompt of the length plus any task's generation limit.
+      const int64_t n = static_cast<int64_t>(work[j].ids.size());
+      context = std::max(
+          context,
+          ((std::max(length, n) + kEvalGenerationRoom + page_size - 1) / page_size) * page_size);
+    }
+    for (const auto& c : plan.configs) {
+      std::vector<const Work*> todo;
+      for (size_t k = i; k < j; ++k)
+        if (work[k].ex.kind != TaskKind::kDocument && !done.count({work[k].ex.id, c.name}))
+          todo.push_back(&work[k]);
+      if (!todo.empty()) CISA_RETURN_IF_ERROR(run_generation(todo, c, context));
+    }
+    for (size_t k = i; k < j; ++k)
+      if (work[k].ex.kind == TaskKind::kDocument)
+        CISA_RETURN_IF_ERROR(run_document(work[k], context));
   }
   return Status::Ok();
 }

@@ -149,6 +149,7 @@ struct Generator::State {
     if (r.phase == Phase::kFinished) return Status::Ok();
     Status rel = Status::Ok();
     if (r.seq >= 0) {
+      if (auto t = model.sequence_traffic(r.seq); t.ok()) r.res.traffic = *t;
       rel = model.release_sequence(r.seq);
       r.seq = -1;
       --running;

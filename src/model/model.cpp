@@ -189,10 +189,20 @@ Status Model::Impl::setup_attention_and_cache() {
 }
 
 Result<SeqId> Model::add_sequence() {
-  return impl_->be->add_sequence();
+  CISA_ASSIGN_OR_RETURN(SeqId seq, impl_->be->add_sequence());
+  impl_->seq_traffic[seq] = SequenceTraffic{};
+  return seq;
 }
 Status Model::release_sequence(SeqId seq) {
-  return impl_->be->release_sequence(seq);
+  CISA_RETURN_IF_ERROR(impl_->be->release_sequence(seq));
+  impl_->seq_traffic.erase(seq);
+  return Status::Ok();
+}
+Result<SequenceTraffic> Model::sequence_traffic(SeqId seq) const {
+  auto it = impl_->seq_traffic.find(seq);
+  if (it == impl_->seq_traffic.end())
+    return not_found("sequence " + std::to_string(seq) + " is not held");
+  return it->second;
 }
 Result<int64_t> Model::sequence_length(SeqId seq) const {
   return impl_->be->pages().length(seq);
@@ -323,6 +333,7 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
     any_cisa = any_cisa || cisa_layer;
   }
   ThreadPool* host_pool = be.cpu_pool();
+  const int64_t group = any_cisa ? std::max<int64_t>(1, selection.qshare) : 1;
   while (cur < inputs.size()) {
     st.batch.clear();
     st.tokens.clear();
@@ -331,7 +342,14 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
     while (cur < inputs.size() && budget > 0) {
       const SequenceInput& in = inputs[cur];
       const int64_t n = static_cast<int64_t>(in.tokens.size());
-      const int64_t c = std::min(budget, n - done[cur]);
+      int64_t c = std::min(budget, n - done[cur]);
+      // A sequence cut before its end is cut at a multiple of the QShare G, so its groups (SPEC
+      // §4: consecutive runs of G positions of a block) do not depend on the sequences batched
+      // before it; the step ends early rather than cut a group.
+      if (c < n - done[cur] && group > 1 && c >= group)
+        c -= c % group;
+      else if (c < n - done[cur] && group > 1 && !st.batch.empty())
+        break;
       const int64_t row0 = static_cast<int64_t>(st.tokens.size());
       st.batch.push_back(
           {.seq = in.seq, .first = start[cur] + done[cur], .count = static_cast<int32_t>(c)});

@@ -137,8 +137,12 @@ Status Model::Impl::attention(int layer) {
     int64_t dense_pages = 0, read_pages = 0;
     for (const QueryGroup& g : be->plan_groups(slot)) {
       const int64_t dense = pages_read_dense(g, B);
+      const int64_t read = cisa ? pages_read(g, B, selection) : dense;
       dense_pages += dense;
-      read_pages += cisa ? pages_read(g, B, selection) : dense;
+      read_pages += read;
+      SequenceTraffic& t = seq_traffic[st.batch[static_cast<size_t>(g.entry)].seq];
+      t.global_pages_dense += dense * Hkv;
+      t.global_pages_read += read * Hkv;
     }
     stats.global_pages_dense += dense_pages * Hkv;
     stats.global_pages_read += read_pages * Hkv;

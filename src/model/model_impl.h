@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "cisa/core/backend.h"
@@ -93,9 +94,10 @@ struct Model::Impl {
   std::unique_ptr<Backend> be;
   StepState st;
   ForwardStats stats;
-  std::vector<bool> layer_cisa;                     // per layer
-  const StepAttention* call_attention = nullptr;    // forward()'s override, during the call
-  AttentionTap tap;                                 // calibration/diagnostics observer
+  std::unordered_map<SeqId, SequenceTraffic> seq_traffic;  // per held sequence, since added
+  std::vector<bool> layer_cisa;                            // per layer
+  const StepAttention* call_attention = nullptr;           // forward()'s override, during the call
+  AttentionTap tap;                                        // calibration/diagnostics observer
   std::vector<std::vector<BackendMatrix>> index_w;  // [layer][kv group]; id −1: mean of heads
 
   // model.cpp: the backend the options ask for, checked against what the options need of it.

@@ -190,6 +190,64 @@ TEST(Generate, BatchedEqualsSeparateRuns) {
   }
 }
 
+// Each request's pages (GenerationResult::traffic) are its own: batched CISA requests report what
+// the same request run alone reports, and alone that is the model's whole count (ForwardStats).
+TEST(Generate, PerRequestPagesEqualSeparateRuns) {
+  const std::vector<int> lens = {200, 37, 150};
+  const std::vector<int> max_new = {30, 40, 5};
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < lens.size(); ++i)
+    reqs.push_back({.prompt = letters(lens[i], 5u * static_cast<uint32_t>(i) + 3u),
+                    .max_tokens = max_new[i],
+                    .sampling = {.greedy = true},
+                    .ignore_eos = true});
+  AttentionOptions cisa{.mode = AttentionMode::kCisa,
+                        .selection = {.budget = 2, .window = 1, .qshare = 4}};
+  auto load = [&](int slots) {
+    auto m = Model::load(tiny_path(), {.threads = 2,
+                                       .context = 512,
+                                       .max_sequences = slots,
+                                       .prefill_block = 32,
+                                       .attention = cisa});
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? std::move(*m) : nullptr;
+  };
+  auto one = load(1);
+  ASSERT_TRUE(one);
+  std::vector<SequenceTraffic> alone;
+  for (const GenerationRequest& r : reqs) {
+    one->reset_stats();
+    const GenerationResult res = run_one(*one, r);
+    alone.push_back(res.traffic);
+    EXPECT_EQ(res.traffic.global_pages_read, one->stats().global_pages_read);
+    EXPECT_EQ(res.traffic.global_pages_dense, one->stats().global_pages_dense);
+    // Past the window and budget, a query reads fewer pages than dense.
+    EXPECT_GT(res.traffic.global_pages_read, 0);
+    if (r.prompt.size() > 100) {
+      EXPECT_LT(res.traffic.global_pages_read, res.traffic.global_pages_dense);
+    }
+  }
+  auto batched = load(3);
+  ASSERT_TRUE(batched);
+  std::vector<GenerationResult> out;
+  ASSERT_TRUE(generate(*batched, reqs, &out).ok());
+  SequenceTraffic sum;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(out[i].traffic.global_pages_read, alone[i].global_pages_read) << "request " << i;
+    EXPECT_EQ(out[i].traffic.global_pages_dense, alone[i].global_pages_dense) << "request " << i;
+    sum.global_pages_read += out[i].traffic.global_pages_read;
+    sum.global_pages_dense += out[i].traffic.global_pages_dense;
+  }
+  EXPECT_EQ(sum.global_pages_read, batched->stats().global_pages_read);
+  EXPECT_EQ(sum.global_pages_dense, batched->stats().global_pages_dense);
+  // A released sequence has no counters.
+  auto seq = batched->add_sequence();
+  ASSERT_TRUE(seq.ok());
+  EXPECT_TRUE(batched->sequence_traffic(*seq).ok());
+  ASSERT_TRUE(batched->release_sequence(*seq).ok());
+  EXPECT_EQ(batched->sequence_traffic(*seq).status().code(), StatusCode::kNotFound);
+}
+
 TEST(Generate, StopTokensAndStopStrings) {
   auto m = load_tiny();
   ASSERT_TRUE(m);

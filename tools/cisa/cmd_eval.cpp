@@ -46,7 +46,7 @@ int cmd_eval(int argc, char** argv) {
               "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
   std::string model_arg, out_dir, texts_dir, kv = "auto", backend = "cpu", indexer_path;
   std::vector<std::string> task_args, length_args, config_args;
-  int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000;
+  int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000, batch = 1;
   bool resume = false, summary_only = false, json = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path");
   p.alias("-m", "--model");
@@ -71,6 +71,9 @@ int cmd_eval(int argc, char** argv) {
                "indexer file from cisa calibrate, for configurations with the 'cal' option");
   p.add_int("--threads", &threads, "worker threads (default: all)");
   p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
+  p.add_int("--batch", &batch,
+            "prompts of one (length, configuration) generated side by side (default 1; on CUDA "
+            "16-64 keep the GPU busy)");
   p.add_choice("--kv-dtype", &kv, {"auto", "f32", "bf16"},
                "KV cache storage (default auto: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--backend", &backend, {"cpu", "cuda"}, "where the models run (default cpu)");
@@ -131,6 +134,8 @@ int cmd_eval(int argc, char** argv) {
     plan.resume = resume;
     plan.threads = static_cast<int>(threads);
     plan.prefill_block = static_cast<int>(prefill_block);
+    if (batch < 1 || batch > 4096) return fail("--batch must be in [1, 4096]");
+    plan.batch = static_cast<int>(batch);
     if (backend == "cuda" && kv == "f32")
       return fail("--backend cuda keeps K/V in bf16: drop --kv-dtype f32");
     plan.kv_dtype =

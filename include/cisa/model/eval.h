@@ -184,6 +184,19 @@ struct Generation {
 Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
                                    const ProgressFn& progress = {});
 
+// Many prompts at once on one model (cisa::Generator: up to ModelOptions::max_sequences run side
+// by side, the rest wait), with generate_greedy's stop rules. `done(i, g)` is called as prompt i
+// finishes; an error it returns ends the batch with that error. Each Generation's stats hold that
+// prompt's own pages (Model::sequence_traffic) and tokens; its seconds are those of the forward
+// calls that ran it, shared with the prompts batched beside it.
+struct GreedyPrompt {
+  std::span<const int32_t> prompt;
+  int max_new = 16;
+};
+using GreedyDoneFn = std::function<Status(size_t index, const Generation& g)>;
+Status generate_greedy_batch(Model& model, std::span<const GreedyPrompt> prompts,
+                             const GreedyDoneFn& done, const ProgressFn& progress = {});
+
 // Next-token log-likelihood over the last `tail` tokens of a document: rows [n − tail, n − 1)
 // predict tokens n − tail + 1 … n − 1 (tail − 1 scored positions). With `reference` (the dense
 // run's log-probabilities of the same rows, [tail − 1][n_vocab]) also KL(reference ‖ this) and
@@ -215,6 +228,10 @@ struct EvalPlan {
   bool resume = false;
   int threads = 0;
   int prefill_block = 512;
+  // Prompts of one (length, configuration) generated side by side (ModelOptions::max_sequences);
+  // 1 runs them one at a time. Greedy tokens do not depend on it on the CPU; on CUDA a GEMM may
+  // pick other tiles for other row counts, so bf16-level differences can change a near tie.
+  int batch = 1;
   KvDtype kv_dtype = KvDtype::kF32;
   // Makes the backend every model of the run runs on (backend.h); empty: the CPU backend.
   BackendFactory backend;

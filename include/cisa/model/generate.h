@@ -94,6 +94,9 @@ struct GenerationResult {
   Status error;  // why, when finish is kError
   int64_t prompt_tokens = 0;
   GenerationTimings timings;
+  // Global-layer K/V pages this request's rows read, and dense's count for them (its prompt and
+  // generated tokens; Model::sequence_traffic when its sequence is released).
+  SequenceTraffic traffic;
 };
 
 // One sampled token as the stream sees it.

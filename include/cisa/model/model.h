@@ -205,6 +205,13 @@ struct ForwardStats {
   double seconds_total = 0;
 };
 
+// Global-layer K/V pages of one sequence since it was added: ForwardStats' two counters, counted
+// for that sequence's rows alone (so requests batched in one step each get their own).
+struct SequenceTraffic {
+  int64_t global_pages_read = 0;
+  int64_t global_pages_dense = 0;
+};
+
 // Called after each forward step with the rows done so far and the total of the call.
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
@@ -255,6 +262,8 @@ class Model {
   Result<SeqId> add_sequence();
   Status release_sequence(SeqId seq);
   Result<int64_t> sequence_length(SeqId seq) const;
+  // The sequence's pages read since add_sequence (kNotFound once released).
+  Result<SequenceTraffic> sequence_traffic(SeqId seq) const;
 
   // Appends every input's tokens to its sequence and writes the requested logits to `logits`,
   // resized to [outputs][n_vocab]: inputs in order, rows ascending within an input. Everything is
