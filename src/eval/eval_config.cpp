@@ -1,8 +1,11 @@
 // The attention configurations `cisa eval` compares, parsed from "kind:opt:opt" strings and
 // turned into the model's attention options at a prompt length.
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "cisa/core/plan.h"
 #include "eval_internal.h"
@@ -16,7 +19,73 @@ bool parse_i64(std::string_view s, int64_t* out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
+// "a-b+c+…" (inclusive ranges, single layers), sorted and without duplicates.
+bool parse_layer_list(std::string_view s, std::vector<int>* out) {
+  out->clear();
+  for (size_t b = 0;;) {
+    const size_t e = s.find('+', b);
+    const std::string_view item =
+        s.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b);
+    const size_t dash = item.find('-');
+    int64_t lo = 0, hi = 0;
+    if (dash == std::string_view::npos) {
+      if (!parse_i64(item, &lo)) return false;
+      hi = lo;
+    } else if (!parse_i64(item.substr(0, dash), &lo) || !parse_i64(item.substr(dash + 1), &hi)) {
+      return false;
+    }
+    if (lo < 0 || hi < lo || hi > 100000) return false;
+    for (int64_t l = lo; l <= hi; ++l) out->push_back(static_cast<int>(l));
+    if (e == std::string_view::npos) break;
+    b = e + 1;
+  }
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
+  return true;
+}
+
 }  // namespace
+
+Result<std::vector<double>> read_layer_budget_weights(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return not_found("layer budgets '" + path + "': cannot open");
+  std::vector<double> w;
+  std::vector<bool> seen;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    int64_t layer = 0;
+    std::string weight, extra;
+    if (!(ls >> layer)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    }
+    auto bad = [&](const std::string& why) {
+      return invalid_argument("layer budgets '" + path + "' line " + std::to_string(n) + ": " +
+                              why);
+    };
+    if (ls.fail() || !(ls >> weight) || (ls >> extra)) return bad("expected 'LAYER WEIGHT'");
+    char* end = nullptr;
+    const double x = std::strtod(weight.c_str(), &end);
+    if (end != weight.c_str() + weight.size() || !std::isfinite(x) || x < 0)
+      return bad("weight '" + weight + "' is not a finite number >= 0");
+    if (layer < 0 || layer > 100000)
+      return bad("layer " + std::to_string(layer) + " is out of range");
+    const size_t l = static_cast<size_t>(layer);
+    if (l >= w.size()) w.resize(l + 1, 0.0), seen.resize(l + 1, false);
+    if (seen[l]) return bad("layer " + std::to_string(layer) + " given twice");
+    seen[l] = true;
+    w[l] = x;
+  }
+  if (w.empty()) return invalid_argument("layer budgets '" + path + "': no layers");
+  for (size_t l = 0; l < seen.size(); ++l)
+    if (!seen[l])
+      return invalid_argument("layer budgets '" + path + "': layer " + std::to_string(l) +
+                              " is missing (layers 0 … " + std::to_string(w.size() - 1) +
+                              " must each appear once)");
+  return w;
+}
 
 Result<EvalConfig> parse_config(std::string_view text) {
   EvalConfig c;
@@ -49,7 +118,8 @@ Result<EvalConfig> parse_config(std::string_view text) {
     auto bad = [&] {
       return invalid_argument("config '" + c.name + "': bad option '" + std::string(p) +
                               "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, dN "
-                              "dense layers, mean|last, cal)");
+                              "first layers dense, eN last layers dense, dlLIST layers dense "
+                              "(e.g. dl0-2+29), lb[LABEL] per-layer budgets, mean|last, cal)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -62,6 +132,21 @@ Result<EvalConfig> parse_config(std::string_view text) {
     if (p == "cal") {
       if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) return bad();
       c.calibrated = true;
+      continue;
+    }
+    if (p.substr(0, 2) == "lb") {
+      // lb or lbLABEL: the weights `cisa eval --layer-budgets [LABEL=]FILE` names.
+      const std::string_view label = p.substr(2);
+      const bool label_ok = std::all_of(label.begin(), label.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+      });
+      if (c.kind == ConfigKind::kRecency || !label_ok || c.layer_budgets) return bad();
+      c.layer_budgets = true;
+      c.layer_budgets_label = std::string(label);
+      continue;
+    }
+    if (p.size() > 2 && p.substr(0, 2) == "dl") {
+      if (!parse_layer_list(p.substr(2), &c.dense_layer_set)) return bad();
       continue;
     }
     if (p.size() < 2) return bad();
@@ -87,6 +172,10 @@ Result<EvalConfig> parse_config(std::string_view text) {
       case 'd':
         if (!parse_i64(v, &n) || n < 0) return bad();
         c.dense_layers = n;
+        break;
+      case 'e':
+        if (!parse_i64(v, &n) || n < 0 || n > 100000) return bad();
+        c.dense_last_layers = n;
         break;
       case 'x': {
         const std::string s(v);
@@ -137,6 +226,16 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
   a.selection.qshare_query = c.query;
   a.selection.sink_pages = c.sinks;
   a.dense_layers = static_cast<int>(c.dense_layers);
+  a.dense_last_layers = static_cast<int>(c.dense_last_layers);
+  a.dense_layer_set = c.dense_layer_set;
+  if (c.layer_budgets) {
+    if (c.layer_budget_weights.empty())
+      return invalid_argument(
+          "config '" + c.name + "' uses per-layer budgets (lb" + c.layer_budgets_label +
+          ") but no weights were given (cisa eval --layer-budgets " +
+          (c.layer_budgets_label.empty() ? "" : c.layer_budgets_label + "=") + "FILE)");
+    a.layer_budget_weights = c.layer_budget_weights;
+  }
   if (c.kind == ConfigKind::kQuest) *rep = RepKind::kQuest;
   // The upper bound: the same groups, window and budget, the k chunks by true dense mass.
   if (c.kind == ConfigKind::kOracle) a.selector = oracle_page_selector();

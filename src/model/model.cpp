@@ -28,9 +28,48 @@ Status validate_model_options(const ModelOptions& o) {
     return invalid_argument("prefill_block must be in [1, 65536] (got " +
                             std::to_string(o.prefill_block) + ")");
   if (o.attention.dense_layers < 0) return invalid_argument("dense_layers must be >= 0");
+  if (o.attention.dense_last_layers < 0)
+    return invalid_argument("dense_last_layers must be >= 0 (got " +
+                            std::to_string(o.attention.dense_last_layers) + ")");
   if (o.attention.mode == AttentionMode::kCisa)
     CISA_RETURN_IF_ERROR(validate_selection_params(o.attention.selection));
   return Status::Ok();
+}
+
+Result<std::vector<int64_t>> split_layer_budgets(int64_t k, const std::vector<bool>& cisa,
+                                                 std::span<const double> weights) {
+  if (weights.size() != cisa.size())
+    return invalid_argument("layer budget weights: " + std::to_string(weights.size()) +
+                            " weights for a model of " + std::to_string(cisa.size()) + " layers");
+  double sum = 0;
+  int64_t n_cisa = 0;
+  for (size_t l = 0; l < weights.size(); ++l) {
+    if (!std::isfinite(weights[l]) || weights[l] < 0)
+      return invalid_argument("layer budget weights: layer " + std::to_string(l) + " has weight " +
+                              std::to_string(weights[l]) + " (must be finite and >= 0)");
+    if (cisa[l]) sum += weights[l], ++n_cisa;
+  }
+  std::vector<int64_t> out(cisa.size(), 0);
+  if (n_cisa == 0) return out;
+  if (!(sum > 0))
+    return invalid_argument("layer budget weights: the CISA layers' weights sum to 0");
+  // Largest remainder: floors first, then +1 by descending remainder (ties to the lower layer).
+  const int64_t total = k * n_cisa;
+  int64_t given = 0;
+  std::vector<std::pair<double, size_t>> rem;
+  for (size_t l = 0; l < cisa.size(); ++l) {
+    if (!cisa[l]) continue;
+    const double share = static_cast<double>(total) * (weights[l] / sum);
+    out[l] = std::min(total, static_cast<int64_t>(std::floor(share)));
+    given += out[l];
+    rem.push_back({share - static_cast<double>(out[l]), l});
+  }
+  std::stable_sort(rem.begin(), rem.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; given < total; i = (i + 1) % rem.size()) ++out[rem[i].second], ++given;
+  for (size_t i = rem.size(); given > total && i-- > 0;)  // rounding overshoot (never in practice)
+    if (out[rem[i].second] > 0) --out[rem[i].second], --given;
+  return out;
 }
 
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -143,9 +182,26 @@ Status Model::Impl::setup_attention_and_cache() {
   // Which layers run CISA, and the supplied index projections.
   const AttentionOptions& ao = opt.attention;
   layer_cisa.assign(static_cast<size_t>(h.n_layer), false);
+  for (int l : ao.dense_layer_set)
+    if (l < 0 || l >= h.n_layer)
+      return invalid_argument("dense layer " + std::to_string(l) + " is outside the model's " +
+                              std::to_string(h.n_layer) + " layers");
   for (int l = 0; l < h.n_layer; ++l)
     layer_cisa[static_cast<size_t>(l)] =
-        ao.mode == AttentionMode::kCisa && h.is_global(l) && l >= ao.dense_layers;
+        ao.mode == AttentionMode::kCisa && h.is_global(l) && l >= ao.dense_layers &&
+        l < h.n_layer - ao.dense_last_layers &&
+        std::find(ao.dense_layer_set.begin(), ao.dense_layer_set.end(), l) ==
+            ao.dense_layer_set.end();
+  if (!ao.layer_budget_weights.empty() && ao.mode == AttentionMode::kCisa) {
+    // Checks the weights against this model's CISA layers (the split itself is per step).
+    CISA_RETURN_IF_ERROR(
+        split_layer_budgets(ao.selection.budget, layer_cisa, ao.layer_budget_weights).status());
+    if (be->kind() != BackendKind::kCpu)
+      return unimplemented(
+          "per-layer budgets (AttentionOptions::layer_budget_weights) run on the CPU backend "
+          "only: each CISA layer is planned with its own budget, and the CUDA backend plans one "
+          "CISA slot per step");
+  }
   index_w.assign(static_cast<size_t>(h.n_layer),
                  std::vector<BackendMatrix>(static_cast<size_t>(h.n_head_kv)));
   for (const IndexProjection& p : ao.index) {
@@ -252,6 +308,12 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
   const bool call_dense = attention && attention->mode == AttentionMode::kDense;
   const SelectionParams& selection =
       attention && !call_dense ? attention->selection : m.opt.attention.selection;
+  m.layer_budgets.clear();
+  if (!m.opt.attention.layer_budget_weights.empty() && has_cisa_layers() && !call_dense) {
+    CISA_ASSIGN_OR_RETURN(
+        m.layer_budgets,
+        split_layer_budgets(selection.budget, m.layer_cisa, m.opt.attention.layer_budget_weights));
+  }
   const ModelHparams& hp = m.hp;
   Backend& be = *m.be;
   const PageTable& table = be.pages();

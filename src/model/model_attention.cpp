@@ -38,8 +38,11 @@ Status Model::Impl::attention(int layer) {
   // A forward() call's StepAttention may run the CISA layers dense, or with its own selection.
   const bool cisa = layer_cisa[static_cast<size_t>(layer)] &&
                     !(call_attention && call_attention->mode == AttentionMode::kDense);
-  const SelectionParams& selection =
+  SelectionParams selection =
       call_attention && cisa ? call_attention->selection : opt.attention.selection;
+  // Adaptive budgets: this layer's share of the step's total, planned for this layer alone.
+  const bool own_budget = cisa && !layer_budgets.empty();
+  if (own_budget) selection.budget = layer_budgets[static_cast<size_t>(layer)];
   const bool tapped = tap && !swa;
   const bool want_index = cisa || tapped;  // a tap sees the index queries of dense layers too
   const int table = swa ? 1 : 0;
@@ -103,6 +106,9 @@ Status Model::Impl::attention(int layer) {
   }
 
   const PlanSlot slot = swa ? PlanSlot::kSliding : cisa ? PlanSlot::kCisa : PlanSlot::kGlobal;
+  if (own_budget)
+    CISA_RETURN_IF_ERROR(
+        be->plan(slot, st.batch, {.kind = PlanKind::kCisa, .selection = selection}));
   if (cisa) {
     // Planning: CISA's own top-k of index scores, or the selector the options supply (the
     // eval's oracle); either way attention below reads exactly the listed pages.

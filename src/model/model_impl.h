@@ -96,8 +96,9 @@ struct Model::Impl {
   ForwardStats stats;
   std::unordered_map<SeqId, SequenceTraffic> seq_traffic;  // per held sequence, since added
   std::vector<bool> layer_cisa;                            // per layer
-  const StepAttention* call_attention = nullptr;           // forward()'s override, during the call
-  AttentionTap tap;                                        // calibration/diagnostics observer
+  std::vector<int64_t> layer_budgets;             // this step's per-layer budgets (empty: uniform)
+  const StepAttention* call_attention = nullptr;  // forward()'s override, during the call
+  AttentionTap tap;                               // calibration/diagnostics observer
   std::vector<std::vector<BackendMatrix>> index_w;  // [layer][kv group]; id −1: mean of heads
 
   // model.cpp: the backend the options ask for, checked against what the options need of it.

@@ -1,6 +1,7 @@
 // cisa eval — quality of CISA against dense on the same prompts: RULER-style tasks and
 // long-document likelihood, one JSON line per (example, configuration), a Markdown summary.
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -78,6 +79,10 @@ int cmd_eval(int argc, char** argv) {
                "KV cache storage (default auto: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--backend", &backend, {"cpu", "cuda"}, "where the models run (default cpu)");
   p.add_int("--bootstrap", &bootstrap, "bootstrap resamples for the intervals (default 2000)");
+  std::vector<std::string> layer_budget_args;
+  p.add_strings("--layer-budgets", &layer_budget_args,
+                "per-layer budget weights (LAYER WEIGHT lines), comma-separated [LABEL=]FILE: "
+                "configuration option lbLABEL uses FILE (lb: the one without a label)");
   p.add_flag("--json", &json, "print one JSON document (the run directory and summary path)");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
   if (bootstrap < 0 || bootstrap > 1000000) return fail("--bootstrap must be in [0, 1000000]");
@@ -148,6 +153,23 @@ int cmd_eval(int argc, char** argv) {
     for (const auto& c : plan.configs) any_cal = any_cal || c.calibrated;
     if (any_cal && indexer_path.empty())
       return fail("a configuration uses 'cal': give --indexer FILE");
+    std::map<std::string, std::vector<double>> layer_budgets;  // label → weights
+    for (const std::string& arg : split_list(layer_budget_args)) {
+      const size_t eq = arg.find('=');
+      const std::string label = eq == std::string::npos ? "" : arg.substr(0, eq);
+      auto w = eval::read_layer_budget_weights(eq == std::string::npos ? arg : arg.substr(eq + 1));
+      if (!w.ok()) return fail(w.status().message());
+      if (!layer_budgets.emplace(label, std::move(*w)).second)
+        return fail("--layer-budgets: label '" + label + "' given twice");
+    }
+    for (auto& c : plan.configs) {
+      if (!c.layer_budgets) continue;
+      auto it = layer_budgets.find(c.layer_budgets_label);
+      if (it == layer_budgets.end())
+        return fail("configuration '" + c.name + "' uses per-layer budgets: give --layer-budgets " +
+                    (c.layer_budgets_label.empty() ? "" : c.layer_budgets_label + "=") + "FILE");
+      c.layer_budget_weights = it->second;
+    }
     if (!indexer_path.empty()) {
       // Projections for every global layer; a config's dense layers simply do not use theirs.
       auto f = GgufFile::open(plan.model_path);

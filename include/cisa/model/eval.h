@@ -147,14 +147,29 @@ struct EvalConfig {
   int64_t group = 4;       // G
   int64_t window = 128;    // W pages
   int64_t sinks = 0;
-  int64_t dense_layers = 0;  // the first N layers stay dense (AttentionOptions::dense_layers)
+  int64_t dense_layers = 0;       // the first N layers stay dense (AttentionOptions::dense_layers)
+  int64_t dense_last_layers = 0;  // eN: the last N layers stay dense
+  std::vector<int> dense_layer_set;  // dlLIST: these layers stay dense
+  // lb / lbLABEL: per-layer budgets (AttentionOptions::layer_budget_weights) from `cisa eval
+  // --layer-budgets [LABEL=]FILE`, which fills `layer_budget_weights` after parsing.
+  bool layer_budgets = false;
+  std::string layer_budgets_label;
+  std::vector<double> layer_budget_weights;
   QShareQuery query = QShareQuery::kMean;
   bool calibrated = false;  // index projections from the run's indexer file (EvalPlan::index)
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
-// compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), mean|last,
-// cal (the calibrated index projections of `cisa eval --indexer`; otherwise each group's mean).
+// compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), eN (last N
+// layers dense), dlLIST (the listed layers dense; LIST = items joined by '+', each a layer or an
+// inclusive range a-b: dl0-2+29), lb or lbLABEL (per-layer budgets from --layer-budgets
+// [LABEL=]FILE, LABEL letters, digits, '_' or '-'; not with recency),
+// mean|last, cal (the calibrated index projections of `cisa eval --indexer`; otherwise each
+// group's mean).
 Result<EvalConfig> parse_config(std::string_view text);
+// A layer-budget sidecar (docs/calibration.md): lines "LAYER WEIGHT", '#' comments and blank lines
+// ignored, layers 0 … n−1 each exactly once, weights finite and >= 0. Errors name the file and
+// line.
+Result<std::vector<double>> read_layer_budget_weights(const std::string& path);
 // The chunk budget for a prompt of `tokens` tokens and page size B.
 int64_t config_budget(const EvalConfig& c, int64_t tokens, int page_size);
 // Model attention options for the config at that prompt length: dense; cisa/quest (rep kind set

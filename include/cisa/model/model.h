@@ -110,12 +110,20 @@ struct PageSelectorInput {
 using PageSelector = std::function<Status(const PageSelectorInput&, PageLists* out)>;
 
 // Per-layer attention choice. CISA applies to global layers only (SPEC §7); sliding-window
-// layers and the first `dense_layers` layers stay dense.
+// layers, the first `dense_layers` layers, the last `dense_last_layers` layers and the layers of
+// `dense_layer_set` stay dense.
 struct AttentionOptions {
   AttentionMode mode = AttentionMode::kDense;
   // budget k, window W, sinks, and the prefill QShare group G (decode rows are groups of one).
   SelectionParams selection;
   int dense_layers = 0;
+  int dense_last_layers = 0;         // layers n_layer − N … n_layer − 1 stay dense
+  std::vector<int> dense_layer_set;  // these layers (each in [0, n_layer)) stay dense
+  // Adaptive budgets: empty, every CISA layer selects `selection.budget` chunks; else one weight
+  // per layer (n_layer values, finite, >= 0, some CISA layer's > 0), and the CISA layers share
+  // the same total, budget × (CISA layers), in proportion to their weights
+  // (split_layer_budgets). CPU backend only (a CUDA model refuses it at load).
+  std::vector<double> layer_budget_weights;
   // Supplied index projections (an indexer file, issue 4). A (layer, KV group) without one uses
   // the element-wise mean of the group's query-head projections (a SPEC §6 candidate), computed
   // as the mean of the heads' projected queries (identical by linearity).
@@ -125,6 +133,14 @@ struct AttentionOptions {
   // select_pages. Only consulted in AttentionMode::kCisa.
   PageSelector selector;
 };
+
+// The per-layer budgets of AttentionOptions::layer_budget_weights: the CISA layers (`cisa[l]`)
+// share total = k × (number of CISA layers) chunks, layer l getting floor(total · w_l / Σ w) plus
+// one for the layers with the largest remainders (ties to the lower layer) until the sum is total;
+// other layers get 0. kInvalidArgument for a weight count other than cisa.size(), a negative or
+// non-finite weight, or CISA weights summing to 0 while there are CISA layers.
+Result<std::vector<int64_t>> split_layer_budgets(int64_t k, const std::vector<bool>& cisa,
+                                                 std::span<const double> weights);
 
 struct ModelOptions {
   int threads = 0;          // 0: one per hardware thread
