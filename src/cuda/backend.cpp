@@ -501,6 +501,10 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
                    std::span<const BatchEntry> batch, int num_q_heads, const SelectionParams& p,
                    Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
+  if (p.reuse_steps > 1)
+    return unimplemented(
+        "cuda plan_sparse: selection reuse (reuse_steps > 1) is implemented on the CPU backend "
+        "only");
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
   auto& P = *plan->impl();

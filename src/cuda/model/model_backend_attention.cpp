@@ -90,6 +90,12 @@ Status CudaBackend::plan(PlanSlot slot, std::span<const BatchEntry> batch, const
   if (batch.empty()) return invalid_argument("cuda plan: empty batch");
   if (spec.sliding_window < 0) return invalid_argument("cuda plan: sliding_window must be >= 0");
   if (spec.kind == PlanKind::kCisa) CISA_RETURN_IF_ERROR(validate_selection_params(spec.selection));
+  // Selection reuse across decode steps has a CPU reference only (docs/design.md): the device
+  // would keep each sequence's selection per layer and decide reuse inside the step graph.
+  if (spec.kind == PlanKind::kCisa && spec.selection.reuse_steps > 1)
+    return unimplemented(
+        "cuda plan: selection reuse (reuse_steps = " + std::to_string(spec.selection.reuse_steps) +
+        " > 1) is implemented on the CPU backend only; use reuse_steps = 1");
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& b = batch[e];
     const std::string where = "cuda plan: batch entry " + std::to_string(e) + ": ";
