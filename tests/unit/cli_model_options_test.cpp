@@ -75,6 +75,35 @@ TEST(CliModelOptions, KvDtypeAutoAndCudaRefusals) {
   EXPECT_FALSE(to_model_options(f).ok());
 }
 
+TEST(CliModelOptions, SelectionReuseOptions) {
+  ModelCliOptions o;
+  ASSERT_EQ(parse({"--attention", "cisa", "--reuse-steps", "4", "--reuse-check", "none"}, &o), -1);
+  scale_cisa_defaults(&o, 4096);
+  auto m = to_model_options(o);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->attention.selection.reuse_steps, 4);
+  EXPECT_EQ(m->attention.selection.reuse_check, ReuseCheck::kNone);
+  ModelCliOptions d;
+  ASSERT_EQ(parse({}, &d), -1);
+  scale_cisa_defaults(&d, 4096);
+  auto dm = to_model_options(d);
+  ASSERT_TRUE(dm.ok());
+  EXPECT_EQ(dm->attention.selection.reuse_steps, 1);  // today's behaviour by default
+  EXPECT_EQ(dm->attention.selection.reuse_check, ReuseCheck::kNewChunks);
+  for (const char* r : {"0", "65537"}) {
+    ModelCliOptions b;
+    ASSERT_EQ(parse({"--reuse-steps", r}, &b), -1);
+    scale_cisa_defaults(&b, 4096);
+    auto bm = to_model_options(b);
+    ASSERT_FALSE(bm.ok()) << r;
+    EXPECT_NE(bm.status().message().find("--reuse-steps must be in [1, 65536]"), std::string::npos)
+        << bm.status().message();
+  }
+  ModelCliOptions c;
+  EXPECT_EQ(parse({"--reuse-check", "mass"}, &c), 2);  // not one of none|new-chunks
+  EXPECT_EQ(parse({"--reuse-steps", "-3"}, &c), 2);    // the parser's own range
+}
+
 TEST(CliModelOptions, SyntheticModelLoadsWithRandomPrompt) {
   ModelCliOptions o;
   ASSERT_EQ(parse({"--synthetic", "tiny-llama", "--prompt-tokens", "40", "-t", "1"}, &o), -1);

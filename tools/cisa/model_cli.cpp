@@ -39,6 +39,12 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_choice("--qshare-query", &o->qshare_query, {"mean", "last"},
                "CISA: the group's index query");
   p.add_int("--sink-pages", &o->sink_pages, "CISA: first pages always attended (default 0)");
+  p.add_int("--reuse-steps", &o->reuse_steps,
+            "CISA: decode steps one selection serves, re-selecting early on the check (default 1: "
+            "select every step; CPU backend only for > 1)");
+  p.add_choice("--reuse-check", &o->reuse_check, {"none", "new-chunks"},
+               "CISA with --reuse-steps > 1: re-select early when a chunk leaving the window "
+               "outranks a kept one (new-chunks, default) or never (none)");
   p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
   p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
   p.add_string(
@@ -133,6 +139,15 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   m.attention.selection.qshare = o.qshare;
   m.attention.selection.sink_pages = o.sink_pages;
   CISA_ASSIGN_OR_RETURN(m.attention.selection.qshare_query, parse_qshare_query(o.qshare_query));
+  m.attention.selection.reuse_steps = o.reuse_steps;
+  CISA_ASSIGN_OR_RETURN(m.attention.selection.reuse_check, parse_reuse_check(o.reuse_check));
+  if (o.reuse_steps < 1 || o.reuse_steps > kMaxReuseSteps)
+    return invalid_argument("--reuse-steps must be in [1, " + std::to_string(kMaxReuseSteps) +
+                            "] (got " + std::to_string(o.reuse_steps) + ")");
+  if (cuda && o.reuse_steps > 1)
+    return invalid_argument(
+        "--reuse-steps > 1 (selection reuse) is implemented on the CPU backend only: use "
+        "--backend cpu or --reuse-steps 1");
   if (o.dense_layers < 0 || o.dense_layers > 100000)
     return invalid_argument("--dense-layers must be >= 0");
   m.attention.dense_layers = static_cast<int>(o.dense_layers);
@@ -251,6 +266,8 @@ Json attention_summary(const Model& m, const ForwardStats& prefill, const Forwar
     j["qshare"] = s.qshare;
     j["qshare_query"] = qshare_query_name(s.qshare_query);
     j["sink_pages"] = s.sink_pages;
+    j["reuse_steps"] = s.reuse_steps;
+    j["reuse_check"] = reuse_check_name(s.reuse_check);
     j["rep"] = rep_kind_name(m.options().rep);
     j["dense_layers"] = m.options().attention.dense_layers;
     j["index_projection"] =

@@ -45,6 +45,8 @@ struct ModelCliOptions {
   static constexpr int64_t kUnset = INT64_MIN;
   int64_t budget = kUnset, window = kUnset, qshare = 16, sink_pages = 0, dense_layers = 0;
   std::string qshare_query = "mean", rep = "mean";
+  int64_t reuse_steps = 1;                 // CISA: decode steps one selection serves
+  std::string reuse_check = "new-chunks";  // CISA: early re-selection under reuse
   std::string
       indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
   bool llamacpp_numerics = false;  // attention rounded exactly as llama.cpp's CPU code (slower)
