@@ -1,10 +1,14 @@
 // Needle-in-a-haystack generators: single (book text or filler), multi-key, multi-value and
-// multi-query. Needles are sentences inserted between haystack sentences; the queried needle sits
-// at the example's depth (a fraction of the haystack sentences before it), the others at depths
-// drawn from the seed. Keys are "adjective-noun" pairs, values 7-digit numbers; a draw whose key
-// or value also occurs elsewhere in the prompt is redrawn, so every answer appears exactly once.
+// multi-query, and RULER's other variants: a UUID value (niah_single_3) and a haystack made of
+// needles with other keys (niah_multikey_2 with numbers, niah_multikey_3 with UUID keys and
+// values). Needles are sentences inserted between haystack sentences; the queried needle sits at
+// the example's depth (a fraction of the haystack sentences before it), the others at depths drawn
+// from the seed. Keys are "adjective-noun" pairs (three words in a haystack of needles, for enough
+// distinct keys), values 7-digit numbers or UUIDs; a draw whose key or value also occurs elsewhere
+// in the prompt is redrawn, so every answer appears exactly once.
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "eval_internal.h"
 
@@ -23,6 +27,8 @@ struct NiahShape {
   int queried = 1;          // first `queried` needles are asked for (multi-query: all)
   bool shared_key = false;  // multi-value: every needle under the key of needle 0
   bool noise = false;       // filler haystack instead of book sentences
+  bool needle_hay = false;  // the haystack is needles with other keys and values
+  bool uuid_key = false, uuid_value = false;
 };
 
 NiahShape shape_of(TaskKind k) {
@@ -35,6 +41,12 @@ NiahShape shape_of(TaskKind k) {
       return {4, 4, true, false};
     case TaskKind::kNiahMultiQuery:
       return {4, 4, false, false};
+    case TaskKind::kNiahSingleUuid:
+      return {.uuid_value = true};
+    case TaskKind::kNiahMultiKeyHay:
+      return {.needle_hay = true};
+    case TaskKind::kNiahMultiKeyUuid:
+      return {.needle_hay = true, .uuid_key = true, .uuid_value = true};
     default:
       return {1, 1, false, false};
   }
@@ -49,6 +61,24 @@ std::string join_keys(const std::vector<Needle>& n, int count) {
   return s;
 }
 
+// 8-4-4-4-12 lowercase hex digits.
+std::string uuid(Rng& rng) {
+  static const char* hex = "0123456789abcdef";
+  std::string u;
+  for (int i = 0; i < 32; ++i) {
+    if (i == 8 || i == 12 || i == 16 || i == 20) u.push_back('-');
+    u.push_back(hex[rng.below(16)]);
+  }
+  return u;
+}
+
+std::string word_key(Rng& rng, bool three) {
+  std::string k = detail::kKeyAdjectives[rng.below(detail::kKeyAdjectives.size())] + "-" +
+                  detail::kKeyNouns[rng.below(detail::kKeyNouns.size())];
+  if (three) k += "-" + detail::kKeyNouns[rng.below(detail::kKeyNouns.size())];
+  return k;
+}
+
 }  // namespace
 
 Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
@@ -57,13 +87,18 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
   std::vector<std::string> filler;
   if (sh.noise)
     filler = split_sentences(kFillerSentence);
-  else if (corpus.sentences.size() < 64)
+  else if (!sh.needle_hay && corpus.sentences.size() < 64)
     return invalid_argument("the corpus has too few sentences for a haystack");
-  const std::vector<std::string>& src = sh.noise ? filler : corpus.sentences;
+  const std::vector<std::string>& src = sh.noise || sh.needle_hay ? filler : corpus.sentences;
 
   Rng rng(detail::example_seed(spec.seed, spec.kind, spec.length, spec.index));
+  const std::string what = sh.uuid_value ? "uuid" : "number";
+  auto draw_key = [&] { return sh.uuid_key ? uuid(rng) : word_key(rng, sh.needle_hay); };
+  auto draw_value = [&] {
+    return sh.uuid_value ? uuid(rng) : std::to_string(1000000 + rng.below(9000000));
+  };
   const double depth = example_depth(spec.index, spec.num_examples);
-  const size_t start = sh.noise ? 0 : static_cast<size_t>(rng.below(src.size()));
+  const size_t start = sh.noise || sh.needle_hay ? 0 : static_cast<size_t>(rng.below(src.size()));
 
   for (int attempt = 0; attempt < 20; ++attempt) {
     // Draw keys and values.
@@ -71,12 +106,10 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
     std::vector<std::string> used_keys, used_values;
     for (size_t i = 0; i < nd.size(); ++i) {
       std::string key;
-      do {
-        key = detail::kKeyAdjectives[rng.below(detail::kKeyAdjectives.size())] + "-" +
-              detail::kKeyNouns[rng.below(detail::kKeyNouns.size())];
-      } while (std::find(used_keys.begin(), used_keys.end(), key) != used_keys.end());
+      do key = draw_key();
+      while (std::find(used_keys.begin(), used_keys.end(), key) != used_keys.end());
       std::string value;
-      do value = std::to_string(1000000 + rng.below(9000000));
+      do value = draw_value();
       while (std::find(used_values.begin(), used_values.end(), value) != used_values.end());
       used_keys.push_back(key);
       used_values.push_back(value);
@@ -85,8 +118,31 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
       nd[i].frac = i == 0 ? depth : rng.uniform01();
     }
 
+    // A haystack of needles: distinct keys and values, none containing a placed one (or inside
+    // it), as many as the longest prompt could hold (each needle is well over one token per 8).
+    if (sh.needle_hay) {
+      filler.clear();
+      const size_t n_hay = static_cast<size_t>(spec.length / 8 + 8);
+      std::set<std::string> seen(used_keys.begin(), used_keys.end());
+      seen.insert(used_values.begin(), used_values.end());
+      auto clashes = [&](const std::string& s) {
+        if (seen.count(s)) return true;
+        for (const Needle& n : nd)
+          if (s.find(n.key) != std::string::npos || n.key.find(s) != std::string::npos ||
+              s.find(n.value) != std::string::npos || n.value.find(s) != std::string::npos)
+            return true;
+        return false;
+      };
+      for (int guard = 0; filler.size() < n_hay && guard < 1000000; ++guard) {
+        const std::string k = draw_key(), v = draw_value();
+        if (k == v || clashes(k) || clashes(v)) continue;
+        seen.insert(k);
+        seen.insert(v);
+        filler.push_back("The special magic " + what + " for " + k + " is " + v + ".");
+      }
+    }
     const bool multi_value = sh.shared_key;
-    const std::string header =
+    std::string header =
         sh.needles == 1 || multi_value
             ? std::string(multi_value ? "Some special magic numbers are hidden in the text below. "
                                         "Remember them: you "
@@ -98,6 +154,15 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
                   "Some special magic numbers are hidden in the text below. Remember them: you "
                   "will be "
                   "asked for them after the text.\n\n");
+    if (sh.needle_hay) {
+      header = "Many special magic " + what +
+               "s are listed in the text below. Remember them: you will be asked for one of them "
+               "after the text.\n\n";
+    } else if (sh.uuid_value) {
+      header =
+          "A special magic uuid is hidden in the text below. Remember it: you will be asked for "
+          "it after the text.\n\n";
+    }
     std::string question;
     if (multi_value) {
       question = "\n\nQuestion: What are all the special magic numbers for " + nd[0].key +
@@ -107,12 +172,12 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
       question = "\n\nQuestion: What are the special magic numbers for " + keys +
                  "?\nAnswer: The special magic numbers for " + keys + " are";
     } else {
-      question = "\n\nQuestion: What is the special magic number for " + nd[0].key +
-                 "?\nAnswer: The special magic number for " + nd[0].key + " is";
+      question = "\n\nQuestion: What is the special magic " + what + " for " + nd[0].key +
+                 "?\nAnswer: The special magic " + what + " for " + nd[0].key + " is";
     }
     auto needle_text = [&](const Needle& n) {
       return (multi_value ? "One of the special magic numbers for "
-                          : "The special magic number for ") +
+                          : "The special magic " + what + " for ") +
              n.key + " is " + n.value + ".";
     };
 
@@ -168,7 +233,7 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
                            static_cast<double>(n)
                      : 0;
     ex.needle_offset = needle_offset;
-    ex.max_new_tokens = sh.queried > 1 ? 64 : 16;
+    ex.max_new_tokens = sh.queried > 1 ? 64 : sh.uuid_value ? 40 : 16;
     return ex;
   }
   return invalid_argument(

@@ -94,10 +94,14 @@ TEST_P(NiahTest, LengthDepthAndAnswersOnce) {
       EXPECT_EQ(ex.prompt_tokens, count_pieces(p));
       EXPECT_LE(ex.prompt_tokens, length);
       EXPECT_GE(ex.prompt_tokens, length - 40) << ex.id;
-      // Every answer exactly once, and it is a 7-digit number.
+      // Every answer exactly once, and it is a 7-digit number or a UUID (8-4-4-4-12 hex).
       ASSERT_FALSE(ex.answers.empty());
+      const bool uuid = kind == TaskKind::kNiahSingleUuid || kind == TaskKind::kNiahMultiKeyUuid;
       for (const auto& a : ex.answers) {
-        EXPECT_EQ(a.size(), 7u);
+        EXPECT_EQ(a.size(), uuid ? 36u : 7u) << a;
+        if (uuid) {
+          EXPECT_TRUE(a[8] == '-' && a[13] == '-' && a[18] == '-' && a[23] == '-') << a;
+        }
         size_t n = 0;
         for (size_t q = p.find(a); q != std::string::npos; q = p.find(a, q + 1)) ++n;
         EXPECT_EQ(n, 1u) << ex.id << " answer " << a;
@@ -143,8 +147,37 @@ TEST_P(NiahTest, DeterministicInSeed) {
 INSTANTIATE_TEST_SUITE_P(AllNiah, NiahTest,
                          ::testing::Values(TaskKind::kNiahSingle, TaskKind::kPasskey,
                                            TaskKind::kNiahMultiKey, TaskKind::kNiahMultiValue,
-                                           TaskKind::kNiahMultiQuery),
+                                           TaskKind::kNiahMultiQuery, TaskKind::kNiahSingleUuid,
+                                           TaskKind::kNiahMultiKeyHay, TaskKind::kNiahMultiKeyUuid),
                          [](const auto& info) { return std::string(task_name(info.param)); });
+
+// A haystack of needles (niah_multikey_2/3): every haystack sentence is a needle, each key occurs
+// once in the haystack, and the queried key occurs in its needle and twice in the question.
+TEST(EvalTasks, NeedleHaystacksAreAllNeedlesWithDistinctKeys) {
+  for (TaskKind k : {TaskKind::kNiahMultiKeyHay, TaskKind::kNiahMultiKeyUuid}) {
+    TaskSpec spec{.kind = k, .length = 2000, .index = 1, .num_examples = 3, .seed = 5};
+    auto r = generate_example(spec, corpus(), count_pieces);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    const std::string& p = r->prompt;
+    const size_t ctx0 = p.find("\n\n") + 2, ctx1 = p.rfind("\n\nQuestion:");
+    const std::vector<std::string> sents = split_sentences(p.substr(ctx0, ctx1 - ctx0));
+    ASSERT_GT(sents.size(), 100u);
+    std::set<std::string> keys;
+    const std::string lead = "The special magic ";
+    for (const std::string& s : sents) {
+      ASSERT_EQ(s.rfind(lead, 0), 0u) << s;
+      const size_t f = s.find(" for "), is = s.find(" is ");
+      ASSERT_TRUE(f != std::string::npos && is != std::string::npos) << s;
+      EXPECT_TRUE(keys.insert(s.substr(f + 5, is - f - 5)).second) << "repeated key in " << s;
+    }
+    const size_t q = p.rfind("for ") + 4;
+    const std::string key = p.substr(q, p.size() - q - 3);  // "... for KEY is"
+    EXPECT_TRUE(keys.count(key)) << key;
+    size_t n = 0;
+    for (size_t at = p.find(key); at != std::string::npos; at = p.find(key, at + 1)) ++n;
+    EXPECT_EQ(n, 3u) << key;
+  }
+}
 
 TEST(EvalTasks, MultiKindsAskForTheRightNumberOfValues) {
   auto ask = [](TaskKind k) {

@@ -74,6 +74,10 @@ enum class TaskKind {
   kCommonWords,       // the 10 words repeated 30 times in a numbered list of rarer words
   kFrequentWords,     // the 3 most frequent coded words of a Zipf(2) text
   kDocument,          // long-document likelihood (no generation)
+  // (Later kinds follow kDocument so the seeds of the kinds above never change.)
+  kNiahSingleUuid,    // niah_single_3: one needle in book text, its value a UUID
+  kNiahMultiKeyHay,   // niah_multikey_2: the haystack is all needles (other keys), numbers
+  kNiahMultiKeyUuid,  // niah_multikey_3: a haystack of needles, UUID keys and values
 };
 const char* task_name(TaskKind k);
 Result<TaskKind> parse_task(std::string_view name);
