@@ -75,6 +75,29 @@ TEST(NoAllocation, SteadyDecodeStepAllocatesNothing) {
   step_one();
   g_counting = false;
   EXPECT_EQ(g_allocs.load(), 0);
+  // Selection reuse (r = 3, the new-chunks check): rows at advancing positions keep, check (from
+  // 2992, a new page) and re-select; none of it allocates once the state exists.
+  SelectionReuse reuse;
+  SelectionParams pr = p;
+  pr.reuse_steps = 3;
+  int64_t pos = 2980;
+  auto step_reuse = [&] {
+    std::vector<BatchEntry>& rb = batch;  // reuses the batch's storage
+    rb[0].first = pos;
+    rb[1].first = pos - 1000;
+    ++pos;
+    ASSERT_TRUE(select_pages(*cache, 0, rb, iq.data(), pr, &pool, &lists, &sws, &reuse).ok());
+    ASSERT_TRUE(
+        attend(*cache, 0, rb, lists, q.data(), 8, {}, out.data(), lse.data(), pool, &aws).ok());
+  };
+  step_reuse();
+  step_reuse();
+  g_counting = true;
+  for (int i = 0; i < 16; ++i) step_reuse();
+  g_counting = false;
+  EXPECT_EQ(g_allocs.load(), 0);
+  EXPECT_GT(reuse.stats.reused, 0);
+  EXPECT_GT(reuse.stats.checked, 0);
   // The counter works: an allocation in the window is seen.
   g_counting = true;
   auto* probe = new std::vector<int>(10);

@@ -385,8 +385,11 @@ TEST(SelectionReuse, ModelOnTheCpuBackend) {
   EXPECT_EQ(today, r1);  // bit for bit
   EXPECT_EQ(m.backend().selection_reuse_stats().selected, 0);
   a.selection.reuse_steps = 4;
+  m.reset_stats();
   run(&a, &r4);
   const SelectionReuseStats st = m.backend().selection_reuse_stats();
+  EXPECT_EQ(m.stats().reuse_lists_selected, st.selected);  // the model's view of the same
+  EXPECT_EQ(m.stats().reuse_lists_kept, st.reused);
   // 24 decode rows × 2 layers × 2 KV groups: every 4th (or a check failure) selects afresh.
   EXPECT_GT(st.reused, 0);
   EXPECT_GT(st.selected, 0);

@@ -282,6 +282,10 @@ Json attention_summary(const Model& m, const ForwardStats& prefill, const Forwar
                              : 1.0;
     p["seconds_attention"] = s.seconds_attention;
     p["seconds_global_attention"] = s.seconds_global_attention;
+    if (s.reuse_lists_selected + s.reuse_lists_kept > 0) {
+      p["reuse_lists_selected"] = s.reuse_lists_selected;
+      p["reuse_lists_kept"] = s.reuse_lists_kept;
+    }
     return p;
   };
   ForwardStats decode = total;
@@ -289,6 +293,8 @@ Json attention_summary(const Model& m, const ForwardStats& prefill, const Forwar
   decode.global_pages_dense -= prefill.global_pages_dense;
   decode.seconds_attention -= prefill.seconds_attention;
   decode.seconds_global_attention -= prefill.seconds_global_attention;
+  decode.reuse_lists_selected -= prefill.reuse_lists_selected;
+  decode.reuse_lists_kept -= prefill.reuse_lists_kept;
   j["prefill"] = part(prefill);
   j["decode"] = part(decode);
   return j;
@@ -301,6 +307,10 @@ void print_attention_line(const Model& m, const ForwardStats& s) {
       stderr, "attention %s: global layers read %lld K/V pages, dense would read %lld (%.1f%%)\n",
       attention_mode_name(m.options().attention.mode), static_cast<long long>(s.global_pages_read),
       static_cast<long long>(s.global_pages_dense), 100.0 * frac);
+  if (s.reuse_lists_selected + s.reuse_lists_kept > 0)
+    std::fprintf(
+        stderr, "selection reuse: %lld decode lists kept an earlier selection, %lld selected\n",
+        static_cast<long long>(s.reuse_lists_kept), static_cast<long long>(s.reuse_lists_selected));
 }
 
 }  // namespace cisa::cli

@@ -219,6 +219,11 @@ struct ForwardStats {
   double seconds_attention = 0;  // inside planning, selection and attend()
   double seconds_global_attention = 0;
   double seconds_total = 0;
+  // Selection reuse (SelectionParams::reuse_steps > 1): decode lists (row × KV group × CISA
+  // layer) whose chunks a fresh top-k chose, and those that kept an earlier step's
+  // (Backend::selection_reuse_stats over these steps). Both 0 without reuse.
+  int64_t reuse_lists_selected = 0;
+  int64_t reuse_lists_kept = 0;
 };
 
 // Global-layer K/V pages of one sequence since it was added: ForwardStats' two counters, counted
