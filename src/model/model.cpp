@@ -215,10 +215,13 @@ Status Model::Impl::setup_attention_and_cache() {
                               std::to_string(p.weight.size()) +
                               " values, expected head_dim x n_embd = " +
                               std::to_string(int64_t{h.head_dim} * h.n_embd));
-    if (!layer_cisa[static_cast<size_t>(p.layer)])
-      return invalid_argument(
-          "index projection given for layer " + std::to_string(p.layer) +
-          ", which does not run CISA (sliding-window, kept dense, or dense mode)");
+    if (!layer_cisa[static_cast<size_t>(p.layer)]) {
+      // An indexer covers every global layer; a global layer the options keep dense (dense_layers,
+      // dense_last_layers, dense_layer_set) simply leaves its projection unused.
+      if (ao.mode == AttentionMode::kCisa && h.is_global(p.layer)) continue;
+      return invalid_argument("index projection given for layer " + std::to_string(p.layer) +
+                              ", which does not run CISA (sliding-window, or dense mode)");
+    }
     BackendMatrix& slot = index_w[static_cast<size_t>(p.layer)][static_cast<size_t>(p.kv_group)];
     if (slot.id >= 0)
       return invalid_argument("two index projections for layer " + std::to_string(p.layer) +

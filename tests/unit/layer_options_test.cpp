@@ -7,7 +7,7 @@
 //    bit;
 //  - dense last layers and an explicit dense layer set: the layers kept dense never select; all
 //    layers kept dense equals dense logits bit for bit at a budget of one chunk; `e2` equals the
-//    set {2, 3}; bad values are refused at load;
+//    set {2, 3}; their index projections are left unused; bad values are refused at load;
 //  - the eval tokens eN, dlLIST and lb, and the layer-budget sidecar reader.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -270,6 +270,42 @@ TEST(DenseLayersInModel, LayersKeptDenseNeverSelect) {
   // The last layers alone dense still differ from dense (layers 0 and 1 select 1 chunk).
   EXPECT_NE(dense->logits, e2->logits);
   EXPECT_LT(e2->stats.global_pages_read, dense->stats.global_pages_read);
+}
+
+TEST(DenseLayersInModel, ProjectionsOfLayersKeptDenseAreUnused) {
+  // An indexer covers every global layer (cisa eval passes all of them to every `cal` config);
+  // the layers an option keeps dense leave theirs unused instead of refusing the load.
+  const std::string path = tiny_model("dense_proj.gguf", 11);
+  const auto prompt = letters(500, 29);
+  auto projections = [](std::initializer_list<int> layers) {
+    std::vector<IndexProjection> out;
+    for (int l : layers)
+      for (int g = 0; g < 2; ++g) {
+        IndexProjection p{.layer = l, .kv_group = g, .weight = std::vector<float>(8 * 16)};
+        for (size_t i = 0; i < p.weight.size(); ++i)
+          p.weight[i] = std::sin(static_cast<float>(i * 7 + l * 3 + g));
+        out.push_back(std::move(p));
+      }
+    return out;
+  };
+  AttentionOptions all = cisa_options(2);
+  all.dense_layer_set = {1};
+  all.dense_last_layers = 1;
+  all.index = projections({0, 1, 2, 3});
+  AttentionOptions used = all;
+  used.index = projections({0, 2});
+  auto a = run(path, all, prompt, 4);
+  auto b = run(path, used, prompt, 4);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(a->logits, b->logits);
+  EXPECT_EQ(a->generated, b->generated);
+  // In dense mode a projection is still an error.
+  AttentionOptions dense;
+  dense.index = projections({0});
+  auto d = run(path, dense, prompt, 0);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("does not run CISA"), std::string::npos);
 }
 
 TEST(DenseLayersInModel, BadValuesStopTheLoad) {
