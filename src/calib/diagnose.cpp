@@ -204,12 +204,19 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
     ld.qshare_retention.assign(o.qshare.size(), 0.0);
     ld.qshare_mass_lost.assign(o.qshare.size(), 0.0);
     ld.overlap.assign(o.lags.size(), 0.0);
+    ld.group_cisa_mass.assign(static_cast<size_t>(Hkv), 0.0);
+    ld.group_oracle_mass.assign(static_cast<size_t>(Hkv), 0.0);
+    std::vector<int64_t> group_samples(static_cast<size_t>(Hkv), 0);
     for (int64_t task = 0; task < n_tasks; ++task) {
       if ((static_cast<size_t>(task) % n_groups) / static_cast<size_t>(Hkv) != li) continue;
       const Sample& sm = samples[static_cast<size_t>(task)];
       ld.samples += 1;
       ld.cisa_mass += sm.cisa;
       ld.oracle_mass += sm.oracle;
+      const size_t g = (static_cast<size_t>(task) % n_groups) % static_cast<size_t>(Hkv);
+      ld.group_cisa_mass[g] += sm.cisa;
+      ld.group_oracle_mass[g] += sm.oracle;
+      group_samples[g] += 1;
       ld.recency_mass += sm.recency;
       ld.window_mass += sm.window;
       ld.extra_mass_oracle += sm.extra_oracle;
@@ -227,6 +234,11 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
     for (double& v : ld.qshare_retention) v *= m;
     for (double& v : ld.qshare_mass_lost) v *= m;
     for (double& v : ld.overlap) v *= m;
+    for (size_t g = 0; g < group_samples.size(); ++g) {
+      const double mg = group_samples[g] > 0 ? 1.0 / static_cast<double>(group_samples[g]) : 0.0;
+      ld.group_cisa_mass[g] *= mg;
+      ld.group_oracle_mass[g] *= mg;
+    }
     rep.layers.push_back(std::move(ld));
   }
   return rep;

@@ -100,6 +100,18 @@ TEST(CalibModel, CalibrateSmolLM2) {
     for (double v : l.qshare_retention) EXPECT_TRUE(v >= 0 && v <= 1);
     for (double v : l.overlap) EXPECT_TRUE(v >= 0 && v <= 1);
     EXPECT_LE(l.extra_mass_index, l.extra_mass_oracle + 1e-12);
+    // Per KV group: every group has the same samples, so the layer mean is the groups' mean.
+    ASSERT_EQ(l.group_cisa_mass.size(), static_cast<size_t>(idx.model.n_head_kv));
+    ASSERT_EQ(l.group_oracle_mass.size(), static_cast<size_t>(idx.model.n_head_kv));
+    double gc = 0, go = 0;
+    for (int g = 0; g < idx.model.n_head_kv; ++g) {
+      gc += l.group_cisa_mass[static_cast<size_t>(g)] / idx.model.n_head_kv;
+      go += l.group_oracle_mass[static_cast<size_t>(g)] / idx.model.n_head_kv;
+      EXPECT_LE(l.group_cisa_mass[static_cast<size_t>(g)],
+                l.group_oracle_mass[static_cast<size_t>(g)] + 1e-12);
+    }
+    EXPECT_NEAR(gc, l.cisa_mass, 1e-12);
+    EXPECT_NEAR(go, l.oracle_mass, 1e-12);
   }
 }
 

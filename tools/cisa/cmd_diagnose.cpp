@@ -56,6 +56,11 @@ Json to_json(const DiagnoseReport& r, const DiagnoseOptions& o, const std::strin
     lj["window_mass"] = l.window_mass;
     lj["extra_mass_index"] = l.extra_mass_index;
     lj["extra_mass_oracle"] = l.extra_mass_oracle;
+    Json gc = Json::array(), go = Json::array();
+    for (double v : l.group_cisa_mass) gc.push_back(v);
+    for (double v : l.group_oracle_mass) go.push_back(v);
+    lj["group_cisa_mass"] = gc;
+    lj["group_oracle_mass"] = go;
     layers.push_back(lj);
   }
   j["layers"] = layers;

@@ -200,6 +200,9 @@ struct LayerDiagnostics {
   double window_mass = 0;                // the W window pages
   double extra_mass_oracle = 0;          // W more chunks: the best the selection left out
   double extra_mass_index = 0;           // W more chunks: the next W by index score
+  // Per KV group (means over positions): cisa_mass and oracle_mass of that group alone, so the
+  // groups (and their query heads) that lose the mass can be told apart.
+  std::vector<double> group_cisa_mass, group_oracle_mass;
 };
 
 struct DiagnoseReport {
