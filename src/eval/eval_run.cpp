@@ -2,6 +2,7 @@
 // same token ids, one JSON line per (example, configuration) appended as it completes, resume by
 // skipping the (id, config) pairs already in the file, progress with an ETA on stderr.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "cisa/core/atomic_file.h"
 #include "cisa/core/json.h"
+#include "cisa/core/thread_pool.h"
 #include "cisa/model/gguf.h"
 #include "cisa/model/tokenizer.h"
 #include "eval_internal.h"
@@ -202,8 +204,7 @@ Status run_eval(const EvalPlan& plan) {
   }
 
   // Generate every example first: the totals make the ETA honest from the first example on.
-  std::vector<Work> work;
-  int64_t total_cost = 0;
+  std::vector<TaskSpec> specs;
   for (int64_t requested : plan.lengths) {
     const int64_t length = eval_prompt_length(requested, hp.n_ctx_train);
     if (length == 0) {
@@ -237,16 +238,44 @@ Status run_eval(const EvalPlan& plan) {
                               (it->first == id_prefix || it->first[id_prefix.size()] == '/'));
           pending = pending || !found;
         }
-        if (!pending) continue;
-        auto ex = generate_example(spec, corpus, count);
-        if (!ex.ok()) return Status(ex.status().code(), id_prefix + ": " + ex.status().message());
-        Work w{std::move(*ex), {}, spec};
-        w.ids = tok.encode(w.ex.prompt, true);
-        for (const auto& c : plan.configs)
-          if (!done.count({w.ex.id, c.name})) total_cost += static_cast<int64_t>(w.ids.size());
-        work.push_back(std::move(w));
+        if (pending) specs.push_back(spec);
       }
     }
+  }
+  // The prompts (a length search with the tokenizer each: about a second at 32K) in parallel; the
+  // tokenizer and corpus are immutable, and each example depends only on its spec.
+  std::vector<Result<Work>> made(specs.size(), Result<Work>(internal_error("not generated")));
+  {
+    ThreadPool pool(plan.threads);
+    std::atomic<int64_t> ready{0};
+    pool.parallel_for(static_cast<int64_t>(specs.size()), [&](int64_t i, int) {
+      const TaskSpec& spec = specs[static_cast<size_t>(i)];
+      auto ex = generate_example(spec, corpus, count);
+      if (!ex.ok()) {
+        made[static_cast<size_t>(i)] =
+            Status(ex.status().code(),
+                   std::string(task_name(spec.kind)) + "/" + std::to_string(spec.length) + "/" +
+                       std::to_string(spec.index) + ": " + ex.status().message());
+      } else {
+        Work w{std::move(*ex), {}, spec};
+        w.ids = tok.encode(w.ex.prompt, true);
+        made[static_cast<size_t>(i)] = std::move(w);
+      }
+      const int64_t n = ++ready;
+      if (n % 50 == 0 || n == static_cast<int64_t>(specs.size()))
+        std::fprintf(stderr, "cisa eval: %lld / %zu prompts made\r", static_cast<long long>(n),
+                     specs.size());
+    });
+    if (!specs.empty()) std::fprintf(stderr, "\n");
+  }
+  std::vector<Work> work;
+  int64_t total_cost = 0;
+  for (auto& r : made) {
+    if (!r.ok()) return r.status();
+    Work& w = *r;
+    for (const auto& c : plan.configs)
+      if (!done.count({w.ex.id, c.name})) total_cost += static_cast<int64_t>(w.ids.size());
+    work.push_back(std::move(w));
   }
   std::fprintf(
       stderr,
