@@ -351,6 +351,52 @@ TEST(SelectionReuse, StateIsForgottenOnReleaseAndOnOtherParameters) {
   EXPECT_EQ(reuse.stats.reused, 1);
 }
 
+// The CPU backend forgets a released sequence's selections: a new sequence that gets the same
+// SeqId and decodes right after the released one's last position selects afresh.
+TEST(SelectionReuse, CpuBackendReleasesStateWithTheSequence) {
+  auto made = make_cpu_backend({.threads = 2});
+  ASSERT_TRUE(made.ok());
+  Backend& be = **made;
+  const int d = 16;
+  ASSERT_TRUE(be.create_cache({.num_layers = 1,
+                               .num_kv_heads = 1,
+                               .head_dim = d,
+                               .page_size = kB,
+                               .num_pages = 200,
+                               .dtype = KvDtype::kF32})
+                  .ok());
+  std::mt19937 rng(21);
+  const PlanSpec spec{
+      .kind = PlanKind::kCisa,
+      .selection = {.budget = 4, .window = 2, .reuse_steps = 4, .reuse_check = ReuseCheck::kNone}};
+  auto grow = [&](SeqId s, int64_t first, int64_t n) {
+    const std::vector<float> k = test::random_vec(rng, static_cast<size_t>(n * d)), v = k;
+    ASSERT_TRUE(be.reserve(s, n).ok());
+    const std::vector<BatchEntry> b = {{s, first, static_cast<int32_t>(n)}};
+    ASSERT_TRUE(be.append_kv(0, b, k.data(), v.data()).ok());
+  };
+  auto decode = [&](SeqId s, int64_t pos) {
+    grow(s, pos, 1);
+    const std::vector<BatchEntry> b = {{s, pos, 1}};
+    const std::vector<float> iq = test::random_vec(rng, d);
+    ASSERT_TRUE(be.plan(PlanSlot::kCisa, b, spec).ok());
+    ASSERT_TRUE(be.select(PlanSlot::kCisa, 0, iq.data()).ok());
+  };
+  const SeqId a = *be.add_sequence();
+  grow(a, 0, 400);
+  decode(a, 400);
+  decode(a, 401);
+  EXPECT_EQ(be.selection_reuse_stats().selected, 1);
+  EXPECT_EQ(be.selection_reuse_stats().reused, 1);
+  ASSERT_TRUE(be.release_sequence(a).ok());
+  const SeqId b = *be.add_sequence();
+  ASSERT_EQ(b, a);  // the SeqId is handed out again
+  grow(b, 0, 402);
+  decode(b, 402);  // would keep a's selection (age 2, contiguous) if the state outlived a
+  EXPECT_EQ(be.selection_reuse_stats().selected, 2);
+  EXPECT_EQ(be.selection_reuse_stats().reused, 1);
+}
+
 // The CPU backend keeps the state per sequence, releases it with the sequence, and the model
 // passes StepAttention's reuse through: r = 1 gives today's logits bit for bit, r = 4 reuses.
 TEST(SelectionReuse, ModelOnTheCpuBackend) {
