@@ -13,9 +13,9 @@ model splits k x (CISA layers) chunks in proportion to the weights (split_layer_
 include/cisa/model/model.h), so the total stays that of the uniform budget. Several diagnose
 files (e.g. two calibration documents) are averaged per layer.
 
-    cisa diagnose -m models/SmolLM2-135M-Instruct.Q4_1.gguf --indexer indexers/smollm2-135m.cisaidx \\
-        -f calib-texts/calib-pride-prejudice.txt --tokens 8064 --budget 47 --window 128 \\
-        --sink-pages 1 --positions 24 --json > diag.json
+    cisa diagnose -m models/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --indexer indexers/smollm2-135m.cisaidx -f calib-texts/calib-pride-prejudice.txt \\
+        --tokens 8064 --budget 47 --window 128 --sink-pages 1 --positions 24 --json > diag.json
     python3 scripts/layer_budgets.py diag.json --floor 1 -o indexers/smollm2-135m.budgets-f1.txt
 """
 import argparse
@@ -47,9 +47,10 @@ def main():
     m = {l: sum(v) / len(v) for l, v in missed.items()}
     mean = sum(m.values()) / len(m)
     with open(a.output, "w") as out:
-        out.write("# per-layer budget weights for cisa eval --layer-budgets (scripts/layer_budgets.py)\n")
-        out.write("# weight = missed mass (oracle - cisa at uniform k) + %g x mean missed mass (%.5f)\n"
-                  % (a.floor, mean))
+        out.write("# per-layer budget weights for cisa eval --layer-budgets "
+                  "(scripts/layer_budgets.py)\n")
+        out.write("# weight = missed mass (oracle - cisa at uniform k) + %g x mean missed mass "
+                  "(%.5f)\n" % (a.floor, mean))
         for line in meta:
             out.write("# from " + line + "\n")
         out.write("# layer weight   (missed mass)\n")
