@@ -7,6 +7,8 @@ Reads RUN_DIR/results.jsonl of every run given (their lines are pooled) and writ
 (default: the first RUN_DIR):
   accuracy_vs_length.png  task accuracy (mean over tasks of the task means) against prompt
                           length, one line per configuration;
+  accuracy_vs_budget.png  task accuracy against the nominal remote compression x (dense at x = 1),
+                          one line per length and family (kind, G, options);
   kl_vs_budget.png        mean KL(dense || config) per token on the long documents against the
                           nominal remote compression x (budget k = E/x), one line per length and
                           family (kind, G, query; marker shape = length), log-scaled axes;
@@ -122,6 +124,36 @@ def main():
         ax.set_title("RULER-style accuracy against length")
         fig.tight_layout()
         path = os.path.join(out, "accuracy_vs_length.png")
+        fig.savefig(path, dpi=120)
+        written.append(path)
+
+    if acc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        series = collections.defaultdict(list)  # (family, length) -> [(x, accuracy)]
+        for cfg, by_len in acc.items():
+            x = compression_of(cfg)
+            if x is None:
+                continue
+            for length, v in by_len.items():
+                series[(family_of(cfg), length)].append((x, v))
+        colors = plt.get_cmap("tab20").colors
+        markers = "osD^v<>ph*"
+        lengths = sorted({length for _, length in series})
+        for i, ((fam, length), pts) in enumerate(sorted(series.items())):
+            if "dense" in acc and length in acc["dense"]:
+                pts.append((1.0, acc["dense"][length]))  # dense: every chunk, x = 1
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[i % len(colors)],
+                    marker=markers[lengths.index(length) % len(markers)], markersize=7,
+                    label="%s @ %d" % (fam, length))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("nominal remote compression x (k = E / x; dense at x = 1)")
+        ax.set_ylabel("task accuracy (points)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title("RULER-style accuracy against budget")
+        fig.tight_layout()
+        path = os.path.join(out, "accuracy_vs_budget.png")
         fig.savefig(path, dpi=120)
         written.append(path)
 
