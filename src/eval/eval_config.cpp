@@ -119,7 +119,8 @@ Result<EvalConfig> parse_config(std::string_view text) {
       return invalid_argument("config '" + c.name + "': bad option '" + std::string(p) +
                               "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, dN "
                               "first layers dense, eN last layers dense, dlLIST layers dense "
-                              "(e.g. dl0-2+29), lb[LABEL] per-layer budgets, mean|last, cal)");
+                              "(e.g. dl0-2+29), lb[LABEL] per-layer budgets, rN decode steps "
+                              "per selection, mean|last, cal)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -173,6 +174,11 @@ Result<EvalConfig> parse_config(std::string_view text) {
         if (!parse_i64(v, &n) || n < 0) return bad();
         c.dense_layers = n;
         break;
+      case 'r':  // selection reuse: top-k selections only (not oracle, recency or dense)
+        if (!parse_i64(v, &n) || n < 1 || n > kMaxReuseSteps) return bad();
+        if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) return bad();
+        c.reuse_steps = n;
+        break;
       case 'e':
         if (!parse_i64(v, &n) || n < 0 || n > 100000) return bad();
         c.dense_last_layers = n;
@@ -225,6 +231,7 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
   a.selection.qshare = c.group;
   a.selection.qshare_query = c.query;
   a.selection.sink_pages = c.sinks;
+  a.selection.reuse_steps = c.reuse_steps;
   a.dense_layers = static_cast<int>(c.dense_layers);
   a.dense_last_layers = static_cast<int>(c.dense_last_layers);
   a.dense_layer_set = c.dense_layer_set;

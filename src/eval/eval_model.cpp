@@ -113,7 +113,7 @@ Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt
 
 Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids, int64_t tail,
                                       const std::vector<float>* reference, std::vector<float>* keep,
-                                      const ProgressFn& progress) {
+                                      const ProgressFn& progress, int64_t rows_per_call) {
   const int64_t n = static_cast<int64_t>(ids.size());
   if (tail < 2 || tail > n)
     return invalid_argument("document tail " + std::to_string(tail) + " outside [2, " +
@@ -138,7 +138,10 @@ Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids
                      .outputs = OutputMode::kNone};
     st = model.forward({&in, 1}, &logits, progress);
   }
-  const int64_t kSlice = 64;
+  if (rows_per_call < 1 || rows_per_call > 4096)
+    return invalid_argument("document rows per call must be in [1, 4096] (got " +
+                            std::to_string(rows_per_call) + ")");
+  const int64_t kSlice = rows_per_call;
   for (int64_t r0 = 0; st.ok() && r0 < tail; r0 += kSlice) {
     const int64_t rows = std::min(kSlice, tail - r0);
     SequenceInput in{

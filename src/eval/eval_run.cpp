@@ -195,6 +195,7 @@ Status run_eval(const EvalPlan& plan) {
     if (!plan.indexer_path.empty()) meta["indexer"] = plan.indexer_path;
     if (plan.backend_name != "cpu") meta["backend"] = plan.backend_name;
     if (plan.batch > 1) meta["batch"] = plan.batch;
+    if (plan.doc_rows != 64) meta["doc_rows"] = plan.doc_rows;
     meta["examples"] = plan.examples;
     meta["seed"] = static_cast<int64_t>(plan.seed);
     Json cfgs = Json::array();
@@ -325,7 +326,7 @@ Status run_eval(const EvalPlan& plan) {
       CISA_ASSIGN_OR_RETURN(Model * m, cache.get(c, w.spec.length, context, page_size, 1));
       CISA_ASSIGN_OR_RETURN(DocumentScores d,
                             score_document(*m, w.ids, w.ex.tail, is_dense ? nullptr : &ref,
-                                           is_dense ? &ref : nullptr));
+                                           is_dense ? &ref : nullptr, {}, plan.doc_rows));
       if (done.count({w.ex.id, c.name})) continue;
       Json j = base_line(w, c);
       j["tail"] = w.ex.tail;

@@ -162,6 +162,18 @@ TEST(EvalConfig, Parse) {
   for (const char* bad :
        {"sparse", "dense:k4", "cisa", "cisa:k4:x8", "cisa:x0.5", "cisa:g0", "cisa:k4:q", "cisa:kx"})
     EXPECT_FALSE(parse_config(bad).ok()) << bad;
+  // rN: decode steps one selection serves (SelectionParams::reuse_steps), top-k kinds only.
+  auto r = parse_config("cisa:x8:g4:s1:cal:r4");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->reuse_steps, 4);
+  RepKind rep;
+  auto ra = config_attention(*r, 8192, 16, &rep);
+  ASSERT_TRUE(ra.ok());
+  EXPECT_EQ(ra->selection.reuse_steps, 4);
+  EXPECT_EQ(parse_config("cisa:x8")->reuse_steps, 1);
+  EXPECT_TRUE(parse_config("quest:k8:r2").ok());
+  for (const char* bad : {"cisa:x8:r0", "cisa:x8:r70000", "recency:x8:r2", "oracle:x8:r2"})
+    EXPECT_FALSE(parse_config(bad).ok()) << bad;
 }
 
 TEST(EvalConfig, BudgetAndAttentionOptions) {

@@ -47,7 +47,8 @@ int cmd_eval(int argc, char** argv) {
               "gN (QShare G), wN (window pages), sN (sink pages), mean|last (QShare query).");
   std::string model_arg, out_dir, texts_dir, kv = "auto", backend = "cpu", indexer_path;
   std::vector<std::string> task_args, length_args, config_args;
-  int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000, batch = 1;
+  int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000, batch = 1,
+          doc_rows = 64;
   bool resume = false, summary_only = false, json = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path");
   p.alias("-m", "--model");
@@ -75,6 +76,9 @@ int cmd_eval(int argc, char** argv) {
   p.add_int("--batch", &batch,
             "prompts of one (length, configuration) generated side by side (default 1; on CUDA "
             "16-64 keep the GPU busy)");
+  p.add_int("--doc-rows", &doc_rows,
+            "rows of a document's scored tail per forward call (default 64; 1 feeds it as decode "
+            "steps, e.g. to measure --reuse-steps' rN)");
   p.add_choice("--kv-dtype", &kv, {"auto", "f32", "bf16"},
                "KV cache storage (default auto: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--backend", &backend, {"cpu", "cuda"}, "where the models run (default cpu)");
@@ -141,6 +145,8 @@ int cmd_eval(int argc, char** argv) {
     plan.prefill_block = static_cast<int>(prefill_block);
     if (batch < 1 || batch > 4096) return fail("--batch must be in [1, 4096]");
     plan.batch = static_cast<int>(batch);
+    if (doc_rows < 1 || doc_rows > 4096) return fail("--doc-rows must be in [1, 4096]");
+    plan.doc_rows = doc_rows;
     if (backend == "cuda" && kv == "f32")
       return fail("--backend cuda keeps K/V in bf16: drop --kv-dtype f32");
     plan.kv_dtype =

@@ -161,6 +161,7 @@ struct EvalConfig {
   std::vector<double> layer_budget_weights;
   QShareQuery query = QShareQuery::kMean;
   bool calibrated = false;  // index projections from the run's indexer file (EvalPlan::index)
+  int64_t reuse_steps = 1;  // rN: decode steps one selection serves (SelectionParams::reuse_steps)
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
 // compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), eN (last N
@@ -227,9 +228,11 @@ struct DocumentScores {
   ForwardStats stats;
   double seconds = 0;
 };
+// `rows`: tail rows per forward call (64; 1 feeds the tail as decode steps, one token each, so
+// decode-only behaviour such as selection reuse shows in the scores).
 Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids, int64_t tail,
                                       const std::vector<float>* reference, std::vector<float>* keep,
-                                      const ProgressFn& progress = {});
+                                      const ProgressFn& progress = {}, int64_t rows = 64);
 
 // A whole comparison: every (task, length, example) prompt under every configuration, one JSON
 // line per (example, configuration) appended to RUN_DIR/results.jsonl as it completes; a rerun
@@ -251,6 +254,8 @@ struct EvalPlan {
   // 1 runs them one at a time. Greedy tokens do not depend on it on the CPU; on CUDA a GEMM may
   // pick other tiles for other row counts, so bf16-level differences can change a near tie.
   int batch = 1;
+  // Rows of a document's scored tail per forward call (score_document); 1: decode steps.
+  int64_t doc_rows = 64;
   KvDtype kv_dtype = KvDtype::kF32;
   // Makes the backend every model of the run runs on (backend.h); empty: the CPU backend.
   BackendFactory backend;
