@@ -72,6 +72,29 @@ def mean_kl(recs):
     return {k: sum(v) / len(v) for k, v in per.items()}
 
 
+def plot_by_budget(ax, values, extra=None, transform=lambda v: v):
+    """One line per (family, length) of values[(config, length)] against the nominal compression x;
+    extra(length) -> (x, value) or None adds a point (dense at x = 1)."""
+    import matplotlib.pyplot as plt
+    series = collections.defaultdict(list)  # (family, length) -> [(x, value)]
+    for (cfg, length), v in values.items():
+        x = compression_of(cfg)
+        if x is not None:
+            series[(family_of(cfg), length)].append((x, v))
+    colors = plt.get_cmap("tab20").colors  # more series than the default 10-colour cycle
+    markers = "osD^v<>ph*"
+    lengths = sorted({length for _, length in series})
+    for i, ((fam, length), pts) in enumerate(sorted(series.items())):
+        point = extra(length) if extra else None
+        if point:
+            pts.append(point)
+        pts.sort()
+        ax.plot([p[0] for p in pts], [transform(p[1]) for p in pts], color=colors[i % len(colors)],
+                marker=markers[lengths.index(length) % len(markers)], markersize=7,
+                linestyle="-" if len(pts) > 1 else "none", label="%s @ %d" % (fam, length))
+    ax.set_xscale("log", base=2)
+
+
 def length_axis(ax, lengths):
     """Log2 x axis of prompt lengths labelled 4K, 8K, ..."""
     ax.set_xscale("log", base=2)
@@ -129,24 +152,9 @@ def main():
 
     if acc:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        series = collections.defaultdict(list)  # (family, length) -> [(x, accuracy)]
-        for cfg, by_len in acc.items():
-            x = compression_of(cfg)
-            if x is None:
-                continue
-            for length, v in by_len.items():
-                series[(family_of(cfg), length)].append((x, v))
-        colors = plt.get_cmap("tab20").colors
-        markers = "osD^v<>ph*"
-        lengths = sorted({length for _, length in series})
-        for i, ((fam, length), pts) in enumerate(sorted(series.items())):
-            if "dense" in acc and length in acc["dense"]:
-                pts.append((1.0, acc["dense"][length]))  # dense: every chunk, x = 1
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[i % len(colors)],
-                    marker=markers[lengths.index(length) % len(markers)], markersize=7,
-                    label="%s @ %d" % (fam, length))
-        ax.set_xscale("log", base=2)
+        dense = acc.get("dense", {})
+        plot_by_budget(ax, {(c, length): v for c, by in acc.items() for length, v in by.items()},
+                       extra=lambda length: (1.0, dense[length]) if length in dense else None)
         ax.set_xlabel("nominal remote compression x (k = E / x; dense at x = 1)")
         ax.set_ylabel("task accuracy (points)")
         ax.grid(alpha=0.3)
@@ -160,20 +168,7 @@ def main():
     kl = mean_kl(recs)
     if kl:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        series = collections.defaultdict(list)  # (family, length) -> [(x, kl)]
-        for (cfg, length), v in kl.items():
-            x = compression_of(cfg)
-            if x is not None:
-                series[(family_of(cfg), length)].append((x, v))
-        colors = plt.get_cmap("tab20").colors  # more series than the default 10-colour cycle
-        markers = "osD^v<>ph*"
-        lengths = sorted({length for _, length in series})
-        for i, ((fam, length), pts) in enumerate(sorted(series.items())):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], color=colors[i % len(colors)],
-                    marker=markers[lengths.index(length) % len(markers)], markersize=7,
-                    linestyle="-" if len(pts) > 1 else "none", label="%s @ %d" % (fam, length))
-        ax.set_xscale("log", base=2)
+        plot_by_budget(ax, kl, transform=lambda v: max(v, 1e-6))
         ax.set_xlabel("nominal remote compression x (k = E / x)")
         path = os.path.join(out, "kl_vs_budget.png")
         finish_kl(fig, ax, "Long-document KL against budget", path)
