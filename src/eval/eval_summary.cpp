@@ -219,14 +219,11 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
     }
     md << "## Generated length and pages read\n\n"
           "Generated tokens per example (greedy, stopped at a line break or end of generation) and "
-          "the change "
-          "against dense on the same prompts. Page-list reads: global-layer K/V page reads summed "
-          "over the page "
-          "lists of prefill and decode, against the dense plan of the same rows (dense reads each "
-          "page once per "
-          "512-row prefill block; CISA once per QShare group, so short prompts can read more than "
-          "dense).\n\n"
-          "| config | length | gen tokens | Δ vs dense | page-list reads / dense "
+          "the change against dense on the same prompts. Pages read: global-layer K/V pages read "
+          "under SPEC §8's traffic model (every query position reads its list's pages up to its "
+          "own page), summed over the prompt and the generated tokens, against dense's count for "
+          "the same positions.\n\n"
+          "| config | length | gen tokens | Δ vs dense | pages read / dense "
           "|\n|---|---|---|---|---|\n";
     for (const auto& c : configs)
       for (int64_t L : lengths) {
