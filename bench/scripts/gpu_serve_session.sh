@@ -25,6 +25,15 @@
 # time is left), PASS_EST (45: seconds a pass takes; skipped when less is left), SKIP_BUILD=1 (use CISA_BIN, default build/cuda/cisa, as it is), DEADLINE_S,
 # CISA_COMMIT, TREE_NOTE, MIN_TOKEN_ID / MAX_TOKEN_ID (random prompt ids, default 1000 / 9999),
 # BACKEND (cuda; cpu with THREADS for a dry run: MODEL=tiny-llama MAX_TOKEN_ID=255 BACKEND=cpu).
+# A real model (the verbosity-adjusted speedup): MODEL_FILE (a GGUF; replaces --synthetic MODEL),
+# PROMPT_FILE (text prompts, one per line: bench/serve/make_chat_prompts.py; INPUT_LEN then only
+# sizes the context and should be the longest prompt's tokens), ENDPOINT (completions | chat),
+# VERBOSITY=1 (two more passes, dense and CISA with --honor-eos: mean output lengths with EOS
+# honoured, and the fixed-output speedup divided by their ratio). CPU dry run:
+#   MODEL_FILE=models/SmolLM2-135M-Instruct.Q4_1.gguf PROMPT_FILE=/tmp/p.txt ENDPOINT=chat \
+#   VERBOSITY=1 INPUT_LEN=1200 OUTPUT_LEN=64 NUM_PROMPTS=4 CONCURRENCY=4 BUDGET=8 WINDOW=4 \
+#   QSHARE=4 ALT_BUDGET=0 REPEAT=0 BACKEND=cpu SKIP_BUILD=1 CISA_BIN=build/ci/cisa \
+#   bash bench/scripts/gpu_serve_session.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/serve-out}
 mkdir -p "$OUT"
@@ -47,6 +56,7 @@ PASS_EST=${PASS_EST:-45}  # seconds one pass is expected to take: a pass is skip
 CONTEXT=$(((INPUT_LEN + OUTPUT_LEN + 511) / 256 * 256))
 export CISA_COMMIT=${CISA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 TREE_NOTE=${TREE_NOTE:-}
+MODEL_FILE=${MODEL_FILE:-}
 t_start=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-570}
 tmp=$(mktemp -d)
@@ -65,7 +75,7 @@ cisa=${CISA_BIN:-build/cuda/cisa}
 BACKEND=${BACKEND:-cuda}
 THREADS=${THREADS:-0}
 
-log "commit=$CISA_COMMIT model=$MODEL requests=$NUM_PROMPTS input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY context=$CONTEXT k=$BUDGET W=$WINDOW G=$QSHARE deadline=${DEADLINE_S}s"
+log "commit=$CISA_COMMIT model=${MODEL_FILE:-$MODEL} requests=$NUM_PROMPTS input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY context=$CONTEXT k=$BUDGET W=$WINDOW G=$QSHARE deadline=${DEADLINE_S}s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$tmp/gpu.txt" 2>&1
 cat "$tmp/gpu.txt" | tee -a "$OUT/session.log"
 
@@ -84,7 +94,8 @@ fi
 "$cisa" serve --help >/dev/null 2>&1 || { log "this cisa has no serve (cpp-httplib not found at configure)"; exit 1; }
 
 # ---- the server ------------------------------------------------------------------------------------
-serve_cmd=("$cisa" serve --synthetic "$MODEL" --backend "$BACKEND" --threads "$THREADS" --attention cisa --budget "$BUDGET"
+if [ -n "${MODEL_FILE:-}" ]; then model_args=(-m "$MODEL_FILE"); else model_args=(--synthetic "$MODEL"); fi
+serve_cmd=("$cisa" serve "${model_args[@]}" --backend "$BACKEND" --threads "$THREADS" --attention cisa --budget "$BUDGET"
   --window "$WINDOW" --qshare "$QSHARE" --context "$CONTEXT" --parallel "$CONCURRENCY"
   --prefill-chunk "$PREFILL_CHUNK" --prefill-block "$PREFILL_BLOCK" --max-waiting 256
   --host 127.0.0.1 --port "$PORT")
@@ -104,15 +115,20 @@ log "server up after $(($(date +%s) - t_load)) s: $(head -1 "$OUT/server.log")"
 http_get /v1/models >"$tmp/models.json"
 
 # ---- passes ---------------------------------------------------------------------------------------
-# pass NAME EXTRA_BODY N INPUT OUTPUT EST_S: one `cisa bench serve`, with /metrics around it.
+# pass NAME EXTRA_BODY N INPUT OUTPUT EST_S [ARGS...]: one `cisa bench serve`, with /metrics around
+# it; ARGS go to bench serve (e.g. --honor-eos).
 passes=()
+prompt_args=()
+[ -n "${PROMPT_FILE:-}" ] && prompt_args=(--prompt-file "$PROMPT_FILE" --endpoint "${ENDPOINT:-completions}")
 pass() {
   local name=$1 extra=$2 n=$3 in=$4 outl=$5 est=$6
+  shift 6
   if [ "$(left)" -lt $((est + 15)) ]; then log "pass $name skipped: ~${est}s needed, $(left)s left"; return; fi
   http_get /metrics >"$tmp/metrics_before_$name.txt" 2>/dev/null
   local cmd=("$cisa" bench serve --port "$PORT" --num-prompts "$n" --concurrency "$CONCURRENCY"
     --input-len "$in" --output-len "$outl" --min-token-id "${MIN_TOKEN_ID:-1000}"
-    --max-token-id "${MAX_TOKEN_ID:-9999}" --seed 1 --timeout 400 --quiet --json --extra-body "$extra")
+    --max-token-id "${MAX_TOKEN_ID:-9999}" --seed 1 --timeout 400 --quiet --json --extra-body "$extra"
+    "${prompt_args[@]}" "$@")
   log "pass $name: ${cmd[*]}"
   bounded $((est * 3)) "${cmd[@]}" >"$tmp/pass_$name.json" 2>"$tmp/pass_$name.err"
   local rc=$?
@@ -141,6 +157,10 @@ pass cisa '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
 if [ "$ALT_BUDGET" -gt 0 ]; then
   pass "cisa_k$ALT_BUDGET" "{\"cisa\": {\"budget\": $ALT_BUDGET}}" "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
 fi
+if [ "${VERBOSITY:-0}" = 1 ]; then
+  pass dense_eos '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST" --honor-eos
+  pass cisa_eos '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST" --honor-eos
+fi
 if [ "$REPEAT" = 1 ]; then
   pass dense_2 '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
   pass cisa_2 '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
@@ -162,7 +182,7 @@ def metrics(path):
         pass
     return m
 gpu = open(os.path.join(tmp, "gpu.txt")).read().strip()
-res = {"what": "cisa serve --backend cuda, synthetic $MODEL (synthetic weights, speed only), "
+res = {"what": "cisa serve --backend $BACKEND, synthetic $MODEL (synthetic weights, speed only), "
                "driven by cisa bench serve: fixed-output requests (ignore_eos), dense vs CISA per request",
        "weights": "synthetic weights, speed only",
        "commit": "$CISA_COMMIT", "tree_note": "$TREE_NOTE",
@@ -207,6 +227,22 @@ res["verbosity_adjusted_speedup"] = (
     "undefined for synthetic weights: the synthetic model has no tokenizer and so no EOS token; "
     "every request runs to max_tokens whether or not EOS is honoured, so the ratio of mean output "
     "lengths with EOS honoured is not a property of this run (it needs a real model's outputs)")
+if "$MODEL_FILE":
+    res["weights"] = "real: $MODEL_FILE"
+    res["what"] = res["what"].replace("synthetic $MODEL (synthetic weights, speed only)", "$MODEL_FILE")
+    res["verbosity_adjusted_speedup"] = "needs VERBOSITY=1 (the dense_eos and cisa_eos passes)"
+ce, de = r("cisa_eos"), r("dense_eos")
+if "$MODEL_FILE" and ce and de and not ce.get("failed_requests") and not de.get("failed_requests"):
+    mean_out = lambda x: x["total_output_tokens"] / max(1, x["successful_requests"])
+    v = {"mean_output_tokens_cisa": mean_out(ce), "mean_output_tokens_dense": mean_out(de),
+         "length_ratio_cisa_over_dense": mean_out(ce) / max(1e-9, mean_out(de))}
+    if "cisa/dense" in ratios:
+        s = ratios["cisa/dense"]["total_token_throughput"]
+        v["fixed_output_speedup"] = s
+        v["verbosity_adjusted_speedup"] = s / v["length_ratio_cisa_over_dense"]
+    res["verbosity"] = v
+    res["verbosity_adjusted_speedup"] = v.get("verbosity_adjusted_speedup", "no fixed-output cisa/dense ratio")
+    print("verbosity:", json.dumps(v))
 json.dump(res, open(out, "w"), indent=1)
 for k, v in ratios.items():
     print(f"{k}: total token throughput x{v['total_token_throughput']:.3f}, output x{v['output_throughput']:.3f}, "
