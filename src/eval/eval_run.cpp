@@ -41,6 +41,11 @@ Json stats_json(const ForwardStats& s) {
   j["global_pages_read"] = s.global_pages_read;
   j["global_pages_dense"] = s.global_pages_dense;
   j["seconds_attention"] = s.seconds_attention;
+  // Selection reuse (rN): decode lists that kept their selection and that selected afresh.
+  if (s.reuse_lists_kept > 0 || s.reuse_lists_selected > 0) {
+    j["reuse_lists_kept"] = s.reuse_lists_kept;
+    j["reuse_lists_selected"] = s.reuse_lists_selected;
+  }
   return j;
 }
 
