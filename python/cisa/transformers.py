@@ -1,4 +1,5 @@
-"""CISA as an attention backend for Hugging Face transformers (Llama- and Qwen2-style models).
+"""CISA as an attention backend for Hugging Face transformers (Llama-, Qwen2- and Gemma 3-style
+models).
 
     import cisa.transformers
     cisa.transformers.register("cisa", budget=64, window=8, qshare=16)
@@ -11,8 +12,15 @@ transformers' cache: every call appends the new positions' keys and values, reco
 representatives of the pages they filled, plans the step (plan.h's rules) and runs
 ``select_pages`` and ``paged_attention``. The index query of a KV group is the mean of its query
 heads after RoPE (SPEC section 6's mean candidate, no calibrated indexer). A call whose keys
-start at position 0 starts new sequences. Batch rows must have equal lengths (no padding);
-layers with a sliding window run a dense sliding-window plan (SPEC section 7).
+start at position 0 starts new sequences. Batch rows must have equal lengths (no padding).
+
+Layers with a sliding window (Gemma 3's local layers: the ``sliding_window`` argument transformers
+passes, else the module's ``sliding_window``) run a dense sliding-window plan (SPEC section 7):
+position t attends to t - window < s <= t, as transformers' sliding masks do; transformers'
+sliding cache hands such a layer only its last window - 1 keys and the new ones, while the
+layer's paged cache keeps every position. CISA selects pages on the global layers only. The model's ``scaling`` (Gemma 3's
+``query_pre_attn_scalar ** -0.5``) is used as given; attention logit soft-capping (Gemma 2) and
+bidirectional attention are refused.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ PAGE = 16
 
 
 class _LayerCache:
-    def __init__(self, batch, num_kv_heads, head_dim, pages_per_seq):
+    def __init__(self, batch, num_kv_heads, head_dim, pages_per_seq, sliding=0):
         self.batch, self.H, self.d = batch, num_kv_heads, head_dim
+        self.sliding = sliding  # the layer's sliding window in tokens, 0 for a global layer
         self.cap = pages_per_seq
         P = batch * pages_per_seq
         self.k = torch.zeros(P, num_kv_heads, PAGE, head_dim)
@@ -70,13 +79,20 @@ class _LayerCache:
         self.len = end
 
 
-def _check_mask(mask, q_len, kv_len):
+def _check_mask(mask, q_len, kv_len, sliding=0):
+    """The mask must be causal (and, with ``sliding``, within the window) without padding. Key
+    column j and query row i of the kv_len keys are kv_len - q_len + i - j positions apart
+    whether or not transformers' sliding cache dropped older keys."""
     if mask is None:
         return
     allowed = mask if mask.dtype == torch.bool else mask == 0
     allowed = allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])[..., -q_len:, -kv_len:]
-    causal = (torch.arange(kv_len)[None, :] <= torch.arange(kv_len - q_len, kv_len)[:, None])
-    if not torch.equal(allowed.cpu(), causal.expand_as(allowed)):
+    k_pos = torch.arange(kv_len)[None, :]
+    q_pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+    expected = k_pos <= q_pos
+    if sliding:
+        expected &= k_pos > q_pos - sliding
+    if not torch.equal(allowed.cpu(), expected.expand_as(allowed)):
         raise ValueError("cisa attention: only causal masks without padding are supported "
                          "(batch rows of equal length)")
 
@@ -86,22 +102,31 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
     """An attention function for transformers' AttentionInterface."""
 
     def cisa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                       **kwargs):
+                       sliding_window=None, softcap=None, **kwargs):
+        if softcap is not None:
+            raise ValueError("cisa attention: attention logit soft-capping is not supported")
+        if not getattr(module, "is_causal", True):
+            raise ValueError("cisa attention: only causal attention is supported")
         b, hq, q_len, d = query.shape
         hkv, kv_len = key.shape[1], key.shape[2]
-        _check_mask(attention_mask, q_len, kv_len)
+        if sliding_window is None:
+            sliding_window = getattr(module, "sliding_window", None)
+        sliding = int(sliding_window or 0)
+        _check_mask(attention_mask, q_len, kv_len, sliding)
+        past = kv_len - q_len  # positions before this call in the keys transformers passes
         state = getattr(module, "_cisa_cache", None)
-        if state is None or kv_len == q_len or state.batch != b:
-            state = _LayerCache(b, hkv, d, max(64, -(-kv_len // PAGE)))
+        if state is None or past == 0 or state.batch != b:
+            state = _LayerCache(b, hkv, d, max(64, -(-kv_len // PAGE)), sliding)
             module._cisa_cache = state
-        if state.len != kv_len - q_len:
+        # transformers' sliding cache keeps the last sliding - 1 keys; the paged cache keeps all.
+        truncated = sliding and min(state.len, sliding - 1) <= past < state.len
+        if past != state.len and not truncated:
             raise ValueError(f"cisa attention: the layer's paged cache holds {state.len} "
-                             f"positions but this step starts at {kv_len - q_len}")
-        state.append(key[:, :, kv_len - q_len:], value[:, :, kv_len - q_len:])
-        start = kv_len - q_len
+                             f"positions but this step starts at {past}")
+        start = state.len
+        state.append(key[:, :, past:], value[:, :, past:])
         entries = torch.tensor([[s, start, q_len] for s in range(b)], dtype=torch.int64)
-        seq_lens = torch.full((b,), kv_len, dtype=torch.int64)
-        sliding = getattr(module, "sliding_window", None) or 0
+        seq_lens = torch.full((b,), state.len, dtype=torch.int64)
         w = SparseAttentionWrapper(num_kv_heads=hkv)
         w.plan(state.tables, seq_lens, entries, num_pages=state.k.shape[0],
                dense=dense or sliding > 0, sliding_window=sliding, budget=budget, window=window,
@@ -128,13 +153,20 @@ def register(name="cisa", **params):
     AttentionMaskInterface.register(name, sdpa_mask)
 
 
-def stats(model):
+def stats(model, layers="all"):
     """Pages read per KV group, summed over every query position and CISA layer since the
-    layers' caches were last started: ``(cisa, dense)`` (SPEC section 8)."""
+    layers' caches were last started: ``(cisa, dense)`` (SPEC section 8). ``layers``: ``"all"``,
+    ``"global"`` (layers without a sliding window, where CISA selects) or ``"sliding"`` (dense
+    sliding-window plans, which read the pages holding each position's window: equal counts)."""
+    if layers not in ("all", "global", "sliding"):
+        raise ValueError(f"cisa.transformers.stats: layers must be 'all', 'global' or 'sliding' "
+                         f"(got {layers!r})")
     read = dense = 0
     for m in model.modules():
         c = getattr(m, "_cisa_cache", None)
-        if c is not None:
-            read += c.pages_read
-            dense += c.pages_read_dense
+        if c is None or (layers == "global" and c.sliding) or (
+                layers == "sliding" and not c.sliding):
+            continue
+        read += c.pages_read
+        dense += c.pages_read_dense
     return read, dense

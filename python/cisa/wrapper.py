@@ -87,9 +87,16 @@ class SparseAttentionWrapper:
     def pages_read(self):
         """SPEC section 8's traffic of the plan, from the core's ``pages_read``: pages read per KV
         group, summed over every query position (a position reads its list up to its own page),
-        as ``(this plan, dense attention)`` for the same positions. Full attention only (a
-        sliding-window plan is counted as full)."""
+        as ``(this plan, dense attention)`` for the same positions. A sliding-window plan counts
+        the pages holding each position's window, t - window < s <= t, in both."""
         budget, window, qshare, sinks, _ = self.params
+        if self.sliding_window > 0:
+            P, W = self.page_size, self.sliding_window
+            n = 0
+            for g in self.groups.tolist():
+                t = torch.arange(g[1], g[2] + 1)
+                n += int((t // P - (t - W + 1).clamp(min=0) // P + 1).sum())
+            return n, n
         return _C.pages_read(self.groups.flatten().tolist(), self.page_size, budget, window,
                              qshare, sinks)
 
