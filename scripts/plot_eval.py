@@ -103,6 +103,16 @@ def length_axis(ax, lengths):
     ax.set_xlabel("prompt length (tokens)")
 
 
+def finish_accuracy(fig, ax, title, path, legend_size):
+    """The axis label, grid, legend and file shared by the accuracy plots."""
+    ax.set_ylabel("task accuracy (points)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def finish_kl(fig, ax, title, path):
     """The goal line, log KL axis, legend and file shared by the KL plots."""
     ax.axhline(0.02, color="red", linestyle="--", linewidth=1, label="goal 0.02 nats/token")
@@ -140,14 +150,9 @@ def main():
             style = dict(color="black", linewidth=2.5) if cfg == "dense" else dict(color=colors[i % len(colors)])
             ax.plot(xs, [acc[cfg][x] for x in xs], marker="o", label=cfg, **style)
         length_axis(ax, sorted({x for c in acc for x in acc[c]}))
-        ax.set_ylabel("task accuracy (points)")
         ax.set_ylim(-2, 102)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("RULER-style accuracy against length")
-        fig.tight_layout()
         path = os.path.join(out, "accuracy_vs_length.png")
-        fig.savefig(path, dpi=120)
+        finish_accuracy(fig, ax, "RULER-style accuracy against length", path, 8)
         written.append(path)
 
     if acc:
@@ -156,13 +161,8 @@ def main():
         plot_by_budget(ax, {(c, length): v for c, by in acc.items() for length, v in by.items()},
                        extra=lambda length: (1.0, dense[length]) if length in dense else None)
         ax.set_xlabel("nominal remote compression x (k = E / x; dense at x = 1)")
-        ax.set_ylabel("task accuracy (points)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.set_title("RULER-style accuracy against budget")
-        fig.tight_layout()
         path = os.path.join(out, "accuracy_vs_budget.png")
-        fig.savefig(path, dpi=120)
+        finish_accuracy(fig, ax, "RULER-style accuracy against budget", path, 7)
         written.append(path)
 
     kl = mean_kl(recs)

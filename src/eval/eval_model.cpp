@@ -93,24 +93,6 @@ Status generate_greedy_batch(Model& model, std::span<const GreedyPrompt> prompts
   return failed;
 }
 
-Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
-                                   const ProgressFn& progress) {
-  const auto t0 = std::chrono::steady_clock::now();
-  model.reset_stats();
-  Generation out;
-  const GreedyPrompt p{.prompt = prompt, .max_new = max_new};
-  CISA_RETURN_IF_ERROR(generate_greedy_batch(
-      model, {&p, 1},
-      [&](size_t, const Generation& g) {
-        out = g;
-        return Status::Ok();
-      },
-      progress));
-  out.stats = model.stats();
-  out.seconds = since(t0);
-  return out;
-}
-
 Result<DocumentScores> score_document(Model& model, std::span<const int32_t> ids, int64_t tail,
                                       const std::vector<float>* reference, std::vector<float>* keep,
                                       const ProgressFn& progress, int64_t rows_per_call) {

@@ -193,22 +193,21 @@ int64_t eval_prompt_length(int64_t requested, int64_t n_ctx);
 
 // ---- running on a model -----------------------------------------------------------------------
 
-// Greedy continuation of a prompt: stops at an end-of-generation token, at a line break after
-// some non-space text, or after max_new tokens.
+// A greedy continuation of one prompt.
 struct Generation {
   std::string text;
   int64_t tokens = 0;  // generated tokens, the stop token excluded
   ForwardStats stats;  // of the whole example (prefill and decode)
   double seconds = 0;
 };
-Result<Generation> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new,
-                                   const ProgressFn& progress = {});
 
-// Many prompts at once on one model (cisa::Generator: up to ModelOptions::max_sequences run side
-// by side, the rest wait), with generate_greedy's stop rules. `done(i, g)` is called as prompt i
-// finishes; an error it returns ends the batch with that error. Each Generation's stats hold that
-// prompt's own pages (Model::sequence_traffic) and tokens; its seconds are those of the forward
-// calls that ran it, shared with the prompts batched beside it.
+// Greedy continuations of many prompts on one model (cisa::Generator: up to
+// ModelOptions::max_sequences run side by side, the rest wait; max_sequences = 1 runs them one at
+// a time). Each stops at an end-of-generation token, at a line break after some non-space text,
+// or after max_new tokens. `done(i, g)` is called as prompt i finishes; an error it returns ends
+// the batch with that error. Each Generation's stats hold that prompt's own pages
+// (Model::sequence_traffic) and tokens; its seconds are those of the forward calls that ran it,
+// shared with the prompts batched beside it.
 struct GreedyPrompt {
   std::span<const int32_t> prompt;
   int max_new = 16;
