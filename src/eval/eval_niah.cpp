@@ -142,27 +142,18 @@ Result<Example> generate_niah(const TaskSpec& spec, const Corpus& corpus,
       }
     }
     const bool multi_value = sh.shared_key;
-    std::string header =
-        sh.needles == 1 || multi_value
-            ? std::string(multi_value ? "Some special magic numbers are hidden in the text below. "
-                                        "Remember them: you "
-                                        "will be asked for them after the text.\n\n"
-                                      : "A special magic number is hidden in the text below. "
-                                        "Remember it: you will be "
-                                        "asked for it after the text.\n\n")
-            : std::string(
-                  "Some special magic numbers are hidden in the text below. Remember them: you "
-                  "will be "
-                  "asked for them after the text.\n\n");
-    if (sh.needle_hay) {
-      header = "Many special magic " + what +
+    const std::string header = [&]() -> std::string {
+      if (sh.needle_hay)
+        return "Many special magic " + what +
                "s are listed in the text below. Remember them: you will be asked for one of them "
                "after the text.\n\n";
-    } else if (sh.uuid_value) {
-      header =
-          "A special magic uuid is hidden in the text below. Remember it: you will be asked for "
-          "it after the text.\n\n";
-    }
+      if (sh.needles == 1 && !multi_value)
+        return "A special magic " + what +
+               " is hidden in the text below. Remember it: you will be asked for it after the "
+               "text.\n\n";
+      return "Some special magic numbers are hidden in the text below. Remember them: you will be "
+             "asked for them after the text.\n\n";
+    }();
     std::string question;
     if (multi_value) {
       question = "\n\nQuestion: What are all the special magic numbers for " + nd[0].key +
