@@ -46,14 +46,7 @@ std::unique_ptr<Model> load_tiny(AttentionMode mode = AttentionMode::kDense, int
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-std::vector<int32_t> letters(int n, uint32_t seed) {
-  std::vector<int32_t> ids = {TinyLlama::kBos};
-  for (int i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    ids.push_back(TinyLlama::letter_token(static_cast<int>((seed >> 16) % 16)));
-  }
-  return ids;
-}
+using testing::letters;
 
 GenerationRequest greedy(std::vector<int32_t> prompt, int64_t n) {
   return {.prompt = std::move(prompt),

@@ -48,16 +48,7 @@ std::unique_ptr<Model> load_tiny(int64_t context = 1024, int max_sequences = 4,
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-// BOS and n letters from a fixed linear congruential sequence.
-std::vector<int32_t> letters(int n, uint32_t seed) {
-  std::vector<int32_t> ids = {TinyLlama::kBos};
-  uint32_t s = seed;
-  for (int i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    ids.push_back(TinyLlama::letter_token(static_cast<int>((s >> 16) % 16)));
-  }
-  return ids;
-}
+using testing::letters;
 
 // The reference: prompt forward, then sample (argmax when greedy) and feed one token at a time.
 std::vector<int32_t> hand_loop(Model& m, const std::vector<int32_t>& prompt, int n,

@@ -104,15 +104,7 @@ std::string tiny_model(const char* name, uint64_t seed) {
   return m.write(::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name);
 }
 
-std::vector<int32_t> letters(int n, uint32_t seed) {
-  std::vector<int32_t> ids = {testing::TinyLlama::kBos};
-  uint32_t s = seed;
-  for (int i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    ids.push_back(testing::TinyLlama::letter_token(static_cast<int>((s >> 16) % 16)));
-  }
-  return ids;
-}
+using testing::letters;
 
 AttentionOptions cisa_options(int64_t budget) {
   AttentionOptions a;

@@ -133,4 +133,15 @@ struct TinyLlama {
   }
 };
 
+// BOS and n letters of TinyLlama from a fixed linear congruential sequence (the tests' prompts).
+inline std::vector<int32_t> letters(int n, uint32_t seed) {
+  std::vector<int32_t> ids = {TinyLlama::kBos};
+  uint32_t s = seed;
+  for (int i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    ids.push_back(TinyLlama::letter_token(static_cast<int>((s >> 16) % 16)));
+  }
+  return ids;
+}
+
 }  // namespace cisa::testing
