@@ -19,57 +19,16 @@
 #include "cisa/model/eval.h"
 #include "cisa/model/model.h"
 #include "cisa/model/sampling.h"
-#include "tiny_llama_builder.h"
+#include "tiny_model_runs.h"
 
 namespace cisa::eval {
 namespace {
 
-std::string tiny_model(const char* name, uint64_t seed) {
-  testing::TinyLlama m;
-  m.randomize(seed, 0.5f);
-  return m.write(::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name);
-}
-
+using testing::cisa_options;
 using testing::letters;
-
-struct RunResult {
-  std::vector<float> logits;  // prompt logits at a few positions
-  std::vector<int32_t> generated;
-  ForwardStats stats;
-};
-
-// Prompt logits at every 23rd position, then greedy generation of `gen` tokens.
-Result<RunResult> run(const std::string& path, const AttentionOptions& a,
-                      const std::vector<int32_t>& prompt, int gen, const AttentionTap& tap = {}) {
-  ModelOptions o{.threads = 2, .context = 1024, .prefill_block = 128};
-  o.attention = a;
-  CISA_ASSIGN_OR_RETURN(auto m, Model::load(path, o));
-  if (tap) m->set_attention_tap(tap);
-  CISA_ASSIGN_OR_RETURN(SeqId s, m->add_sequence());
-  std::vector<int64_t> pos;
-  for (int64_t p = 0; p < static_cast<int64_t>(prompt.size()); p += 23) pos.push_back(p);
-  pos.push_back(static_cast<int64_t>(prompt.size()) - 1);
-  RunResult r;
-  SequenceInput in{.seq = s, .tokens = prompt, .outputs = OutputMode::kPositions, .positions = pos};
-  CISA_RETURN_IF_ERROR(m->forward({&in, 1}, &r.logits));
-  const int V = m->hparams().n_vocab;
-  std::vector<float> last(r.logits.end() - V, r.logits.end()), step;
-  for (int i = 0; i < gen; ++i) {
-    const int32_t next = argmax(last);
-    r.generated.push_back(next);
-    SequenceInput one{.seq = s, .tokens = {&r.generated.back(), 1}};
-    CISA_RETURN_IF_ERROR(m->forward({&one, 1}, &last));
-  }
-  r.stats = m->stats();
-  return r;
-}
-
-AttentionOptions cisa_options(int64_t budget) {
-  AttentionOptions a;
-  a.mode = AttentionMode::kCisa;
-  a.selection = {.budget = budget, .window = 3, .qshare = 4, .sink_pages = 1};
-  return a;
-}
+using testing::run;
+using testing::RunResult;
+using testing::tiny_model;
 
 TEST(OracleInModel, PassThroughSelectorEqualsBuiltInCisa) {
   const std::string path = tiny_model("tiny_pass.gguf", 3);

@@ -22,7 +22,7 @@
 #include "cisa/model/eval.h"
 #include "cisa/model/model.h"
 #include "cisa/model/sampling.h"
-#include "tiny_llama_builder.h"
+#include "tiny_model_runs.h"
 
 namespace cisa {
 namespace {
@@ -97,54 +97,14 @@ TEST(SplitLayerBudgets, BadWeightsAreRefused) {
 
 // ---- inside the model ---------------------------------------------------------------------
 
-std::string tiny_model(const char* name, uint64_t seed) {
-  testing::TinyLlama m;
-  m.n_layer = 4;
-  m.randomize(seed, 0.5f);
-  return m.write(::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name);
-}
-
+using testing::cisa_options;
 using testing::letters;
-
-AttentionOptions cisa_options(int64_t budget) {
-  AttentionOptions a;
-  a.mode = AttentionMode::kCisa;
-  a.selection = {.budget = budget, .window = 3, .qshare = 4, .sink_pages = 1};
-  return a;
-}
-
-struct RunResult {
-  std::vector<float> logits;  // prompt logits at every 23rd position and the last
-  std::vector<int32_t> generated;
-  ForwardStats stats;
-};
-
-Result<RunResult> run(const std::string& path, const AttentionOptions& a,
-                      const std::vector<int32_t>& prompt, int gen) {
-  ModelOptions o{.threads = 2, .context = 1024, .prefill_block = 128};
-  o.attention = a;
-  CISA_ASSIGN_OR_RETURN(auto m, Model::load(path, o));
-  CISA_ASSIGN_OR_RETURN(SeqId s, m->add_sequence());
-  std::vector<int64_t> pos;
-  for (int64_t p = 0; p < static_cast<int64_t>(prompt.size()); p += 23) pos.push_back(p);
-  pos.push_back(static_cast<int64_t>(prompt.size()) - 1);
-  RunResult r;
-  SequenceInput in{.seq = s, .tokens = prompt, .outputs = OutputMode::kPositions, .positions = pos};
-  CISA_RETURN_IF_ERROR(m->forward({&in, 1}, &r.logits));
-  const int V = m->hparams().n_vocab;
-  std::vector<float> last(r.logits.end() - V, r.logits.end());
-  for (int i = 0; i < gen; ++i) {
-    const int32_t next = argmax(last);
-    r.generated.push_back(next);
-    SequenceInput one{.seq = s, .tokens = {&r.generated.back(), 1}};
-    CISA_RETURN_IF_ERROR(m->forward({&one, 1}, &last));
-  }
-  r.stats = m->stats();
-  return r;
-}
+using testing::run;
+using testing::RunResult;
+using testing::tiny_model;
 
 TEST(LayerBudgetsInModel, EachLayerSelectsItsShare) {
-  const std::string path = tiny_model("lb_share.gguf", 7);
+  const std::string path = tiny_model("lb_share.gguf", 7, 4);
   const auto prompt = letters(700, 19);
   // k = 4 over 4 CISA layers: total 16, weights 1 : 3 : 0 : 4 → 2, 6, 0, 8.
   const std::vector<int64_t> want = {2, 6, 0, 8};
@@ -199,7 +159,7 @@ TEST(LayerBudgetsInModel, EachLayerSelectsItsShare) {
 }
 
 TEST(LayerBudgetsInModel, BadWeightsStopTheLoad) {
-  const std::string path = tiny_model("lb_bad.gguf", 8);
+  const std::string path = tiny_model("lb_bad.gguf", 8, 4);
   const auto prompt = letters(40, 3);
   AttentionOptions a = cisa_options(4);
   a.layer_budget_weights = {1, 1, 1};  // 3 weights, 4 layers
@@ -218,7 +178,7 @@ TEST(LayerBudgetsInModel, BadWeightsStopTheLoad) {
 }
 
 TEST(DenseLayersInModel, LayersKeptDenseNeverSelect) {
-  const std::string path = tiny_model("dense_last.gguf", 9);
+  const std::string path = tiny_model("dense_last.gguf", 9, 4);
   const auto prompt = letters(650, 23);
   std::set<int> selecting;
   auto recording = [&](AttentionOptions a) {
@@ -267,7 +227,7 @@ TEST(DenseLayersInModel, LayersKeptDenseNeverSelect) {
 TEST(DenseLayersInModel, ProjectionsOfLayersKeptDenseAreUnused) {
   // An indexer covers every global layer (cisa eval passes all of them to every `cal` config);
   // the layers an option keeps dense leave theirs unused instead of refusing the load.
-  const std::string path = tiny_model("dense_proj.gguf", 11);
+  const std::string path = tiny_model("dense_proj.gguf", 11, 4);
   const auto prompt = letters(500, 29);
   auto projections = [](std::initializer_list<int> layers) {
     std::vector<IndexProjection> out;
@@ -301,7 +261,7 @@ TEST(DenseLayersInModel, ProjectionsOfLayersKeptDenseAreUnused) {
 }
 
 TEST(DenseLayersInModel, BadValuesStopTheLoad) {
-  const std::string path = tiny_model("dense_bad.gguf", 10);
+  const std::string path = tiny_model("dense_bad.gguf", 10, 4);
   const auto prompt = letters(40, 3);
   AttentionOptions a = cisa_options(2);
   a.dense_last_layers = -1;
