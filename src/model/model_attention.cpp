@@ -145,14 +145,19 @@ Status Model::Impl::attention(int layer) {
     // each read their group's list up to c(t) (later pages are masked and skipped).
     const int B = be->cache_config().page_size;
     int64_t dense_pages = 0, read_pages = 0;
+    SequenceTraffic* t = nullptr;  // the current entry's (an entry's groups are adjacent)
+    int32_t t_entry = -1;
     for (const QueryGroup& g : be->plan_groups(slot)) {
       const int64_t dense = pages_read_dense(g, B);
       const int64_t read = cisa ? pages_read(g, B, selection) : dense;
       dense_pages += dense;
       read_pages += read;
-      SequenceTraffic& t = seq_traffic[st.batch[static_cast<size_t>(g.entry)].seq];
-      t.global_pages_dense += dense * Hkv;
-      t.global_pages_read += read * Hkv;
+      if (g.entry != t_entry) {
+        t = &seq_traffic[st.batch[static_cast<size_t>(g.entry)].seq];
+        t_entry = g.entry;
+      }
+      t->global_pages_dense += dense * Hkv;
+      t->global_pages_read += read * Hkv;
     }
     stats.global_pages_dense += dense_pages * Hkv;
     stats.global_pages_read += read_pages * Hkv;
