@@ -12,9 +12,13 @@
 #   OUT=/tmp/out bash scripts/gpu_model_session.sh graphs   # step graphs: build what they need,
 #       their GPU test, then the two goal rows (16 x 128K, 2 x 1M) and B = 1 at 1K with
 #       --cuda-graphs on and off (same binary, same call), then the other CUDA backend tests
+#   OUT=/tmp/out bash scripts/gpu_model_session.sh profile  # build cisa (and PROFILE_TARGETS,
+#       tests that are then run); per row (16 x 128K, 2 x 1M, 1 x 1K): the bench with graphs on,
+#       then ncu kernel times of one dense and one CISA decode step (--profile-step 2, graphs
+#       off; NO_NCU=1 skips it) summed by bench/python/ncu_step_summary.py
 #   python3 bench/python/plot_model_throughput.py $OUT -o throughput.png
 #
-# Modes: build, tests (build + tests), bench, anchor, graphs, all (everything; needs DEADLINE_S
+# Modes: build, tests (build + tests), bench, anchor, graphs, profile, all (everything; needs DEADLINE_S
 # raised).
 # Environment: CISA_COMMIT (recorded in every JSON; default git rev-parse, which on the device machine
 # can name the session's starting commit rather than the tree sent: pass it), MODEL (default
@@ -23,7 +27,7 @@
 # ncu kernel times of a 16 x 128K CISA run).
 set -uo pipefail
 mode=${1:-all}
-case "$mode" in all | build | tests | bench | anchor | graphs) ;; *) echo "gpu_model_session.sh: unknown mode '$mode' (all, build, tests, bench, anchor, graphs)" >&2; exit 2 ;; esac
+case "$mode" in all | build | tests | bench | anchor | graphs | profile) ;; *) echo "gpu_model_session.sh: unknown mode '$mode' (all, build, tests, bench, anchor, graphs, profile)" >&2; exit 2 ;; esac
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,7 +64,7 @@ if [ "$mode" = all ] || [ "$mode" = build ] || [ "$mode" = tests ]; then
     if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
   fi
 fi
-if [ "$mode" != anchor ] && [ "$mode" != graphs ]; then
+if [ "$mode" != anchor ] && [ "$mode" != graphs ] && [ "$mode" != profile ]; then
   [ -x "$cisa" ] || { log "no $cisa: run the build stage first"; exit 1; }
 fi
 
@@ -190,5 +194,74 @@ EOF
   fi
   # A device call brings back at most 8 files: everything of this mode in one archive.
   (cd "$OUT" && tar czf /tmp/graphs_all.tgz . && rm -f ./*.json ./*.log ./*.gz && mv /tmp/graphs_all.tgz .)
+fi
+# ---- profile: where a decode step's device time goes, kernel by kernel ----------------------------
+if [ "$mode" = profile ]; then
+  if [ -z "${SKIP_BUILD:-}" ]; then
+    log "configure + build (cisa${PROFILE_TARGETS:+ $PROFILE_TARGETS})"
+    bounded 360 bash -c "cmake --preset cuda -DCISA_BUILD_BENCH=OFF >/dev/null && cmake --build build/cuda -j16 --target cisa ${PROFILE_TARGETS:-}" \
+      >"$OUT/build.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/build.log"
+    if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
+  fi
+  # AB_SRC=tree.tgz (e.g. `git archive --format=tar.gz BASE`): that tree's cisa is built too, and
+  # every row's bench runs with it right after ours (bench_base_*.json), in the same call.
+  base_cisa=
+  if [ -n "${AB_SRC:-}" ]; then
+    log "configure + build the base tree's cisa ($AB_SRC)"
+    rm -rf /tmp/ab_base && mkdir -p /tmp/ab_base && tar xzf "$AB_SRC" -C /tmp/ab_base
+    [ -d .devdeps ] && cp -r .devdeps /tmp/ab_base/
+    if bounded 300 bash -c "cd /tmp/ab_base && cmake --preset cuda -DCISA_BUILD_BENCH=OFF -DCISA_BUILD_TESTS=OFF >/dev/null && cmake --build build/cuda -j16 --target cisa" >"$OUT/build_base.log" 2>&1; then
+      base_cisa=/tmp/ab_base/build/cuda/cisa
+    else
+      log "base build failed"; tail -5 "$OUT/build_base.log"
+    fi
+  fi
+  for t in ${PROFILE_TARGETS:-}; do
+    log "test $t"
+    bounded 120 "build/cuda/tests/$t" >>"$OUT/gpu_tests.log" 2>&1
+    log "$t rc=$? $(grep -E "PASSED|FAILED" "$OUT/gpu_tests.log" | tail -1)"
+  done
+  # name batch context budget window
+  pgrid=(
+    "b16_l128k  16  131072 1024 128"
+    "b2_l1m      2 1048576 4096 128"
+    "b1_l1k      1    1024 1024 128"
+  )
+  for row in "${pgrid[@]}"; do
+    read -r name B L K W <<<"$row"
+    if [ -n "${GRID:-}" ] && [[ " $GRID " != *" $name "* ]]; then continue; fi
+    args=(bench model --synthetic "$MODEL" --backend cuda --attention cisa --batch "$B" --context "$L"
+          --fill random --budget "$K" --window "$W")
+    log "bench $name (graphs on, $TOKENS tokens)"
+    bounded 150 "$cisa" "${args[@]}" --tokens "$TOKENS" --json >"$OUT/bench_${name}.json" 2>"$OUT/bench_${name}.log"
+    log "bench $name rc=$?"
+    if [ -n "$base_cisa" ]; then
+      log "bench $name with the base tree's cisa"
+      bounded 150 "$base_cisa" "${args[@]}" --tokens "$TOKENS" --json >"$OUT/bench_base_${name}.json" 2>"$OUT/bench_base_${name}.log"
+      log "bench base $name rc=$?"
+    fi
+    for f in "$OUT/bench_${name}.json" "$OUT/bench_base_${name}.json"; do
+      [ -f "$f" ] || continue
+      echo "  $(basename "$f"):" | tee -a "$OUT/session.log"
+      python3 - "$f" <<'EOF' 2>/dev/null | tee -a "$OUT/session.log"
+import json, sys
+j = json.load(open(sys.argv[1]))
+for m, r in j["runs"].items():
+    print(f"  {m:6s} step {r['decode_step_ms_median']:.2f} ms, floor {r['roofline']['floor_ms']:.2f} ms")
+if "cisa_vs_dense" in j: print("  cisa/dense decode %.2fx" % j["cisa_vs_dense"]["decode_speedup"])
+EOF
+    done
+    [ -n "${NO_NCU:-}" ] && continue
+    log "ncu $name (step 2 of 4, graphs off)"
+    bounded 200 ncu --profile-from-start off --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv "$cisa" "${args[@]}" --tokens 4 --cuda-graphs off \
+      --profile-step 2 >"$OUT/ncu_${name}.csv" 2>"$OUT/ncu_${name}.log"
+    log "ncu $name rc=$? $(wc -l <"$OUT/ncu_${name}.csv") lines"
+    python3 bench/python/ncu_step_summary.py "$OUT/ncu_${name}.csv" --labels dense,cisa \
+      --json "$OUT/ncu_${name}_summary.json" 2>&1 | tee "$OUT/ncu_${name}_summary.txt"
+  done
+  (cd "$OUT" && tar czf /tmp/profile_all.tgz . && rm -f ./*.json ./*.log ./*.csv ./*.txt && mv /tmp/profile_all.tgz .)
 fi
 log "done"

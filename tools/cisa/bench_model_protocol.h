@@ -26,7 +26,8 @@ struct ProtocolArgs {
   std::string text_path;         // GGUF models: the prompts' text (default: the repository's docs)
   int64_t bandwidth_mib = 2048;  // copy-bandwidth buffers
   bool json = false;
-  std::string command;  // the command line, for the JSON
+  int64_t profile_step = -1;  // CUDA: decode step (0-based) bracketed by profiler start/stop
+  std::string command;        // the command line, for the JSON
 };
 
 int bench_model_protocol(const ProtocolArgs& a);

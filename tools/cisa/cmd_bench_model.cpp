@@ -186,6 +186,9 @@ int bench_model(int argc, char** argv) {
       "fixed-output protocol, GGUF models: prompt text file (default: the repository's docs)");
   p.add_int("--bandwidth-mib", &proto.bandwidth_mib,
             "fixed-output protocol: copy-bandwidth buffer size in MiB (default 2048)");
+  p.add_int("--profile-step", &proto.profile_step,
+            "fixed-output protocol, --backend cuda: profile only decode step N (0-based) of each "
+            "run, for `ncu --profile-from-start off` (docs/bench-model.md)");
   p.add_flag("--json", &json, "print one JSON document");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
   if (context < 1) return fail("--context must be >= 1");
@@ -216,7 +219,7 @@ int bench_model(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) proto.command += std::string(" ") + argv[i];
     return bench_model_protocol(proto);
   }
-  for (const char* o : {"--seed", "--text", "--bandwidth-mib"})
+  for (const char* o : {"--seed", "--text", "--bandwidth-mib", "--profile-step"})
     if (p.given(o))
       return fail(std::string(o) + " belongs to the fixed-output protocol (give --batch/--tokens)");
   if (n_decode < 1) return fail("--decode must be >= 1");

@@ -203,8 +203,15 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   std::vector<int32_t> greedy(B);
   for (int64_t i = 0; i < steps; ++i) {
     for (size_t b = 0; b < B; ++b) in[b] = {.seq = seqs[b], .tokens = {&next[b], 1}};
+    [[maybe_unused]] const bool profiled = i == a.profile_step;
+#ifdef CISA_WITH_CUDA_MODEL
+    if (profiled) CISA_RETURN_IF_ERROR(cuda::set_profiler_capture(true));
+#endif
     const Stopwatch clock;
     CISA_RETURN_IF_ERROR(m.forward(in, ForwardOutputs{.argmax = &greedy}));  // EOS never checked
+#ifdef CISA_WITH_CUDA_MODEL
+    if (profiled) CISA_RETURN_IF_ERROR(cuda::set_profiler_capture(false));
+#endif
     next.swap(greedy);
     out->step_s.push_back(clock.seconds());
     pr.update(i + 1, steps, "steps");
@@ -229,6 +236,13 @@ int bench_model_protocol(const ProtocolArgs& a) {
   if (a.tokens < 1) return fail("--tokens must be >= 1");
   if (a.fill != "prompt" && a.fill != "random") return fail("--fill must be prompt or random");
   if (a.context < 1) return fail("--context must be >= 1");
+  if (a.profile_step >= 0 && a.mo.backend != "cuda")
+    return fail("--profile-step needs --backend cuda");
+  // Decode steps: T with random K/V, T - 1 after a prefill (which made the first token).
+  const int64_t decode_steps = a.fill == "random" ? a.tokens : a.tokens - 1;
+  if (a.profile_step < -1 || a.profile_step >= decode_steps)
+    return fail("--profile-step must be a decode step in [0, " + std::to_string(decode_steps) +
+                ") (--tokens with --fill random, --tokens - 1 after a prefill)");
   ModelCliOptions mo = a.mo;
   ModelHparams hp;
   std::vector<IndexProjection> index;

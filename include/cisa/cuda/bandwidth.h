@@ -45,4 +45,10 @@ struct DeviceFacts {
 };
 Result<DeviceFacts> device_facts(int device = 0);
 
+// Starts (on = true) or stops the profiler's capture (cudaProfilerStart/Stop): under
+// `ncu --profile-from-start off` only the kernels between the two are profiled, as
+// `cisa bench model --profile-step N` does around one decode step. Errors: kUnavailable without a
+// usable device.
+Status set_profiler_capture(bool on);
+
 }  // namespace cisa::cuda

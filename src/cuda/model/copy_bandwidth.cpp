@@ -1,4 +1,5 @@
 // Device-to-device copy bandwidth and device facts (see cisa/cuda/bandwidth.h).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -99,6 +100,11 @@ Result<DeviceFacts> device_facts(int device) {
   CISA_RETURN_IF_ERROR(check(cudaDriverGetVersion(&f.driver_api), "cudaDriverGetVersion"));
   CISA_RETURN_IF_ERROR(check(cudaRuntimeGetVersion(&f.runtime_api), "cudaRuntimeGetVersion"));
   return f;
+}
+
+Status set_profiler_capture(bool on) {
+  return check(on ? cudaProfilerStart() : cudaProfilerStop(),
+               on ? "cudaProfilerStart" : "cudaProfilerStop");
 }
 
 }  // namespace cisa::cuda
