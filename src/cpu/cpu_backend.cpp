@@ -405,6 +405,59 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+Result<std::vector<BackendMatrix>> Backend::bind_matrices(std::span<const WeightView> ws) {
+  std::vector<BackendMatrix> out;
+  for (const WeightView& w : ws) {
+    CISA_ASSIGN_OR_RETURN(BackendMatrix m, bind_matrix(w));
+    out.push_back(m);
+  }
+  return out;
+}
+
+Result<std::vector<BackendMatrix>> Backend::random_matrices(std::span<const int64_t> rows,
+                                                            int64_t cols, uint64_t first_seed,
+                                                            float scale) {
+  std::vector<BackendMatrix> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CISA_ASSIGN_OR_RETURN(BackendMatrix m, random_matrix(rows[i], cols, first_seed + i, scale));
+    out.push_back(m);
+  }
+  return out;
+}
+
+Status Backend::matmul_many(std::span<const BackendMatrix> ws, const float* x,
+                            std::span<float* const> ys, int64_t rows) {
+  if (ws.size() != ys.size())
+    return invalid_argument("matmul_many: " + std::to_string(ws.size()) + " matrices but " +
+                            std::to_string(ys.size()) + " outputs");
+  for (size_t i = 0; i < ws.size(); ++i) CISA_RETURN_IF_ERROR(matmul(ws[i], x, ys[i], rows));
+  return Status::Ok();
+}
+
+Status Backend::rope_many(std::span<float* const> xs, std::span<const int> heads, int64_t rows,
+                          int d, const float* cos, const float* sin, RopeStyle style) {
+  if (xs.size() != heads.size())
+    return invalid_argument("rope_many: " + std::to_string(xs.size()) + " tensors but " +
+                            std::to_string(heads.size()) + " head counts");
+  for (size_t i = 0; i < xs.size(); ++i)
+    CISA_RETURN_IF_ERROR(rope(xs[i], rows, heads[i], d, cos, sin, style));
+  return Status::Ok();
+}
+
+Status Backend::gated_matmul(const BackendMatrix& gate, const BackendMatrix& up, Activation act,
+                             const float* x, float* out, float* up_scratch, int64_t rows) {
+  const BackendMatrix ws[2] = {gate, up};
+  float* const ys[2] = {out, up_scratch};
+  CISA_RETURN_IF_ERROR(matmul_many(ws, x, ys, rows));
+  return gated_activation(act, out, up_scratch, out, rows, gate.n_rows);
+}
+
+Status Backend::add_rms_norm(float* x, const float* o, const float* w, float* xn, int64_t rows,
+                             int n, float eps) {
+  CISA_RETURN_IF_ERROR(add(x, o, rows * n));
+  return rms_norm(x, w, xn, rows, n, eps);
+}
+
 Status Backend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) {
   if (rows < 0 || n < 0) return invalid_argument("argmax_rows: negative rows or width");
   if (rows == 0) return Status::Ok();

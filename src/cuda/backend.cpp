@@ -438,6 +438,9 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
                   std::span<const BatchEntry> batch, int hq, const PlanOptions& options,
                   Plan* plan) {
   if (!plan) return invalid_argument("cuda: null plan");
+  if (options.topk_cluster_min_scores < -1)
+    return invalid_argument("cuda: PlanOptions::topk_cluster_min_scores must be >= -1 (got " +
+                            std::to_string(options.topk_cluster_min_scores) + ")");
   if (options.blocks_per_sm < 0 || options.blocks_per_sm > 1024)
     return invalid_argument("cuda: PlanOptions::blocks_per_sm must be in [0, 1024] (got " +
                             std::to_string(options.blocks_per_sm) + ")");
@@ -567,9 +570,12 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
       CISA_RETURN_IF_ERROR(
-          cuda_status(detail::launch_topk(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                          P.d_scores.as<float>(), P.block_pages,
-                                          P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+          cuda_status(detail::launch_topk(
+                          P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.max_score_span,
+                          P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
+                                                                : P.options.topk_cluster_min_scores,
+                          P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
+                          P.d_chunks.as<int32_t>(), s),
                       "cuda: top-k"));
       return cuda_status(
           detail::launch_build_unions(
@@ -656,6 +662,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.wgmma},
                           static_cast<int64_t>(P.options.attention_kernel),
                           int64_t{P.options.ws_copy_warps},
+                          int64_t{P.options.topk_cluster_min_scores},
                           int64_t{P.lists.empty() ? 0 : P.lists[0].window}})
     mix(static_cast<uint64_t>(v));
   for (const void* p : std::initializer_list<const void*>{

@@ -120,6 +120,11 @@ constexpr int kTopkCluster = 8;
 // from 1.14 to 1.96 ms (2,048 lists) and 0.15 to 0.25 ms (256 lists): clusters only up to 64
 // lists (512 blocks); beyond, one block of kTopkThreads per list.
 constexpr int kTopkClusterMaxLists = 64;
+// Short lists keep one block each too: with 8,192 scores per list (16 x 128K decode, 64 lists) a
+// cluster block's slice is 1,024 scores, 2 per thread, and the passes are bound by the cluster
+// barriers (47 µs per layer measured with ncu, 2026-12-02), where one 1,024-thread block sweeps
+// its list in one load per pass. Clusters from this many scores of the longest list on.
+constexpr int kTopkClusterMinScores = 16384;
 constexpr int kTopkThreads = 1024;
 
 // ---- KV-outer unions (unions.cu) ----

@@ -197,11 +197,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                        const float* scores, const int32_t* block_pages, int32_t* pages,
-                        int32_t* chunks, cudaStream_t stream) {
+                        int64_t max_scores, int64_t cluster_min_scores, const float* scores,
+                        const int32_t* block_pages, int32_t* pages, int32_t* chunks,
+                        cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   constexpr int C = tiles::kTopkCluster;
-  if (num_sel <= tiles::kTopkClusterMaxLists)
+  if (num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores)
     topk_kernel<C, tiles::kTopkClusterThreads>
         <<<static_cast<unsigned>(num_sel * C), tiles::kTopkClusterThreads, 0, stream>>>(
             lists, sel_lists, scores, block_pages, pages, chunks);

@@ -11,8 +11,12 @@
 
 namespace cisa::cuda::detail {
 
+// A cluster of blocks per list when there are at most kTopkClusterMaxLists lists and the longest
+// eligible range of a selecting list is at least cluster_min_scores (max_scores: the plan's bound
+// on it); else one block per list.
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                        const float* scores, const int32_t* block_pages, int32_t* pages,
-                        int32_t* chunks, cudaStream_t stream);
+                        int64_t max_scores, int64_t cluster_min_scores, const float* scores,
+                        const int32_t* block_pages, int32_t* pages, int32_t* chunks,
+                        cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

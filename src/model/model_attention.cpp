@@ -53,9 +53,9 @@ Status Model::Impl::attention(int layer) {
   float* const iq = st.index_q->f32();
   const float* const xn = st.xn->f32();
 
-  CISA_RETURN_IF_ERROR(be->matmul(L.wq, xn, q, rows));
-  CISA_RETURN_IF_ERROR(be->matmul(L.wk, xn, k, rows));
-  CISA_RETURN_IF_ERROR(be->matmul(L.wv, xn, v, rows));
+  const BackendMatrix qkv_w[3] = {L.wq, L.wk, L.wv};
+  float* const qkv_y[3] = {q, k, v};
+  CISA_RETURN_IF_ERROR(be->matmul_many(qkv_w, xn, qkv_y, rows));
 
   // CISA index queries, before the model's query post-processing: a supplied projection W̃ x,
   // or the mean of the group's projected query heads (= (mean of their W_q rows) x).
@@ -75,13 +75,14 @@ Status Model::Impl::attention(int layer) {
   if (hp.qk_norm) {
     CISA_RETURN_IF_ERROR(be->rms_norm(q, L.q_norm, q, rows * Hq, d, hp.rms_eps));
     CISA_RETURN_IF_ERROR(be->rms_norm(k, L.k_norm, k, rows * Hkv, d, hp.rms_eps));
+    if (want_index) CISA_RETURN_IF_ERROR(be->rms_norm(iq, L.q_norm, iq, rows * Hkv, d, hp.rms_eps));
   }
-  CISA_RETURN_IF_ERROR(be->rope(q, rows, Hq, d, cs, sn, hp.rope_style));
-  CISA_RETURN_IF_ERROR(be->rope(k, rows, Hkv, d, cs, sn, hp.rope_style));
-  if (want_index) {
-    if (hp.qk_norm) CISA_RETURN_IF_ERROR(be->rms_norm(iq, L.q_norm, iq, rows * Hkv, d, hp.rms_eps));
-    CISA_RETURN_IF_ERROR(be->rope(iq, rows, Hkv, d, cs, sn, hp.rope_style));
-  }
+  // One rotation of q, k and the index queries (the same positions).
+  float* const rotated[3] = {q, k, iq};
+  const int rotated_heads[3] = {Hq, Hkv, Hkv};
+  const size_t n_rotated = want_index ? 3 : 2;
+  CISA_RETURN_IF_ERROR(be->rope_many({rotated, n_rotated}, {rotated_heads, n_rotated}, rows, d, cs,
+                                     sn, hp.rope_style));
   if (opt.round_kv_f16) {
     // llama.cpp's default cache holds K and V in f16, and its q·k product rounds the queries to
     // f16 as well; rounding the same values here reproduces those numerics (conformance tests).
@@ -173,10 +174,8 @@ Status Model::Impl::mlp(int layer) {
   const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
   const int64_t rows = st.rows;
   float* const gate = st.gate->f32();
-  CISA_RETURN_IF_ERROR(be->matmul(L.gate, st.xn->f32(), gate, rows));
-  CISA_RETURN_IF_ERROR(be->matmul(L.up, st.xn->f32(), st.up->f32(), rows));
   CISA_RETURN_IF_ERROR(
-      be->gated_activation(hp.activation, gate, st.up->f32(), gate, rows, hp.n_ff));
+      be->gated_matmul(L.gate, L.up, hp.activation, st.xn->f32(), gate, st.up->f32(), rows));
   return be->matmul(L.down, gate, st.o->f32(), rows);
 }
 

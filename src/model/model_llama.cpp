@@ -13,8 +13,7 @@ Status Model::Impl::layer_llama(int layer) {
   float* const xn = st.xn->f32();
   CISA_RETURN_IF_ERROR(be->rms_norm(x, L.attn_norm, xn, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(attention(layer));
-  CISA_RETURN_IF_ERROR(be->add(x, st.o->f32(), rows * E));
-  CISA_RETURN_IF_ERROR(be->rms_norm(x, L.ffn_norm, xn, rows, E, hp.rms_eps));
+  CISA_RETURN_IF_ERROR(be->add_rms_norm(x, st.o->f32(), L.ffn_norm, xn, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(mlp(layer));
   return be->add(x, st.o->f32(), rows * E);
 }

@@ -89,13 +89,21 @@ Result<ModelWeights> random_weights(const ModelHparams& hp, Backend& be) {
   }
   CISA_ASSIGN_OR_RETURN(w.output_norm, be.bind_vector(ones_e));
   w.layers.resize(static_cast<size_t>(hp.n_layer));
+  // q/k/v and gate/up bound together (Backend::random_matrices: the same seeds and values).
+  auto matrices = [&](std::vector<int64_t> rows, int64_t cols) {
+    const uint64_t first = seed;
+    seed += rows.size();
+    return be.random_matrices(rows, cols, first, kWeightStd);
+  };
   for (LayerWeights& L : w.layers) {
-    CISA_ASSIGN_OR_RETURN(L.wq, matrix(Dq, E));
-    CISA_ASSIGN_OR_RETURN(L.wk, matrix(Dkv, E));
-    CISA_ASSIGN_OR_RETURN(L.wv, matrix(Dkv, E));
+    CISA_ASSIGN_OR_RETURN(std::vector<BackendMatrix> qkv, matrices({Dq, Dkv, Dkv}, E));
+    L.wq = qkv[0];
+    L.wk = qkv[1];
+    L.wv = qkv[2];
     CISA_ASSIGN_OR_RETURN(L.wo, matrix(E, Dq));
-    CISA_ASSIGN_OR_RETURN(L.gate, matrix(F, E));
-    CISA_ASSIGN_OR_RETURN(L.up, matrix(F, E));
+    CISA_ASSIGN_OR_RETURN(std::vector<BackendMatrix> gu, matrices({F, F}, E));
+    L.gate = gu[0];
+    L.up = gu[1];
     CISA_ASSIGN_OR_RETURN(L.down, matrix(E, F));
     CISA_ASSIGN_OR_RETURN(L.attn_norm, be.bind_vector(ones_e));
     CISA_ASSIGN_OR_RETURN(L.ffn_norm, be.bind_vector(ones_e));

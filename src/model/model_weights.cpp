@@ -78,12 +78,22 @@ Result<ModelWeights> bind_weights(const GgufFile& f, const ModelHparams& hp, boo
   for (int l = 0; l < hp.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    CISA_ASSIGN_OR_RETURN(L.wq, matrix(f, p + "attn_q.weight", E, Dq, st, be));
-    CISA_ASSIGN_OR_RETURN(L.wk, matrix(f, p + "attn_k.weight", E, Dkv, st, be));
-    CISA_ASSIGN_OR_RETURN(L.wv, matrix(f, p + "attn_v.weight", E, Dkv, st, be));
+    // q/k/v and gate/up multiply one input each: bound together (Backend::bind_matrices).
+    CISA_ASSIGN_OR_RETURN(const WeightView vq, matrix_view(f, p + "attn_q.weight", E, Dq, st));
+    CISA_ASSIGN_OR_RETURN(const WeightView vk, matrix_view(f, p + "attn_k.weight", E, Dkv, st));
+    CISA_ASSIGN_OR_RETURN(const WeightView vv, matrix_view(f, p + "attn_v.weight", E, Dkv, st));
+    CISA_ASSIGN_OR_RETURN(std::vector<BackendMatrix> qkv,
+                          be.bind_matrices(std::vector<WeightView>{vq, vk, vv}));
+    L.wq = qkv[0];
+    L.wk = qkv[1];
+    L.wv = qkv[2];
     CISA_ASSIGN_OR_RETURN(L.wo, matrix(f, p + "attn_output.weight", Dq, E, st, be));
-    CISA_ASSIGN_OR_RETURN(L.gate, matrix(f, p + "ffn_gate.weight", E, F, st, be));
-    CISA_ASSIGN_OR_RETURN(L.up, matrix(f, p + "ffn_up.weight", E, F, st, be));
+    CISA_ASSIGN_OR_RETURN(const WeightView vg, matrix_view(f, p + "ffn_gate.weight", E, F, st));
+    CISA_ASSIGN_OR_RETURN(const WeightView vu, matrix_view(f, p + "ffn_up.weight", E, F, st));
+    CISA_ASSIGN_OR_RETURN(std::vector<BackendMatrix> gu,
+                          be.bind_matrices(std::vector<WeightView>{vg, vu}));
+    L.gate = gu[0];
+    L.up = gu[1];
     CISA_ASSIGN_OR_RETURN(L.down, matrix(f, p + "ffn_down.weight", F, E, st, be));
     CISA_ASSIGN_OR_RETURN(L.attn_norm, vec(f, p + "attn_norm.weight", E, be));
     CISA_ASSIGN_OR_RETURN(L.ffn_norm, vec(f, p + "ffn_norm.weight", E, be));

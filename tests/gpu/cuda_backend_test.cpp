@@ -144,6 +144,23 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
                      .tol = [](size_t, float want) { return 1e-5 * std::fabs(want) + 1e-6; }});
   }
 
+  // add_rms_norm, with rows of both kernels (warp: n ≤ 1024, block above): x += o, written back
+  // (exact on both), then xn = rms_norm(x) (as rms_norm).
+  for (int n : {640, 3584}) {
+    const int rows = 5;
+    std::vector<float> init = random_vec(rng, rows * n, 3.0f);
+    init.resize(static_cast<size_t>(2 * rows * n), std::nanf(""));
+    cases.push_back({.name = "add_rms_norm n=" + std::to_string(n),
+                     .inputs = {random_vec(rng, rows * n), random_vec(rng, n)},
+                     .out_init = init,
+                     .run =
+                         [=](Backend& be, const std::vector<float*>& in, float* out) {
+                           return be.add_rms_norm(out, in[0], in[1], out + rows * n, rows, n,
+                                                  1e-6f);
+                         },
+                     .tol = [](size_t, float want) { return 1e-5 * std::fabs(want) + 1e-6; }});
+  }
+
   // rope, both pairings: the same fma and product as the CPU (bit-identical by design).
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kNorm}) {
     const int rows = 6, heads = 3, d = 64;
@@ -161,6 +178,29 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
          .run = [=](Backend& be, const std::vector<float*>& in,
                     float* out) { return be.rope(out, rows, heads, d, in[0], in[1], style); },
          .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
+  }
+
+  // rope_many: q, k and index queries of different head counts in one call (one launch on the
+  // GPU, one rope() each on the CPU), the same arithmetic as rope.
+  {
+    const int rows = 5, d = 32;
+    std::vector<float> cs, sn;
+    std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
+    for (int i = 0; i < rows * d / 2; ++i) {
+      const float a = angle(rng);
+      cs.push_back(std::cos(a));
+      sn.push_back(std::sin(a));
+    }
+    cases.push_back({.name = "rope_many",
+                     .inputs = {cs, sn},
+                     .out_init = random_vec(rng, rows * (6 + 2 + 2) * d),
+                     .run =
+                         [=](Backend& be, const std::vector<float*>& in, float* out) {
+                           float* const xs[3] = {out, out + rows * 6 * d, out + rows * 8 * d};
+                           const int heads[3] = {6, 2, 2};
+                           return be.rope_many(xs, heads, rows, d, in[0], in[1], RopeStyle::kNeox);
+                         },
+                     .tol = [](size_t, float want) { return 1e-6 * std::fabs(want) + 1e-7; }});
   }
 
   // Gated activations. GELU: the GPU's exact tanh form vs the CPU's f16 table (x rounded to f16,
@@ -245,6 +285,111 @@ TEST(CudaBackendOps, RandomMatrixMatchesTheCpuBackend) {
   for (float v : got[1]) s2 += static_cast<double>(v) * v;
   EXPECT_NEAR(std::sqrt(s2 / static_cast<double>(got[1].size())), 0.25, 0.03)
       << "standard deviation";
+}
+
+// Matrices bound together (q/k/v, gate/up) and multiplied by matmul_many: one GEMM over the
+// stack on the GPU, one product each on the CPU; the values of random_matrices are those of
+// random_matrix with consecutive seeds.
+TEST(CudaBackendOps, StackedMatricesMatchTheCpuBackend) {
+  CISA_REQUIRE_GPU();
+  BackendPair b = make_backend_pair();
+  ASSERT_TRUE(b.gpu);
+  std::mt19937 rng(11);
+  const int64_t k = 160, rows = 5;
+  const std::vector<int64_t> ns = {96, 32, 32};
+  std::vector<HostMatrix> w;
+  std::vector<WeightView> views;
+  for (int64_t n : ns) w.push_back(make_f32(rng, n, k));
+  for (const HostMatrix& m : w) views.push_back(m.view());
+  const auto x = random_vec(rng, static_cast<size_t>(rows * k));
+  std::vector<float> got[2][3];
+  Backend* bes[2] = {b.cpu.get(), b.gpu.get()};
+  for (int j = 0; j < 2; ++j) {
+    auto ms = bes[j]->bind_matrices(views);
+    ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+    ASSERT_EQ(ms->size(), 3u);
+    auto xb = upload_f32(*bes[j], x);
+    std::vector<std::unique_ptr<BackendBuffer>> ys;
+    std::vector<float*> yp;
+    for (int64_t n : ns) {
+      ys.push_back(upload_f32(*bes[j], std::vector<float>(static_cast<size_t>(rows * n), NAN)));
+      yp.push_back(ys.back()->f32());
+    }
+    ASSERT_TRUE(bes[j]->matmul_many(*ms, xb->f32(), yp, rows).ok());
+    for (size_t i = 0; i < ns.size(); ++i) got[j][i] = download_f32(*bes[j], *ys[i], rows * ns[i]);
+  }
+  for (size_t i = 0; i < ns.size(); ++i) {
+    SCOPED_TRACE("matrix " + std::to_string(i));
+    // Bound of the bf16 GPU product, as for matmul above: 2^-7 of Σ|w x| per output.
+    std::vector<double> bound;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < ns[i]; ++o) {
+        double abs_sum = 0;
+        for (int64_t c = 0; c < k; ++c)
+          abs_sum += std::fabs(static_cast<double>(w[i].values[static_cast<size_t>(o * k + c)]) *
+                               x[static_cast<size_t>(r * k + c)]);
+        bound.push_back(std::ldexp(abs_sum, -7) + 1e-6);
+      }
+    expect_within(got[0][i], got[1][i], [&](size_t e, float) { return bound[e]; });
+  }
+
+  // gated_matmul over a stacked gate/up (one GEMM and the activation reading its columns on the
+  // GPU; matmul_many and gated_activation on the CPU). SiLU: |Δ out| ≤ 1.1 |Δg| |u| + |silu(g)|
+  // |Δu| with the products' bounds Δ.
+  {
+    const int64_t f = 64;
+    std::vector<HostMatrix> gu = {make_f32(rng, f, k), make_f32(rng, f, k)};
+    const std::vector<WeightView> gv = {gu[0].view(), gu[1].view()};
+    std::vector<float> out[2], upv;
+    for (int j = 0; j < 2; ++j) {
+      auto ms = bes[j]->bind_matrices(gv);
+      ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+      auto xb = upload_f32(*bes[j], x);
+      auto o = upload_f32(*bes[j], std::vector<float>(static_cast<size_t>(rows * f), NAN));
+      auto u = upload_f32(*bes[j], std::vector<float>(static_cast<size_t>(rows * f), NAN));
+      ASSERT_TRUE(bes[j]
+                      ->gated_matmul((*ms)[0], (*ms)[1], Activation::kSilu, xb->f32(), o->f32(),
+                                     u->f32(), rows)
+                      .ok());
+      out[j] = download_f32(*bes[j], *o, rows * f);
+      if (j == 0) upv = download_f32(*bes[j], *u, rows * f);
+    }
+    std::vector<double> tol;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < f; ++o) {
+        double dg = 0, du = 0, g = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          const double xv = x[static_cast<size_t>(r * k + c)];
+          dg += std::fabs(gu[0].values[static_cast<size_t>(o * k + c)] * xv);
+          du += std::fabs(gu[1].values[static_cast<size_t>(o * k + c)] * xv);
+          g += gu[0].values[static_cast<size_t>(o * k + c)] * xv;
+        }
+        const double silu = g / (1 + std::exp(-g)), uv = upv[static_cast<size_t>(r * f + o)];
+        tol.push_back(1.1 * std::ldexp(dg, -7) * (std::fabs(uv) + std::ldexp(du, -7)) +
+                      std::fabs(silu) * std::ldexp(du, -7) + 1e-5);
+      }
+    expect_within(out[0], out[1], [&](size_t e, float) { return tol[e]; });
+  }
+
+  // random_matrices on the GPU: each matrix exactly random_matrix's with its seed.
+  const std::vector<int64_t> rn = {48, 16};
+  auto stacked = b.gpu->random_matrices(rn, 32, 99, 0.25f);
+  ASSERT_TRUE(stacked.ok()) << stacked.status().to_string();
+  std::vector<float> eye(32 * 32, 0.0f);
+  for (int i = 0; i < 32; ++i) eye[static_cast<size_t>(i * 32 + i)] = 1.0f;
+  auto xe = upload_f32(*b.gpu, eye);
+  for (size_t i = 0; i < rn.size(); ++i) {
+    auto alone = b.gpu->random_matrix(rn[i], 32, 99 + i, 0.25f);
+    ASSERT_TRUE(alone.ok());
+    std::vector<float> v[2];
+    const BackendMatrix m[2] = {(*stacked)[i], *alone};
+    for (int j = 0; j < 2; ++j) {
+      auto y = upload_f32(*b.gpu, std::vector<float>(static_cast<size_t>(32 * rn[i]), NAN));
+      ASSERT_TRUE(b.gpu->matmul(m[j], xe->f32(), y->f32(), 32, 0).ok());
+      v[j] = download_f32(*b.gpu, *y, 32 * rn[i]);
+    }
+    EXPECT_EQ(v[0], v[1]) << "matrix " << i;
+  }
 }
 
 // Bad input gives a clear Status, and the backend stays usable.

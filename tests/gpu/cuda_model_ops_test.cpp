@@ -17,6 +17,7 @@
 #include "gpu/gpu_test_util.h"
 #include "model/model_ops.h"
 #include "model_ops.cuh"
+#include "skinny_gemm.cuh"
 #include "test_util.h"
 
 namespace cisa::test {
@@ -474,6 +475,79 @@ TEST(CudaGemm, MatchesFp64Product) {
   EXPECT_EQ(gemm->run(w.data(), 0, 40, x.data(), 1, y.data(), 24, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(gemm->run(w.data(), 24, 40, x.data(), 0, y.data(), 24, nullptr).ok());
+}
+
+// The few-row kernel (skinny_gemm.cuh) directly, at every K split it may be given: against fp64
+// element by element, the padding of a wider y untouched, and the split-K sum deterministic (two
+// runs bit-identical; the counters are left at zero, so a second run sums the same way).
+TEST(CudaSkinnyGemm, MatchesFp64AtEverySplit) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  struct Shape {
+    int64_t n, k, pad;
+  };
+  DevVec<float> ws(1 << 22);
+  DevVec<int> counters(4096);
+  CUDA_OK(cudaMemset(counters.data(), 0, 4096 * sizeof(int)));
+  for (Shape s : {Shape{64, 32, 0}, Shape{192, 640, 3}, Shape{1024, 3584, 0}}) {
+    const auto w = to_bf16(random_vec(rng, static_cast<size_t>(s.n * s.k), 0.05f));
+    DevVec<uint16_t> dw;
+    dw.upload(w);
+    const int64_t steps = s.k / 32;
+    for (int64_t rows : {1, 5, 8, 9, 16}) {
+      const auto x = to_bf16(random_vec(rng, static_cast<size_t>(rows * s.k)));
+      DevVec<uint16_t> dx;
+      dx.upload(x);
+      std::vector<double> ref(static_cast<size_t>(rows * s.n)), mag(ref.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < s.n; ++o) {
+          double acc = 0, a = 0;
+          for (int64_t c = 0; c < s.k; ++c) {
+            const double p = double(bf16_to_f32(w[o * s.k + c])) * bf16_to_f32(x[r * s.k + c]);
+            acc += p;
+            a += std::fabs(p);
+          }
+          ref[r * s.n + o] = acc;
+          mag[r * s.n + o] = a;
+        }
+      for (int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, steps}) {
+        SCOPED_TRACE("n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                     " rows=" + std::to_string(rows) + " splits=" + std::to_string(splits));
+        const int64_t ldy = s.n + s.pad;
+        std::vector<float> y[2];
+        for (int run = 0; run < 2; ++run) {
+          DevVec<float> dy(static_cast<size_t>(rows * ldy));
+          dy.poison();
+          CUDA_OK(cuda::detail::launch_skinny_gemm(dw.data(), s.n, s.k, dx.data(), rows, dy.data(),
+                                                   ldy, static_cast<int>(splits), ws.data(),
+                                                   counters.data(), nullptr));
+          CUDA_OK(cudaDeviceSynchronize());
+          y[run] = dy.download();
+        }
+        EXPECT_TRUE(same_bits(y[1], y[0])) << "two runs differ";
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t o = 0; o < s.n; ++o) {
+            const float got = y[0][r * ldy + o];
+            // f32 sums of k bf16 products (the tensor cores' f32 adds may truncate): within k ·
+            // 2^-22 of Σ|products|, and finite.
+            ASSERT_TRUE(std::isfinite(got) &&
+                        std::fabs(got - ref[r * s.n + o]) <=
+                            double(s.k) * std::ldexp(mag[r * s.n + o], -22) + 1e-30)
+                << "row " << r << " col " << o << ": " << got << " vs " << ref[r * s.n + o];
+          }
+          for (int64_t o = s.n; o < ldy; ++o)
+            ASSERT_EQ(bits(y[0][r * ldy + o]), 0xffffffffu) << "padding touched";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(counters.download(), std::vector<int>(4096, 0)) << "counters not left at zero";
+  // Shapes it does not take are refused, not run.
+  EXPECT_FALSE(cuda::detail::skinny_gemm_applies(24, 40, 1, nullptr, nullptr, 4096));
+  EXPECT_FALSE(cuda::detail::skinny_gemm_applies(64, 32, 17, nullptr, nullptr, 4096));
+  EXPECT_EQ(cuda::detail::launch_skinny_gemm(nullptr, 64, 32, nullptr, 1, nullptr, 64, 1, nullptr,
+                                             nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace

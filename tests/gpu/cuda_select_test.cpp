@@ -244,34 +244,40 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
       {2, 128, RepKind::kQuest, {.budget = 64, .window = 16, .qshare = 1}},
       {1, 256, RepKind::kQuest, {.budget = 500, .window = 8, .qshare = 1}},
   };
-  for (const auto& c : cases) {
-    SCOPED_TRACE("decode hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
-                 " k=" + std::to_string(c.p.budget));
-    const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
-    std::vector<BatchEntry> batch;
-    for (size_t i = 0; i < len.size(); ++i) batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
-    auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
-    DeviceMirror m;
-    m.build(*s.cache, 0, static_cast<int>(len.size()));
-    cuda::Plan plan;
-    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan).ok());
-    DevVec<float> iq;
-    iq.upload(s.index_q);
-    auto* P = plan.impl();
-    ASSERT_EQ(P->max_stream_lists, 1);
-    cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
-    cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
-    cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
-    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
-    CUDA_OK(cudaDeviceSynchronize());
-    PageLists gpu;
-    ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
-    std::vector<float> scores;
-    std::vector<int64_t> off;
-    ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
-    EXPECT_EQ(plan.selected_lists(), static_cast<int64_t>(len.size()) * c.hkv);
-    expect_lists_consistent(s, c.p, gpu, scores, off);
-  }
+  // Both top-k paths: one block per list (these lists are short), and a cluster per list.
+  for (const int cluster_min : {-1, 0})
+    for (const auto& c : cases) {
+      SCOPED_TRACE("decode hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
+                   " k=" + std::to_string(c.p.budget) +
+                   " topk_cluster_min_scores=" + std::to_string(cluster_min));
+      const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
+      std::vector<BatchEntry> batch;
+      for (size_t i = 0; i < len.size(); ++i)
+        batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
+      auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
+      DeviceMirror m;
+      m.build(*s.cache, 0, static_cast<int>(len.size()));
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan,
+                                    {.topk_cluster_min_scores = cluster_min})
+                      .ok());
+      DevVec<float> iq;
+      iq.upload(s.index_q);
+      auto* P = plan.impl();
+      ASSERT_EQ(P->max_stream_lists, 1);
+      cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
+      cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
+      cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      PageLists gpu;
+      ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+      std::vector<float> scores;
+      std::vector<int64_t> off;
+      ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
+      EXPECT_EQ(plan.selected_lists(), static_cast<int64_t>(len.size()) * c.hkv);
+      expect_lists_consistent(s, c.p, gpu, scores, off);
+    }
 }
 
 // Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both

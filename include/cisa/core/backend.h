@@ -137,6 +137,14 @@ class Backend {
   // standard deviation `scale`): synthetic weights of a real model's shape, for speed only.
   virtual Result<BackendMatrix> random_matrix(int64_t rows, int64_t cols, uint64_t seed,
                                               float scale) = 0;
+  // Matrices of one input width that multiply the same input in the forward pass (q/k/v,
+  // gate/up): a backend may store them stacked, so that matmul_many() runs them as one product.
+  // The default binds each alone (bind_matrix / random_matrix with seeds first_seed, +1, …:
+  // random_matrices gives each matrix the values random_matrix would).
+  virtual Result<std::vector<BackendMatrix>> bind_matrices(std::span<const WeightView> ws);
+  virtual Result<std::vector<BackendMatrix>> random_matrices(std::span<const int64_t> rows,
+                                                             int64_t cols, uint64_t first_seed,
+                                                             float scale);
   // A vector (norm gains) copied into backend memory; the pointer lives as long as the backend.
   virtual Result<const float*> bind_vector(std::span<const float> host_values) = 0;
   virtual int64_t weight_bytes() const = 0;
@@ -148,6 +156,11 @@ class Backend {
   // y[r·ldy + o] = Σ_c W[o][c] · x[r·w.n_cols + c]; ldy 0 means w.n_rows.
   virtual Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows,
                         int64_t ldy = 0) = 0;
+  // ys[i] = ws[i] x for every matrix (matmul with ldy 0), all of one input width: the products
+  // of one input. The default runs one matmul each; CUDA runs matrices bound together by
+  // bind_matrices / random_matrices as one GEMM.
+  virtual Status matmul_many(std::span<const BackendMatrix> ws, const float* x,
+                             std::span<float* const> ys, int64_t rows);
   // y[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w over rows of n (w may be null: no gain; x may be y).
   virtual Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
                           float eps) = 0;
@@ -155,11 +168,24 @@ class Backend {
   // x: [rows][heads][d], cos/sin: [rows][d/2] (backend memory).
   virtual Status rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
                       RopeStyle style) = 0;
+  // rope() of several tensors at the same rows' angles (q, k and the index queries): tensor i is
+  // xs[i]: [rows][heads[i]][d]. The default runs rope() on each; CUDA launches once.
+  virtual Status rope_many(std::span<float* const> xs, std::span<const int> heads, int64_t rows,
+                           int d, const float* cos, const float* sin, RopeStyle style);
   // out[r][i] = act(gate[r][i]) · up[r][i] over rows of n; out may alias gate or up.
   virtual Status gated_activation(Activation act, const float* gate, const float* up, float* out,
                                   int64_t rows, int64_t n) = 0;
+  // The gated MLP's first half: out[r] = act(gate x[r]) ⊙ (up x[r]), gate and up of one input
+  // width; up_scratch: [rows][up.n_rows], which the default uses for up's product (matmul_many,
+  // then gated_activation into out). CUDA reads both products from one stacked GEMM's output.
+  virtual Status gated_matmul(const BackendMatrix& gate, const BackendMatrix& up, Activation act,
+                              const float* x, float* out, float* up_scratch, int64_t rows);
   // y[i] += x[i] for i < n.
   virtual Status add(float* y, const float* x, int64_t n) = 0;
+  // The residual add and the next RMSNorm: x[r] += o[r], then xn[r] = rms_norm(x[r]) ⊙ w, over
+  // rows of n. The default is add() then rms_norm(); CUDA runs one kernel.
+  virtual Status add_rms_norm(float* x, const float* o, const float* w, float* xn, int64_t rows,
+                              int n, float eps);
   // x[i] = the IEEE half value nearest x[i] (llama.cpp's f16 KV cache numerics).
   virtual Status round_f16(float* x, int64_t n) = 0;
   // out[r][g] = mean over the heads h of KV group g of q[r][h]:

@@ -107,8 +107,12 @@ struct PlanOptions {
   int blocks_per_sm = 0;
   // Producer warps copying K/V in the warp-specialised kernel's 128-row tiles: 0 for
   // tile_sizes.cuh's kWsCopyWarps, or 1.
-  int ws_copy_warps = 0;  // Where the plan's launch metadata goes to the device: a cudaStream_t, on
-                          // which one copy from
+  int ws_copy_warps = 0;
+  // Top-k with a cluster of blocks per list needs at most 64 selecting lists and a longest list
+  // of at least this many eligible chunks; -1 for tile_sizes.cuh's kTopkClusterMinScores, 0 for
+  // clusters at any length (tests of both paths).
+  int topk_cluster_min_scores = -1;
+  // Where the plan's launch metadata goes to the device: a cudaStream_t, on which one copy from
   // page-locked staging is enqueued (no host synchronisation; the staging is reused once that
   // copy is done). nullptr: a synchronous copy (the legacy default stream).
   void* upload_stream = nullptr;

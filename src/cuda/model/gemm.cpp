@@ -8,13 +8,19 @@
 // and Yᵀ = W Xᵀ is D = op(A) · B with m = n, n = rows, k = k: the "TN" product.
 #include "gemm.h"
 
+#include "skinny_gemm.cuh"
+
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
+
+#include "skinny_gemm.cuh"
 
 namespace cisa::cuda {
 namespace {
@@ -41,10 +47,12 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-// The descriptors and the chosen algorithm of one shape; owns the layouts.
+// The descriptors and the chosen algorithm of one shape; owns the layouts. skinny_splits > 0:
+// the few-row kernel of skinny_gemm.cuh with that many K slices won the timing instead.
 struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  int skinny_splits = 0;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -66,9 +74,18 @@ struct Call {
   cudaStream_t stream;
 };
 
+// One candidate of a shape's timing: a cuBLASLt algorithm, or the skinny kernel's K slices.
+struct Candidate {
+  cublasLtMatmulAlgo_t algo{};
+  int skinny_splits = 0;
+};
+
+// n tiles of the skinny kernel the counters serve (n ≤ 4 M outputs).
+constexpr int64_t kSkinnyMaxTiles = int64_t{1} << 16;
+
 // Products of up to kTimedRowsMax rows (decode steps: the weights' bytes are the whole cost, and
 // the heuristic's first pick can be far from the bandwidth) time up to kCandidates algorithms.
-constexpr int kCandidates = 8;
+constexpr int kCandidates = 16;
 constexpr int64_t kTimedRowsMax = 256;
 constexpr int kTimedRuns = 3;
 
@@ -77,7 +94,9 @@ constexpr int kTimedRuns = 3;
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;  // TN, f32 compute and scale: the same for every shape
-  void* workspace = nullptr;            // device, kWorkspaceBytes
+  void* workspace = nullptr;            // device, kWorkspaceBytes (also the skinny partials)
+  int* counters = nullptr;              // device, kSkinnyMaxTiles zeros (skinny split K)
+  int sms = 132;
   mutable std::mutex mu;
   std::map<ShapeKey, std::unique_ptr<Plan>> plans;
 
@@ -86,6 +105,37 @@ struct Gemm::Impl {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (handle) cublasLtDestroy(handle);
     if (workspace) cudaFree(workspace);
+    if (counters) cudaFree(counters);
+  }
+
+  // Launches the plan's choice for one call.
+  cublasStatus_t launch(const Plan& p, const Candidate& c, const Call& call, int64_t n, int64_t k,
+                        int64_t rows, int64_t ldy) {
+    if (c.skinny_splits > 0)
+      return detail::launch_skinny_gemm(
+                 static_cast<const uint16_t*>(call.w), n, k, static_cast<const uint16_t*>(call.x),
+                 rows, static_cast<float*>(call.y), ldy, c.skinny_splits,
+                 static_cast<float*>(workspace), counters, call.stream) == cudaSuccess
+                 ? CUBLAS_STATUS_SUCCESS
+                 : CUBLAS_STATUS_EXECUTION_FAILED;
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(handle, desc, &alpha, call.w, p.a, call.x, p.b, &beta, call.y, p.c,
+                          call.y, p.c, &c.algo, workspace, kWorkspaceBytes, call.stream);
+  }
+
+  // The skinny kernel's candidates for a shape: the default K split, half and twice it.
+  void add_skinny(int64_t n, int64_t k, int64_t rows, const Call& call,
+                  std::vector<Candidate>* cand) const {
+    if (!detail::skinny_gemm_applies(n, k, rows, call.w, call.x, kSkinnyMaxTiles)) return;
+    const int d = detail::skinny_gemm_default_splits(n, k, sms);
+    for (const int s : {d, std::max(1, d / 2), 2 * d}) {
+      if (detail::skinny_gemm_workspace_floats(n, rows, s) * 4 >
+          static_cast<int64_t>(kWorkspaceBytes))
+        continue;
+      if (std::none_of(cand->begin(), cand->end(),
+                       [s](const Candidate& c) { return c.skinny_splits == s; }))
+        cand->push_back({.skinny_splits = s});
+    }
   }
 
   // The cached plan of a shape, made (layouts + heuristic, and for small row counts the fastest of
@@ -126,41 +176,78 @@ struct Gemm::Impl {
           std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
           cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
     p->algo = results[0].algo;
-    if (rows <= kTimedRowsMax && found > 1) p->algo = fastest(*p, results, found, call);
+    if (rows <= kTimedRowsMax) {
+      std::vector<Candidate> cand;
+      for (int i = 0; i < found; ++i)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) cand.push_back({.algo = results[i].algo});
+      add_split_k_variants(*p, &cand);
+      add_skinny(n, k, rows, call, &cand);
+      if (cand.size() > 1) {
+        const Candidate best = fastest(*p, cand, call, n, k, rows, ldy);
+        p->algo = best.skinny_splits > 0 ? results[0].algo : best.algo;
+        p->skinny_splits = best.skinny_splits;
+      }
+    }
     if (plans.size() >= kMaxCachedShapes) plans.clear();
     return plans.emplace(key, std::move(p)).first->second.get();
   }
 
-  // The fastest of the heuristic's candidates on this call's own operands (each run once to warm
-  // up, then timed over kTimedRuns with events on the call's stream; the result is overwritten by
-  // the call itself). The heuristic's first pick when the stream is being captured or timing fails.
-  cublasLtMatmulAlgo_t fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* cand,
-                               int found, const Call& call) {
+  // Copies of the heuristic's candidates that split K over 2-16 slices, where the algorithm
+  // takes a split and the heuristic chose none: with a few rows and a square matrix (the
+  // attention output, 3584 x 3584) the heuristic's kernels leave most SMs idle (measured 1.9 TB/s
+  // of weights, 2026-12-02). Each is checked by cublasLtMatmulAlgoCheck against the workspace.
+  void add_split_k_variants(const Plan& p, std::vector<Candidate>* cand) {
+    const size_t heuristic = cand->size();
+    for (size_t i = 0; i < heuristic; ++i) {
+      int32_t supported = 0, splits = 1;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoCapGetAttribute(&(*cand)[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+                                            &supported, sizeof supported,
+                                            &written) != CUBLAS_STATUS_SUCCESS ||
+          !supported ||
+          cublasLtMatmulAlgoConfigGetAttribute(&(*cand)[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                               &splits, sizeof splits,
+                                               &written) != CUBLAS_STATUS_SUCCESS ||
+          splits > 1)
+        continue;
+      for (const int32_t k : {2, 4, 8, 16}) {
+        cublasLtMatmulAlgo_t a = (*cand)[i].algo;
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k,
+                                                 sizeof k) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoCheck(handle, desc, p.a, p.b, p.c, p.c, &a, &check) ==
+                CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= kWorkspaceBytes)
+          cand->push_back({.algo = a});
+      }
+    }
+  }
+
+  // The fastest of the candidates on this call's own operands (each run once to warm up, then
+  // timed over kTimedRuns with events on the call's stream; the result is overwritten by the call
+  // itself). The first candidate when the stream is being captured or timing fails.
+  Candidate fastest(const Plan& p, const std::vector<Candidate>& cand, const Call& call, int64_t n,
+                    int64_t k, int64_t rows, int64_t ldy) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone) {
       cudaGetLastError();
-      return cand[0].algo;
+      return cand[0];
     }
     cudaEvent_t ev[2] = {nullptr, nullptr};
     if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
       cudaGetLastError();
       for (cudaEvent_t e : ev)
         if (e) cudaEventDestroy(e);
-      return cand[0].algo;
+      return cand[0];
     }
-    const float alpha = 1.0f, beta = 0.0f;
-    auto run = [&](const cublasLtMatmulAlgo_t& a) {
-      return cublasLtMatmul(handle, desc, &alpha, call.w, p.a, call.x, p.b, &beta, call.y, p.c,
-                            call.y, p.c, &a, workspace, kWorkspaceBytes, call.stream);
-    };
-    cublasLtMatmulAlgo_t best = cand[0].algo;
+    auto run = [&](const Candidate& c) { return launch(p, c, call, n, k, rows, ldy); };
+    Candidate best = cand[0];
     float best_ms = -1.0f;
-    for (int i = 0; i < found; ++i) {
-      if (cand[i].state != CUBLAS_STATUS_SUCCESS || run(cand[i].algo) != CUBLAS_STATUS_SUCCESS)
-        continue;
+    for (const Candidate& a : cand) {
+      if (run(a) != CUBLAS_STATUS_SUCCESS) continue;
       bool ok = cudaEventRecord(ev[0], call.stream) == cudaSuccess;
-      for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(cand[i].algo) == CUBLAS_STATUS_SUCCESS;
+      for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(a) == CUBLAS_STATUS_SUCCESS;
       ok = ok && cudaEventRecord(ev[1], call.stream) == cudaSuccess &&
            cudaEventSynchronize(ev[1]) == cudaSuccess;
       float ms = 0.0f;
@@ -171,7 +258,7 @@ struct Gemm::Impl {
       }
       if (best_ms < 0.0f || ms < best_ms) {
         best_ms = ms;
-        best = cand[i].algo;
+        best = a;
       }
     }
     cudaEventDestroy(ev[0]);
@@ -195,12 +282,21 @@ Result<std::unique_ptr<Gemm>> Gemm::create() {
   CISA_BLAS_OK(cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_x,
                                               sizeof trans_x),
                "transpose of x");
-  const cudaError_t err = cudaMalloc(&impl->workspace, kWorkspaceBytes);
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&impl->sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaError_t err = cudaMalloc(&impl->workspace, kWorkspaceBytes);
+  if (err == cudaSuccess) {
+    err = cudaMalloc(&impl->counters, kSkinnyMaxTiles * sizeof(int));
+    if (err == cudaSuccess) err = cudaMemset(impl->counters, 0, kSkinnyMaxTiles * sizeof(int));
+  }
   if (err != cudaSuccess) {
+    if (impl->workspace) cudaFree(impl->workspace);
     impl->workspace = nullptr;
     const std::string m = std::string("cuda gemm: workspace of ") +
-                          std::to_string(kWorkspaceBytes >> 20) + " MiB: " + cudaGetErrorName(err) +
-                          " (" + cudaGetErrorString(err) + ")";
+                          std::to_string(kWorkspaceBytes >> 20) +
+                          " MiB and split-K counters: " + cudaGetErrorName(err) + " (" +
+                          cudaGetErrorString(err) + ")";
     cudaGetLastError();
     return err == cudaErrorMemoryAllocation ? resource_exhausted(m) : unavailable(m);
   }
@@ -220,6 +316,15 @@ Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int
   const ShapeKey key{n, k, rows, ldy, alignment_of(w), alignment_of(x), alignment_of(y)};
   CISA_ASSIGN_OR_RETURN(const Plan* p,
                         impl_->plan(key, {w, x, y, static_cast<cudaStream_t>(stream)}));
+  if (p->skinny_splits > 0) {
+    const cudaError_t err = detail::launch_skinny_gemm(
+        w, n, k, x, rows, y, ldy, p->skinny_splits, static_cast<float*>(impl_->workspace),
+        impl_->counters, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess)
+      return internal_error(std::string("cuda gemm: skinny kernel launch failed: ") +
+                            cudaGetErrorName(err));
+    return Status::Ok();
+  }
   const float alpha = 1.0f, beta = 0.0f;
   CISA_BLAS_OK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c,
                               y, p->c, &p->algo, impl_->workspace, kWorkspaceBytes,

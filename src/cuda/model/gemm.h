@@ -4,12 +4,12 @@
 // One Gemm per backend (it owns a cuBLASLt handle and a 32 MiB workspace); it caches the matmul
 // description and an algorithm per shape and pointer alignment, so repeated shapes (every decode
 // step) skip the choice. For up to 256 rows (decode: the weights' bytes are the cost) the first
-// call of a shape times up to 8 of the heuristic's candidates on its own operands (synchronising
-// the stream once) and keeps the fastest; more rows take the heuristic's first pick. run() only
-// enqueues on `stream` once a shape has been seen (CUDA-graph safe; during a capture a new shape
-// takes the heuristic's first pick, untimed).
-// Not for concurrent use from several streams: the workspace is shared (calls are serialised
-// on the host by a mutex, but two streams could still overlap on the device).
+// call of a shape times up to 16 of the heuristic's candidates, and their split-K variants, on its
+// own operands (synchronising the stream once) and keeps the fastest; more rows take the
+// heuristic's first pick. run() only enqueues on `stream` once a shape has been seen (CUDA-graph
+// safe; during a capture a new shape takes the heuristic's first pick, untimed). Not for concurrent
+// use from several streams: the workspace is shared (calls are serialised on the host by a mutex,
+// but two streams could still overlap on the device).
 //
 //   auto gemm = *cisa::cuda::Gemm::create();
 //   // W: device bf16 [n][k]; x: device bf16 [rows][k]; y: device f32 [rows][ldy], ldy ≥ n

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -280,6 +281,18 @@ Result<uint16_t*> CudaBackend::bf16_scratch(int64_t n) {
   return scratch_bf16_.as<uint16_t>();
 }
 
+void CudaBackend::note_bf16_copy(const float* x, const uint16_t* xb, int64_t n) {
+  conv_x_ = x;
+  conv_xb_ = xb;
+  conv_n_ = n;
+  conv_op_ = op_count_;
+}
+
+Result<float*> CudaBackend::f32_scratch(int64_t n) {
+  CISA_RETURN_IF_ERROR(scratch_f32_.reserve(n * 4, "f32 staging buffer", stream_));
+  return scratch_f32_.as<float>();
+}
+
 Status CudaBackend::launched(cudaError_t err, const char* op) const {
   if (err == cudaErrorInvalidValue) {
     cudaGetLastError();
@@ -293,16 +306,9 @@ Status CudaBackend::launched(cudaError_t err, const char* op) const {
 
 // ---- weights ----
 
-Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
+Status CudaBackend::upload_weights(const WeightView& w, uint16_t* dst) {
   if (!w.data) return invalid_argument("cuda bind_matrix: null weight data");
-  if (w.n_rows <= 0 || w.n_cols <= 0 || w.n_rows > kMaxMatrixSide || w.n_cols > kMaxMatrixSide)
-    return invalid_argument("cuda bind_matrix: shape " + std::to_string(w.n_rows) + " x " +
-                            std::to_string(w.n_cols) + " is out of range");
   const int64_t n_cols = w.n_cols;
-  CISA_ASSIGN_OR_RETURN(
-      DeviceMemory mem,
-      DeviceMemory::allocate(w.n_rows * n_cols * 2, "weights " + std::to_string(w.n_rows) + " x " +
-                                                        std::to_string(n_cols) + " bf16"));
   // Rows are dequantised into one reused chunk and uploaded; the f32 row is the only other copy.
   const int64_t chunk_rows = std::clamp<int64_t>(kBindChunkBytes / (n_cols * 2), 1, w.n_rows);
   std::vector<float> row(static_cast<size_t>(n_cols));
@@ -313,33 +319,101 @@ Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
     CISA_RETURN_IF_ERROR(synchronize());
     for (int64_t r = 0; r < nr; ++r) {
       CISA_RETURN_IF_ERROR(dequantize_row(w.type, w.row(r0 + r), row.data(), n_cols));
-      uint16_t* dst = chunk.data() + r * n_cols;
-      for (int64_t c = 0; c < n_cols; ++c) dst[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
+      uint16_t* out = chunk.data() + r * n_cols;
+      for (int64_t c = 0; c < n_cols; ++c) out[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
     }
     CISA_RETURN_IF_ERROR(check_cuda(
-        cudaMemcpyAsync(mem.as<uint16_t>() + r0 * n_cols, chunk.data(),
-                        static_cast<size_t>(nr * n_cols) * 2, cudaMemcpyHostToDevice, stream_),
+        cudaMemcpyAsync(dst + r0 * n_cols, chunk.data(), static_cast<size_t>(nr * n_cols) * 2,
+                        cudaMemcpyHostToDevice, stream_),
         "cuda bind_matrix: upload"));
   }
-  CISA_RETURN_IF_ERROR(synchronize());
-  weight_bytes_ += w.n_rows * n_cols * 2;
-  matrices_.push_back({std::move(mem), w.n_rows, n_cols});
-  return BackendMatrix{w.n_rows, n_cols, static_cast<int>(matrices_.size()) - 1};
+  return synchronize();
+}
+
+Result<std::shared_ptr<DeviceMemory>> CudaBackend::allocate_stack(std::span<const int64_t> rows,
+                                                                  int64_t cols, const char* op) {
+  if (rows.empty()) return invalid_argument(std::string("cuda ") + op + ": no matrices");
+  int64_t total = 0;
+  for (const int64_t r : rows) {
+    if (r <= 0 || cols <= 0 || r > kMaxMatrixSide || cols > kMaxMatrixSide)
+      return invalid_argument(std::string("cuda ") + op + ": shape " + std::to_string(r) + " x " +
+                              std::to_string(cols) + " is out of range");
+    total += r;
+  }
+  if (total > kMaxMatrixSide)
+    return invalid_argument(std::string("cuda ") + op + ": " + std::to_string(total) +
+                            " stacked rows are more than a GEMM takes");
+  CISA_ASSIGN_OR_RETURN(
+      DeviceMemory mem,
+      DeviceMemory::allocate(total * cols * 2, "weights " + std::to_string(total) + " x " +
+                                                   std::to_string(cols) + " bf16"));
+  return std::make_shared<DeviceMemory>(std::move(mem));
+}
+
+std::vector<BackendMatrix> CudaBackend::add_stack(std::shared_ptr<DeviceMemory> mem,
+                                                  std::span<const int64_t> rows, int64_t cols) {
+  std::vector<BackendMatrix> out;
+  const int first = static_cast<int>(matrices_.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    matrices_.push_back({.mem = mem,
+                         .offset = offset,
+                         .n_rows = rows[i],
+                         .n_cols = cols,
+                         .stack = first,
+                         .stack_size = static_cast<int>(rows.size()),
+                         .stack_pos = static_cast<int>(i)});
+    offset += rows[i] * cols;
+    weight_bytes_ += rows[i] * cols * 2;
+    out.push_back({rows[i], cols, static_cast<int>(matrices_.size()) - 1});
+  }
+  return out;
+}
+
+Result<BackendMatrix> CudaBackend::bind_matrix(const WeightView& w) {
+  CISA_ASSIGN_OR_RETURN(std::vector<BackendMatrix> m, bind_matrices({&w, 1}));
+  return m[0];
+}
+
+Result<std::vector<BackendMatrix>> CudaBackend::bind_matrices(std::span<const WeightView> ws) {
+  std::vector<int64_t> rows;
+  for (const WeightView& w : ws) {
+    if (!w.data) return invalid_argument("cuda bind_matrix: null weight data");
+    if (w.n_cols != ws[0].n_cols)
+      return invalid_argument("cuda bind_matrices: matrices of " + std::to_string(ws[0].n_cols) +
+                              " and " + std::to_string(w.n_cols) + " columns");
+    rows.push_back(w.n_rows);
+  }
+  const int64_t cols = ws.empty() ? 0 : ws[0].n_cols;
+  CISA_ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> mem,
+                        allocate_stack(rows, cols, "bind_matrix"));
+  int64_t offset = 0;
+  for (const WeightView& w : ws) {
+    CISA_RETURN_IF_ERROR(upload_weights(w, mem->as<uint16_t>() + offset));
+    offset += w.n_rows * cols;
+  }
+  return add_stack(std::move(mem), rows, cols);
 }
 
 Result<BackendMatrix> CudaBackend::random_matrix(int64_t rows, int64_t cols, uint64_t seed,
                                                  float scale) {
-  if (rows <= 0 || cols <= 0 || rows > kMaxMatrixSide || cols > kMaxMatrixSide)
-    return invalid_argument("cuda random_matrix: shape " + std::to_string(rows) + " x " +
-                            std::to_string(cols) + " is out of range");
-  CISA_ASSIGN_OR_RETURN(
-      DeviceMemory mem,
-      DeviceMemory::allocate(rows * cols * 2, "random weights " + std::to_string(rows) + " x " +
-                                                  std::to_string(cols) + " bf16"));
-  CISA_RETURN_IF_ERROR(fill_random_bf16(mem.as<uint16_t>(), rows * cols, seed, scale, stream_));
-  weight_bytes_ += rows * cols * 2;
-  matrices_.push_back({std::move(mem), rows, cols});
-  return BackendMatrix{rows, cols, static_cast<int>(matrices_.size()) - 1};
+  CISA_ASSIGN_OR_RETURN(std::vector<BackendMatrix> m,
+                        random_matrices({&rows, 1}, cols, seed, scale));
+  return m[0];
+}
+
+Result<std::vector<BackendMatrix>> CudaBackend::random_matrices(std::span<const int64_t> rows,
+                                                                int64_t cols, uint64_t first_seed,
+                                                                float scale) {
+  CISA_ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> mem,
+                        allocate_stack(rows, cols, "random_matrix"));
+  int64_t offset = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CISA_RETURN_IF_ERROR(fill_random_bf16(mem->as<uint16_t>() + offset, rows[i] * cols,
+                                          first_seed + i, scale, stream_));
+    offset += rows[i] * cols;
+  }
+  return add_stack(std::move(mem), rows, cols);
 }
 
 Result<const float*> CudaBackend::bind_vector(std::span<const float> host_values) {
@@ -416,12 +490,113 @@ Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int
   return Status::Ok();
 }
 
+Result<const CudaBackend::DeviceMatrix*> CudaBackend::whole_stack(std::span<const BackendMatrix> ws,
+                                                                  const char* op) const {
+  if (ws.size() < 2) return nullptr;
+  const DeviceMatrix* first = nullptr;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    CISA_ASSIGN_OR_RETURN(const DeviceMatrix* m, find_matrix(ws[i], op));
+    if (i == 0) first = m;
+    if (m->stack != first->stack || m->stack_pos != static_cast<int>(i) ||
+        m->stack_size != static_cast<int>(ws.size()))
+      return nullptr;
+  }
+  return first;
+}
+
+Status CudaBackend::stacked_product(const DeviceMatrix& first, int64_t total, const float* x,
+                                    int64_t rows, uint64_t op, uint64_t tail_hash,
+                                    const std::function<cudaError_t(const float*)>& tail,
+                                    const char* what) {
+  if (!x) return invalid_argument(std::string("cuda ") + what + ": null input");
+  const int64_t cols = first.n_cols;
+  CISA_ASSIGN_OR_RETURN(float* const y, f32_scratch(rows * total));
+  const int64_t n = rows * cols;
+  CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(n));
+  // The previous operation (rms_norm) left this input's bf16 copy in the staging buffer.
+  const bool converted = x == conv_x_ && xb == conv_xb_ && n == conv_n_ && op_count_ == conv_op_;
+  conv_x_ = nullptr;
+  if (graph_skip(op, {arg(first.data()), arg(total), arg(cols), arg(x), arg(xb), arg(y), arg(rows),
+                      tail_hash, arg(int64_t{converted})}))
+    return Status::Ok();
+  if (!converted)
+    CISA_RETURN_IF_ERROR(launched(detail::launch_f32_to_bf16(x, xb, n, stream_), what));
+  CISA_RETURN_IF_ERROR(gemm_->run(first.data(), total, cols, xb, rows, y, total, stream_));
+  return launched(tail(y), what);
+}
+
+Status CudaBackend::matmul_many(std::span<const BackendMatrix> ws, const float* x,
+                                std::span<float* const> ys, int64_t rows) {
+  if (ws.size() != ys.size())
+    return invalid_argument("cuda matmul_many: " + std::to_string(ws.size()) + " matrices but " +
+                            std::to_string(ys.size()) + " outputs");
+  // One GEMM when the matrices are a whole stack, in order (bind_matrices / random_matrices);
+  // then its column blocks go to the outputs.
+  CISA_ASSIGN_OR_RETURN(const DeviceMatrix* first, whole_stack(ws, "matmul_many"));
+  if (!first || rows <= 0 || ws.size() > static_cast<size_t>(detail::kMaxSplitParts) ||
+      std::find(ys.begin(), ys.end(), nullptr) != ys.end())
+    return Backend::matmul_many(ws, x, ys, rows);
+  detail::SplitParts parts;
+  int64_t total = 0;
+  uint64_t hash = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    parts.dst[parts.count] = ys[i];
+    parts.offset[parts.count] = total;
+    parts.cols[parts.count] = ws[i].n_rows;
+    ++parts.count;
+    total += ws[i].n_rows;
+    hash = hash * 0x100000001b3ull + arg(ys[i]);
+  }
+  return stacked_product(
+      *first, total, x, rows, 13, hash,
+      [&](const float* y) { return detail::launch_split_columns(y, rows, total, parts, stream_); },
+      "matmul_many");
+}
+
+Status CudaBackend::gated_matmul(const BackendMatrix& gate, const BackendMatrix& up, Activation act,
+                                 const float* x, float* out, float* up_scratch, int64_t rows) {
+  const BackendMatrix ws[2] = {gate, up};
+  CISA_ASSIGN_OR_RETURN(const DeviceMatrix* first, whole_stack(ws, "gated_matmul"));
+  if (!first || rows <= 0 || gate.n_rows != up.n_rows || !out)
+    return Backend::gated_matmul(gate, up, act, x, out, up_scratch, rows);
+  // The activation reads gate's and up's columns from the one product; out's bf16 copy goes to
+  // the staging buffer for the down projection (as rms_norm's).
+  const int64_t f = gate.n_rows;
+  CISA_ASSIGN_OR_RETURN(uint16_t * outb, bf16_scratch(rows * f));
+  const bool gelu = act == Activation::kGeluTanh;
+  CISA_RETURN_IF_ERROR(stacked_product(
+      *first, 2 * f, x, rows, 15, arg(out) * 31 + arg(outb) + uint64_t{gelu},
+      [&](const float* y) {
+        return detail::launch_gated_stacked(gelu, y, rows, f, out, outb, stream_);
+      },
+      "gated_matmul"));
+  note_bf16_copy(out, outb, rows * f);
+  return Status::Ok();
+}
+
+Status CudaBackend::add_rms_norm(float* x, const float* o, const float* w, float* xn, int64_t rows,
+                                 int n, float eps) {
+  if (rows > 0 && n <= 0) return invalid_argument("cuda add_rms_norm: row width must be positive");
+  CISA_ASSIGN_OR_RETURN(uint16_t * yb, bf16_scratch(std::max<int64_t>(rows, 0) * n));
+  const bool skip = graph_skip(
+      16, {arg(x), arg(o), arg(w), arg(xn), arg(yb), arg(rows), arg(int64_t{n}), arg(eps)});
+  if (rows > 0) note_bf16_copy(xn, yb, rows * n);
+  if (skip) return Status::Ok();
+  return launched(detail::launch_add_rms_norm(x, o, w, xn, rows, n, eps, stream_, yb),
+                  "add_rms_norm");
+}
+
 Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
                              float eps) {
   if (rows > 0 && n <= 0) return invalid_argument("cuda rms_norm: row width must be positive");
-  if (graph_skip(3, {arg(x), arg(w), arg(y), arg(rows), arg(int64_t{n}), arg(eps)}))
-    return Status::Ok();
-  return launched(detail::launch_rms_norm(x, w, y, rows, n, eps, stream_), "rms_norm");
+  // The bf16 copy of y goes to the staging buffer too: the next matmul (q/k/v, gate/up) finds it
+  // there instead of converting y again.
+  CISA_ASSIGN_OR_RETURN(uint16_t * yb, bf16_scratch(std::max<int64_t>(rows, 0) * n));
+  const bool skip =
+      graph_skip(3, {arg(x), arg(w), arg(y), arg(yb), arg(rows), arg(int64_t{n}), arg(eps)});
+  if (rows > 0) note_bf16_copy(y, yb, rows * n);
+  if (skip) return Status::Ok();
+  return launched(detail::launch_rms_norm(x, w, y, rows, n, eps, stream_, yb), "rms_norm");
 }
 
 Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* cos,
@@ -436,13 +611,40 @@ Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* 
       detail::launch_rope(x, rows, heads, d, cos, sin, style == RopeStyle::kNeox, stream_), "rope");
 }
 
+Status CudaBackend::rope_many(std::span<float* const> xs, std::span<const int> heads, int64_t rows,
+                              int d, const float* cos, const float* sin, RopeStyle style) {
+  if (xs.size() != heads.size() || xs.size() > static_cast<size_t>(detail::kMaxRopeParts))
+    return Backend::rope_many(xs, heads, rows, d, cos, sin, style);
+  detail::RopeParts parts;
+  uint64_t hash = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (rows > 0 && (heads[i] <= 0 || d <= 0 || d % 2 != 0))
+      return invalid_argument("cuda rope: heads must be positive and d positive and even (got " +
+                              std::to_string(heads[i]) + " heads, d " + std::to_string(d) + ")");
+    parts.x[parts.count] = xs[i];
+    parts.heads[parts.count] = heads[i];
+    ++parts.count;
+    hash = hash * 0x100000001b3ull + arg(xs[i]) + static_cast<uint64_t>(heads[i]);
+  }
+  if (graph_skip(14, {hash, arg(rows), arg(int64_t{d}), arg(cos), arg(sin),
+                      arg(int64_t{style == RopeStyle::kNeox})}))
+    return Status::Ok();
+  return launched(
+      detail::launch_rope_many(parts, rows, d, cos, sin, style == RopeStyle::kNeox, stream_),
+      "rope");
+}
+
 Status CudaBackend::gated_activation(Activation act, const float* gate, const float* up, float* out,
                                      int64_t rows, int64_t n) {
-  if (graph_skip(5, {arg(int64_t{act == Activation::kGeluTanh}), arg(gate), arg(up), arg(out),
-                     arg(rows), arg(n)}))
-    return Status::Ok();
+  // The bf16 copy of out goes to the staging buffer too, for the down projection (as rms_norm).
+  const int64_t total = std::max<int64_t>(rows, 0) * std::max<int64_t>(n, 0);
+  CISA_ASSIGN_OR_RETURN(uint16_t * outb, bf16_scratch(total));
+  const bool skip = graph_skip(5, {arg(int64_t{act == Activation::kGeluTanh}), arg(gate), arg(up),
+                                   arg(out), arg(outb), arg(rows), arg(n)});
+  if (total > 0) note_bf16_copy(out, outb, total);
+  if (skip) return Status::Ok();
   return launched(detail::launch_gated_activation(act == Activation::kGeluTanh, gate, up, out, rows,
-                                                  n, stream_),
+                                                  n, stream_, outb),
                   "gated_activation");
 }
 

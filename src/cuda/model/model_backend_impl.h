@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -95,6 +96,9 @@ class CudaBackend final : public Backend {
   Result<BackendMatrix> bind_matrix(const WeightView& w) override;
   Result<BackendMatrix> random_matrix(int64_t rows, int64_t cols, uint64_t seed,
                                       float scale) override;
+  Result<std::vector<BackendMatrix>> bind_matrices(std::span<const WeightView> ws) override;
+  Result<std::vector<BackendMatrix>> random_matrices(std::span<const int64_t> rows, int64_t cols,
+                                                     uint64_t first_seed, float scale) override;
   Result<const float*> bind_vector(std::span<const float> host_values) override;
   int64_t weight_bytes() const override { return weight_bytes_; }
 
@@ -103,10 +107,18 @@ class CudaBackend final : public Backend {
                float* x) override;
   Status matmul(const BackendMatrix& w, const float* x, float* y, int64_t rows,
                 int64_t ldy) override;
+  Status matmul_many(std::span<const BackendMatrix> ws, const float* x, std::span<float* const> ys,
+                     int64_t rows) override;
+  Status gated_matmul(const BackendMatrix& gate, const BackendMatrix& up, Activation act,
+                      const float* x, float* out, float* up_scratch, int64_t rows) override;
+  Status add_rms_norm(float* x, const float* o, const float* w, float* xn, int64_t rows, int n,
+                      float eps) override;
   Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
                   float eps) override;
   Status rope(float* x, int64_t rows, int heads, int d, const float* cos, const float* sin,
               RopeStyle style) override;
+  Status rope_many(std::span<float* const> xs, std::span<const int> heads, int64_t rows, int d,
+                   const float* cos, const float* sin, RopeStyle style) override;
   Status gated_activation(Activation act, const float* gate, const float* up, float* out,
                           int64_t rows, int64_t n) override;
   Status add(float* y, const float* x, int64_t n) override;
@@ -145,13 +157,40 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend() = default;
 
-  // A matrix bound by bind_matrix / random_matrix: bf16 [n_rows][n_cols] on the device.
+  // A matrix bound by bind_matrix / random_matrix: bf16 [n_rows][n_cols] on the device, at
+  // `offset` values into its allocation. Matrices bound together (bind_matrices /
+  // random_matrices) share one allocation, stacked in order: `stack` is the id of their first
+  // matrix, `stack_size` their count, `stack_pos` this one's place (a lone matrix: its own id,
+  // 1, 0), so matmul_many can multiply them as one [Σ n_rows][n_cols] matrix.
   struct DeviceMatrix {
-    DeviceMemory mem;
+    std::shared_ptr<DeviceMemory> mem;
+    int64_t offset = 0;
     int64_t n_rows = 0, n_cols = 0;
-    const uint16_t* data() const { return mem.as<uint16_t>(); }
+    int stack = -1, stack_size = 1, stack_pos = 0;
+    const uint16_t* data() const { return mem->as<uint16_t>() + offset; }
   };
   Result<const DeviceMatrix*> find_matrix(const BackendMatrix& m, const char* op) const;
+  // Checks the shapes of matrices bound together and allocates their stack.
+  Result<std::shared_ptr<DeviceMemory>> allocate_stack(std::span<const int64_t> rows, int64_t cols,
+                                                       const char* op);
+  // The first matrix of ws when ws is one whole stack in order (bind_matrices), else null.
+  Result<const DeviceMatrix*> whole_stack(std::span<const BackendMatrix> ws, const char* op) const;
+  // One GEMM of a stack's `total` rows into the f32 staging buffer (x converted to bf16 unless the
+  // previous operation left it so), then tail(y) launches what reads the product; op and
+  // tail_hash identify the operation for step graphs.
+  Status stacked_product(const DeviceMatrix& first, int64_t total, const float* x, int64_t rows,
+                         uint64_t op, uint64_t tail_hash,
+                         const std::function<cudaError_t(const float*)>& tail, const char* what);
+  // Records the matrices of a filled stack (rows[i] × cols each, in order) and returns them.
+  std::vector<BackendMatrix> add_stack(std::shared_ptr<DeviceMemory> mem,
+                                       std::span<const int64_t> rows, int64_t cols);
+  // Dequantises a host weight view to bf16 into dst (device, n_rows × n_cols), in chunks.
+  Status upload_weights(const WeightView& w, uint16_t* dst);
+  // Records that the staging buffer holds xb = bf16(x[0..n)), written by the operation just
+  // counted: the next operation, if it is a matmul of x, skips the conversion.
+  void note_bf16_copy(const float* x, const uint16_t* xb, int64_t n);
+  // The shared f32 staging buffer of stacked products (matmul_many): n values.
+  Result<float*> f32_scratch(int64_t n);
   // The shared bf16 staging buffer (matmul inputs, attention queries, random fills): n values.
   Result<uint16_t*> bf16_scratch(int64_t n);
   Status launched(cudaError_t err, const char* op) const;
@@ -222,6 +261,7 @@ class CudaBackend final : public Backend {
   std::vector<DeviceMemory> vectors_;
   int64_t weight_bytes_ = 0;
   DeviceMemory scratch_bf16_;
+  DeviceMemory scratch_f32_;
   DeviceMemory d_gather_rows_;  // int64 [n] row indices of gather_rows
   // download(): two pinned chunks, one filled by the device while the host copies the other out.
   PinnedMemory staging_[2];
@@ -274,8 +314,9 @@ class CudaBackend final : public Backend {
   size_t replay_index_ = 0;
   StepGraphStats graph_stats_;
   // Operations so far (graph_skip counts them): matmul reuses the bf16 copy of its input that the
-  // previous operation, a matmul of the same input, left in the staging buffer (q/k/v and gate/up
-  // share their input); any other operation in between may have changed either.
+  // previous operation left in the staging buffer (a matmul of the same input, an rms_norm or a
+  // gated activation that wrote it; note_bf16_copy); any other operation in between may have
+  // changed either.
   uint64_t op_count_ = 0;
   const float* conv_x_ = nullptr;
   const uint16_t* conv_xb_ = nullptr;

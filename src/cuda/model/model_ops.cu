@@ -7,6 +7,8 @@
 // (4 or 8 values per thread and access) when the sizes and every pointer allow 16-byte accesses,
 // else V = 1. rms_norm's x and y may alias, so they carry no __restrict__: each element is read
 // before it is written by the same thread.
+#include <algorithm>
+
 #include "model_ops.cuh"
 #include "model_ops_vec.cuh"
 #include "tile_sizes.cuh"
@@ -53,20 +55,28 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Σ x² of one row by the threads lane, lane + step, … (each warp's lanes are consecutive).
+// Σ x² of one row by the threads lane, lane + step, … (each warp's lanes are consecutive). With
+// `add` the row is first updated in place, x += add (the residual add), by the same threads that
+// later scale it.
 template <int V>
-__device__ __forceinline__ float sum_squares(const float* x, int n, int lane, int step) {
+__device__ __forceinline__ float sum_squares(float* x, const float* add, int n, int lane,
+                                             int step) {
   float ss = 0.0f;
   for (int i = lane * V; i < n; i += step * V) {
-    const Vec<V> a = load_f32<V>(x + i);
+    Vec<V> a = load_f32<V>(x + i);
+    if (add) {
+      const Vec<V> b = load_f32<V>(add + i);
+      for (int j = 0; j < V; ++j) a.v[j] += b.v[j];
+      store_f32<V>(x + i, a);
+    }
     for (int j = 0; j < V; ++j) ss = fmaf(a.v[j], a.v[j], ss);
   }
   return ss;
 }
 
 template <int V>
-__device__ __forceinline__ void scale_row(const float* x, const float* w, float* y, int n, float s,
-                                          int lane, int step) {
+__device__ __forceinline__ void scale_row(const float* x, const float* w, float* y, uint16_t* yb,
+                                          int n, float s, int lane, int step) {
   for (int i = lane * V; i < n; i += step * V) {
     Vec<V> a = load_f32<V>(x + i);
     if (w) {
@@ -76,6 +86,7 @@ __device__ __forceinline__ void scale_row(const float* x, const float* w, float*
       for (int j = 0; j < V; ++j) a.v[j] *= s;
     }
     store_f32<V>(y + i, a);
+    if (yb) store_bf16<V>(yb + i, a);
   }
 }
 
@@ -85,41 +96,48 @@ __device__ __forceinline__ float rms_scale(float ss, int n, float eps) {
 
 // One warp per row (n ≤ kWarpRowMax): the shuffles order the reads of x before the writes of y.
 template <int V>
-__global__ void rms_norm_warp_kernel(const float* x, const float* w, float* y, int64_t rows, int n,
-                                     float eps) {
+__global__ void rms_norm_warp_kernel(float* x, const float* add, const float* w, float* y,
+                                     uint16_t* yb, int64_t rows, int n, float eps) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32; r < rows;
        r += int64_t(gridDim.x) * kRowsPerWarpBlock) {
-    const float s = rms_scale(warp_sum(sum_squares<V>(x + r * n, n, lane, 32)), n, eps);
-    scale_row<V>(x + r * n, w, y + r * n, n, s, lane, 32);
+    const float s = rms_scale(
+        warp_sum(sum_squares<V>(x + r * n, add ? add + r * n : nullptr, n, lane, 32)), n, eps);
+    scale_row<V>(x + r * n, w, y + r * n, yb ? yb + r * n : nullptr, n, s, lane, 32);
   }
 }
 
 // One block per row: the barrier of the block sum orders the reads of x before the writes of y.
 template <int V>
-__global__ void rms_norm_block_kernel(const float* x, const float* w, float* y, int64_t rows, int n,
-                                      float eps) {
+__global__ void rms_norm_block_kernel(float* x, const float* add, const float* w, float* y,
+                                      uint16_t* yb, int64_t rows, int n, float eps) {
   __shared__ float partial[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float part = warp_sum(sum_squares<V>(x + r * n, n, threadIdx.x, kThreads));
+    const float part =
+        warp_sum(sum_squares<V>(x + r * n, add ? add + r * n : nullptr, n, threadIdx.x, kThreads));
     if (lane == 0) partial[warp] = part;
     __syncthreads();
     const float ss = warp_sum(lane < kThreads / 32 ? partial[lane] : 0.0f);
     __syncthreads();  // partial is free for the next row
-    scale_row<V>(x + r * n, w, y + r * n, n, rms_scale(ss, n, eps), threadIdx.x, kThreads);
+    scale_row<V>(x + r * n, w, y + r * n, yb ? yb + r * n : nullptr, n, rms_scale(ss, n, eps),
+                 threadIdx.x, kThreads);
   }
 }
 
 // ---- RoPE ----
 
-// One thread per rotated pair. The products are __fmul_rn so that nothing fuses them: each output
-// is fma(a, cos, −(b sin)) or fma(a, sin, b cos), bit for bit ops::rope_apply.
-__global__ void rope_kernel(float* __restrict__ x, int64_t rows, int heads, int d,
-                            const float* __restrict__ cs, const float* __restrict__ sn, bool neox) {
+// One thread per rotated pair; blockIdx.y is the part (tensor). The products are __fmul_rn so
+// that nothing fuses them: each output is fma(a, cos, −(b sin)) or fma(a, sin, b cos), bit for
+// bit ops::rope_apply.
+__global__ void rope_kernel(RopeParts parts, int64_t rows, int d, const float* __restrict__ cs,
+                            const float* __restrict__ sn, bool neox) {
+  float* const x = parts.x[blockIdx.y];
+  const int heads = parts.heads[blockIdx.y];
   const int half = d / 2;
   const int64_t total = rows * heads * half;
-  for (int64_t t = first_index(); t < total; t += grid_stride()) {
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += int64_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(t % half);
     const int64_t head = t / half, r = head / heads;
     float* v = x + head * d;
@@ -206,35 +224,58 @@ cudaError_t launch_embed(const uint16_t* table, const int32_t* tokens, int64_t r
 }
 
 cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
-                            float eps, cudaStream_t stream) {
+                            float eps, cudaStream_t stream, uint16_t* yb) {
+  // Without `add` nothing writes x (the kernels take a mutable pointer for the fused form).
+  return launch_add_rms_norm(const_cast<float*>(x), nullptr, w, y, rows, n, eps, stream, yb);
+}
+
+cudaError_t launch_add_rms_norm(float* x, const float* add, const float* w, float* y, int64_t rows,
+                                int n, float eps, cudaStream_t stream, uint16_t* yb) {
   if (rows < 0 || n < 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (n == 0 || !x || !y) return cudaErrorInvalidValue;
-  const bool vec = n % 4 == 0 && aligned(x, 16) && aligned(y, 16) && (!w || aligned(w, 16));
+  const bool vec = n % 4 == 0 && aligned(x, 16) && aligned(y, 16) && (!w || aligned(w, 16)) &&
+                   (!yb || aligned(yb, 8)) && (!add || aligned(add, 16));
   if (n <= kWarpRowMax) {
     const int64_t b = (rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock;
     const unsigned grid = static_cast<unsigned>(b > (1 << 20) ? (1 << 20) : b);
     if (vec)
-      rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+      rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(x, add, w, y, yb, rows, n, eps);
     else
-      rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+      rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(x, add, w, y, yb, rows, n, eps);
   } else {
     const unsigned grid = static_cast<unsigned>(rows > (1 << 20) ? (1 << 20) : rows);
     if (vec)
-      rms_norm_block_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+      rms_norm_block_kernel<4><<<grid, kThreads, 0, stream>>>(x, add, w, y, yb, rows, n, eps);
     else
-      rms_norm_block_kernel<1><<<grid, kThreads, 0, stream>>>(x, w, y, rows, n, eps);
+      rms_norm_block_kernel<1><<<grid, kThreads, 0, stream>>>(x, add, w, y, yb, rows, n, eps);
   }
   return cudaGetLastError();
 }
 
 cudaError_t launch_rope(float* x, int64_t rows, int heads, int d, const float* cos,
                         const float* sin, bool neox, cudaStream_t stream) {
-  if (rows < 0 || heads < 0 || d < 0 || d % 2 != 0) return cudaErrorInvalidValue;
-  if (rows == 0 || heads == 0 || d == 0) return cudaSuccess;
-  if (!x || !cos || !sin) return cudaErrorInvalidValue;
-  rope_kernel<<<blocks_for(rows * heads * (d / 2)), kThreads, 0, stream>>>(x, rows, heads, d, cos,
-                                                                           sin, neox);
+  RopeParts parts;
+  parts.x[0] = x;
+  parts.heads[0] = heads;
+  parts.count = 1;
+  return launch_rope_many(parts, rows, d, cos, sin, neox, stream);
+}
+
+cudaError_t launch_rope_many(const RopeParts& parts, int64_t rows, int d, const float* cos,
+                             const float* sin, bool neox, cudaStream_t stream) {
+  if (rows < 0 || d < 0 || d % 2 != 0 || parts.count < 0 || parts.count > kMaxRopeParts)
+    return cudaErrorInvalidValue;
+  int most = 0;
+  for (int i = 0; i < parts.count; ++i) {
+    if (parts.heads[i] < 0) return cudaErrorInvalidValue;
+    if (parts.heads[i] > 0 && !parts.x[i]) return cudaErrorInvalidValue;
+    most = std::max(most, parts.heads[i]);
+  }
+  if (rows == 0 || most == 0 || d == 0 || parts.count == 0) return cudaSuccess;
+  if (!cos || !sin) return cudaErrorInvalidValue;
+  const dim3 grid(blocks_for(rows * most * (d / 2)), static_cast<unsigned>(parts.count));
+  rope_kernel<<<grid, kThreads, 0, stream>>>(parts, rows, d, cos, sin, neox);
   return cudaGetLastError();
 }
 

@@ -25,19 +25,42 @@ cudaError_t launch_embed(const uint16_t* table, const int32_t* tokens, int64_t r
 
 // y[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w (w may be null). x, y: [rows][n]; may alias;
 // w: [n]; n ≥ 1. Sums of squares in f32 (one warp per row up to n = 1024, else a block).
+// yb (optional): y rounded to bf16 as well (launch_f32_to_bf16's values), the next GEMM's input.
 cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
-                            float eps, cudaStream_t stream);
+                            float eps, cudaStream_t stream, uint16_t* yb = nullptr);
+// The residual add fused in front: x[r] += add[r] (written back), then y[r] = rms_norm(x[r]) as
+// above (add may be null: launch_rms_norm). x and add: [rows][n]; y must not alias add.
+cudaError_t launch_add_rms_norm(float* x, const float* add, const float* w, float* y, int64_t rows,
+                                int n, float eps, cudaStream_t stream, uint16_t* yb = nullptr);
 
 // Rotates x: [rows][heads][d] in place by cos/sin: [rows][d/2]; neox pairs i with i + d/2,
 // otherwise 2i with 2i + 1; d even. Bit-identical to ops::rope_apply (the same fma and product).
 cudaError_t launch_rope(float* x, int64_t rows, int heads, int d, const float* cos,
                         const float* sin, bool neox, cudaStream_t stream);
 
+// The same rotation of several tensors at once (q, k and the index queries): part i is
+// x[i]: [rows][heads[i]][d] (heads 0: nothing), one launch.
+constexpr int kMaxRopeParts = 4;
+struct RopeParts {
+  float* x[kMaxRopeParts] = {};
+  int heads[kMaxRopeParts] = {};
+  int count = 0;
+};
+cudaError_t launch_rope_many(const RopeParts& parts, int64_t rows, int d, const float* cos,
+                             const float* sin, bool neox, cudaStream_t stream);
+
 // out[r][i] = act(gate[r][i]) · up[r][i]; act = GELU(tanh) when gelu, else SiLU. [rows][n];
 // out may alias gate or up. GELU is the exact tanh form (ops::gelu_tanh), not llama.cpp's f16
-// table; both use expf (a few ulp from ops::gelu_tanh / ops::silu).
+// table; both use expf (a few ulp from ops::gelu_tanh / ops::silu). outb (optional): out
+// rounded to bf16 as well, the down projection's input.
 cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out,
-                                    int64_t rows, int64_t n, cudaStream_t stream);
+                                    int64_t rows, int64_t n, cudaStream_t stream,
+                                    uint16_t* outb = nullptr);
+
+// The gated activation over a stacked product y: [rows][2n] (gate's n columns, then up's):
+// out[r][i] = act(y[r][i]) · y[r][n + i], out: [rows][n]; outb (optional) its bf16 copy.
+cudaError_t launch_gated_stacked(bool gelu, const float* y, int64_t rows, int64_t n, float* out,
+                                 uint16_t* outb, cudaStream_t stream);
 
 // y[i] += x[i]
 cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
@@ -63,6 +86,18 @@ cudaError_t launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t*
 // bf16 ↔ f32, n values (round to nearest even, bit-identical to cisa::f32_to_bf16).
 cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
+
+// The column blocks of a stacked product (CudaBackend::matmul_many): part i of row r is
+// y[r][offset_i .. offset_i + cols_i), copied to dst_i[r][0 .. cols_i). y: [rows][width].
+constexpr int kMaxSplitParts = 4;
+struct SplitParts {
+  float* dst[kMaxSplitParts];
+  int64_t offset[kMaxSplitParts];
+  int64_t cols[kMaxSplitParts];
+  int count = 0;
+};
+cudaError_t launch_split_columns(const float* y, int64_t rows, int64_t width,
+                                 const SplitParts& parts, cudaStream_t stream);
 
 // Paged KV append: row r of the step (r < rows) is token slots[r] of the pools, where
 // slots[r] = physical_page · 16 + offset in page. k, v: f32 [rows][num_kv_heads][head_dim];

@@ -5,6 +5,8 @@
 // is read before the same thread writes it.
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "model_ops.cuh"
 #include "model_ops_vec.cuh"
 
@@ -24,7 +26,8 @@ __device__ __forceinline__ float silu(float x) {
 }
 
 template <bool Gelu, int V>
-__global__ void gated_kernel(const float* gate, const float* up, float* out, int64_t n) {
+__global__ void gated_kernel(const float* gate, const float* up, float* out, uint16_t* outb,
+                             int64_t n) {
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -32,10 +35,27 @@ __global__ void gated_kernel(const float* gate, const float* up, float* out, int
       Vec<V> o;
       for (int j = 0; j < V; ++j) o.v[j] = (Gelu ? gelu_tanh(g.v[j]) : silu(g.v[j])) * u.v[j];
       store_f32<V>(out + t * V, o);
+      if (outb) store_bf16<V>(outb + t * V, o);
     } else {
       const int64_t i = nv * V + (t - nv);
-      out[i] = (Gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+      const float o = (Gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+      out[i] = o;
+      if (outb) outb[i] = dev::f32_to_bf16(o);
     }
+  }
+}
+
+template <bool Gelu, int V>
+__global__ void gated_stacked_kernel(const float* __restrict__ y, int64_t rows, int64_t n,
+                                     float* __restrict__ out, uint16_t* __restrict__ outb) {
+  const int64_t per_row = n / V;
+  for (int64_t t = first_index(); t < rows * per_row; t += grid_stride()) {
+    const int64_t r = t / per_row, c = (t - r * per_row) * V;
+    const Vec<V> g = load_f32<V>(y + r * 2 * n + c), u = load_f32<V>(y + r * 2 * n + n + c);
+    Vec<V> o;
+    for (int j = 0; j < V; ++j) o.v[j] = (Gelu ? gelu_tanh(g.v[j]) : silu(g.v[j])) * u.v[j];
+    store_f32<V>(out + r * n + c, o);
+    if (outb) store_bf16<V>(outb + r * n + c, o);
   }
 }
 
@@ -97,26 +117,87 @@ __global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __rest
   }
 }
 
+// One thread per V values of one part's row: blockIdx.y is the part, the grid-stride loop runs
+// over rows × cols / V of it.
+template <int V>
+__global__ void split_columns_kernel(const float* __restrict__ y, int64_t rows, int64_t width,
+                                     SplitParts parts) {
+  const int p = static_cast<int>(blockIdx.y);
+  const int64_t cols = parts.cols[p], per_row = cols / V;
+  const float* src = y + parts.offset[p];
+  float* dst = parts.dst[p];
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < rows * per_row;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = t / per_row, c = (t - r * per_row) * V;
+    store_f32<V>(dst + r * cols + c, load_f32<V>(src + r * width + c));
+  }
+}
+
 }  // namespace
 
+cudaError_t launch_split_columns(const float* y, int64_t rows, int64_t width,
+                                 const SplitParts& parts, cudaStream_t stream) {
+  if (rows < 0 || width < 0 || parts.count < 0 || parts.count > kMaxSplitParts)
+    return cudaErrorInvalidValue;
+  if (rows == 0 || parts.count == 0) return cudaSuccess;
+  if (!y) return cudaErrorInvalidValue;
+  bool vec = aligned(y, 16) && width % 4 == 0;
+  int64_t most = 0;
+  for (int i = 0; i < parts.count; ++i) {
+    if (!parts.dst[i] || parts.cols[i] < 1 || parts.offset[i] < 0 ||
+        parts.offset[i] + parts.cols[i] > width)
+      return cudaErrorInvalidValue;
+    vec = vec && aligned(parts.dst[i], 16) && parts.cols[i] % 4 == 0 && parts.offset[i] % 4 == 0;
+    most = std::max(most, rows * parts.cols[i]);
+  }
+  const dim3 grid(blocks_for(vec ? most / 4 : most), static_cast<unsigned>(parts.count));
+  if (vec)
+    split_columns_kernel<4><<<grid, kThreads, 0, stream>>>(y, rows, width, parts);
+  else
+    split_columns_kernel<1><<<grid, kThreads, 0, stream>>>(y, rows, width, parts);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* up, float* out,
-                                    int64_t rows, int64_t n, cudaStream_t stream) {
+                                    int64_t rows, int64_t n, cudaStream_t stream, uint16_t* outb) {
   if (rows < 0 || n < 0) return cudaErrorInvalidValue;
   const int64_t total = rows * n;
   if (total == 0) return cudaSuccess;
   if (!gate || !up || !out) return cudaErrorInvalidValue;
-  const bool vec = aligned(gate, 16) && aligned(up, 16) && aligned(out, 16);
+  const bool vec =
+      aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && (!outb || aligned(outb, 8));
   const unsigned grid = blocks_for(vec ? total / 4 + 3 : total);
   if (gelu) {
     if (vec)
-      gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+      gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
     else
-      gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+      gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
   } else {
     if (vec)
-      gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+      gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
     else
-      gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, total);
+      gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gated_stacked(bool gelu, const float* y, int64_t rows, int64_t n, float* out,
+                                 uint16_t* outb, cudaStream_t stream) {
+  if (rows < 0 || n < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || n == 0) return cudaSuccess;
+  if (!y || !out) return cudaErrorInvalidValue;
+  const bool vec = n % 4 == 0 && aligned(y, 16) && aligned(out, 16) && (!outb || aligned(outb, 8));
+  const unsigned grid = blocks_for(vec ? rows * n / 4 : rows * n);
+  if (gelu) {
+    if (vec)
+      gated_stacked_kernel<true, 4><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+    else
+      gated_stacked_kernel<true, 1><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+  } else {
+    if (vec)
+      gated_stacked_kernel<false, 4><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+    else
+      gated_stacked_kernel<false, 1><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
   }
   return cudaGetLastError();
 }

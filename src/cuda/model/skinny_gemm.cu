@@ -1,0 +1,159 @@
+// Few-row products on bf16 tensor cores with split K (skinny_gemm.cuh).
+#include <algorithm>
+
+#include "skinny_gemm.cuh"
+
+namespace cisa::cuda::detail {
+namespace {
+
+constexpr int kWarps = kSkinnyTileN / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kUnroll = 4;  // k steps whose loads are in flight together (8 × 16 B of W per lane)
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {  // read once: no L1 allocation
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// NT n8 tiles of x rows (1: rows ≤ 8, 2: rows ≤ 16). Block (tile, slice): outputs
+// [64·tile, 64·tile + 64), k steps [slice·per, min(k/32, (slice+1)·per)).
+template <int NT>
+__global__ void __launch_bounds__(kThreads)
+    skinny_gemm_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x, int n, int k,
+                       int rows, int splits, int per, float* __restrict__ y, int ldy,
+                       float* __restrict__ part, int* __restrict__ counters) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.x, slice = blockIdx.y;
+  const int o0 = tile * kSkinnyTileN + warp * 16;
+  const int steps = k / kSkinnyKStep;
+  const int s0 = slice * per, s1 = min(steps, s0 + per);
+  const int k4 = k / 8;  // uint4 per row
+  const uint4* wa = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(o0 + g) * k4 + t;
+  const uint4* wb = wa + static_cast<int64_t>(8) * k4;
+  const uint4* xr[NT];
+  bool has[NT];
+  for (int j = 0; j < NT; ++j) {
+    has[j] = g + 8 * j < rows;
+    xr[j] =
+        reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(has[j] ? g + 8 * j : 0) * k4 + t;
+  }
+  float c[NT][4] = {};
+  for (int s = s0; s < s1; s += kUnroll) {
+    uint4 lo[kUnroll], hi[kUnroll], xb[NT][kUnroll];  // W rows g and g + 8, x rows
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (s + u < s1) {
+        lo[u] = load_stream(wa + (s + u) * 4);
+        hi[u] = load_stream(wb + (s + u) * 4);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          xb[j][u] = has[j] ? __ldg(xr[j] + (s + u) * 4) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (s + u < s1) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          mma_bf16(c[j], lo[u].x, hi[u].x, lo[u].y, hi[u].y, xb[j][u].x, xb[j][u].y);
+          mma_bf16(c[j], lo[u].z, hi[u].z, lo[u].w, hi[u].w, xb[j][u].z, xb[j][u].w);
+        }
+      }
+    }
+  }
+  // c[j]: outputs o0 + g (c0, c1) and o0 + g + 8 (c2, c3), x rows 8j + 2t and 8j + 2t + 1.
+  if (splits == 1) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 8 * j + 2 * t + (e & 1), o = o0 + g + (e >> 1) * 8;
+        if (r < rows) y[static_cast<int64_t>(r) * ldy + o] = c[j][e];
+      }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 8 * j + 2 * t + (e & 1), o = o0 + g + (e >> 1) * 8;
+      if (r < rows) part[(static_cast<int64_t>(slice) * rows + r) * n + o] = c[j][e];
+    }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The last block of the tile: Σ over slices in slice order (the same order whoever is last).
+  for (int i = threadIdx.x; i < rows * kSkinnyTileN; i += kThreads) {
+    const int r = i / kSkinnyTileN, o = tile * kSkinnyTileN + i % kSkinnyTileN;
+    float sum = 0.0f;
+    for (int sl = 0; sl < splits; ++sl)
+      sum += __ldcg(part + (static_cast<int64_t>(sl) * rows + r) * n + o);
+    y[static_cast<int64_t>(r) * ldy + o] = sum;
+  }
+  if (threadIdx.x == 0) counters[tile] = 0;
+}
+
+}  // namespace
+
+bool skinny_gemm_applies(int64_t n, int64_t k, int64_t rows, const void* w, const void* x,
+                         int64_t max_tiles) {
+  return rows >= 1 && rows <= kSkinnyMaxRows && n >= kSkinnyTileN && n % kSkinnyTileN == 0 &&
+         k >= kSkinnyKStep && k % kSkinnyKStep == 0 && n / kSkinnyTileN <= max_tiles &&
+         n <= (int64_t{1} << 30) && k <= (int64_t{1} << 30) &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+int skinny_gemm_default_splits(int64_t n, int64_t k, int sms) {
+  const int64_t tiles = n / kSkinnyTileN, target = int64_t{4} * sms;
+  if (tiles >= target / 2) return 1;
+  const int64_t steps = k / kSkinnyKStep;
+  // At least 8 k steps (256 k) per slice: fewer and the partials cost more than they spread.
+  return static_cast<int>(
+      std::clamp<int64_t>((target + tiles - 1) / tiles, 1, std::max<int64_t>(1, steps / 8)));
+}
+
+int64_t skinny_gemm_workspace_floats(int64_t n, int64_t rows, int splits) {
+  return splits > 1 ? int64_t{splits} * rows * n : 0;
+}
+
+cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
+                               int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
+                               int* counters, cudaStream_t stream) {
+  if (rows < 1 || rows > kSkinnyMaxRows || n % kSkinnyTileN != 0 || k % kSkinnyKStep != 0 ||
+      ldy < n || !w || !x || !y)
+    return cudaErrorInvalidValue;
+  const int steps = static_cast<int>(k / kSkinnyKStep);
+  splits = std::clamp(splits, 1, steps);
+  const int per = (steps + splits - 1) / splits;
+  splits = (steps + per - 1) / per;  // no empty slice
+  if (splits > 1 && (!workspace || !counters)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(n / kSkinnyTileN), static_cast<unsigned>(splits));
+  const int in = static_cast<int>(n), ik = static_cast<int>(k), ir = static_cast<int>(rows),
+            il = static_cast<int>(ldy);
+  if (rows <= 8)
+    skinny_gemm_kernel<1>
+        <<<grid, kThreads, 0, stream>>>(w, x, in, ik, ir, splits, per, y, il, workspace, counters);
+  else
+    skinny_gemm_kernel<2>
+        <<<grid, kThreads, 0, stream>>>(w, x, in, ik, ir, splits, per, y, il, workspace, counters);
+  return cudaGetLastError();
+}
+
+}  // namespace cisa::cuda::detail

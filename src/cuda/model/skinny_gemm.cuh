@@ -1,0 +1,46 @@
+// The decode-step product y = W x for a few rows x (≤ 16): every weight is read once, so the
+// cost is the weights' bytes, and cuBLASLt's kernels for these shapes reach 1.9-3.7 TB/s of the
+// H200's ~4.4 (ncu, 2026-12-02: the 3584 x 3584 attention output 13 µs for 25.7 MB). This kernel
+// streams W with 16-byte loads straight into bf16 tensor-core fragments (mma.sync m16n8k16, f32
+// accumulation), no shared-memory staging, and splits K across blocks to fill the GPU.
+//
+// Layout trick: a dot product may visit k in any order, so lane (g, t) of a warp loads the 16
+// contiguous bytes k = 32s + 8t … 8t + 7 of W rows g and g + 8 and of x row g, and feeds them to
+// two MMAs whose fragment k indices (2t, 2t+1, 2t+8, 2t+9) stand for physical k 8t … 8t+3 and
+// 8t+4 … 8t+7: the A and B fragments agree on the permutation, and every load is a full,
+// coalesced 16 bytes.
+//
+// Split K: blocks (n tile, slice) write f32 partials to a workspace; the last block of an n tile
+// to finish (a counter per tile) sums the slices in slice order and writes y, so the result does
+// not depend on which block finished last (deterministic), and resets the counter (graph-safe).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cisa::cuda::detail {
+
+constexpr int kSkinnyMaxRows = 16;
+constexpr int kSkinnyTileN = 64;  // outputs per block: 4 warps of 16
+constexpr int kSkinnyKStep = 32;  // k per load of a lane (two MMAs)
+
+// Whether skinny_gemm takes the shape: 1 ≤ rows ≤ 16, n % 64 == 0, k % 32 == 0, 16-byte aligned
+// W and x, and at most max_tiles n tiles (the counters).
+bool skinny_gemm_applies(int64_t n, int64_t k, int64_t rows, const void* w, const void* x,
+                         int64_t max_tiles);
+
+// K slices for a shape on `sms` SMs (about 4 blocks per SM; 1 when the n tiles alone fill it).
+int skinny_gemm_default_splits(int64_t n, int64_t k, int sms);
+
+// Workspace floats the partials of `splits` slices need (0 for one slice).
+int64_t skinny_gemm_workspace_floats(int64_t n, int64_t rows, int splits);
+
+// y[r·ldy + o] = Σ_c w[o·k + c] · x[r·k + c] (bf16 inputs, f32 accumulation) for r < rows,
+// o < n. workspace: ≥ skinny_gemm_workspace_floats floats; counters: n / 64 ints, zero on entry
+// (left zero). splits is clamped to [1, k / 32].
+cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
+                               int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
+                               int* counters, cudaStream_t stream);
+
+}  // namespace cisa::cuda::detail
