@@ -510,35 +510,37 @@ TEST(CudaSkinnyGemm, MatchesFp64AtEverySplit) {
           ref[r * s.n + o] = acc;
           mag[r * s.n + o] = a;
         }
-      for (int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, steps}) {
-        SCOPED_TRACE("n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
-                     " rows=" + std::to_string(rows) + " splits=" + std::to_string(splits));
-        const int64_t ldy = s.n + s.pad;
-        std::vector<float> y[2];
-        for (int run = 0; run < 2; ++run) {
-          DevVec<float> dy(static_cast<size_t>(rows * ldy));
-          dy.poison();
-          CUDA_OK(cuda::detail::launch_skinny_gemm(dw.data(), s.n, s.k, dx.data(), rows, dy.data(),
-                                                   ldy, static_cast<int>(splits), ws.data(),
-                                                   counters.data(), nullptr));
-          CUDA_OK(cudaDeviceSynchronize());
-          y[run] = dy.download();
-        }
-        EXPECT_TRUE(same_bits(y[1], y[0])) << "two runs differ";
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t o = 0; o < s.n; ++o) {
-            const float got = y[0][r * ldy + o];
-            // f32 sums of k bf16 products (the tensor cores' f32 adds may truncate): within k ·
-            // 2^-22 of Σ|products|, and finite.
-            ASSERT_TRUE(std::isfinite(got) &&
-                        std::fabs(got - ref[r * s.n + o]) <=
-                            double(s.k) * std::ldexp(mag[r * s.n + o], -22) + 1e-30)
-                << "row " << r << " col " << o << ": " << got << " vs " << ref[r * s.n + o];
+      for (int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, steps})
+        for (int unroll : {4, 8}) {
+          SCOPED_TRACE("n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                       " rows=" + std::to_string(rows) + " splits=" + std::to_string(splits) +
+                       " unroll=" + std::to_string(unroll));
+          const int64_t ldy = s.n + s.pad;
+          std::vector<float> y[2];
+          for (int run = 0; run < 2; ++run) {
+            DevVec<float> dy(static_cast<size_t>(rows * ldy));
+            dy.poison();
+            CUDA_OK(cuda::detail::launch_skinny_gemm(dw.data(), s.n, s.k, dx.data(), rows,
+                                                     dy.data(), ldy, static_cast<int>(splits),
+                                                     ws.data(), counters.data(), nullptr, unroll));
+            CUDA_OK(cudaDeviceSynchronize());
+            y[run] = dy.download();
           }
-          for (int64_t o = s.n; o < ldy; ++o)
-            ASSERT_EQ(bits(y[0][r * ldy + o]), 0xffffffffu) << "padding touched";
+          EXPECT_TRUE(same_bits(y[1], y[0])) << "two runs differ";
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t o = 0; o < s.n; ++o) {
+              const float got = y[0][r * ldy + o];
+              // f32 sums of k bf16 products (the tensor cores' f32 adds may truncate): within k ·
+              // 2^-22 of Σ|products|, and finite.
+              ASSERT_TRUE(std::isfinite(got) &&
+                          std::fabs(got - ref[r * s.n + o]) <=
+                              double(s.k) * std::ldexp(mag[r * s.n + o], -22) + 1e-30)
+                  << "row " << r << " col " << o << ": " << got << " vs " << ref[r * s.n + o];
+            }
+            for (int64_t o = s.n; o < ldy; ++o)
+              ASSERT_EQ(bits(y[0][r * ldy + o]), 0xffffffffu) << "padding touched";
+          }
         }
-      }
     }
   }
   EXPECT_EQ(counters.download(), std::vector<int>(4096, 0)) << "counters not left at zero";

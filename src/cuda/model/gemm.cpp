@@ -53,6 +53,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   int skinny_splits = 0;
+  int skinny_unroll = 4;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -78,6 +79,7 @@ struct Call {
 struct Candidate {
   cublasLtMatmulAlgo_t algo{};
   int skinny_splits = 0;
+  int skinny_unroll = 4;
 };
 
 // n tiles of the skinny kernel the counters serve (n ≤ 4 M outputs).
@@ -112,10 +114,11 @@ struct Gemm::Impl {
   cublasStatus_t launch(const Plan& p, const Candidate& c, const Call& call, int64_t n, int64_t k,
                         int64_t rows, int64_t ldy) {
     if (c.skinny_splits > 0)
-      return detail::launch_skinny_gemm(
-                 static_cast<const uint16_t*>(call.w), n, k, static_cast<const uint16_t*>(call.x),
-                 rows, static_cast<float*>(call.y), ldy, c.skinny_splits,
-                 static_cast<float*>(workspace), counters, call.stream) == cudaSuccess
+      return detail::launch_skinny_gemm(static_cast<const uint16_t*>(call.w), n, k,
+                                        static_cast<const uint16_t*>(call.x), rows,
+                                        static_cast<float*>(call.y), ldy, c.skinny_splits,
+                                        static_cast<float*>(workspace), counters, call.stream,
+                                        c.skinny_unroll) == cudaSuccess
                  ? CUBLAS_STATUS_SUCCESS
                  : CUBLAS_STATUS_EXECUTION_FAILED;
     const float alpha = 1.0f, beta = 0.0f;
@@ -123,7 +126,8 @@ struct Gemm::Impl {
                           call.y, p.c, &c.algo, workspace, kWorkspaceBytes, call.stream);
   }
 
-  // The skinny kernel's candidates for a shape: the default K split, half and twice it.
+  // The skinny kernel's candidates for a shape: the default K split, half and twice it, each
+  // with 4 and 8 k steps in flight.
   void add_skinny(int64_t n, int64_t k, int64_t rows, const Call& call,
                   std::vector<Candidate>* cand) const {
     if (!detail::skinny_gemm_applies(n, k, rows, call.w, call.x, kSkinnyMaxTiles)) return;
@@ -134,7 +138,7 @@ struct Gemm::Impl {
         continue;
       if (std::none_of(cand->begin(), cand->end(),
                        [s](const Candidate& c) { return c.skinny_splits == s; }))
-        cand->push_back({.skinny_splits = s});
+        for (const int u : {4, 8}) cand->push_back({.skinny_splits = s, .skinny_unroll = u});
     }
   }
 
@@ -186,6 +190,7 @@ struct Gemm::Impl {
         const Candidate best = fastest(*p, cand, call, n, k, rows, ldy);
         p->algo = best.skinny_splits > 0 ? results[0].algo : best.algo;
         p->skinny_splits = best.skinny_splits;
+        p->skinny_unroll = best.skinny_unroll;
       }
     }
     if (plans.size() >= kMaxCachedShapes) plans.clear();
@@ -319,7 +324,7 @@ Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int
   if (p->skinny_splits > 0) {
     const cudaError_t err = detail::launch_skinny_gemm(
         w, n, k, x, rows, y, ldy, p->skinny_splits, static_cast<float*>(impl_->workspace),
-        impl_->counters, static_cast<cudaStream_t>(stream));
+        impl_->counters, static_cast<cudaStream_t>(stream), p->skinny_unroll);
     if (err != cudaSuccess)
       return internal_error(std::string("cuda gemm: skinny kernel launch failed: ") +
                             cudaGetErrorName(err));

@@ -8,7 +8,6 @@ namespace {
 
 constexpr int kWarps = kSkinnyTileN / 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kUnroll = 4;  // k steps whose loads are in flight together (8 × 16 B of W per lane)
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {  // read once: no L1 allocation
   uint4 v;
@@ -27,9 +26,10 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// NT n8 tiles of x rows (1: rows ≤ 8, 2: rows ≤ 16). Block (tile, slice): outputs
-// [64·tile, 64·tile + 64), k steps [slice·per, min(k/32, (slice+1)·per)).
-template <int NT>
+// NT n8 tiles of x rows (1: rows ≤ 8, 2: rows ≤ 16); kUnroll k steps whose loads are in flight
+// together (2·kUnroll × 16 B of W per lane). Block (tile, slice): outputs [64·tile, 64·tile + 64),
+// k steps [slice·per, min(k/32, (slice+1)·per)).
+template <int NT, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
     skinny_gemm_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x, int n, int k,
                        int rows, int splits, int per, float* __restrict__ y, int ldy,
@@ -135,9 +135,9 @@ int64_t skinny_gemm_workspace_floats(int64_t n, int64_t rows, int splits) {
 
 cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
                                int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
-                               int* counters, cudaStream_t stream) {
-  if (rows < 1 || rows > kSkinnyMaxRows || n % kSkinnyTileN != 0 || k % kSkinnyKStep != 0 ||
-      ldy < n || !w || !x || !y)
+                               int* counters, cudaStream_t stream, int unroll) {
+  if ((unroll != 4 && unroll != 8) || rows < 1 || rows > kSkinnyMaxRows || n % kSkinnyTileN != 0 ||
+      k % kSkinnyKStep != 0 || ldy < n || !w || !x || !y)
     return cudaErrorInvalidValue;
   const int steps = static_cast<int>(k / kSkinnyKStep);
   splits = std::clamp(splits, 1, steps);
@@ -147,12 +147,10 @@ cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const ui
   const dim3 grid(static_cast<unsigned>(n / kSkinnyTileN), static_cast<unsigned>(splits));
   const int in = static_cast<int>(n), ik = static_cast<int>(k), ir = static_cast<int>(rows),
             il = static_cast<int>(ldy);
-  if (rows <= 8)
-    skinny_gemm_kernel<1>
-        <<<grid, kThreads, 0, stream>>>(w, x, in, ik, ir, splits, per, y, il, workspace, counters);
-  else
-    skinny_gemm_kernel<2>
-        <<<grid, kThreads, 0, stream>>>(w, x, in, ik, ir, splits, per, y, il, workspace, counters);
+  const auto kernel = unroll == 8
+                          ? (rows <= 8 ? skinny_gemm_kernel<1, 8> : skinny_gemm_kernel<2, 8>)
+                          : (rows <= 8 ? skinny_gemm_kernel<1, 4> : skinny_gemm_kernel<2, 4>);
+  kernel<<<grid, kThreads, 0, stream>>>(w, x, in, ik, ir, splits, per, y, il, workspace, counters);
   return cudaGetLastError();
 }
 

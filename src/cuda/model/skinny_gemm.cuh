@@ -38,9 +38,10 @@ int64_t skinny_gemm_workspace_floats(int64_t n, int64_t rows, int splits);
 
 // y[r·ldy + o] = Σ_c w[o·k + c] · x[r·k + c] (bf16 inputs, f32 accumulation) for r < rows,
 // o < n. workspace: ≥ skinny_gemm_workspace_floats floats; counters: n / 64 ints, zero on entry
-// (left zero). splits is clamped to [1, k / 32].
+// (left zero). splits is clamped to [1, k / 32]. unroll: k steps of 32 whose loads a lane has in
+// flight at once, 4 or 8 (more bytes in flight, more registers).
 cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
                                int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
-                               int* counters, cudaStream_t stream);
+                               int* counters, cudaStream_t stream, int unroll = 4);
 
 }  // namespace cisa::cuda::detail
