@@ -36,7 +36,7 @@ GROUPS = [
     ("mean of heads", r"mean_heads"),
     ("bf16 conversion", r"f32_to_bf16|bf16_to_f32"),
     ("residual add", r"add_kernel"),
-    ("gated activation", r"gated_kernel"),
+    ("gated activation", r"gated_kernel|gated_stacked"),
     ("embedding", r"embed"),
     ("argmax", r"argmax"),
 ]
