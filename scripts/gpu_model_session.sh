@@ -49,6 +49,18 @@ bounded() {
 }
 log() { echo "[gpu_model_session $(date +%H:%M:%S) +$(($(date +%s) - t_start))s] $*" | tee -a "$OUT/session.log"; }
 cisa=build/cuda/cisa
+# build_targets SECONDS TARGET...: configure the cuda preset and build only those targets; exits
+# the script on a failed build.
+build_targets() {
+  local limit=$1
+  shift
+  log "configure + build ($*)"
+  bounded "$limit" bash -c 'cmake --preset cuda -DCISA_BUILD_BENCH=OFF >/dev/null && cmake --build build/cuda -j16 --target "$@"' _ "$@" \
+    >"$OUT/build.log" 2>&1
+  local rc=$?
+  tail -3 "$OUT/build.log"
+  if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
+}
 
 log "mode=$mode commit=$CISA_COMMIT model=$MODEL tokens=$TOKENS"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 | tee -a "$OUT/session.log"
@@ -133,12 +145,7 @@ fi
 # ---- step graphs: only the targets they need, their test, the goal rows with graphs on and off ----
 if [ "$mode" = graphs ]; then
   if [ -z "${SKIP_BUILD:-}" ]; then
-    log "configure + build (cisa and the CUDA backend tests)"
-    bounded 330 bash -c 'cmake --preset cuda -DCISA_BUILD_BENCH=OFF >/dev/null && cmake --build build/cuda -j16 --target cisa cuda_step_graph_test cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_select_test' \
-      >"$OUT/build.log" 2>&1
-    rc=$?
-    tail -3 "$OUT/build.log"
-    if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
+    build_targets 330 cisa cuda_step_graph_test cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_select_test
   fi
   log "step-graph test"
   bounded 120 build/cuda/tests/cuda_step_graph_test >"$OUT/gpu_tests.log" 2>&1
@@ -198,12 +205,8 @@ fi
 # ---- profile: where a decode step's device time goes, kernel by kernel ----------------------------
 if [ "$mode" = profile ]; then
   if [ -z "${SKIP_BUILD:-}" ]; then
-    log "configure + build (cisa${PROFILE_TARGETS:+ $PROFILE_TARGETS})"
-    bounded 360 bash -c "cmake --preset cuda -DCISA_BUILD_BENCH=OFF >/dev/null && cmake --build build/cuda -j16 --target cisa ${PROFILE_TARGETS:-}" \
-      >"$OUT/build.log" 2>&1
-    rc=$?
-    tail -3 "$OUT/build.log"
-    if [ $rc -ne 0 ]; then log "BUILD FAILED rc=$rc"; grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; fi
+    # shellcheck disable=SC2086
+    build_targets 360 cisa ${PROFILE_TARGETS:-}
   fi
   # AB_SRC=tree.tgz (e.g. `git archive --format=tar.gz BASE`): that tree's cisa is built too, and
   # every row's bench runs with it right after ours (bench_base_*.json), in the same call.

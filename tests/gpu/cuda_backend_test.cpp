@@ -37,6 +37,18 @@ struct OpCase {
   std::function<double(size_t i, float want)> tol;
 };
 
+// cos and sin of n angles uniform in (-π, π): RoPE tables.
+std::pair<std::vector<float>, std::vector<float>> random_angles(std::mt19937& rng, int n) {
+  std::vector<float> cs, sn;
+  std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
+  for (int i = 0; i < n; ++i) {
+    const float a = angle(rng);
+    cs.push_back(std::cos(a));
+    sn.push_back(std::sin(a));
+  }
+  return {cs, sn};
+}
+
 void run_case(BackendPair& b, const OpCase& c) {
   SCOPED_TRACE(c.name);
   std::vector<float> init = c.out_init;
@@ -164,13 +176,7 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
   // rope, both pairings: the same fma and product as the CPU (bit-identical by design).
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kNorm}) {
     const int rows = 6, heads = 3, d = 64;
-    std::vector<float> cs, sn;
-    std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
-    for (int i = 0; i < rows * d / 2; ++i) {
-      const float a = angle(rng);
-      cs.push_back(std::cos(a));
-      sn.push_back(std::sin(a));
-    }
+    const auto [cs, sn] = random_angles(rng, rows * d / 2);
     cases.push_back(
         {.name = style == RopeStyle::kNeox ? "rope neox" : "rope norm",
          .inputs = {cs, sn},
@@ -184,13 +190,7 @@ TEST(CudaBackendOps, MatchTheCpuBackend) {
   // GPU, one rope() each on the CPU), the same arithmetic as rope.
   {
     const int rows = 5, d = 32;
-    std::vector<float> cs, sn;
-    std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
-    for (int i = 0; i < rows * d / 2; ++i) {
-      const float a = angle(rng);
-      cs.push_back(std::cos(a));
-      sn.push_back(std::sin(a));
-    }
+    const auto [cs, sn] = random_angles(rng, rows * d / 2);
     cases.push_back({.name = "rope_many",
                      .inputs = {cs, sn},
                      .out_init = random_vec(rng, rows * (6 + 2 + 2) * d),
