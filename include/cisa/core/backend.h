@@ -3,9 +3,9 @@
 // A Backend owns the memory a model runs in (weights, activations, the paged KV cache) and runs
 // the operations of a forward step on it. cisa::Model writes each architecture's layers once, as
 // calls on this interface; the CPU backend (src/cpu/cpu_backend.cpp) runs them with the reference
-// kernels on host memory, the CUDA backend (src/cuda/model_backend.cpp) enqueues them on a stream
-// on device memory. The SPEC rules (query groups, eligible chunks, list layout, dense plans) are
-// in the core (plan.h) and both backends call them; a backend only decides where the bytes live
+// kernels on host memory, the CUDA backend (src/cuda/model/model_backend*.cpp) enqueues them on a
+// stream on device memory. The SPEC rules (query groups, eligible chunks, list layout, dense plans)
+// are in the core (plan.h) and both backends call them; a backend only decides where the bytes live
 // and which kernels move them.
 //
 // Pointers passed to operations are in the backend's memory (the CPU's host memory, the device's
