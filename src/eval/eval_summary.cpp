@@ -39,6 +39,31 @@ std::string interval(const Interval& iv, double scale, const char* f = "%.1f") {
 
 }  // namespace
 
+namespace {
+
+// The layers a configuration keeps dense, as its options say: "first 3, last 2, 7-10", or "—".
+std::string dense_layers_text(const EvalConfig& c) {
+  std::string out;
+  const auto add = [&out](const std::string& part) {
+    if (!out.empty()) out.append(", ");
+    out.append(part);
+  };
+  if (c.dense_layers > 0) add("first " + std::to_string(c.dense_layers));
+  if (c.dense_last_layers > 0) add("last " + std::to_string(c.dense_last_layers));
+  const std::vector<int>& set = c.dense_layer_set;
+  for (size_t i = 0; i < set.size();) {
+    size_t j = i;  // a run of consecutive layers prints as a-b
+    while (j + 1 < set.size() && set[j + 1] == set[j] + 1) ++j;
+    std::string item = std::to_string(set[i]);
+    if (j > i) item.append("-").append(std::to_string(set[j]));
+    add(item);
+    i = j + 1;
+  }
+  return out.empty() ? "—" : out;
+}
+
+}  // namespace
+
 Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iters) {
   const fs::path results = fs::path(run_dir) / "results.jsonl";
   std::ifstream in(results);
@@ -119,8 +144,11 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
           "(older than the "
           "window W), the budget k, and the pages a query attends (k + W + its own page, plus "
           "sinks) against the "
-          "dense page count.\n\n| config | length | W | E | k | attended / dense pages "
-          "|\n|---|---|---|---|---|---|\n";
+          "dense page count, in each layer that runs CISA; the layers a configuration keeps "
+          "dense read every page (\"dense layers\"), and per-layer budgets (lb) give each layer "
+          "its own k. The pages read over all layers are in \"Generated length and pages "
+          "read\".\n\n| config | length | W | E | k | attended / dense pages | dense layers "
+          "|\n|---|---|---|---|---|---|---|\n";
     std::set<std::pair<std::string, int64_t>> seen;
     for (const auto& r : recs) {
       if (!seen.insert({r.config, r.length}).second) continue;
@@ -132,10 +160,11 @@ Result<std::string> write_summary(const std::string& run_dir, int bootstrap_iter
       const int64_t pages = r.length / 16, W = a->selection.window, k = a->selection.budget;
       const int64_t E = std::max<int64_t>(0, pages - W - a->selection.sink_pages);
       const int64_t att = std::min(pages, std::min(k, E) + W + 1 + a->selection.sink_pages);
-      md << "| " << r.config << " | " << r.length << " | " << W << " | " << E << " | " << k << " | "
-         << att << " / " << pages << " ("
+      md << "| " << r.config << " | " << r.length << " | " << W << " | " << E << " | "
+         << (c->layer_budgets ? std::string("per layer") : std::to_string(k)) << " | " << att
+         << " / " << pages << " ("
          << f2(static_cast<double>(pages) / static_cast<double>(std::max<int64_t>(1, att)), "%.1fx")
-         << ") |\n";
+         << ") | " << dense_layers_text(*c) << " |\n";
     }
     md << "\n";
   }

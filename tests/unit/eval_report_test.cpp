@@ -48,6 +48,8 @@ TEST_F(SummaryTest, HandComputedNumbers) {
   lines += gen_line("niah_single", 0, "cisa:x8:g4", 1, 8) +
            gen_line("niah_single", 1, "cisa:x8:g4", 0, 12);
   lines += gen_line("vt", 0, "cisa:x8:g4", 0, 10) + gen_line("vt", 1, "cisa:x8:g4", 0.4, 10);
+  // A configuration that keeps layers dense: its table row names them.
+  lines += gen_line("niah_single", 0, "cisa:x8:g4:d2:e1:dl7-10+12", 1, 8);
   // Documents: ΔNLL = (9 − 8) / 4 = +0.25; KL = 0.4 / 4 = 0.1; agreement 3 / 4.
   lines +=
       R"({"id":"doc/4096/0/a","task":"doc","length":4096,"index":0,"config":"dense","nll":[1,2,3,2]})"
@@ -72,7 +74,12 @@ TEST_F(SummaryTest, HandComputedNumbers) {
   EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 0.1000 | 0.0000 | 0.0000 | 0.3000 |"), std::string::npos)
       << md;
   // k = ceil((256 − 128) / 8) = 16 at 4096 tokens.
-  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 128 | 128 | 16 | 145 / 256 (1.8x) |"), std::string::npos)
+  EXPECT_NE(md.find("| cisa:x8:g4 | 4096 | 128 | 128 | 16 | 145 / 256 (1.8x) | — |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| cisa:x8:g4:d2:e1:dl7-10+12 | 4096 | 128 | 128 | 16 | 145 / 256 (1.8x) | "
+                    "first 2, last 1, 7-10, 12 |"),
+            std::string::npos)
       << md;
   EXPECT_TRUE(std::filesystem::exists(dir_ / "summary.md"));
 }
