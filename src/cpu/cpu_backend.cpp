@@ -406,6 +406,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Result<std::vector<BackendMatrix>> Backend::bind_matrices(std::span<const WeightView> ws) {
+  for (const WeightView& w : ws)
+    if (w.n_cols != ws[0].n_cols)
+      return invalid_argument("bind_matrices: matrices of " + std::to_string(ws[0].n_cols) +
+                              " and " + std::to_string(w.n_cols) + " columns (one input width)");
   std::vector<BackendMatrix> out;
   for (const WeightView& w : ws) {
     CISA_ASSIGN_OR_RETURN(BackendMatrix m, bind_matrix(w));
@@ -430,6 +434,10 @@ Status Backend::matmul_many(std::span<const BackendMatrix> ws, const float* x,
   if (ws.size() != ys.size())
     return invalid_argument("matmul_many: " + std::to_string(ws.size()) + " matrices but " +
                             std::to_string(ys.size()) + " outputs");
+  for (const BackendMatrix& w : ws)
+    if (w.n_cols != ws[0].n_cols)
+      return invalid_argument("matmul_many: matrices of " + std::to_string(ws[0].n_cols) + " and " +
+                              std::to_string(w.n_cols) + " columns (one input width)");
   for (size_t i = 0; i < ws.size(); ++i) CISA_RETURN_IF_ERROR(matmul(ws[i], x, ys[i], rows));
   return Status::Ok();
 }
@@ -446,6 +454,10 @@ Status Backend::rope_many(std::span<float* const> xs, std::span<const int> heads
 
 Status Backend::gated_matmul(const BackendMatrix& gate, const BackendMatrix& up, Activation act,
                              const float* x, float* out, float* up_scratch, int64_t rows) {
+  if (gate.n_rows != up.n_rows || gate.n_cols != up.n_cols)
+    return invalid_argument("gated_matmul: gate is " + std::to_string(gate.n_rows) + " x " +
+                            std::to_string(gate.n_cols) + " but up is " +
+                            std::to_string(up.n_rows) + " x " + std::to_string(up.n_cols));
   const BackendMatrix ws[2] = {gate, up};
   float* const ys[2] = {out, up_scratch};
   CISA_RETURN_IF_ERROR(matmul_many(ws, x, ys, rows));

@@ -423,6 +423,59 @@ TEST_F(CpuBackendTest, BadSizesAreErrors) {
   EXPECT_FALSE(be->create_cache({.head_dim = 12}).ok());
 }
 
+// The fused operations' defaults (what the CPU backend runs) are their compositions, bit for
+// bit, and refuse mismatched shapes.
+TEST_F(CpuBackendTest, FusedOperationsEqualTheirCompositions) {
+  std::mt19937 rng(5);
+  const int64_t rows = 3, k = 64, f = 48;
+  auto gs = be->random_matrices(std::vector<int64_t>{f, f, 16}, k, 11, 0.1f);
+  ASSERT_TRUE(gs.ok()) << gs.status().message();
+  auto g1 = be->random_matrix(f, k, 11, 0.1f), u1 = be->random_matrix(f, k, 12, 0.1f);
+  ASSERT_TRUE(g1.ok() && u1.ok());
+  auto x = buf(randn(rng, rows * k));
+  auto y0 = *be->allocate(rows * f * 4, "y0"), y1 = *be->allocate(rows * f * 4, "y1"),
+       y2 = *be->allocate(rows * 16 * 4, "y2"), ref = *be->allocate(rows * f * 4, "ref"),
+       ref_u = *be->allocate(rows * f * 4, "ref_u");
+  // matmul_many of a stack = one matmul each; random_matrices' values = random_matrix's.
+  float* const ys[3] = {y0->f32(), y1->f32(), y2->f32()};
+  ASSERT_TRUE(be->matmul_many(*gs, x->f32(), ys, rows).ok());
+  ASSERT_TRUE(be->matmul(*g1, x->f32(), ref->f32(), rows).ok());
+  EXPECT_EQ(get(*y0, rows * f), get(*ref, rows * f));
+  // gated_matmul = silu(gate x) ⊙ (up x).
+  ASSERT_TRUE(
+      be->gated_matmul((*gs)[0], (*gs)[1], Activation::kSilu, x->f32(), y0->f32(), y1->f32(), rows)
+          .ok());
+  ASSERT_TRUE(be->matmul(*u1, x->f32(), ref_u->f32(), rows).ok());
+  ASSERT_TRUE(
+      be->gated_activation(Activation::kSilu, ref->f32(), ref_u->f32(), ref->f32(), rows, f).ok());
+  EXPECT_EQ(get(*y0, rows * f), get(*ref, rows * f));
+  // add_rms_norm = add, then rms_norm.
+  const auto h = randn(rng, rows * k), o = randn(rng, rows * k), w = randn(rng, k);
+  auto h1 = buf(h), h2 = buf(h), ob = buf(o), wb = buf(w);
+  auto n1 = *be->allocate(rows * k * 4, "n1"), n2 = *be->allocate(rows * k * 4, "n2");
+  ASSERT_TRUE(be->add_rms_norm(h1->f32(), ob->f32(), wb->f32(), n1->f32(), rows, k, 1e-6f).ok());
+  ASSERT_TRUE(be->add(h2->f32(), ob->f32(), rows * k).ok());
+  ASSERT_TRUE(be->rms_norm(h2->f32(), wb->f32(), n2->f32(), rows, k, 1e-6f).ok());
+  EXPECT_EQ(get(*h1, rows * k), get(*h2, rows * k));
+  EXPECT_EQ(get(*n1, rows * k), get(*n2, rows * k));
+  // Mismatched shapes are errors, not reads past a buffer.
+  EXPECT_EQ(
+      be->gated_matmul((*gs)[0], (*gs)[2], Activation::kSilu, x->f32(), y0->f32(), y1->f32(), rows)
+          .code(),
+      StatusCode::kInvalidArgument);
+  auto other = be->random_matrix(16, k + 1, 3, 0.1f);
+  ASSERT_TRUE(other.ok());
+  const BackendMatrix mixed[2] = {(*gs)[2], *other};
+  float* const two[2] = {y2->f32(), y1->f32()};
+  EXPECT_EQ(be->matmul_many(mixed, x->f32(), two, rows).code(), StatusCode::kInvalidArgument);
+  float* const one[1] = {y0->f32()};
+  EXPECT_EQ(be->matmul_many(*gs, x->f32(), one, rows).code(), StatusCode::kInvalidArgument);
+  const int heads[1] = {1};
+  float* const rx[2] = {h1->f32(), h2->f32()};
+  EXPECT_EQ(be->rope_many(rx, heads, rows, 4, nullptr, nullptr, RopeStyle::kNeox).code(),
+            StatusCode::kInvalidArgument);
+}
+
 // argmax_rows follows cisa::argmax (ties to the smaller index, NaN never wins, all NaN gives 0),
 // in the CPU backend's override and in the Backend default (download, host argmax, upload).
 TEST_F(CpuBackendTest, ArgmaxRowsFollowTheArgmaxRule) {

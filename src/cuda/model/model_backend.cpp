@@ -419,7 +419,7 @@ Status CudaBackend::gated_matmul(const BackendMatrix& gate, const BackendMatrix&
                                  const float* x, float* out, float* up_scratch, int64_t rows) {
   const BackendMatrix ws[2] = {gate, up};
   CISA_ASSIGN_OR_RETURN(const DeviceMatrix* first, whole_stack(ws, "gated_matmul"));
-  if (!first || rows <= 0 || gate.n_rows != up.n_rows || !out)
+  if (!first || rows <= 0 || gate.n_rows != up.n_rows || gate.n_cols != up.n_cols || !out)
     return Backend::gated_matmul(gate, up, act, x, out, up_scratch, rows);
   // The activation reads gate's and up's columns from the one product; out's bf16 copy goes to
   // the staging buffer for the down projection (as rms_norm's).
