@@ -32,6 +32,11 @@ namespace {
 
 constexpr FailWith fail{"cisa bench model"};
 
+// Decode steps of a run: T with random K/V, T - 1 after a prefill (which made the first token).
+int64_t decode_steps(const ProtocolArgs& a) {
+  return a.fill == "random" ? a.tokens : a.tokens - 1;
+}
+
 // Progress lines on stderr with an ETA: redrawn in place on a terminal, else one line every ~10 s
 // (so a log file shows that a long fill is moving).
 class Progress {
@@ -198,7 +203,7 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   out->peak_memory = std::max(out->peak_memory, memory_in_use(m, device_total));
   // Decode: every request generates exactly T tokens (the prompt's prefill made the first).
   // Greedy on the backend: only the B token ids leave it (ForwardOutputs::argmax).
-  const int64_t steps = random_fill ? a.tokens : a.tokens - 1;
+  const int64_t steps = decode_steps(a);
   Progress pr(std::string("decode ") + mo.attention);
   std::vector<int32_t> greedy(B);
   for (int64_t i = 0; i < steps; ++i) {
@@ -238,10 +243,8 @@ int bench_model_protocol(const ProtocolArgs& a) {
   if (a.context < 1) return fail("--context must be >= 1");
   if (a.profile_step >= 0 && a.mo.backend != "cuda")
     return fail("--profile-step needs --backend cuda");
-  // Decode steps: T with random K/V, T - 1 after a prefill (which made the first token).
-  const int64_t decode_steps = a.fill == "random" ? a.tokens : a.tokens - 1;
-  if (a.profile_step < -1 || a.profile_step >= decode_steps)
-    return fail("--profile-step must be a decode step in [0, " + std::to_string(decode_steps) +
+  if (a.profile_step < -1 || a.profile_step >= decode_steps(a))
+    return fail("--profile-step must be a decode step in [0, " + std::to_string(decode_steps(a)) +
                 ") (--tokens with --fill random, --tokens - 1 after a prefill)");
   ModelCliOptions mo = a.mo;
   ModelHparams hp;

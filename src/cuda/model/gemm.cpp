@@ -8,8 +8,6 @@
 // and Yᵀ = W Xᵀ is D = op(A) · B with m = n, n = rows, k = k: the "TN" product.
 #include "gemm.h"
 
-#include "skinny_gemm.cuh"
-
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -47,13 +45,18 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-// The descriptors and the chosen algorithm of one shape; owns the layouts. skinny_splits > 0:
-// the few-row kernel of skinny_gemm.cuh with that many K slices won the timing instead.
-struct Plan {
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+// One way to run a shape: a cuBLASLt algorithm, or (skinny_splits > 0) the few-row kernel of
+// skinny_gemm.cuh with that many K slices and k steps in flight.
+struct Candidate {
   cublasLtMatmulAlgo_t algo{};
   int skinny_splits = 0;
   int skinny_unroll = 4;
+};
+
+// The descriptors and the chosen way of one shape; owns the layouts.
+struct Plan {
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  Candidate choice;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -73,13 +76,6 @@ struct Call {
   const void* x;
   void* y;
   cudaStream_t stream;
-};
-
-// One candidate of a shape's timing: a cuBLASLt algorithm, or the skinny kernel's K slices.
-struct Candidate {
-  cublasLtMatmulAlgo_t algo{};
-  int skinny_splits = 0;
-  int skinny_unroll = 4;
 };
 
 // n tiles of the skinny kernel the counters serve (n ≤ 4 M outputs).
@@ -179,19 +175,14 @@ struct Gemm::Impl {
           ", ldy = " + std::to_string(ldy) + " (alignments " + std::to_string(align_w) + "/" +
           std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
           cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
-    p->algo = results[0].algo;
+    p->choice = {.algo = results[0].algo};
     if (rows <= kTimedRowsMax) {
       std::vector<Candidate> cand;
       for (int i = 0; i < found; ++i)
         if (results[i].state == CUBLAS_STATUS_SUCCESS) cand.push_back({.algo = results[i].algo});
       add_split_k_variants(*p, &cand);
       add_skinny(n, k, rows, call, &cand);
-      if (cand.size() > 1) {
-        const Candidate best = fastest(*p, cand, call, n, k, rows, ldy);
-        p->algo = best.skinny_splits > 0 ? results[0].algo : best.algo;
-        p->skinny_splits = best.skinny_splits;
-        p->skinny_unroll = best.skinny_unroll;
-      }
+      if (cand.size() > 1) p->choice = fastest(*p, cand, call, n, k, rows, ldy);
     }
     if (plans.size() >= kMaxCachedShapes) plans.clear();
     return plans.emplace(key, std::move(p)).first->second.get();
@@ -321,20 +312,9 @@ Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int
   const ShapeKey key{n, k, rows, ldy, alignment_of(w), alignment_of(x), alignment_of(y)};
   CISA_ASSIGN_OR_RETURN(const Plan* p,
                         impl_->plan(key, {w, x, y, static_cast<cudaStream_t>(stream)}));
-  if (p->skinny_splits > 0) {
-    const cudaError_t err = detail::launch_skinny_gemm(
-        w, n, k, x, rows, y, ldy, p->skinny_splits, static_cast<float*>(impl_->workspace),
-        impl_->counters, static_cast<cudaStream_t>(stream), p->skinny_unroll);
-    if (err != cudaSuccess)
-      return internal_error(std::string("cuda gemm: skinny kernel launch failed: ") +
-                            cudaGetErrorName(err));
-    return Status::Ok();
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  CISA_BLAS_OK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c,
-                              y, p->c, &p->algo, impl_->workspace, kWorkspaceBytes,
-                              static_cast<cudaStream_t>(stream)),
-               "cublasLtMatmul");
+  CISA_BLAS_OK(
+      impl_->launch(*p, p->choice, {w, x, y, static_cast<cudaStream_t>(stream)}, n, k, rows, ldy),
+      p->choice.skinny_splits > 0 ? "the few-row GEMM kernel's launch" : "cublasLtMatmul");
   return Status::Ok();
 }
 

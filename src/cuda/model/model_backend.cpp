@@ -278,6 +278,10 @@ Result<uint16_t*> CudaBackend::bf16_scratch(int64_t n) {
   return scratch_bf16_.as<uint16_t>();
 }
 
+bool CudaBackend::holds_bf16_copy(const float* x, const uint16_t* xb, int64_t n) const {
+  return x == conv_x_ && xb == conv_xb_ && n == conv_n_ && op_count_ == conv_op_;
+}
+
 void CudaBackend::note_bf16_copy(const float* x, const uint16_t* xb, int64_t n) {
   conv_x_ = x;
   conv_xb_ = xb;
@@ -328,27 +332,19 @@ Status CudaBackend::matmul(const BackendMatrix& w, const float* x, float* y, int
   const int64_t n = rows * m->n_cols;
   CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(n));
   // The previous operation converted this same input (q/k/v, gate/up): the staging holds it.
-  const bool converted = x == conv_x_ && xb == conv_xb_ && n == conv_n_ && op_count_ == conv_op_;
+  const bool converted = holds_bf16_copy(x, xb, n);
   const bool skip = graph_skip(2, {arg(m->data()), arg(m->n_rows), arg(m->n_cols), arg(x), arg(xb),
                                    arg(y), arg(rows), arg(ldy), arg(int64_t{converted})});
   // Kept for the next matmul unless this one writes over its own input.
   const bool keeps_input = y + rows * ldy <= x || x + n <= y;
-  const auto remember = [&] {
-    conv_x_ = keeps_input ? x : nullptr;
-    conv_xb_ = xb;
-    conv_n_ = n;
-    conv_op_ = op_count_;
-  };
-  if (skip) {
-    remember();
-    return Status::Ok();
+  if (!skip) {
+    conv_x_ = nullptr;
+    if (!converted)
+      CISA_RETURN_IF_ERROR(
+          launched(detail::launch_f32_to_bf16(x, xb, n, stream_), "matmul input to bf16"));
+    CISA_RETURN_IF_ERROR(gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_));
   }
-  conv_x_ = nullptr;
-  if (!converted)
-    CISA_RETURN_IF_ERROR(
-        launched(detail::launch_f32_to_bf16(x, xb, n, stream_), "matmul input to bf16"));
-  CISA_RETURN_IF_ERROR(gemm_->run(m->data(), m->n_rows, m->n_cols, xb, rows, y, ldy, stream_));
-  remember();
+  note_bf16_copy(keeps_input ? x : nullptr, xb, n);
   return Status::Ok();
 }
 
@@ -376,7 +372,7 @@ Status CudaBackend::stacked_product(const DeviceMatrix& first, int64_t total, co
   const int64_t n = rows * cols;
   CISA_ASSIGN_OR_RETURN(uint16_t * xb, bf16_scratch(n));
   // The previous operation (rms_norm) left this input's bf16 copy in the staging buffer.
-  const bool converted = x == conv_x_ && xb == conv_xb_ && n == conv_n_ && op_count_ == conv_op_;
+  const bool converted = holds_bf16_copy(x, xb, n);
   conv_x_ = nullptr;
   if (graph_skip(op, {arg(first.data()), arg(total), arg(cols), arg(x), arg(xb), arg(y), arg(rows),
                       tail_hash, arg(int64_t{converted})}))
@@ -438,39 +434,32 @@ Status CudaBackend::gated_matmul(const BackendMatrix& gate, const BackendMatrix&
 
 Status CudaBackend::add_rms_norm(float* x, const float* o, const float* w, float* xn, int64_t rows,
                                  int n, float eps) {
-  if (rows > 0 && n <= 0) return invalid_argument("cuda add_rms_norm: row width must be positive");
-  CISA_ASSIGN_OR_RETURN(uint16_t * yb, bf16_scratch(std::max<int64_t>(rows, 0) * n));
-  const bool skip = graph_skip(
-      16, {arg(x), arg(o), arg(w), arg(xn), arg(yb), arg(rows), arg(int64_t{n}), arg(eps)});
-  if (rows > 0) note_bf16_copy(xn, yb, rows * n);
-  if (skip) return Status::Ok();
-  return launched(detail::launch_add_rms_norm(x, o, w, xn, rows, n, eps, stream_, yb),
-                  "add_rms_norm");
+  return norm_rows(x, o, w, xn, rows, n, eps, 16, "add_rms_norm");
 }
 
 Status CudaBackend::rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
                              float eps) {
-  if (rows > 0 && n <= 0) return invalid_argument("cuda rms_norm: row width must be positive");
+  // Without a residual nothing writes x (launch_rms_norm's contract).
+  return norm_rows(const_cast<float*>(x), nullptr, w, y, rows, n, eps, 3, "rms_norm");
+}
+
+Status CudaBackend::norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows,
+                              int n, float eps, uint64_t op, const char* what) {
+  if (rows > 0 && n <= 0)
+    return invalid_argument(std::string("cuda ") + what + ": row width must be positive");
   // The bf16 copy of y goes to the staging buffer too: the next matmul (q/k/v, gate/up) finds it
   // there instead of converting y again.
   CISA_ASSIGN_OR_RETURN(uint16_t * yb, bf16_scratch(std::max<int64_t>(rows, 0) * n));
-  const bool skip =
-      graph_skip(3, {arg(x), arg(w), arg(y), arg(yb), arg(rows), arg(int64_t{n}), arg(eps)});
+  const bool skip = graph_skip(
+      op, {arg(x), arg(o), arg(w), arg(y), arg(yb), arg(rows), arg(int64_t{n}), arg(eps)});
   if (rows > 0) note_bf16_copy(y, yb, rows * n);
   if (skip) return Status::Ok();
-  return launched(detail::launch_rms_norm(x, w, y, rows, n, eps, stream_, yb), "rms_norm");
+  return launched(detail::launch_add_rms_norm(x, o, w, y, rows, n, eps, stream_, yb), what);
 }
 
 Status CudaBackend::rope(float* x, int64_t rows, int heads, int d, const float* cos,
                          const float* sin, RopeStyle style) {
-  if (rows > 0 && (heads <= 0 || d <= 0 || d % 2 != 0))
-    return invalid_argument("cuda rope: heads must be positive and d positive and even (got " +
-                            std::to_string(heads) + " heads, d " + std::to_string(d) + ")");
-  if (graph_skip(4, {arg(x), arg(rows), arg(int64_t{heads}), arg(int64_t{d}), arg(cos), arg(sin),
-                     arg(int64_t{style == RopeStyle::kNeox})}))
-    return Status::Ok();
-  return launched(
-      detail::launch_rope(x, rows, heads, d, cos, sin, style == RopeStyle::kNeox, stream_), "rope");
+  return rope_many({&x, 1}, {&heads, 1}, rows, d, cos, sin, style);
 }
 
 Status CudaBackend::rope_many(std::span<float* const> xs, std::span<const int> heads, int64_t rows,

@@ -189,6 +189,12 @@ class CudaBackend final : public Backend {
   // Records that the staging buffer holds xb = bf16(x[0..n)), written by the operation just
   // counted: the next operation, if it is a matmul of x, skips the conversion.
   void note_bf16_copy(const float* x, const uint16_t* xb, int64_t n);
+  // Whether the previous operation left xb = bf16(x[0..n)) (note_bf16_copy).
+  bool holds_bf16_copy(const float* x, const uint16_t* xb, int64_t n) const;
+  // rms_norm (o null) and add_rms_norm (x += o first): one kernel, y's bf16 copy noted for the
+  // next matmul; op and what name the operation for step graphs and errors.
+  Status norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int n,
+                   float eps, uint64_t op, const char* what);
   // The shared f32 staging buffer of stacked products (matmul_many): n values.
   Result<float*> f32_scratch(int64_t n);
   // The shared bf16 staging buffer (matmul inputs, attention queries, random fills): n values.

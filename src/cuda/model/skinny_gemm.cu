@@ -1,5 +1,6 @@
 // Few-row products on bf16 tensor cores with split K (skinny_gemm.cuh).
 #include <algorithm>
+#include <limits>
 
 #include "skinny_gemm.cuh"
 
@@ -137,7 +138,8 @@ cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const ui
                                int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
                                int* counters, cudaStream_t stream, int unroll) {
   if ((unroll != 4 && unroll != 8) || rows < 1 || rows > kSkinnyMaxRows || n % kSkinnyTileN != 0 ||
-      k % kSkinnyKStep != 0 || ldy < n || !w || !x || !y)
+      k % kSkinnyKStep != 0 || ldy < n || ldy > std::numeric_limits<int32_t>::max() || !w || !x ||
+      !y)
     return cudaErrorInvalidValue;
   const int steps = static_cast<int>(k / kSkinnyKStep);
   splits = std::clamp(splits, 1, steps);
