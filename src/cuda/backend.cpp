@@ -16,6 +16,7 @@
 #include "random_fill.cuh"
 #include "reps.cuh"
 #include "score.cuh"
+#include "select_fused.cuh"
 #include "tile_sizes.cuh"
 #include "topk.cuh"
 #include "unions.cuh"
@@ -156,12 +157,20 @@ Status validate_batch_tables(const DeviceBlockTables& tables, std::span<const Ba
   return Status::Ok();
 }
 
+// The current device's SM count (132 where it cannot be read).
+int device_sms() {
+  int sms = 132, dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    sms = 132;
+  }
+  return sms;
+}
+
 // Work decomposition of attention: row tiles of 16·warps rows, page splits to fill the GPU.
 Status plan_attention(Plan::Impl& P) {
-  int sms = 132;
-  int dev = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = device_sms();
   const int hg = P.num_q_heads / P.num_kv_heads;
   const int H = P.num_kv_heads;
   int64_t max_rows = 0;
@@ -354,6 +363,31 @@ Status upload_metadata(Plan::Impl& P) {
   return cuda_status(cudaEventRecord(P.meta_copied, stream), "cuda plan: metadata event");
 }
 
+// Whether scoring and top-k run fused (select_fused.cuh), and in clusters of what size: lists
+// that are each alone in their stream, with mean representatives.
+Status plan_fused_select(Plan::Impl& P) {
+  P.fused_cluster = 0;
+  const int want = P.options.fused_select_cluster;
+  const bool applies =
+      !P.quest && !P.streams.empty() && P.max_stream_lists == 1 && P.streams.size() == P.sel.size();
+  if (want == 0 || !applies) return Status::Ok();
+  const int64_t lists = static_cast<int64_t>(P.streams.size());
+  if (want < 0) {
+    P.fused_cluster =
+        detail::fused_select_cluster(lists, P.max_score_span, P.head_dim, device_sms());
+    return Status::Ok();
+  }
+  // A forced size: one list on `want` SMs asks for a cluster of exactly `want`, and comes back
+  // smaller where that does not fit.
+  if (detail::fused_select_cluster(1, P.max_score_span, P.head_dim, want) < want)
+    return invalid_argument("cuda: PlanOptions::fused_select_cluster = " + std::to_string(want) +
+                            " cannot run this plan (head_dim " + std::to_string(P.head_dim) +
+                            ", longest eligible range " + std::to_string(P.max_score_span) +
+                            " chunks)");
+  P.fused_cluster = want;
+  return Status::Ok();
+}
+
 // Sizes the lists (already described in P.lists), score streams, attention work; uploads.
 Status finish_plan(Plan::Impl& P) {
   int64_t out = 0, score = 0;
@@ -406,6 +440,7 @@ Status finish_plan(Plan::Impl& P) {
   // one block of early exits, and a decode batch keeps its launch arguments for many steps.
   P.max_fixed = (P.max_fixed + kFixedQuantum - 1) / kFixedQuantum * kFixedQuantum;
   P.max_score_span = (P.max_score_span + kSpanQuantum - 1) / kSpanQuantum * kSpanQuantum;
+  CISA_RETURN_IF_ERROR(plan_fused_select(P));
   CISA_RETURN_IF_ERROR(plan_attention(P));
   CISA_RETURN_IF_ERROR(upload_metadata(P));
   const size_t ucap = static_cast<size_t>(std::max<int64_t>(1, P.union_capacity)) * sizeof(int32_t);
@@ -441,6 +476,11 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
   if (options.topk_cluster_min_scores < -1)
     return invalid_argument("cuda: PlanOptions::topk_cluster_min_scores must be >= -1 (got " +
                             std::to_string(options.topk_cluster_min_scores) + ")");
+  if (const int c = options.fused_select_cluster; c < -1 || c > 16 || (c > 0 && (c & (c - 1)) != 0))
+    return invalid_argument(
+        "cuda: PlanOptions::fused_select_cluster must be -1 (auto), 0 (off) or 1, 2, 4, 8, 16 "
+        "(got " +
+        std::to_string(c) + ")");
   if (options.blocks_per_sm < 0 || options.blocks_per_sm > 1024)
     return invalid_argument("cuda: PlanOptions::blocks_per_sm must be in [0, 1024] (got " +
                             std::to_string(options.blocks_per_sm) + ")");
@@ -561,6 +601,14 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                        index_q, P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
                                        P.d_qsplit.as<uint16_t>(), s),
           "cuda: index queries"));
+      if (P.fused_cluster > 0)  // scores and the selected part of every list (kTopK: unions only)
+        return cuda_status(
+            detail::launch_select_fused(P.d_streams, static_cast<int64_t>(P.streams.size()),
+                                        P.fused_cluster, P.max_score_span, P.d_lists, P.block_pages,
+                                        layer.reps, P.d_qbar.as<float>(), P.num_kv_heads,
+                                        P.head_dim, P.d_scores.as<float>(), P.d_pages.as<int32_t>(),
+                                        P.d_chunks.as<int32_t>(), s),
+            "cuda: fused scoring and top-k");
       return cuda_status(
           detail::launch_score(P.d_streams, static_cast<int64_t>(P.streams.size()),
                                P.max_score_span, P.max_stream_lists, P.d_lists, P.block_pages,
@@ -569,14 +617,15 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
           "cuda: scoring");
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
-      CISA_RETURN_IF_ERROR(
-          cuda_status(detail::launch_topk(
-                          P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.max_score_span,
-                          P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
-                                                                : P.options.topk_cluster_min_scores,
-                          P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
-                          P.d_chunks.as<int32_t>(), s),
-                      "cuda: top-k"));
+      if (P.fused_cluster == 0)
+        CISA_RETURN_IF_ERROR(cuda_status(
+            detail::launch_topk(
+                P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.max_score_span,
+                P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
+                                                      : P.options.topk_cluster_min_scores,
+                P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
+                P.d_chunks.as<int32_t>(), s),
+            "cuda: top-k"));
       return cuda_status(
           detail::launch_build_unions(
               P.d_unions, static_cast<int64_t>(P.unions.size()), P.union_smem, P.d_lists,
@@ -663,6 +712,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           static_cast<int64_t>(P.options.attention_kernel),
                           int64_t{P.options.ws_copy_warps},
                           int64_t{P.options.topk_cluster_min_scores},
+                          int64_t{P.fused_cluster},
                           int64_t{P.lists.empty() ? 0 : P.lists[0].window}})
     mix(static_cast<uint64_t>(v));
   for (const void* p : std::initializer_list<const void*>{

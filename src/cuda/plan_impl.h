@@ -68,7 +68,8 @@ struct Plan::Impl {
   std::vector<int32_t> sel;  // lists that select
   std::vector<detail::ScoreStream> streams;
   int32_t max_score_span = 0, max_stream_lists = 0;  // largest eligible range of a stream
-  PlanOptions options;  // the switches the plan was built with (run_attention reads them too)
+  int fused_cluster = 0;  // > 0: scoring and top-k by select_fused.cu, clusters of this size
+  PlanOptions options;    // the switches the plan was built with (run_attention reads them too)
   bool group_unions = true;
   std::vector<detail::UnionDesc> unions;
   int64_t union_capacity = 0;

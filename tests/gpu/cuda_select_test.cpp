@@ -5,6 +5,7 @@
 #ifdef CISA_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "cisa/cpu/selection.h"
@@ -233,8 +234,11 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
 }
 
 // Decode batches (one query per sequence, one list per score stream) take the few-lists score
-// kernel with one list in registers; spans of 500–1,300 eligible chunks cover several of its
-// 512-chunk blocks and a partial last block.
+// kernel with one list in registers, then either top-k path (one block per list: these lists are
+// short; or a cluster per list); spans of 500–1,300 eligible chunks cover several of its
+// 512-chunk blocks and a partial last block. With mean representatives they also take the fused
+// selection (select_fused.cu) at the cluster size the planner picks and at forced sizes 1, 4 and
+// 16, whose scores and lists must equal the two-kernel path's bit for bit.
 TEST(CudaSelect, DecodeBatchMatchesCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(31);
@@ -243,28 +247,47 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
       {2, 64, RepKind::kMean, {.budget = 37, .window = 4, .qshare = 1, .sink_pages = 3}},
       {2, 128, RepKind::kQuest, {.budget = 64, .window = 16, .qshare = 1}},
       {1, 256, RepKind::kQuest, {.budget = 500, .window = 8, .qshare = 1}},
+      {2, 256, RepKind::kMean, {.budget = 900, .window = 8, .qshare = 1}},
   };
-  // Both top-k paths: one block per list (these lists are short), and a cluster per list.
-  for (const int cluster_min : {-1, 0})
-    for (const auto& c : cases) {
-      SCOPED_TRACE("decode hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
-                   " k=" + std::to_string(c.p.budget) +
-                   " topk_cluster_min_scores=" + std::to_string(cluster_min));
-      const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
-      std::vector<BatchEntry> batch;
-      for (size_t i = 0; i < len.size(); ++i)
-        batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
-      auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
-      DeviceMirror m;
-      m.build(*s.cache, 0, static_cast<int>(len.size()));
+  struct Variant {
+    const char* name;
+    cuda::PlanOptions options;
+  };
+  const std::vector<Variant> variants = {
+      {"two kernels, top-k one block per list", {}},
+      {"two kernels, top-k in clusters", {.topk_cluster_min_scores = 0}},
+      {"fused, planner's cluster", {.fused_select_cluster = -1}},
+      {"fused, cluster 1", {.fused_select_cluster = 1}},
+      {"fused, cluster 4", {.fused_select_cluster = 4}},
+      {"fused, cluster 16", {.fused_select_cluster = 16}},
+  };
+  for (const auto& c : cases) {
+    const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
+    std::vector<BatchEntry> batch;
+    for (size_t i = 0; i < len.size(); ++i) batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
+    auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
+    DeviceMirror m;
+    m.build(*s.cache, 0, static_cast<int>(len.size()));
+    DevVec<float> iq;
+    iq.upload(s.index_q);
+    PageLists first;
+    std::vector<float> first_scores;
+    for (const auto& v : variants) {
+      SCOPED_TRACE(std::string("decode hkv=") + std::to_string(c.hkv) + " d=" +
+                   std::to_string(c.d) + " k=" + std::to_string(c.p.budget) + ", " + v.name);
       cuda::Plan plan;
-      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan,
-                                    {.topk_cluster_min_scores = cluster_min})
-                      .ok());
-      DevVec<float> iq;
-      iq.upload(s.index_q);
+      ASSERT_TRUE(
+          cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan, v.options)
+              .ok());
       auto* P = plan.impl();
       ASSERT_EQ(P->max_stream_lists, 1);
+      const int forced = v.options.fused_select_cluster;
+      if (c.rep == RepKind::kQuest || forced == 0)
+        EXPECT_EQ(P->fused_cluster, 0);
+      else if (forced > 0)
+        EXPECT_EQ(P->fused_cluster, forced);
+      else
+        EXPECT_GT(P->fused_cluster, 0);
       cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
       cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
       cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
@@ -275,9 +298,19 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
       std::vector<float> scores;
       std::vector<int64_t> off;
       ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
-      EXPECT_EQ(plan.selected_lists(), static_cast<int64_t>(len.size()) * c.hkv);
       expect_lists_consistent(s, c.p, gpu, scores, off);
+      if (&v == &variants.front()) {
+        first = gpu;
+        first_scores = scores;
+        continue;
+      }
+      EXPECT_EQ(gpu.pages, first.pages);
+      EXPECT_EQ(gpu.chunks, first.chunks);
+      ASSERT_EQ(scores.size(), first_scores.size());
+      EXPECT_EQ(0, std::memcmp(scores.data(), first_scores.data(), scores.size() * sizeof(float)))
+          << "scores differ from the two-kernel path's";
     }
+  }
 }
 
 // Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both
@@ -316,48 +349,55 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   // 64 queries in groups of 16 (4 lists per score stream: few-lists kernel), 160 (10 lists: the
   // prefill kernel, tensor cores with its f32 path for non-finite representatives), then one
   // decode query (one list).
+  // The decode query also runs the fused selection (select_fused.cu).
   for (int64_t count : {64, 160, 1})
-    for (int64_t budget : {10, 97, 150}) {
-      SCOPED_TRACE("queries " + std::to_string(count));
-      s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
-      SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
-      cuda::Plan plan;
-      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan).ok());
-      DevVec<float> iq;
-      iq.upload(s.index_q);
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
-      CUDA_OK(cudaDeviceSynchronize());
-      PageLists gpu, cpu;
-      ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
-      ThreadPool pool(1);
-      ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
-      EXPECT_EQ(cpu.offsets, gpu.offsets);
-      EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
-      EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
-      // Name the first difference: its list, its place in the list, and the scores of both chunks.
-      for (size_t i = 0; i < std::min(cpu.chunks.size(), gpu.chunks.size()); ++i) {
-        if (cpu.chunks[i] == gpu.chunks[i]) continue;
-        const auto list =
-            std::upper_bound(cpu.offsets.begin(), cpu.offsets.end(), static_cast<int64_t>(i)) -
-            cpu.offsets.begin() - 1;
-        std::vector<float> sc;
-        std::vector<int64_t> so;
-        ASSERT_TRUE(cuda::download_scores(plan, &sc, &so).ok());
-        const auto& g = cpu.groups[static_cast<size_t>(list)];
-        const int64_t first = p.sink_pages;  // scores start at the first eligible chunk
-        auto score = [&](int32_t c) {
-          const int64_t j = so[static_cast<size_t>(list)] + (c - first);
-          return j < so[static_cast<size_t>(list) + 1] ? sc[static_cast<size_t>(j)] : NAN;
-        };
-        ADD_FAILURE() << "first difference at entry " << i << " (list " << list << ", group "
-                      << g.first << ".." << g.last << ", entry "
-                      << i - static_cast<size_t>(cpu.offsets[static_cast<size_t>(list)])
-                      << "): CPU chunk " << cpu.chunks[i] << " (GPU score " << score(cpu.chunks[i])
-                      << "), GPU chunk " << gpu.chunks[i] << " (GPU score " << score(gpu.chunks[i])
-                      << ")";
-        break;
+    for (int fused : {0, -1})
+      for (int64_t budget : {10, 97, 150}) {
+        if (fused != 0 && count != 1) continue;
+        SCOPED_TRACE("queries " + std::to_string(count) + (fused ? ", fused selection" : ""));
+        s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
+        SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
+        cuda::Plan plan;
+        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan,
+                                      {.fused_select_cluster = fused})
+                        .ok());
+        ASSERT_EQ(plan.impl()->fused_cluster > 0, fused != 0);
+        DevVec<float> iq;
+        iq.upload(s.index_q);
+        ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+        CUDA_OK(cudaDeviceSynchronize());
+        PageLists gpu, cpu;
+        ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+        ThreadPool pool(1);
+        ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
+        EXPECT_EQ(cpu.offsets, gpu.offsets);
+        EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
+        EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
+        // Name the first difference: its list, its place in the list, and the scores of both
+        // chunks.
+        for (size_t i = 0; i < std::min(cpu.chunks.size(), gpu.chunks.size()); ++i) {
+          if (cpu.chunks[i] == gpu.chunks[i]) continue;
+          const auto list =
+              std::upper_bound(cpu.offsets.begin(), cpu.offsets.end(), static_cast<int64_t>(i)) -
+              cpu.offsets.begin() - 1;
+          std::vector<float> sc;
+          std::vector<int64_t> so;
+          ASSERT_TRUE(cuda::download_scores(plan, &sc, &so).ok());
+          const auto& g = cpu.groups[static_cast<size_t>(list)];
+          const int64_t first = p.sink_pages;  // scores start at the first eligible chunk
+          auto score = [&](int32_t c) {
+            const int64_t j = so[static_cast<size_t>(list)] + (c - first);
+            return j < so[static_cast<size_t>(list) + 1] ? sc[static_cast<size_t>(j)] : NAN;
+          };
+          ADD_FAILURE() << "first difference at entry " << i << " (list " << list << ", group "
+                        << g.first << ".." << g.last << ", entry "
+                        << i - static_cast<size_t>(cpu.offsets[static_cast<size_t>(list)])
+                        << "): CPU chunk " << cpu.chunks[i] << " (GPU score "
+                        << score(cpu.chunks[i]) << "), GPU chunk " << gpu.chunks[i]
+                        << " (GPU score " << score(gpu.chunks[i]) << ")";
+          break;
+        }
       }
-    }
 }
 
 }  // namespace

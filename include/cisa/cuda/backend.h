@@ -112,6 +112,14 @@ struct PlanOptions {
   // of at least this many eligible chunks; -1 for tile_sizes.cuh's kTopkClusterMinScores, 0 for
   // clusters at any length (tests of both paths).
   int topk_cluster_min_scores = -1;
+  // Decode lists (each alone in its score stream: one per sequence and KV group) with mean
+  // representatives can be scored and selected by one kernel, a cluster of blocks per list whose
+  // keys stay in shared memory (select_fused.cu). 0 (default): off, the score kernel then the
+  // top-k kernel, which measured faster in a whole decode step (docs/cuda-model.md: 97 against
+  // 63 µs per layer at 2 x 1M, 54 against 56 at 16 x 128K, H200); -1: on, the cluster size chosen
+  // per plan; 1, 2, 4, 8 or 16: that cluster size (tests and A/B runs; refused where the GPU
+  // cannot run a plan's lists that way).
+  int fused_select_cluster = 0;
   // Where the plan's launch metadata goes to the device: a cudaStream_t, on which one copy from
   // page-locked staging is enqueued (no host synchronisation; the staging is reused once that
   // copy is done). nullptr: a synchronous copy (the legacy default stream).
