@@ -16,6 +16,10 @@
 #   bash bench/scripts/gpu_eval_session.sh eval    # models checked (sha256), PLAN started in the
 #                                                  #   background; waits, returns results so far
 #   bash bench/scripts/gpu_eval_session.sh wait    # waits again (WAIT_S), returns results so far
+# MODELS=gemma: the parts hold Gemma 3 270M alone (split models/gemma-3-270m-q4_k_m.gguf only).
+# SEED_RUN=DIR: before the runs start, copy the committed run directory DIR (its results.jsonl
+# and run.json) to /tmp/cisa_eval/runs/<its name without "h200-">, so that a plan line with
+# --resume adds to it instead of running it again.
 # Environment: CISA_COMMIT (recorded), PLAN (a file of `cisa eval` argument lines, one run per
 # line, run in order; default bench/eval/plan_h200.txt), WAIT_S (seconds a call waits for the
 # background runs, default 540), RUN_TESTS (a ctest regex run after the build, e.g. a GPU test).
@@ -30,6 +34,7 @@ S=/tmp/cisa_eval            # survives between calls while the machine stays war
 mkdir -p "$S/stage" "$S/runs"
 t0=$(date +%s)
 WAIT_S=${WAIT_S:-540}
+MODELS=${MODELS:-all}  # all: the parts hold Gemma then SmolLM2; gemma: Gemma alone
 log() { echo "[gpu_eval $(date +%H:%M:%S) +$(($(date +%s) - t0))s] $*" | tee -a "$S/session.log"; }
 collect() {
   cp "$S/session.log" "$OUT/" 2>/dev/null
@@ -76,12 +81,13 @@ case "$mode" in
     if [ "$mode" = eval ] && [ ! -f "$S/models.ok" ]; then
       cat "$S"/stage/part? >"$S/blob" && mkdir -p "$S/models" &&
         head -c 253113024 "$S/blob" >"$S/models/gemma-3-270m-q4_k_m.gguf" &&
-        tail -c +253113025 "$S/blob" >"$S/models/SmolLM2-135M-Instruct.Q4_1.gguf" && rm -f "$S/blob"
-      (cd "$S/models" && sha256sum -c - <<'EOF'
-a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  gemma-3-270m-q4_k_m.gguf
-b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  SmolLM2-135M-Instruct.Q4_1.gguf
-EOF
-      ) | tee -a "$S/session.log" && touch "$S/models.ok"
+        if [ "$MODELS" = all ]; then
+          tail -c +253113025 "$S/blob" >"$S/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        fi && rm -f "$S/blob"
+      sums="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  gemma-3-270m-q4_k_m.gguf"
+      [ "$MODELS" = all ] && sums="$sums
+b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  SmolLM2-135M-Instruct.Q4_1.gguf"
+      (cd "$S/models" && echo "$sums" | sha256sum -c -) | tee -a "$S/session.log" && touch "$S/models.ok"
       [ -f "$S/models.ok" ] || { log "model check failed"; collect; exit 1; }
       mkdir -p "$S/src/models" && ln -sf "$S"/models/*.gguf "$S/src/models/"
     fi
@@ -90,6 +96,11 @@ EOF
       (cd "$S/src" && timeout 240 ctest --test-dir build/cuda -R "$RUN_TESTS" --output-on-failure \
         --timeout 200) >"$S/tests.log" 2>&1
       log "tests rc=$? $(grep -E 'tests passed|tests failed' "$S/tests.log" | tail -1)"
+    fi
+    if [ "$mode" = eval ] && [ ! -f "$S/runner.started" ] && [ -n "${SEED_RUN:-}" ]; then
+      seed_to="$S/runs/$(basename "$SEED_RUN" | sed 's/^h200-//')"
+      mkdir -p "$seed_to" && cp "$root/$SEED_RUN"/results.jsonl "$root/$SEED_RUN"/run.json "$seed_to/" &&
+        log "seeded $seed_to from $SEED_RUN ($(wc -l <"$seed_to/results.jsonl") results)"
     fi
     if [ "$mode" = eval ] && [ ! -f "$S/runner.started" ]; then
       plan=${PLAN:-$root/bench/eval/plan_h200.txt}
