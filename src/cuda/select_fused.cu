@@ -106,24 +106,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       [](uint32_t key) { return key; }, table, pages, chunks, sh);
 }
 
+// A launch of `blocks` blocks of kThreads in clusters of `cluster` (cfg.attrs points at attr).
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  ClusterLaunch(int64_t blocks, int cluster, size_t smem, cudaStream_t stream) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 template <int D>
 cudaError_t launch_d(const ScoreStream* streams, int64_t num_streams, int cluster, size_t smem,
                      const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
                      const float* qbar, int num_kv_heads, float inv_sqrt_d, float* scores,
                      int32_t* pages, int32_t* chunks, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(num_streams * cluster));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, select_fused_kernel<D>, streams, lists, block_pages, reps, qbar,
+  const ClusterLaunch l(num_streams * cluster, cluster, smem, stream);
+  return cudaLaunchKernelEx(&l.cfg, select_fused_kernel<D>, streams, lists, block_pages, reps, qbar,
                             num_kv_heads, inv_sqrt_d, scores, pages, chunks);
 }
 
@@ -146,19 +155,9 @@ int max_active_clusters(int cluster, size_t smem) {
     cudaGetLastError();
     return 0;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch l(cluster, cluster, smem, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, select_fused_kernel<D>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, select_fused_kernel<D>, &l.cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
