@@ -17,7 +17,7 @@ const char* kv_dtype_name(KvDtype d) {
   return d == KvDtype::kF32 ? "f32" : "bf16";
 }
 const char* rep_kind_name(RepKind r) {
-  return r == RepKind::kMean ? "mean" : "quest";
+  return r == RepKind::kMean ? "mean" : r == RepKind::kQuest ? "quest" : "moment";
 }
 
 Result<KvDtype> parse_kv_dtype(const std::string& s) {
@@ -29,6 +29,7 @@ Result<KvDtype> parse_kv_dtype(const std::string& s) {
 Result<RepKind> parse_rep_kind(const std::string& s) {
   if (s == "mean") return RepKind::kMean;
   if (s == "quest") return RepKind::kQuest;
+  if (s == "moment") return RepKind::kMoment;
   return invalid_argument("unknown representative '" + s + "' (expected mean or quest)");
 }
 
@@ -71,7 +72,7 @@ Status validate_config(const KvCacheConfig& c) {
 int64_t kv_cache_bytes(const KvCacheConfig& c) {
   const int64_t es = elem_size(c.dtype);
   const int64_t kv = 2 * c.num_pages * c.num_kv_heads * c.page_size * c.head_dim * es;
-  const int64_t rep_w = c.rep == RepKind::kQuest ? 2 * c.head_dim : c.head_dim;
+  const int64_t rep_w = c.rep == RepKind::kMean ? c.head_dim : 2 * c.head_dim;
   int64_t rep_layers = c.num_layers;
   if (!c.rep_layers.empty())
     rep_layers = std::count(c.rep_layers.begin(), c.rep_layers.end(), true);
@@ -198,8 +199,9 @@ Status PagedKvCache::append(int layer, SeqId seq, int64_t n, const float* k, con
   return Status::Ok();
 }
 
-// Representative of one full page: per KV head, the mean (or per-channel min and max) of the
-// page's stored keys, accumulated in double and rounded to the storage dtype.
+// Representative of one full page: per KV head, the mean (or per-channel min and max, or the
+// mean and the population variance) of the page's stored keys, accumulated in double and rounded
+// to the storage dtype.
 void PagedKvCache::update_rep(int layer, int32_t page) {
   const int B = config_.page_size, d = config_.head_dim, H = config_.num_kv_heads;
   const int rw = rep_width();
@@ -219,6 +221,15 @@ void PagedKvCache::update_rep(int layer, int32_t page) {
         for (int i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += key(s, i);
       for (int i = 0; i < d; ++i)
         row[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / B);
+    } else if (config_.rep == RepKind::kMoment) {
+      for (int i = 0; i < d; ++i) {
+        double sum = 0, sq = 0;
+        for (int s = 0; s < B; ++s) sum += key(s, i);
+        const double mean = sum / B;
+        for (int s = 0; s < B; ++s) sq += (key(s, i) - mean) * (key(s, i) - mean);
+        row[static_cast<size_t>(i)] = static_cast<float>(mean);
+        row[static_cast<size_t>(d + i)] = static_cast<float>(sq / B);
+      }
     } else {
       for (int i = 0; i < d; ++i) {
         float lo = key(0, i), hi = lo;

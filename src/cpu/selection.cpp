@@ -48,6 +48,19 @@ float quest_bound(const float* q, const T* r, int d) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// Moment representatives (RepKind::kMoment: mean, then variance): q·μ + Σ_i q_i²σ_i²/(2√d), so
+// that after the 1/√d of every score it is q·μ/√d + Σ_i q_i²σ_i²/(2d), the log of a page's
+// expected exp(q·k/√d) were its keys Gaussian with that mean and diagonal covariance.
+template <class T>
+float moment_score(const float* q, const T* r, int d) {
+  double mean = 0, var = 0;
+  for (int i = 0; i < d; ++i) {
+    mean += static_cast<double>(q[i]) * load(r, i);
+    var += static_cast<double>(q[i]) * q[i] * load(r, d + i);
+  }
+  return static_cast<float>(mean + var * (0.5 / std::sqrt(static_cast<double>(d))));
+}
+
 #ifdef CISA_ATTENTION_AVX512
 // Mean-key scores of representatives j0 … j0 + 3 of a block table (d % 16 == 0; reps + page·stride
 // is a page's representative for the KV group): one query vector loaded feeds four FMAs. The
@@ -79,10 +92,10 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
                  const float* q, int64_t first, int64_t n, float* scores) {
   const int d = cache.head_dim();
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
-  const bool quest = cache.config().rep == RepKind::kQuest;
+  const RepKind kind = cache.config().rep;
   int64_t j = 0;
 #ifdef CISA_ATTENTION_AVX512
-  if (!quest && d % 16 == 0) {
+  if (kind == RepKind::kMean && d % 16 == 0) {
     // Representative of (page, g) at reps + page·stride: [num_pages][num_kv_heads][d].
     const T* reps = static_cast<const T*>(cache.rep_pool(layer)) + static_cast<int64_t>(g) * d;
     const int64_t stride = static_cast<int64_t>(cache.num_kv_heads()) * d;
@@ -93,7 +106,10 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
 #endif
   for (; j < n; ++j) {
     const T* r = static_cast<const T*>(cache.rep(layer, table[static_cast<size_t>(first + j)], g));
-    scores[j] = (quest ? quest_bound(q, r, d) : dot(q, r, d)) * inv_sqrt_d;
+    scores[j] = (kind == RepKind::kQuest    ? quest_bound(q, r, d)
+                 : kind == RepKind::kMoment ? moment_score(q, r, d)
+                                            : dot(q, r, d)) *
+                inv_sqrt_d;
   }
 }
 

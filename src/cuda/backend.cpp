@@ -121,6 +121,9 @@ Status validate_layer(const DeviceLayer& layer) {
   if (layer.head_dim != 64 && layer.head_dim != 128 && layer.head_dim != 256)
     return unimplemented("cuda: head_dim " + std::to_string(layer.head_dim) +
                          " is not supported (64, 128 or 256)");
+  if (layer.rep == RepKind::kMoment)
+    return unimplemented(
+        "cuda: moment representatives (mean and variance) are implemented on the CPU backend only");
   if (layer.num_kv_heads <= 0) return invalid_argument("cuda: num_kv_heads must be positive");
   if (layer.num_pages <= 0 || layer.num_pages > std::numeric_limits<int32_t>::max())
     return invalid_argument("cuda: num_pages must be in [1, 2^31)");

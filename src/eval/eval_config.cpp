@@ -104,13 +104,15 @@ Result<EvalConfig> parse_config(std::string_view text) {
     c.kind = ConfigKind::kCisa;
   else if (kind == "quest")
     c.kind = ConfigKind::kQuest;
+  else if (kind == "moment")
+    c.kind = ConfigKind::kMoment;
   else if (kind == "recency")
     c.kind = ConfigKind::kRecency;
   else if (kind == "oracle")
     c.kind = ConfigKind::kOracle;
   else
     return invalid_argument("config '" + c.name + "': unknown kind '" + std::string(kind) +
-                            "' (dense, cisa, quest, recency, oracle)");
+                            "' (dense, cisa, quest, moment, recency, oracle)");
   if (c.kind == ConfigKind::kDense && parts.size() > 1)
     return invalid_argument("config '" + c.name + "': dense takes no options");
   for (size_t i = 1; i < parts.size(); ++i) {
@@ -131,7 +133,9 @@ Result<EvalConfig> parse_config(std::string_view text) {
       continue;
     }
     if (p == "cal") {
-      if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) return bad();
+      if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest &&
+          c.kind != ConfigKind::kMoment)
+        return bad();
       c.calibrated = true;
       continue;
     }
@@ -176,7 +180,9 @@ Result<EvalConfig> parse_config(std::string_view text) {
         break;
       case 'r':  // selection reuse: top-k selections only (not oracle, recency or dense)
         if (!parse_i64(v, &n) || n < 1 || n > kMaxReuseSteps) return bad();
-        if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) return bad();
+        if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest &&
+            c.kind != ConfigKind::kMoment)
+          return bad();
         c.reuse_steps = n;
         break;
       case 'e':
@@ -244,6 +250,7 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
     a.layer_budget_weights = c.layer_budget_weights;
   }
   if (c.kind == ConfigKind::kQuest) *rep = RepKind::kQuest;
+  if (c.kind == ConfigKind::kMoment) *rep = RepKind::kMoment;
   // The upper bound: the same groups, window and budget, the k chunks by true dense mass.
   if (c.kind == ConfigKind::kOracle) a.selector = oracle_page_selector();
   if (c.kind == ConfigKind::kRecency) {

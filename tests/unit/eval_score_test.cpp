@@ -196,6 +196,10 @@ TEST(EvalConfig, BudgetAndAttentionOptions) {
   auto qa = *config_attention(*parse_config("quest:k10"), 8192, 16, &rep);
   EXPECT_EQ(rep, RepKind::kQuest);
   EXPECT_EQ(qa.selection.budget, 10);
+  auto ma = *config_attention(*parse_config("moment:x8:g4:s1:cal:r2"), 8192, 16, &rep);
+  EXPECT_EQ(rep, RepKind::kMoment);
+  EXPECT_EQ(ma.mode, AttentionMode::kCisa);
+  EXPECT_EQ(ma.selection.reuse_steps, 2);
   EXPECT_EQ(config_attention(*parse_config("dense"), 8192, 16, &rep)->mode, AttentionMode::kDense);
   EXPECT_EQ(config_attention(*parse_config("cisa:k4:d3"), 8192, 16, &rep)->dense_layers, 3);
   // The oracle: CISA's budget, G, window and sinks, with a page selector; CISA has none.

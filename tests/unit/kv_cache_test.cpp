@@ -128,6 +128,45 @@ TEST(KvCache, QuestRepresentativeIsMinAndMax) {
   }
 }
 
+TEST(KvCache, MomentRepresentativeIsMeanAndVariance) {
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16}) {
+    auto c = make({.num_layers = 1,
+                   .num_kv_heads = 2,
+                   .head_dim = 8,
+                   .page_size = 4,
+                   .num_pages = 6,
+                   .dtype = dt,
+                   .rep = RepKind::kMoment});
+    EXPECT_EQ(c->rep_width(), 16);
+    std::mt19937 rng(5);
+    SeqId s = *c->add_sequence();
+    append_random(*c, s, 9, rng);  // two full pages and one partial
+    const bool f32 = dt == KvDtype::kF32;
+    for (int j = 0; j < 2; ++j)
+      for (int g = 0; g < 2; ++g) {
+        const void* r = c->rep(0, (*c->block_table(s))[static_cast<size_t>(j)], g);
+        for (int i = 0; i < 8; ++i) {
+          double m = 0, v = 0;
+          for (int t = 0; t < 4; ++t) m += stored(*c, true, 0, s, j * 4 + t, g, i);
+          m /= 4;
+          for (int t = 0; t < 4; ++t) {
+            const double x = stored(*c, true, 0, s, j * 4 + t, g, i) - m;
+            v += x * x;
+          }
+          v /= 4;
+          auto at = [&](int w) -> double {
+            return f32 ? static_cast<const float*>(r)[w]
+                       : bf16_to_f32(static_cast<const uint16_t*>(r)[w]);
+          };
+          const double rel = f32 ? 1e-6 : 8e-3;  // f32 rounding, or one bf16 rounding
+          EXPECT_NEAR(at(i), m, std::abs(m) * rel + 1e-7) << "page " << j << " channel " << i;
+          EXPECT_NEAR(at(8 + i), v, v * rel + 1e-7) << "page " << j << " channel " << i;
+          EXPECT_GE(at(8 + i), 0.0);
+        }
+      }
+  }
+}
+
 TEST(KvCache, PoolExhaustedIsAnErrorAndLeavesCacheUsable) {
   auto c =
       make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .page_size = 4, .num_pages = 3});

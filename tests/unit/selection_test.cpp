@@ -87,6 +87,20 @@ double ref_score(const PagedKvCache& c, SeqId seq, int g, const std::vector<doub
       for (int t = 0; t < 16; ++t) m += test::stored(c, true, 0, seq, j * 16 + t, g, i);
       s += q[static_cast<size_t>(i)] * (m / 16);
     }
+  } else if (c.config().rep == RepKind::kMoment) {
+    // log E[exp(q·k/√d)] for k ~ N(μ, diag σ²) of the page's keys: q·μ/√d + Σ q_i²σ_i²/(2d).
+    for (int i = 0; i < d; ++i) {
+      double m = 0, v = 0;
+      for (int t = 0; t < 16; ++t) m += test::stored(c, true, 0, seq, j * 16 + t, g, i);
+      m /= 16;
+      for (int t = 0; t < 16; ++t) {
+        const double x = test::stored(c, true, 0, seq, j * 16 + t, g, i) - m;
+        v += x * x;
+      }
+      v /= 16;
+      const double qi = q[static_cast<size_t>(i)];
+      s += qi * m + qi * qi * v / (2 * std::sqrt(static_cast<double>(d)));
+    }
   } else {
     for (int i = 0; i < d; ++i) {
       double lo = INFINITY, hi = -INFINITY;
@@ -124,7 +138,7 @@ TEST(Selection, QueryGroupsSplitDensePrefixThenQShare) {
 }
 
 TEST(Selection, ListsHoldSinksTopKWindowAndTailAgainstFp64Scores) {
-  for (RepKind rep : {RepKind::kMean, RepKind::kQuest}) {
+  for (RepKind rep : {RepKind::kMean, RepKind::kQuest, RepKind::kMoment}) {
     std::mt19937 rng(12);
     const int d = 32, hkv = 2;
     auto f = make_cache(2000, hkv, d, rng, rep);
@@ -166,6 +180,41 @@ TEST(Selection, ListsHoldSinksTopKWindowAndTailAgainstFp64Scores) {
           ASSERT_EQ(pages[i], table[static_cast<size_t>(chunks[i])]);
         EXPECT_EQ(lists.num_selected[gi * hkv + static_cast<size_t>(g)], 10);
       }
+    }
+  }
+}
+
+// Two pages with the same mean key: the moment representative ranks the one whose keys spread
+// along the query above the one whose keys do not (its expected exp(q·k/√d) is larger), where the
+// mean key ties them.
+TEST(Selection, MomentRepresentativeRanksSpreadAlongTheQueryFirst) {
+  const int d = 16;
+  for (RepKind rep : {RepKind::kMean, RepKind::kMoment}) {
+    auto c = std::move(*PagedKvCache::create({.num_layers = 1,
+                                              .num_kv_heads = 1,
+                                              .head_dim = d,
+                                              .page_size = 16,
+                                              .num_pages = 4,
+                                              .rep = rep}));
+    const SeqId s = *c->add_sequence();
+    std::vector<float> k(static_cast<size_t>(32 * d), 0.0f), v(k.size(), 0.0f);
+    for (int t = 0; t < 16; ++t) {
+      k[static_cast<size_t>(t * d)] = 1.0f;                             // page 0: constant
+      k[static_cast<size_t>((16 + t) * d)] = t % 2 == 0 ? 0.0f : 2.0f;  // page 1: spread
+    }
+    ASSERT_TRUE(c->reserve(s, 32).ok());
+    ASSERT_TRUE(c->append(0, s, 32, k.data(), v.data()).ok());
+    std::vector<float> q(static_cast<size_t>(d), 0.0f);
+    q[0] = 4.0f;
+    float scores[2];
+    score_chunks(*c, 0, *c->block_table(s), 0, q.data(), 0, 2, scores);
+    const double mean_term = 4.0 / std::sqrt(16.0);  // q·μ/√d, the same for both pages
+    EXPECT_NEAR(scores[0], mean_term, 1e-6);
+    if (rep == RepKind::kMean) {
+      EXPECT_NEAR(scores[1], mean_term, 1e-6);
+    } else {
+      EXPECT_NEAR(scores[1], mean_term + 16.0 * 1.0 / (2 * 16), 1e-6);  // q_0²σ_0²/(2d), σ² = 1
+      EXPECT_GT(scores[1], scores[0]);
     }
   }
 }

@@ -36,12 +36,18 @@
 namespace cisa {
 
 enum class KvDtype { kF32, kBF16 };
-enum class RepKind { kMean, kQuest };
+// What a page's representative is (SPEC §1 is the mean; the others are for comparison):
+//   kMean: the mean key;
+//   kQuest: per-channel min and max (Quest's bound q·r = Σ_i max(q_i·min_i, q_i·max_i));
+//   kMoment: the mean and the per-channel variance σ², scored as the log of a page's expected
+//     attention weight if its keys were Gaussian with that diagonal covariance:
+//     q·μ/√d + Σ_i q_i²σ_i²/(2d) (the mean alone is the first term, a lower bound by Jensen).
+enum class RepKind { kMean, kQuest, kMoment };
 
 const char* kv_dtype_name(KvDtype d);
 const char* rep_kind_name(RepKind r);
 Result<KvDtype> parse_kv_dtype(const std::string& s);  // "f32" | "bf16"
-Result<RepKind> parse_rep_kind(const std::string& s);  // "mean" | "quest"
+Result<RepKind> parse_rep_kind(const std::string& s);  // "mean" | "quest" | "moment"
 
 struct KvCacheConfig {
   int num_layers = 1;
@@ -76,7 +82,7 @@ class PagedKvCache {
   int num_kv_heads() const { return config_.num_kv_heads; }
   int num_layers() const { return config_.num_layers; }
   bool has_reps(int layer) const;
-  int rep_width() const { return config_.rep == RepKind::kQuest ? 2 * head_dim() : head_dim(); }
+  int rep_width() const { return config_.rep == RepKind::kMean ? head_dim() : 2 * head_dim(); }
 
   // ---- sequences (the bookkeeping is a PageTable, page_table.h) ----
   const PageTable& pages() const { return table_; }

@@ -138,7 +138,7 @@ Interval bootstrap_interval(const std::vector<std::vector<double>>& groups, int 
 
 // ---- configurations ---------------------------------------------------------------------------
 
-enum class ConfigKind { kDense, kCisa, kQuest, kRecency, kOracle };
+enum class ConfigKind { kDense, kCisa, kQuest, kRecency, kOracle, kMoment };
 
 // One attention configuration of a run. Budget: a fixed chunk count k, or a nominal remote
 // compression x (k = ceil(E / x), E the eligible chunks at the end of the prompt).

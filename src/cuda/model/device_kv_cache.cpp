@@ -81,6 +81,9 @@ DeviceLayer CudaBackend::device_layer(int layer) const {
 
 Status CudaBackend::create_cache(const KvCacheConfig& config) {
   CISA_RETURN_IF_ERROR(validate_config(config));
+  if (config.rep == RepKind::kMoment)
+    return unimplemented(
+        "cuda: moment representatives (mean and variance) are implemented on the CPU backend only");
   // Sizes in double first: a configuration too large for int64 byte counts is just too large.
   const int rep_width = config.rep == RepKind::kQuest ? 2 * config.head_dim : config.head_dim;
   const double kv_d =
