@@ -33,6 +33,18 @@ import json
 import sys
 
 
+def load(paths):
+    """The diagnose runs, and one line describing each for the output's header."""
+    runs, meta = [], []
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        runs.append(d)
+        meta.append("%s: k %d, W %d, sinks %d, %d tokens, %d positions" % (
+            path, d["budget"], d["window"], d["sink_pages"], d["tokens"], d["positions"]))
+    return runs, meta
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("diagnose_json", nargs="+", help="cisa diagnose --json output(s)")
@@ -50,13 +62,9 @@ def main():
         return curves(a)
 
     missed = {}
-    meta = []
     n_layer = 0
-    for path in a.diagnose_json:
-        with open(path) as f:
-            d = json.load(f)
-        meta.append("%s: k %d, W %d, sinks %d, %d tokens, %d positions" % (
-            path, d["budget"], d["window"], d["sink_pages"], d["tokens"], d["positions"]))
+    runs, meta = load(a.diagnose_json)
+    for d in runs:
         for l in d["layers"]:
             missed.setdefault(l["layer"], []).append(max(0.0, l["oracle_mass"] - l["cisa_mass"]))
             n_layer = max(n_layer, l["layer"] + 1)
@@ -81,12 +89,8 @@ def curves(a):
     if a.ref_k < 1:
         sys.exit("--curves needs --ref-k >= 1")
     points = {}  # layer -> [(k, captured mass)]
-    meta = []
-    for path in a.diagnose_json:
-        with open(path) as f:
-            d = json.load(f)
-        meta.append("%s: k %d, W %d, sinks %d, %d tokens, %d positions" % (
-            path, d["budget"], d["window"], d["sink_pages"], d["tokens"], d["positions"]))
+    runs, meta = load(a.diagnose_json)
+    for d in runs:
         for l in d["layers"]:
             points.setdefault(l["layer"], []).append((d["budget"], l["cisa_mass"]))
     ks = sorted({k for v in points.values() for k, _ in v})
