@@ -35,6 +35,13 @@ inline float stored(const PagedKvCache& c, bool key, int layer, SeqId seq, int64
                                            : bf16_to_f32(static_cast<const uint16_t*>(p)[off]);
 }
 
+// Reads value w of one page's representative (layer, page, KV group) back as f32.
+inline float stored_rep(const PagedKvCache& c, int layer, int32_t page, int g, int w) {
+  const void* r = c.rep(layer, page, g);
+  return c.config().dtype == KvDtype::kF32 ? static_cast<const float*>(r)[w]
+                                           : bf16_to_f32(static_cast<const uint16_t*>(r)[w]);
+}
+
 // Appends `n` random tokens to `seq` in every layer; returns nothing, asserts success.
 inline void append_random(PagedKvCache& c, SeqId seq, int64_t n, std::mt19937& rng,
                           float scale = 1.0f) {

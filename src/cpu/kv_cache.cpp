@@ -72,7 +72,7 @@ Status validate_config(const KvCacheConfig& c) {
 int64_t kv_cache_bytes(const KvCacheConfig& c) {
   const int64_t es = elem_size(c.dtype);
   const int64_t kv = 2 * c.num_pages * c.num_kv_heads * c.page_size * c.head_dim * es;
-  const int64_t rep_w = c.rep == RepKind::kMean ? c.head_dim : 2 * c.head_dim;
+  const int64_t rep_w = rep_width(c.rep, c.head_dim);
   int64_t rep_layers = c.num_layers;
   if (!c.rep_layers.empty())
     rep_layers = std::count(c.rep_layers.begin(), c.rep_layers.end(), true);

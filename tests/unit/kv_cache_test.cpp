@@ -9,6 +9,7 @@ namespace {
 
 using test::append_random;
 using test::stored;
+using test::stored_rep;
 
 std::unique_ptr<PagedKvCache> make(KvCacheConfig c) {
   auto r = PagedKvCache::create(c);
@@ -83,12 +84,6 @@ TEST(KvCache, RepresentativeIsMeanOfStoredKeysWrittenWhenPageFills) {
     std::mt19937 rng(2);
     SeqId s = *c->add_sequence();
     append_random(*c, s, 3, rng);  // page 0 not yet full
-    auto page0 = (*c->block_table(s))[0];
-    std::vector<float> before(8);
-    for (int i = 0; i < 8; ++i)
-      before[static_cast<size_t>(i)] =
-          dt == KvDtype::kF32 ? static_cast<const float*>(c->rep(0, page0, 1))[i]
-                              : bf16_to_f32(static_cast<const uint16_t*>(c->rep(0, page0, 1))[i]);
     append_random(*c, s, 6, rng);  // fills pages 0 and 1 (positions 0..7), starts page 2
     auto table = *c->block_table(s);
     for (int j = 0; j < 2; ++j)
@@ -97,9 +92,7 @@ TEST(KvCache, RepresentativeIsMeanOfStoredKeysWrittenWhenPageFills) {
           double mean = 0;
           for (int t = 0; t < 4; ++t) mean += stored(*c, true, 0, s, j * 4 + t, g, i);
           mean /= 4;
-          const void* r = c->rep(0, table[static_cast<size_t>(j)], g);
-          const double got = dt == KvDtype::kF32 ? static_cast<const float*>(r)[i]
-                                                 : bf16_to_f32(static_cast<const uint16_t*>(r)[i]);
+          const double got = stored_rep(*c, 0, table[static_cast<size_t>(j)], g, i);
           const double tol = dt == KvDtype::kF32 ? 1e-6 : std::abs(mean) * 8e-3 + 1e-6;
           ASSERT_NEAR(got, mean, tol) << "page " << j << " group " << g << " channel " << i;
         }
@@ -144,7 +137,7 @@ TEST(KvCache, MomentRepresentativeIsMeanAndVariance) {
     const bool f32 = dt == KvDtype::kF32;
     for (int j = 0; j < 2; ++j)
       for (int g = 0; g < 2; ++g) {
-        const void* r = c->rep(0, (*c->block_table(s))[static_cast<size_t>(j)], g);
+        const int32_t page = (*c->block_table(s))[static_cast<size_t>(j)];
         for (int i = 0; i < 8; ++i) {
           double m = 0, v = 0;
           for (int t = 0; t < 4; ++t) m += stored(*c, true, 0, s, j * 4 + t, g, i);
@@ -154,10 +147,7 @@ TEST(KvCache, MomentRepresentativeIsMeanAndVariance) {
             v += x * x;
           }
           v /= 4;
-          auto at = [&](int w) -> double {
-            return f32 ? static_cast<const float*>(r)[w]
-                       : bf16_to_f32(static_cast<const uint16_t*>(r)[w]);
-          };
+          auto at = [&](int w) -> double { return stored_rep(*c, 0, page, g, w); };
           const double rel = f32 ? 1e-6 : 8e-3;  // f32 rounding, or one bf16 rounding
           EXPECT_NEAR(at(i), m, std::abs(m) * rel + 1e-7) << "page " << j << " channel " << i;
           EXPECT_NEAR(at(8 + i), v, v * rel + 1e-7) << "page " << j << " channel " << i;

@@ -8,8 +8,8 @@
 //   K, V:           [num_pages][num_kv_heads][page_size][head_dim]   (f32 or bf16)
 //   representative: [num_pages][num_kv_heads][rep_width]             (same dtype as K/V)
 // where rep_width = head_dim for `mean` (SPEC §1: mean of the page's keys) and 2·head_dim for
-// `quest` (per-channel min, then max). A page's representative is written when its last token is
-// written (the partial last page has none).
+// `quest` (per-channel min, then max) and `moment` (mean, then variance). A page's representative
+// is written when its last token is written (the partial last page has none).
 //
 //   auto cache = *cisa::PagedKvCache::create({.num_layers = 2, .num_kv_heads = 1, .head_dim = 128,
 //                                            .num_pages = 4096});
@@ -43,6 +43,11 @@ enum class KvDtype { kF32, kBF16 };
 //     attention weight if its keys were Gaussian with that diagonal covariance:
 //     q·μ/√d + Σ_i q_i²σ_i²/(2d) (the mean alone is the first term, a lower bound by Jensen).
 enum class RepKind { kMean, kQuest, kMoment };
+
+// Values per representative: head_dim for kMean, 2·head_dim for the others (both caches use it).
+inline int rep_width(RepKind r, int head_dim) {
+  return r == RepKind::kMean ? head_dim : 2 * head_dim;
+}
 
 const char* kv_dtype_name(KvDtype d);
 const char* rep_kind_name(RepKind r);
@@ -82,7 +87,7 @@ class PagedKvCache {
   int num_kv_heads() const { return config_.num_kv_heads; }
   int num_layers() const { return config_.num_layers; }
   bool has_reps(int layer) const;
-  int rep_width() const { return config_.rep == RepKind::kMean ? head_dim() : 2 * head_dim(); }
+  int rep_width() const { return cisa::rep_width(config_.rep, head_dim()); }
 
   // ---- sequences (the bookkeeping is a PageTable, page_table.h) ----
   const PageTable& pages() const { return table_; }

@@ -53,7 +53,7 @@ struct DeviceLayer {
   int head_dim = 128;  // 64, 128 or 256
   int page_size = 16;  // must be 16 (the kernels' page tile)
   RepKind rep = RepKind::kMean;
-  int rep_width() const { return rep == RepKind::kQuest ? 2 * head_dim : head_dim; }
+  int rep_width() const { return cisa::rep_width(rep, head_dim); }
 };
 
 // Block tables of all sequences, concatenated: sequence s owns the physical pages

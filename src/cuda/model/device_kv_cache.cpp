@@ -85,7 +85,7 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
     return unimplemented(
         "cuda: moment representatives (mean and variance) are implemented on the CPU backend only");
   // Sizes in double first: a configuration too large for int64 byte counts is just too large.
-  const int rep_width = config.rep == RepKind::kQuest ? 2 * config.head_dim : config.head_dim;
+  const int rep_width = cisa::rep_width(config.rep, config.head_dim);
   const double kv_d =
       static_cast<double>(config.num_pages) * config.num_kv_heads * kPageSize * config.head_dim * 2;
   const double rep_d = static_cast<double>(config.num_pages) * config.num_kv_heads * rep_width * 2;
