@@ -150,9 +150,8 @@ Roofline decode_roofline(const ProtocolRun& r, double bandwidth_gb_s, int64_t ba
   if (r.options.attention.mode == AttentionMode::kCisa) {
     SelectionParams sel = r.options.attention.selection;
     sel.qshare = 1;  // decode rows are groups of one
-    const int rep_width = r.cache.rep == RepKind::kQuest ? 2 * hp.head_dim : hp.head_dim;
     roof.rep_bytes = double(batch) * n_cisa * hp.n_head_kv * double(eligible_count(pos, P, sel)) *
-                     rep_width * elem;
+                     rep_width(r.cache.rep, hp.head_dim) * elem;
   }
   roof.floor_s = bandwidth_gb_s > 0 ? roof.bytes() / (bandwidth_gb_s * 1e9) : NAN;
   return roof;
