@@ -136,8 +136,9 @@ cudaError_t launch_d(const ScoreStream* streams, int64_t num_streams, int cluste
                             num_kv_heads, inv_sqrt_d, scores, pages, chunks);
 }
 
-// Opts the kernel of head_dim into the largest slice and non-portable clusters (once per
-// process and kernel: the attributes are the function's, not a launch's).
+// Opts the kernel of head_dim into the largest slice and non-portable clusters. The attributes
+// are the function's, not a launch's: set here before every occupancy query (a few host calls per
+// plan, and only for plans that ask for the fused path), they hold for the launches that follow.
 template <int D>
 cudaError_t prepare_d() {
   cudaError_t err =

@@ -23,7 +23,8 @@ int fused_select_cluster(int64_t num_lists, int64_t max_span, int head_dim, int 
 size_t fused_select_smem(int64_t max_span, int cluster);
 
 // Scores (scores[L.score_begin + i]) and selects (the selected part of pages/chunks) every
-// stream's one list; cluster from fused_select_cluster.
+// stream's one list; cluster from fused_select_cluster, which must have been called for these
+// shapes first (it sets the kernel's shared-memory and cluster-size attributes).
 cudaError_t launch_select_fused(const ScoreStream* streams, int64_t num_streams, int cluster,
                                 int64_t max_span, const ListDesc* lists, const int32_t* block_pages,
                                 const uint16_t* reps, const float* qbar, int num_kv_heads,
