@@ -100,4 +100,11 @@ struct Plan::Impl {
   DeviceBuffer d_upages, d_uchunks, d_umask, d_ucounts;
 };
 
+// The current device's SM count (132 where it cannot be read).
+int device_sms();
+
+// Attention's work decomposition for the plan's groups and lists (plan_attention.cpp): fills
+// P.warps, P.page_warps, P.wgmma, P.unions, P.tasks, P.merges and the partial-row counts.
+Status plan_attention(Plan::Impl& P);
+
 }  // namespace cisa::cuda

@@ -1,0 +1,162 @@
+// Work decomposition of attention for a plan (plan_impl.h): row tiles of 16·warps rows, unions
+// of small QShare groups (KV-outer), and split-KV tasks with their merges to fill the GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "attention.cuh"
+#include "attention_wgmma.cuh"
+#include "plan_impl.h"
+#include "tile_sizes.cuh"
+#include "unions.cuh"
+
+namespace cisa::cuda {
+
+// The current device's SM count (132 where it cannot be read).
+int device_sms() {
+  int sms = 132, dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    sms = 132;
+  }
+  return sms;
+}
+
+// Work decomposition of attention: row tiles of 16·warps rows, page splits to fill the GPU.
+Status plan_attention(Plan::Impl& P) {
+  const int sms = device_sms();
+  const int hg = P.num_q_heads / P.num_kv_heads;
+  const int H = P.num_kv_heads;
+  int64_t max_rows = 0;
+  for (const auto& g : P.groups)
+    max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
+  P.warps = max_rows > 64 ? 8 : 4;
+  const int64_t tile = 16 * P.warps;
+  // Unions of 2 … kUnionGroups consecutive small selecting groups of one entry (per KV group).
+  P.unions.clear();
+  P.union_capacity = 0;
+  P.union_smem = 0;
+  std::vector<int32_t> union_at(P.lists.size(),
+                                -1);  // union id at its first list, −2 other members
+  const auto list_size = [](const detail::ListDesc& d) {
+    return static_cast<int64_t>(d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+  };
+  if (P.group_unions && P.head_dim <= tiles::kUnionMaxHeadDim) {
+    const size_t ng = P.groups.size();
+    const auto small = [&](size_t g) {
+      const auto& q = P.groups[g];
+      return !q.dense && P.lists[g * static_cast<size_t>(H)].k > 0 &&
+             (q.last - q.first + 1) * hg <= 16;
+    };
+    for (size_t gi = 0; gi < ng;) {
+      if (!small(gi)) {
+        ++gi;
+        continue;
+      }
+      size_t gj = gi + 1;
+      while (gj < ng && gj - gi < static_cast<size_t>(tiles::kUnionGroups) && small(gj) &&
+             P.groups[gj].entry == P.groups[gi].entry)
+        ++gj;
+      const auto& last0 = P.lists[(gj - 1) * static_cast<size_t>(H)];
+      if (gj - gi >= 2 && detail::union_smem_bytes(last0.post_end - 1) <=
+                              static_cast<size_t>(tiles::kUnionMaxSmem)) {
+        for (int kv = 0; kv < H; ++kv) {
+          const size_t first = gi * static_cast<size_t>(H) + static_cast<size_t>(kv);
+          const auto& last = P.lists[(gj - 1) * static_cast<size_t>(H) + static_cast<size_t>(kv)];
+          detail::UnionDesc u{};
+          u.table_begin = last.table_begin;
+          u.out_begin = P.union_capacity;
+          u.first_list = static_cast<int32_t>(first);
+          u.members = static_cast<int32_t>(gj - gi);
+          u.stride = H;
+          u.max_chunk = last.post_end - 1;
+          for (size_t m = 0; m < gj - gi; ++m) {
+            const size_t li = first + m * static_cast<size_t>(H);
+            P.union_capacity += list_size(P.lists[li]);
+            union_at[li] = m == 0 ? static_cast<int32_t>(P.unions.size()) : -2;
+          }
+          P.union_smem = std::max(P.union_smem, detail::union_smem_bytes(u.max_chunk));
+          P.unions.push_back(u);
+        }
+      }
+      gi = gj;
+    }
+  }
+  P.page_warps = 1;
+  if (P.unions.empty() && P.warps == 4 && P.head_dim <= tiles::kPageSplitMaxHeadDim)
+    P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
+  // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements).
+  P.wgmma = detail::wgmma_attention_applies(P.head_dim, P.page_warps, !P.unions.empty()) &&
+            P.options.attention_kernel != AttentionKernel::kMma;
+  int64_t pairs = static_cast<int64_t>(P.unions.size());
+  for (size_t L = 0; L < P.lists.size(); ++L) {
+    if (union_at[L] != -1) continue;
+    const auto& g = P.groups[L / static_cast<size_t>(H)];
+    pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
+  }
+  // PlanOptions::blocks_per_sm overrides the split target (A/B runs of the work decomposition).
+  int64_t per_sm = P.page_warps > 1 ? tiles::kDecodeBlocksPerSm : tiles::kBlocksPerSmTarget;
+  if (P.options.blocks_per_sm > 0) per_sm = P.options.blocks_per_sm;
+  const int64_t target = static_cast<int64_t>(sms) * per_sm;
+  P.tasks.clear();
+  P.merges.clear();
+  P.partial_rows = 0;
+  P.merge_max_rows = 0;
+  for (size_t L = 0; L < P.lists.size(); ++L) {
+    const auto& g = P.groups[L / static_cast<size_t>(H)];
+    const auto& d = P.lists[L];
+    if (union_at[L] == -2) continue;
+    if (union_at[L] >= 0) {
+      const auto& u = P.unions[static_cast<size_t>(union_at[L])];
+      int64_t cap = 0;
+      for (int m = 0; m < u.members; ++m)
+        cap += list_size(P.lists[static_cast<size_t>(u.first_list + m * u.stride)]);
+      detail::AttnTask t{};
+      t.list = static_cast<int32_t>(L);
+      t.row0 = 0;
+      t.rows = 16;
+      t.members = u.members;
+      t.page0 = u.out_begin;
+      t.page1 = u.out_begin + cap;
+      t.partial = -1;
+      t.union_id = union_at[L];
+      t.stride = u.stride;
+      P.tasks.push_back(t);
+      continue;
+    }
+    const int64_t rows = (g.last - g.first + 1) * hg;
+    const int64_t n = list_size(d);
+    // Page-split (decode) plans round down: pairs · splits must not pass the target, or a few
+    // tasks form one more wave (v5: 32 lists × 17 splits = 544 tasks on 264 block slots).
+    int64_t splits = pairs >= target    ? 1
+                     : P.page_warps > 1 ? target / pairs
+                                        : (target + pairs - 1) / pairs;
+    splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
+      const int64_t base = P.partial_rows;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        detail::AttnTask t{};
+        t.list = static_cast<int32_t>(L);
+        t.row0 = static_cast<int32_t>(r0);
+        t.rows = R;
+        t.members = 0;
+        t.page0 = d.out_begin + n * sp / splits;
+        t.page1 = d.out_begin + n * (sp + 1) / splits;
+        t.partial = splits > 1 ? base + sp * R : -1;
+        P.tasks.push_back(t);
+      }
+      if (splits > 1) {
+        P.merges.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0), R,
+                            static_cast<int32_t>(splits), base});
+        P.partial_rows += splits * R;
+        P.merge_max_rows = std::max(P.merge_max_rows, static_cast<int>(R));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace cisa::cuda
