@@ -118,7 +118,8 @@ struct PlanOptions {
   // top-k kernel, which measured faster in a whole decode step (docs/cuda-model.md: 97 against
   // 63 µs per layer at 2 x 1M, 54 against 56 at 16 x 128K, H200); -1: on, the cluster size chosen
   // per plan; 1, 2, 4, 8 or 16: that cluster size (tests and A/B runs; refused where the GPU
-  // cannot run a plan's lists that way).
+  // cannot run a plan's lists that way). Plans with other lists (prefill groups, Quest
+  // representatives) take the two kernels whatever this says.
   int fused_select_cluster = 0;
   // Where the plan's launch metadata goes to the device: a cudaStream_t, on which one copy from
   // page-locked staging is enqueued (no host synchronisation; the staging is reused once that
