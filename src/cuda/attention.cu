@@ -12,6 +12,7 @@
 #include "attention.cuh"
 #include "attention_rows.cuh"
 #include "common.cuh"
+#include "pdl.cuh"
 #include "tile_sizes.cuh"
 
 namespace cisa::cuda::detail {
@@ -54,6 +55,7 @@ __device__ __forceinline__ int swz(int tok, int chunk) {
 // registers at d = 128).
 template <int D, int WARPS, int PW, bool UNI>
 __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
+  dev::dependent_start();
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
   constexpr int NP = NT / B;
@@ -318,6 +320,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
 // weights broadcast from lane s by shuffle.
 template <int D>
 __global__ void merge_kernel(const AttentionArgs a) {
+  dev::dependent_start();
   constexpr int NC = D / 4 > 32 ? 2 : 1;  // float4 groups per lane
   const MergeTask M = a.merges[blockIdx.x];
   const int lane = threadIdx.x % 32;
@@ -390,8 +393,8 @@ cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t
       cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_kernel<D, WARPS, PW, UNI>
-      <<<static_cast<unsigned>(num_tasks), WARPS * 32, smem, stream>>>(a);
+  launch_dependent(attention_kernel<D, WARPS, PW, UNI>, static_cast<unsigned>(num_tasks),
+                   WARPS * 32, smem, stream, a);
   return cudaGetLastError();
 }
 
@@ -435,13 +438,13 @@ cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_row
   const dim3 grid(static_cast<unsigned>(num_merges), static_cast<unsigned>((max_rows + W - 1) / W));
   switch (a.head_dim) {
     case 64:
-      merge_kernel<64><<<grid, tiles::kMergeThreads, 0, stream>>>(a);
+      launch_dependent(merge_kernel<64>, grid, tiles::kMergeThreads, 0, stream, a);
       break;
     case 128:
-      merge_kernel<128><<<grid, tiles::kMergeThreads, 0, stream>>>(a);
+      launch_dependent(merge_kernel<128>, grid, tiles::kMergeThreads, 0, stream, a);
       break;
     case 256:
-      merge_kernel<256><<<grid, tiles::kMergeThreads, 0, stream>>>(a);
+      launch_dependent(merge_kernel<256>, grid, tiles::kMergeThreads, 0, stream, a);
       break;
     default:
       return cudaErrorInvalidValue;

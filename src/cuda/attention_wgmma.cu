@@ -18,6 +18,7 @@
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_tile.cuh"
 #include "common.cuh"
+#include "pdl.cuh"
 #include "tile_sizes.cuh"
 #include "wgmma.cuh"
 
@@ -41,6 +42,7 @@ constexpr size_t wgmma_smem_bytes() {
 
 template <int WG>
 __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const AttentionArgs a) {
+  dev::dependent_start();
   constexpr int B = tiles::kPageSize;
   constexpr int NT = kNT<WG>;
   constexpr int kTileBytes = NT * kD * 2;
@@ -218,7 +220,8 @@ cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t
       cudaFuncSetAttribute(attention_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  attention_wgmma_kernel<WG><<<static_cast<unsigned>(num_tasks), WG * 128, smem, stream>>>(a);
+  launch_dependent(attention_wgmma_kernel<WG>, static_cast<unsigned>(num_tasks), WG * 128, smem,
+                   stream, a);
   return cudaGetLastError();
 }
 

@@ -24,6 +24,7 @@
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_tile.cuh"
 #include "common.cuh"
+#include "pdl.cuh"
 #include "tile_sizes.cuh"
 #include "wgmma.cuh"
 
@@ -108,6 +109,7 @@ __device__ __forceinline__ void named_arrive(int id) {
 template <int CW, bool PAIR>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_ws_kernel(const AttentionArgs a, int64_t num_tasks) {
+  dev::dependent_start();
   using S = WsShape<PAIR>;
   constexpr int NT = S::NT, NP = S::NP, kTileBytes = S::kTileBytes, kMeta = S::kMeta;
   constexpr uint32_t kHalfBytes = S::kHalfBytes;
@@ -336,8 +338,8 @@ cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t st
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const int64_t blocks = PAIR ? (num_tasks + 1) / 2 : num_tasks;
-  attention_wgmma_ws_kernel<CW, PAIR>
-      <<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a, num_tasks);
+  launch_dependent(attention_wgmma_ws_kernel<CW, PAIR>, static_cast<unsigned>(blocks), kThreads,
+                   smem, stream, a, num_tasks);
   return cudaGetLastError();
 }
 

@@ -2,6 +2,7 @@
 // range or sinks, then its window and tail), kAssembleItems per thread. v1–v5 ran one block per
 // list: a dense decode plan of 32 lists × 65,536 pages took 0.055 ms on 32 blocks.
 #include "page_lists.cuh"
+#include "pdl.cuh"
 #include "tile_sizes.cuh"
 
 namespace cisa::cuda::detail {
@@ -10,6 +11,7 @@ namespace {
 __global__ void assemble_lists_kernel(const ListDesc* __restrict__ lists,
                                       const int32_t* __restrict__ block_pages,
                                       int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
+  dev::dependent_start();
   const ListDesc L = lists[blockIdx.x];
   const int32_t* table = block_pages + L.table_begin;
   const int64_t n_pre = L.pre_end - L.pre_begin;
@@ -36,8 +38,8 @@ cudaError_t launch_assemble_lists(const ListDesc* lists, int64_t num_lists, int6
   const int64_t slices = (max_fixed + per_block - 1) / per_block;
   if (slices > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(num_lists), static_cast<unsigned>(slices));
-  assemble_lists_kernel<<<grid, tiles::kAssembleThreads, 0, stream>>>(lists, block_pages, pages,
-                                                                      chunks);
+  launch_dependent(assemble_lists_kernel, grid, tiles::kAssembleThreads, 0, stream, lists,
+                   block_pages, pages, chunks);
   return cudaGetLastError();
 }
 

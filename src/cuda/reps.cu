@@ -1,5 +1,6 @@
 // Representative update kernel: one block per (page, KV head), one thread per channel.
 #include "common.cuh"
+#include "pdl.cuh"
 #include "reps.cuh"
 #include "tile_sizes.cuh"
 
@@ -9,6 +10,7 @@ namespace {
 __global__ void update_reps_kernel(const uint16_t* __restrict__ k, uint16_t* __restrict__ reps,
                                    const int32_t* __restrict__ pages, int num_kv_heads,
                                    int head_dim, bool quest) {
+  dev::dependent_start();
   constexpr int B = tiles::kPageSize;
   const int64_t page = pages[blockIdx.x];
   const int g = blockIdx.y;
@@ -40,8 +42,9 @@ cudaError_t launch_update_reps(const uint16_t* k, uint16_t* reps, const int32_t*
   if (n <= 0) return cudaSuccess;
   for (int64_t done = 0; done < n; done += 65535 * 1024) {
     const int64_t m = n - done < 65535 * 1024 ? n - done : 65535 * 1024;
-    update_reps_kernel<<<dim3(static_cast<unsigned>(m), num_kv_heads), tiles::kRepThreads, 0,
-                         stream>>>(k, reps, pages + done, num_kv_heads, head_dim, quest);
+    launch_dependent(update_reps_kernel, dim3(static_cast<unsigned>(m), num_kv_heads),
+                     tiles::kRepThreads, 0, stream, k, reps, pages + done, num_kv_heads, head_dim,
+                     quest);
   }
   return cudaGetLastError();
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "pdl.cuh"
 #include "score.cuh"
 #include "tile_sizes.cuh"
 
@@ -28,6 +29,7 @@ __global__ void index_query_kernel(const ListDesc* __restrict__ lists,
                                    const float* __restrict__ index_q, int num_kv_heads,
                                    int head_dim, float* __restrict__ qbar,
                                    uint16_t* __restrict__ qsplit) {
+  dev::dependent_start();
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
   const float inv = 1.0f / static_cast<float>(L.qbar_row1 - L.qbar_row0 + 1);
@@ -53,6 +55,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                  const float* __restrict__ qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
                  float* __restrict__ scores) {
+  dev::dependent_start();
   constexpr int NC = tiles::kScoreChunks, NQ = 16 * QA;
   const ScoreStream S = streams[blockIdx.y];
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NC;
@@ -161,6 +164,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
                      const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                      const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
                      float* __restrict__ scores) {
+  dev::dependent_start();
   constexpr int LPC = D / 8;         // lanes per chunk
   constexpr int CPL = 32 / LPC;      // chunks per warp-wide load
   constexpr int U = kQuest ? 4 : 8;  // 16-byte loads in flight per lane (quest: 2 per chunk)
@@ -270,6 +274,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads, 2)
                       const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                       const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
                       float* __restrict__ scores) {
+  dev::dependent_start();
   constexpr int C = 4;                          // chunks per quad = lanes per quad
   constexpr int J = D / 16;                     // 16-channel steps, 4 channels per lane each
   constexpr int QG = 4;                         // queries per register pass
@@ -384,6 +389,7 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
                      const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                      const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit,
                      int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+  dev::dependent_start();
   constexpr int NB = D / 32;                    // 16-word blocks of a representative row
   constexpr int QP = tiles::kScoreMmaQueries;   // queries staged per pass
   constexpr int QW = D / 2 + 4;                 // words per staged query row (+16 B spreads banks)
@@ -498,11 +504,12 @@ void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const List
                 const int32_t* block_pages, const uint16_t* reps, const float* qbar,
                 int num_kv_heads, float inv_sqrt_d, float* scores, cudaStream_t stream) {
   if (max_lists <= 1)
-    score_few_kernel<D, kQuest, 1><<<grid, tiles::kScoreThreads, 0, stream>>>(
-        streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+    launch_dependent(score_few_kernel<D, kQuest, 1>, grid, tiles::kScoreThreads, 0, stream, streams,
+                     lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
   else
-    score_few_kernel<D, kQuest, tiles::kScoreFewLists><<<grid, tiles::kScoreThreads, 0, stream>>>(
-        streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+    launch_dependent(score_few_kernel<D, kQuest, tiles::kScoreFewLists>, grid, tiles::kScoreThreads,
+                     0, stream, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d,
+                     scores);
 }
 
 template <bool kQuest, int QA>
@@ -517,8 +524,8 @@ cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* 
       cudaFuncSetAttribute(score_kernel<kQuest, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  score_kernel<kQuest, QA><<<grid, tiles::kScoreThreads, smem, stream>>>(
-      streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores);
+  launch_dependent(score_kernel<kQuest, QA>, grid, tiles::kScoreThreads, smem, stream, streams,
+                   lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores);
   return cudaSuccess;
 }
 
@@ -528,8 +535,8 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
                                  const float* index_q, int num_kv_heads, int head_dim, float* qbar,
                                  uint16_t* qsplit, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  index_query_kernel<<<static_cast<unsigned>(num_sel), head_dim, 0, stream>>>(
-      lists, sel_lists, index_q, num_kv_heads, head_dim, qbar, qsplit);
+  launch_dependent(index_query_kernel, static_cast<unsigned>(num_sel), head_dim, 0, stream, lists,
+                   sel_lists, index_q, num_kv_heads, head_dim, qbar, qsplit);
   return cudaGetLastError();
 }
 
@@ -571,17 +578,17 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
         static_cast<unsigned>((max_span + tiles::kScoreMmaThreads - 1) / tiles::kScoreMmaThreads),
         static_cast<unsigned>(num_streams));
     if (tiles::kScoreMma && head_dim == 64)
-      score_mma_kernel<64><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(
-          streams, lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
+      launch_dependent(score_mma_kernel<64>, mgrid, tiles::kScoreMmaThreads, 0, stream, streams,
+                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
     else if (tiles::kScoreMma)
-      score_mma_kernel<128><<<mgrid, tiles::kScoreMmaThreads, 0, stream>>>(
-          streams, lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
+      launch_dependent(score_mma_kernel<128>, mgrid, tiles::kScoreMmaThreads, 0, stream, streams,
+                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
     else if (head_dim == 64)
-      score_regs_kernel<64><<<grid, tiles::kScoreThreads, 0, stream>>>(
-          streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+      launch_dependent(score_regs_kernel<64>, grid, tiles::kScoreThreads, 0, stream, streams, lists,
+                       block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
     else
-      score_regs_kernel<128><<<grid, tiles::kScoreThreads, 0, stream>>>(
-          streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+      launch_dependent(score_regs_kernel<128>, grid, tiles::kScoreThreads, 0, stream, streams,
+                       lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),

@@ -8,6 +8,7 @@
 // keeps one 1024-thread block. Decode lists of one (sequence, KV group) each are selected by
 // select_fused.cu instead, which scores and selects in one kernel.
 #include "common.cuh"
+#include "pdl.cuh"
 #include "tile_sizes.cuh"
 #include "topk.cuh"
 #include "topk_radix.cuh"
@@ -21,6 +22,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
     topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                 const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
                 int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
+  dev::dependent_start();
   __shared__ TopkShared<kThreads> sh;
   const int rank =
       kCluster > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
@@ -44,13 +46,13 @@ cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t
   if (num_sel <= 0) return cudaSuccess;
   constexpr int C = tiles::kTopkCluster;
   if (num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores)
-    topk_kernel<C, tiles::kTopkClusterThreads>
-        <<<static_cast<unsigned>(num_sel * C), tiles::kTopkClusterThreads, 0, stream>>>(
-            lists, sel_lists, scores, block_pages, pages, chunks);
+    launch_dependent(topk_kernel<C, tiles::kTopkClusterThreads>, static_cast<unsigned>(num_sel * C),
+                     tiles::kTopkClusterThreads, 0, stream, lists, sel_lists, scores, block_pages,
+                     pages, chunks);
   else
-    topk_kernel<1, tiles::kTopkThreads>
-        <<<static_cast<unsigned>(num_sel), tiles::kTopkThreads, 0, stream>>>(
-            lists, sel_lists, scores, block_pages, pages, chunks);
+    launch_dependent(topk_kernel<1, tiles::kTopkThreads>, static_cast<unsigned>(num_sel),
+                     tiles::kTopkThreads, 0, stream, lists, sel_lists, scores, block_pages, pages,
+                     chunks);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,7 @@
 // in ascending order (block-wide exclusive scan per 8 × kUnionThreads chunks).
 #include <cub/block/block_scan.cuh>
 
+#include "pdl.cuh"
 #include "tile_sizes.cuh"
 #include "unions.cuh"
 
@@ -16,6 +17,7 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ chunks, const int32_t* __restrict__ block_pages,
                         int32_t* __restrict__ upages, int32_t* __restrict__ uchunks,
                         int32_t* __restrict__ umask, int32_t* __restrict__ counts) {
+  dev::dependent_start();
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   extern __shared__ uint32_t bits[];  // [max_chunk / 8 + 1]
@@ -70,8 +72,8 @@ cudaError_t launch_build_unions(const UnionDesc* unions, int64_t num_unions, siz
       cudaFuncSetAttribute(build_unions_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem_bytes));
   if (err != cudaSuccess) return err;
-  build_unions_kernel<<<static_cast<unsigned>(num_unions), kThreads, smem_bytes, stream>>>(
-      unions, lists, chunks, block_pages, upages, uchunks, umask, counts);
+  launch_dependent(build_unions_kernel, static_cast<unsigned>(num_unions), kThreads, smem_bytes,
+                   stream, unions, lists, chunks, block_pages, upages, uchunks, umask, counts);
   return cudaGetLastError();
 }
 

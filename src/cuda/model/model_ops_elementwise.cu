@@ -9,6 +9,7 @@
 
 #include "model_ops.cuh"
 #include "model_ops_vec.cuh"
+#include "pdl.cuh"
 
 namespace cisa::cuda::detail {
 namespace {
@@ -28,6 +29,7 @@ __device__ __forceinline__ float silu(float x) {
 template <bool Gelu, int V>
 __global__ void gated_kernel(const float* gate, const float* up, float* out, uint16_t* outb,
                              int64_t n) {
+  dev::dependent_start();
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -48,6 +50,7 @@ __global__ void gated_kernel(const float* gate, const float* up, float* out, uin
 template <bool Gelu, int V>
 __global__ void gated_stacked_kernel(const float* __restrict__ y, int64_t rows, int64_t n,
                                      float* __restrict__ out, uint16_t* __restrict__ outb) {
+  dev::dependent_start();
   const int64_t per_row = n / V;
   for (int64_t t = first_index(); t < rows * per_row; t += grid_stride()) {
     const int64_t r = t / per_row, c = (t - r * per_row) * V;
@@ -61,6 +64,7 @@ __global__ void gated_stacked_kernel(const float* __restrict__ y, int64_t rows, 
 
 template <int V>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
+  dev::dependent_start();
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -76,6 +80,7 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 
 template <int V>
 __global__ void round_f16_kernel(float* x, int64_t n) {
+  dev::dependent_start();
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     float* p = t < nv ? x + t * V : x + nv * V + (t - nv);
@@ -92,6 +97,7 @@ __global__ void round_f16_kernel(float* x, int64_t n) {
 template <int V>
 __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
                                    int64_t n) {
+  dev::dependent_start();
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -106,6 +112,7 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __rest
 template <int V>
 __global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ y,
                                    int64_t n) {
+  dev::dependent_start();
   const int64_t nv = n / V;
   for (int64_t t = first_index(); t < nv + (n - nv * V); t += grid_stride()) {
     if (t < nv) {
@@ -122,6 +129,7 @@ __global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __rest
 template <int V>
 __global__ void split_columns_kernel(const float* __restrict__ y, int64_t rows, int64_t width,
                                      SplitParts parts) {
+  dev::dependent_start();
   const int p = static_cast<int>(blockIdx.y);
   const int64_t cols = parts.cols[p], per_row = cols / V;
   const float* src = y + parts.offset[p];
@@ -152,9 +160,9 @@ cudaError_t launch_split_columns(const float* y, int64_t rows, int64_t width,
   }
   const dim3 grid(blocks_for(vec ? most / 4 : most), static_cast<unsigned>(parts.count));
   if (vec)
-    split_columns_kernel<4><<<grid, kThreads, 0, stream>>>(y, rows, width, parts);
+    launch_dependent(split_columns_kernel<4>, grid, kThreads, 0, stream, y, rows, width, parts);
   else
-    split_columns_kernel<1><<<grid, kThreads, 0, stream>>>(y, rows, width, parts);
+    launch_dependent(split_columns_kernel<1>, grid, kThreads, 0, stream, y, rows, width, parts);
   return cudaGetLastError();
 }
 
@@ -169,14 +177,18 @@ cudaError_t launch_gated_activation(bool gelu, const float* gate, const float* u
   const unsigned grid = blocks_for(vec ? total / 4 + 3 : total);
   if (gelu) {
     if (vec)
-      gated_kernel<true, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
+      launch_dependent(gated_kernel<true, 4>, grid, kThreads, 0, stream, gate, up, out, outb,
+                       total);
     else
-      gated_kernel<true, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
+      launch_dependent(gated_kernel<true, 1>, grid, kThreads, 0, stream, gate, up, out, outb,
+                       total);
   } else {
     if (vec)
-      gated_kernel<false, 4><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
+      launch_dependent(gated_kernel<false, 4>, grid, kThreads, 0, stream, gate, up, out, outb,
+                       total);
     else
-      gated_kernel<false, 1><<<grid, kThreads, 0, stream>>>(gate, up, out, outb, total);
+      launch_dependent(gated_kernel<false, 1>, grid, kThreads, 0, stream, gate, up, out, outb,
+                       total);
   }
   return cudaGetLastError();
 }
@@ -190,14 +202,18 @@ cudaError_t launch_gated_stacked(bool gelu, const float* y, int64_t rows, int64_
   const unsigned grid = blocks_for(vec ? rows * n / 4 : rows * n);
   if (gelu) {
     if (vec)
-      gated_stacked_kernel<true, 4><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+      launch_dependent(gated_stacked_kernel<true, 4>, grid, kThreads, 0, stream, y, rows, n, out,
+                       outb);
     else
-      gated_stacked_kernel<true, 1><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+      launch_dependent(gated_stacked_kernel<true, 1>, grid, kThreads, 0, stream, y, rows, n, out,
+                       outb);
   } else {
     if (vec)
-      gated_stacked_kernel<false, 4><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+      launch_dependent(gated_stacked_kernel<false, 4>, grid, kThreads, 0, stream, y, rows, n, out,
+                       outb);
     else
-      gated_stacked_kernel<false, 1><<<grid, kThreads, 0, stream>>>(y, rows, n, out, outb);
+      launch_dependent(gated_stacked_kernel<false, 1>, grid, kThreads, 0, stream, y, rows, n, out,
+                       outb);
   }
   return cudaGetLastError();
 }
@@ -207,9 +223,9 @@ cudaError_t launch_add(float* y, const float* x, int64_t n, cudaStream_t stream)
   if (n == 0) return cudaSuccess;
   if (!y || !x) return cudaErrorInvalidValue;
   if (aligned(y, 16) && aligned(x, 16))
-    add_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(y, x, n);
+    launch_dependent(add_kernel<4>, blocks_for(n / 4 + 3), kThreads, 0, stream, y, x, n);
   else
-    add_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+    launch_dependent(add_kernel<1>, blocks_for(n), kThreads, 0, stream, y, x, n);
   return cudaGetLastError();
 }
 
@@ -218,9 +234,9 @@ cudaError_t launch_round_f16(float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!x) return cudaErrorInvalidValue;
   if (aligned(x, 16))
-    round_f16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, n);
+    launch_dependent(round_f16_kernel<4>, blocks_for(n / 4 + 3), kThreads, 0, stream, x, n);
   else
-    round_f16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, n);
+    launch_dependent(round_f16_kernel<1>, blocks_for(n), kThreads, 0, stream, x, n);
   return cudaGetLastError();
 }
 
@@ -229,9 +245,9 @@ cudaError_t launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStrea
   if (n == 0) return cudaSuccess;
   if (!x || !y) return cudaErrorInvalidValue;
   if (aligned(x, 16) && aligned(y, 8))
-    f32_to_bf16_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+    launch_dependent(f32_to_bf16_kernel<4>, blocks_for(n / 4 + 3), kThreads, 0, stream, x, y, n);
   else
-    f32_to_bf16_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+    launch_dependent(f32_to_bf16_kernel<1>, blocks_for(n), kThreads, 0, stream, x, y, n);
   return cudaGetLastError();
 }
 
@@ -240,9 +256,9 @@ cudaError_t launch_bf16_to_f32(const uint16_t* x, float* y, int64_t n, cudaStrea
   if (n == 0) return cudaSuccess;
   if (!x || !y) return cudaErrorInvalidValue;
   if (aligned(x, 8) && aligned(y, 16))
-    bf16_to_f32_kernel<4><<<blocks_for(n / 4 + 3), kThreads, 0, stream>>>(x, y, n);
+    launch_dependent(bf16_to_f32_kernel<4>, blocks_for(n / 4 + 3), kThreads, 0, stream, x, y, n);
   else
-    bf16_to_f32_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+    launch_dependent(bf16_to_f32_kernel<1>, blocks_for(n), kThreads, 0, stream, x, y, n);
   return cudaGetLastError();
 }
 

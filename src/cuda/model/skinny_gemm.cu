@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "pdl.cuh"
 #include "skinny_gemm.cuh"
 
 namespace cisa::cuda::detail {
@@ -52,13 +53,26 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(has[j] ? g + 8 * j : 0) * k4 + t;
   }
   float c[NT][4] = {};
-  for (int s = s0; s < s1; s += kUnroll) {
-    uint4 lo[kUnroll], hi[kUnroll], xb[NT][kUnroll];  // W rows g and g + 8, x rows
+  uint4 lo[kUnroll], hi[kUnroll];  // W rows g and g + 8
+  const auto load_w = [&](int s) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (s + u < s1) {
         lo[u] = load_stream(wa + (s + u) * 4);
         hi[u] = load_stream(wb + (s + u) * 4);
+      }
+    }
+  };
+  // The weights are written by no kernel: the first loads go out before the wait for the kernel
+  // that writes x (pdl.cuh), so they overlap its tail.
+  load_w(s0);
+  dev::dependent_start();
+  for (int s = s0; s < s1; s += kUnroll) {
+    if (s != s0) load_w(s);
+    uint4 xb[NT][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (s + u < s1) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
           xb[j][u] = has[j] ? __ldg(xr[j] + (s + u) * 4) : make_uint4(0, 0, 0, 0);
@@ -152,8 +166,8 @@ cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const ui
   const auto kernel = unroll == 8
                           ? (rows <= 8 ? skinny_gemm_kernel<1, 8> : skinny_gemm_kernel<2, 8>)
                           : (rows <= 8 ? skinny_gemm_kernel<1, 4> : skinny_gemm_kernel<2, 4>);
-  kernel<<<grid, kThreads, 0, stream>>>(w, x, in, ik, ir, splits, per, y, il, workspace, counters);
-  return cudaGetLastError();
+  return launch_dependent(kernel, grid, kThreads, 0, stream, w, x, in, ik, ir, splits, per, y, il,
+                          workspace, counters);
 }
 
 }  // namespace cisa::cuda::detail
