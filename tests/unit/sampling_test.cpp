@@ -107,5 +107,50 @@ TEST(Sampling, SeededDrawsRepeatAndFollowTheDistribution) {
   EXPECT_LT(same, 1000);  // another seed gives another sequence
 }
 
+// Sampler::sample walks the best 64 tokens first and builds the sorted distribution only when
+// the draw goes past them. Against the whole walk of sampling_distribution with the same uniform
+// draws (a second sampler of the same seed, next_uniform()): the same token for every draw, at
+// vocabularies of 40 (all in the head) to 152,064, with top-k inside and past the head, top-p
+// cut inside and past it, flat logits (draws often pass the head) and non-finite ones.
+TEST(Sampling, HeadWalkEqualsTheWholeDistribution) {
+  std::mt19937 rng(5);
+  int past_head = 0;
+  for (const int64_t n : {int64_t{40}, int64_t{1000}, int64_t{49152}, int64_t{152064}})
+    for (const float spread : {8.0f, 0.05f})  // peaked, and nearly flat
+      for (const int32_t k : {0, 10, 64, 65, 500})
+        for (const float p : {1.0f, 0.9f, 0.3f}) {
+          SCOPED_TRACE("n " + std::to_string(n) + " spread " + std::to_string(spread) + " k " +
+                       std::to_string(k) + " p " + std::to_string(p));
+          std::normal_distribution<float> g(0.0f, spread);
+          std::vector<float> l(static_cast<size_t>(n));
+          for (float& v : l) v = g(rng);
+          l[static_cast<size_t>(n / 3)] = l[static_cast<size_t>(n / 2)];  // a tie
+          if (n == 1000 && spread < 1.0f && k == 0) l[7] = -INFINITY;      // the whole path
+          const SamplingParams sp{.temperature = 0.8f, .top_k = k, .top_p = p, .seed = 9};
+          auto a = Sampler::create(sp), b = Sampler::create(sp);
+          ASSERT_TRUE(a.ok() && b.ok());
+          std::vector<std::pair<int32_t, double>> dist;
+          ASSERT_TRUE(sampling_distribution(l, sp, &dist).ok());
+          const int draws = n > 10000 ? 40 : 400;
+          for (int i = 0; i < draws; ++i) {
+            const double u = b->next_uniform();
+            double cum = 0.0;
+            int32_t want = dist.back().first;
+            size_t at = dist.size() - 1;
+            for (size_t j = 0; j < dist.size(); ++j) {
+              cum += dist[j].second;
+              if (u < cum) {
+                want = dist[j].first;
+                at = j;
+                break;
+              }
+            }
+            past_head += at >= 64;
+            ASSERT_EQ(a->sample(l), want) << "draw " << i << ", u = " << u;
+          }
+        }
+  EXPECT_GT(past_head, 100);  // the flat cases exercise the whole path
+}
+
 }  // namespace
 }  // namespace cisa

@@ -9,6 +9,13 @@
 // id), softmax, keep the smallest prefix (by descending probability) whose mass reaches p,
 // renormalise, draw. Greedy (or T = 0) is the argmax, ties to the smaller id. The generator is
 // a fixed 64-bit PCG-style sequence, so one seed gives the same tokens on every platform.
+//
+// A draw walks the distribution in descending order and nearly always stops within its first
+// tokens, so Sampler::sample() first finds the 64 best tokens in one pass and walks those; it
+// builds the whole sorted distribution only when the walk goes past them (or a logit is not
+// finite). With top-k <= 64 the arithmetic is sampling_distribution's exactly; without a top-k
+// the softmax's normaliser is summed in token order rather than sorted order, which can move a
+// draw only when u falls within rounding (~1e-16) of a boundary.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +56,13 @@ class Sampler {
 
  private:
   explicit Sampler(const SamplingParams& p);
+  // The draw u from the best kSampleHead tokens alone, or -1 when it needs more (sample.cpp).
+  int32_t sample_head(std::span<const float> logits, double u);
   SamplingParams p_;
   uint64_t state_;
   std::vector<std::pair<int32_t, double>> dist_;
+  std::vector<int32_t> head_;
+  std::vector<double> head_e_;
 };
 
 }  // namespace cisa
