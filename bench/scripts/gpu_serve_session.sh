@@ -29,7 +29,10 @@
 # PROMPT_FILE (text prompts, one per line: bench/serve/make_chat_prompts.py; INPUT_LEN then only
 # sizes the context and should be the longest prompt's tokens), ENDPOINT (completions | chat),
 # VERBOSITY=1 (two more passes, dense and CISA with --honor-eos: mean output lengths with EOS
-# honoured, and the fixed-output speedup divided by their ratio). CPU dry run:
+# honoured, and the fixed-output speedup divided by their ratio). EOS_BODY: JSON members added to
+# those two passes' request bodies, e.g. '"temperature": 0.7, "seed": 1' (greedy small models
+# loop until max_tokens, so their lengths would measure the cap: docs/server.md). SERVE_ARGS: more
+# `cisa serve` arguments (e.g. "--indexer indexers/smollm2-135m.cisaidx --sink-pages 1"). CPU dry run:
 #   MODEL_FILE=models/SmolLM2-135M-Instruct.Q4_1.gguf PROMPT_FILE=/tmp/p.txt ENDPOINT=chat \
 #   VERBOSITY=1 INPUT_LEN=1200 OUTPUT_LEN=64 NUM_PROMPTS=4 CONCURRENCY=4 BUDGET=8 WINDOW=4 \
 #   QSHARE=4 ALT_BUDGET=0 REPEAT=0 BACKEND=cpu SKIP_BUILD=1 CISA_BIN=build/ci/cisa \
@@ -99,6 +102,8 @@ serve_cmd=("$cisa" serve "${model_args[@]}" --backend "$BACKEND" --threads "$THR
   --window "$WINDOW" --qshare "$QSHARE" --context "$CONTEXT" --parallel "$CONCURRENCY"
   --prefill-chunk "$PREFILL_CHUNK" --prefill-block "$PREFILL_BLOCK" --max-waiting 256
   --host 127.0.0.1 --port "$PORT")
+# shellcheck disable=SC2206
+[ -n "${SERVE_ARGS:-}" ] && serve_cmd+=(${SERVE_ARGS})
 log "server: ${serve_cmd[*]}"
 timeout -s INT $(($(left) - 5)) "${serve_cmd[@]}" >"$OUT/server.log" 2>&1 &
 server_pid=$!
@@ -158,8 +163,9 @@ if [ "$ALT_BUDGET" -gt 0 ]; then
   pass "cisa_k$ALT_BUDGET" "{\"cisa\": {\"budget\": $ALT_BUDGET}}" "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
 fi
 if [ "${VERBOSITY:-0}" = 1 ]; then
-  pass dense_eos '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST" --honor-eos
-  pass cisa_eos '{}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST" --honor-eos
+  eos=${EOS_BODY:+, $EOS_BODY}
+  pass dense_eos "{\"attention\": \"dense\"$eos}" "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST" --honor-eos
+  pass cisa_eos "{${EOS_BODY:-}}" "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST" --honor-eos
 fi
 if [ "$REPEAT" = 1 ]; then
   pass dense_2 '{"attention": "dense"}' "$NUM_PROMPTS" "$INPUT_LEN" "$OUTPUT_LEN" "$PASS_EST"
@@ -192,7 +198,8 @@ res = {"what": "cisa serve --backend $BACKEND, synthetic $MODEL (synthetic weigh
        "protocol": {"num_prompts": $NUM_PROMPTS, "input_len": $INPUT_LEN, "output_len": $OUTPUT_LEN,
                     "concurrency": $CONCURRENCY, "context": $CONTEXT, "budget": $BUDGET,
                     "window": $WINDOW, "qshare": $QSHARE, "prefill_chunk": $PREFILL_CHUNK,
-                    "prefill_block": $PREFILL_BLOCK},
+                    "prefill_block": $PREFILL_BLOCK, "eos_pass_body_members": '${EOS_BODY:-}',
+                    "serve_args": '${SERVE_ARGS:-}'},
        "passes": {}}
 try:
     res["server_models"] = json.load(open(os.path.join(tmp, "models.json")))
