@@ -125,7 +125,7 @@ TEST(Sampling, HeadWalkEqualsTheWholeDistribution) {
           std::vector<float> l(static_cast<size_t>(n));
           for (float& v : l) v = g(rng);
           l[static_cast<size_t>(n / 3)] = l[static_cast<size_t>(n / 2)];  // a tie
-          if (n == 1000 && spread < 1.0f && k == 0) l[7] = -INFINITY;      // the whole path
+          if (n == 1000 && spread < 1.0f && k == 0) l[7] = -INFINITY;     // the whole path
           const SamplingParams sp{.temperature = 0.8f, .top_k = k, .top_p = p, .seed = 9};
           auto a = Sampler::create(sp), b = Sampler::create(sp);
           ASSERT_TRUE(a.ok() && b.ok());
