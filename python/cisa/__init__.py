@@ -1,6 +1,7 @@
 """cisa: Chunk-Indexed Sparse Attention for PyTorch (docs/python.md).
 
-The ops (``torch.ops.cisa.*``, also importable from here) run the project's CPU engine;
+The ops (``torch.ops.cisa.*``, also importable from here) run the project's CPU engine on CPU
+tensors and, in a build with ``-DCISA_PY_CUDA=ON``, the Hopper backend on CUDA tensors;
 :class:`SparseAttentionWrapper` splits a step into ``plan`` (host work) and ``run``.
 """
 

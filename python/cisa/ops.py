@@ -14,11 +14,16 @@ Layout (one layer, the engine's, ``include/cisa/cpu/kv_cache.h``):
 Every op checks dtype, device, shape and contiguity here and the engine checks page IDs and
 positions, raising ``TypeError``, ``ValueError`` or ``IndexError`` with the reason.
 Planning, batch tensors and page lists are host (CPU) tensors; the data tensors may be CPU or
-CUDA (CUDA needs a build with the Hopper backend; this build raises a clear error).
+CUDA. CUDA tensors need a build with the Hopper backend (``-DCISA_PY_CUDA=ON``; otherwise a clear
+error) and its limits: bfloat16 K/V and representatives, ``page_size`` 16, ``head_dim`` 64, 128 or
+256, and (``paged_attention``) bfloat16 ``q`` and page lists the backend plans itself (a dense
+plan's, or those ``select_pages`` returned on CUDA). Outputs have the CPU op's meaning, dtype and
+shape; data outputs are on the input's device, page lists stay host tensors.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Optional, Tuple
 
 import torch
@@ -56,16 +61,40 @@ def _check_data_device(op, *tensors):
         if not HAS_CUDA:
             _fail(RuntimeError, op, "this cisa build has no CUDA backend (built without CUDA): "
                   "the ops run on CPU tensors only (docs/python.md)")
-        if op not in _CUDA_OPS:
-            _fail(ValueError, op, "this op runs on the CPU; on CUDA use SparseAttentionWrapper "
-                  "(plan/run) and update_representatives")
         return "cuda"
     if dev.type != "cpu":
         _fail(ValueError, op, f"tensors on {dev.type} are not supported (cpu or cuda)")
 
 
 _KV_DTYPES = (torch.float32, torch.bfloat16)
-_CUDA_OPS = ("update_representatives", "cuda_run", "plan")
+_CUDA_HEAD_DIMS = (64, 128, 256)
+
+
+def _cuda_layer_check(op, c, what="k_cache"):
+    """The Hopper backend's limits on a layer (cuda/backend.h), checked before any launch."""
+    if not c.bf16:
+        _fail(TypeError, op, f"on CUDA {what} must be bfloat16: the Hopper backend reads bf16 K/V "
+              "and representatives only (float32 caches run on the CPU op)")
+    if c.page_size != 16:
+        _fail(ValueError, op, f"on CUDA page_size must be 16, the Hopper kernels' page tile "
+              f"(got {c.page_size})")
+    if c.head_dim not in _CUDA_HEAD_DIMS:
+        _fail(ValueError, op, f"on CUDA head_dim must be 64, 128 or 256, the Hopper backend's "
+              f"(got {c.head_dim})")
+
+
+def _stream(device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _sync(device) -> None:
+    # The backend's downloads are synchronous copies on the legacy default stream; the launches
+    # went to torch's current stream, which may be a non-blocking one.
+    torch.cuda.current_stream(device).synchronize()
+
+
+# Positions on the CUDA backend stay below 2^30 (validate_batch_tables in src/cuda/backend.cpp).
+_CUDA_MAX_POSITION = 1 << 30
 _INDEX = (torch.int32,)
 
 
@@ -153,15 +182,55 @@ def _chunk_scores_impl(q: Tensor, reps: Tensor, block_table: Tensor, first_chunk
     if tuple(q.shape) != (H, d):
         _fail(ValueError, op, f"q must be [num_kv_heads, head_dim] = {(H, d)} (got {tuple(q.shape)})")
     _check_tensor(op, "block_table", block_table, _INDEX, 1, "cpu")
-    _check_data_device(op, q, reps)
     c = _C.CacheArgs()
     c.k = c.v = c.reps = reps.data_ptr()
     c.bf16 = reps.dtype == torch.bfloat16
     c.num_pages, c.num_kv_heads, c.page_size, c.head_dim = P, H, 16, d
+    if _check_data_device(op, q, reps) == "cuda":
+        return _cuda_chunk_scores(op, c, q, block_table, first_chunk, n)
     out = torch.empty((H, n), dtype=torch.float32)
     _C.chunk_scores(c, block_table.data_ptr(), block_table.shape[0], q.data_ptr(), first_chunk, n,
                     out.data_ptr())
     return out
+
+
+def _cuda_chunk_scores(op, c, q, block_table, first_chunk, n):
+    """chunk_scores on the Hopper backend: a one-query sparse plan whose eligible chunks are
+    exactly [first_chunk, first_chunk + n) of a copy of the block table (sinks = first_chunk,
+    W = 0, k = 1, G = 1, the query at position 16 * (first_chunk + n)), its score stage, and the
+    plan's scores (download_scores). With one row the index query is q itself."""
+    table_len = block_table.shape[0]
+    if first_chunk < 0 or n < 0 or first_chunk + n > table_len:
+        _fail(IndexError, op, f"chunks [{first_chunk}, {first_chunk + n}) are not inside the block "
+              f"table of {table_len} pages")
+    _cuda_layer_check(op, c, "reps")
+    sel = block_table[first_chunk:first_chunk + n]
+    bad = ((sel < 0) | (sel >= c.num_pages)).nonzero()
+    if bad.numel():
+        j = int(bad[0, 0])
+        _fail(IndexError, op, f"page ID {int(sel[j])} (chunk {first_chunk + j}) is out of range "
+              f"[0, {c.num_pages})")
+    if n == 0:
+        return torch.empty((c.num_kv_heads, 0), dtype=torch.float32, device=q.device)
+    m = max(n, 2)  # a selecting list needs more eligible chunks than its k = 1
+    if (first_chunk + m + 1) * 16 >= _CUDA_MAX_POSITION:
+        _fail(ValueError, op, "on CUDA first_chunk + n must stay below 2^26 - 2 (the backend's "
+              "positions are below 2^30)")
+    table = torch.full((first_chunk + m + 1,), int(sel[0]), dtype=torch.int32)
+    table[first_chunk:first_chunk + n] = sel  # other entries: a valid page, never scored
+    dev = q.device
+    with torch.cuda.device(dev):
+        d_table = table.to(dev)
+        cp = _C.CudaPlan()
+        _C.cuda_plan_raw(cp, c, d_table.data_ptr(), [0, table.numel()],
+                         [(0, 16 * (first_chunk + m), 1)], 1, 0, first_chunk, op)
+        st = _stream(dev)
+        _C.cuda_select_stage(cp, c, q.data_ptr(), 0, st, op)
+        _C.cuda_select_stage(cp, c, q.data_ptr(), 1, st, op)
+        _sync(dev)
+        scores, _ = _C.cuda_download_scores(cp)
+    out = torch.tensor(scores, dtype=torch.float32).reshape(c.num_kv_heads, m)[:, :n]
+    return out.contiguous().to(dev)
 
 
 chunk_scores = torch.library.custom_op("cisa::chunk_scores", mutates_args=())(_chunk_scores_impl)
@@ -177,13 +246,51 @@ def _topk_impl(scores: Tensor, k: int) -> Tensor:
     every number), in ascending order: int32 ``[rows, min(k, n)]``. ``scores``: float32
     ``[rows, n]``."""
     op = "topk"
-    _check_tensor(op, "scores", scores, (torch.float32,), 2, "cpu")
+    _check_tensor(op, "scores", scores, (torch.float32,), 2)
     if k < 0:
         _fail(ValueError, op, f"k must be >= 0 (got {k})")
+    if _check_data_device(op, scores) == "cuda":
+        return _cuda_topk(op, scores, k)
     rows, n = scores.shape
     out = torch.empty((rows, min(k, n)), dtype=torch.int32)
     _C.topk(scores.data_ptr(), rows, n, k, out.data_ptr())
     return out
+
+
+def _cuda_topk(op, scores, k):
+    """topk on the Hopper backend's top-k (radix select with the same order): a sparse plan of
+    one decode list per row over n eligible chunks (sinks 0, W = 0, budget k), the caller's scores
+    put in place of the score stage's (upload_scores), its top-k stage, and the selected chunk
+    indices of every list. k >= n selects every index (the rule's answer, in ascending order)."""
+    rows, n = scores.shape
+    dev = scores.device
+    m = min(k, n)
+    if rows == 0 or m == 0:
+        return torch.empty((rows, m), dtype=torch.int32, device=dev)
+    if k >= n:
+        return torch.arange(n, dtype=torch.int32, device=dev).expand(rows, n).contiguous()
+    if (n + 1) * 16 >= _CUDA_MAX_POSITION:
+        _fail(ValueError, op, f"on CUDA rows must have fewer than 2^26 - 1 scores (got {n}; the "
+              "backend's positions are below 2^30)")
+    with torch.cuda.device(dev):
+        # The plan needs a layer; nothing of it is read by the setup and top-k stages.
+        dummy = torch.zeros((1, 1, 16, 64), dtype=torch.bfloat16, device=dev)
+        c = _C.CacheArgs()
+        c.k = c.v = c.reps = dummy.data_ptr()
+        c.bf16 = True
+        c.num_pages, c.num_kv_heads, c.page_size, c.head_dim = 1, 1, 16, 64
+        table = torch.zeros(n + 1, dtype=torch.int32, device=dev)  # every chunk on page 0
+        cp = _C.CudaPlan()
+        _C.cuda_plan_raw(cp, c, table.data_ptr(), [0, n + 1], [(0, 16 * n, 1)] * rows, k, 0, 0, op)
+        st = _stream(dev)
+        _C.cuda_select_stage(cp, c, 0, 0, st, op)
+        _C.cuda_upload_scores(cp, scores.data_ptr(), rows * n, st)
+        _C.cuda_select_stage(cp, c, 0, 2, st, op)
+        _sync(dev)
+        (_, _, _, chunks, _), _ = _C.cuda_page_lists(cp)
+    # Each list: the k selected chunks (ascending), then the tail chunk n.
+    out = torch.tensor(chunks, dtype=torch.int32).reshape(rows, k + 1)[:, :k]
+    return out.contiguous().to(dev)
 
 
 topk = torch.library.custom_op("cisa::topk", mutates_args=())(_topk_impl)
@@ -234,12 +341,62 @@ def _select_pages_impl(index_q: Tensor, k_cache: Tensor, reps: Tensor, block_tab
     if tuple(index_q.shape) != (rows, c.num_kv_heads, c.head_dim):
         _fail(ValueError, op, f"index_q must be [rows, num_kv_heads, head_dim] = "
               f"{(rows, c.num_kv_heads, c.head_dim)} (got {tuple(index_q.shape)})")
-    _check_data_device(op, index_q, k_cache, reps)
+    if _check_data_device(op, index_q, k_cache, reps) == "cuda":
+        return _cuda_select_pages(op, c, b, index_q, k_cache, reps, block_tables, seq_lens,
+                                  entries, (budget, window, qshare, sink_pages, qshare_last),
+                                  total_pages, num_lists)
     pages = torch.empty(total_pages, dtype=torch.int32)
     chunks = torch.empty(total_pages, dtype=torch.int32)
     num_selected = torch.empty(num_lists, dtype=torch.int32)
     _C.select(c, b, index_q.data_ptr(), budget, window, qshare, sink_pages, qshare_last,
               pages.data_ptr(), chunks.data_ptr(), num_selected.data_ptr(), total_pages, num_lists)
+    return pages, chunks, num_selected
+
+
+# The last selections select_pages made on CUDA, so that paged_attention on CUDA can attend their
+# lists: the backend attends only lists it planned, so it plans the selection again with the
+# query head count and checks that the lists it gets are the ones it was given.
+_CUDA_SELECTIONS = collections.deque(maxlen=4)
+
+
+def _cuda_plan_lists(op, c, b, block_tables, dev, num_q_heads, dense, sliding_window, params,
+                     index_q):
+    """A backend plan of the batch (host checks of pages and positions first, as on the CPU),
+    its selection run on the current stream, and its page lists as host tensors. Returns
+    (plan, device block tables, (groups, offsets, pages, chunks, num_selected))."""
+    budget, window, qshare, sinks, last = params
+    d_tables = block_tables.to(dev)
+    cp = _C.CudaPlan()
+    _C.cuda_plan(cp, c, b, d_tables.data_ptr(), num_q_heads, dense, sliding_window, budget,
+                 window, qshare, sinks, last, op)
+    st = _stream(dev)
+    iq = index_q.data_ptr() if index_q is not None else 0
+    for stage in (0, 1, 2):
+        _C.cuda_select_stage(cp, c, iq, stage, st, op)
+    _sync(dev)
+    (g, o, p, ch, ns), _ = _C.cuda_page_lists(cp)
+    lists = (torch.tensor(g, dtype=torch.int64).reshape(-1, 5), torch.tensor(o, dtype=torch.int64),
+             torch.tensor(p, dtype=torch.int32), torch.tensor(ch, dtype=torch.int32),
+             torch.tensor(ns, dtype=torch.int32))
+    return cp, d_tables, lists
+
+
+def _cuda_select_pages(op, c, b, index_q, k_cache, reps, block_tables, seq_lens, entries, params,
+                       total_pages, num_lists):
+    """select_pages on the Hopper backend: plan_sparse, run_select, and its page lists."""
+    _cuda_layer_check(op, c)
+    dev = k_cache.device
+    with torch.cuda.device(dev):
+        _, _, (_, _, pages, chunks, num_selected) = _cuda_plan_lists(
+            op, c, b, block_tables, dev, c.num_kv_heads, False, 0, params, index_q)
+    if pages.numel() != total_pages or num_selected.numel() != num_lists:
+        _fail(ValueError, op, f"the plan has {num_lists} lists of {total_pages} pages but this "
+              f"batch and these parameters give {num_selected.numel()} lists of {pages.numel()} "
+              "(plan again with the same batch and parameters)")
+    _CUDA_SELECTIONS.append(dict(
+        params=params, index_q=index_q.detach().clone(), reps=reps, device=dev,
+        batch=(block_tables.clone(), seq_lens.clone(), entries.clone()),
+        pages=pages.clone(), chunks=chunks.clone()))
     return pages, chunks, num_selected
 
 
@@ -267,7 +424,14 @@ def _paged_attention_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
     op = "paged_attention"
     c = _cache_args(op, k_cache, v_cache)
     b = _batch_args(op, block_tables, seq_lens, entries)
-    _check_tensor(op, "q", q, (torch.float32,), 3)
+    on_cuda = isinstance(q, Tensor) and q.device.type == "cuda"
+    if on_cuda:
+        _check_data_device(op, q)  # a build without CUDA says so first
+    if on_cuda and q.dtype != torch.bfloat16:
+        _fail(TypeError, op, "on CUDA q must be bfloat16: the Hopper backend's attention reads bf16 "
+              f"queries (got {str(q.dtype).replace('torch.', '')}; out and lse are float32, as on "
+              "the CPU)")
+    _check_tensor(op, "q", q, (torch.bfloat16,) if on_cuda else (torch.float32,), 3)
     rows = _num_rows(entries)
     if q.shape[0] != rows or q.shape[2] != c.head_dim:
         _fail(ValueError, op, f"q must be [rows = {rows}, num_q_heads, head_dim = {c.head_dim}] "
@@ -285,7 +449,9 @@ def _paged_attention_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
               f"{tuple(groups.shape)} and {tuple(offsets.shape)}; pass the plan's tensors)")
     if chunks.shape != pages.shape:
         _fail(ValueError, op, "chunks must have the shape of pages")
-    _check_data_device(op, q, k_cache, v_cache)
+    if _check_data_device(op, q, k_cache, v_cache) == "cuda":
+        return _cuda_paged_attention(op, c, b, q, k_cache, block_tables, seq_lens, entries, groups,
+                                     offsets, pages, chunks, scale, sliding_window)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32)
     _C.attend(c, b, groups.data_ptr(), G, offsets.data_ptr(), pages.data_ptr(), chunks.data_ptr(),
@@ -294,13 +460,82 @@ def _paged_attention_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
     return out, lse
 
 
+def _same_batch(rec_batch, block_tables, seq_lens, entries):
+    return all(a.shape == t.shape and torch.equal(a, t)
+               for a, t in zip(rec_batch, (block_tables, seq_lens, entries)))
+
+
+def _cuda_paged_attention(op, c, b, q, k_cache, block_tables, seq_lens, entries, groups, offsets,
+                          pages, chunks, scale, sliding_window):
+    """paged_attention on the Hopper backend. run_attention reads the page lists of a backend
+    plan, so the given lists must be ones the backend plans: a dense plan's (plan_dense, with
+    this sliding window), or the lists select_pages returned on CUDA for this batch (planned again
+    here with this query head count and selected again from the same index query and
+    representatives). The plan's lists are compared with the given ones before attending."""
+    _cuda_layer_check(op, c)
+    if pages.numel():
+        bad = ((pages < 0) | (pages >= c.num_pages)).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            _fail(IndexError, op, f"page ID {int(pages[i])} (entry {i} of the page lists) is out "
+                  f"of range [0, {c.num_pages})")
+    if groups.numel() and (int(groups[:, 0].min()) < 0 or
+                           int(groups[:, 0].max()) >= entries.shape[0]):
+        _fail(IndexError, op, f"groups name entries outside [0, {entries.shape[0]})")
+    if sliding_window < 0:
+        _fail(ValueError, op, f"sliding_window must be >= 0 (got {sliding_window})")
+    dev = q.device
+    hq = q.shape[1]
+    all_dense = bool((groups[:, 4] != 0).all()) if groups.numel() else True
+    candidates = []
+    if all_dense:
+        candidates.append((True, (0, 0, 1, 0, False), None, None))
+    elif sliding_window > 0:
+        _fail(ValueError, op, "on CUDA a sliding window applies to dense plans only (the Hopper "
+              "backend's sparse plans have none); sparse lists with a sliding window run on the "
+              "CPU op")
+    else:
+        for rec in reversed(_CUDA_SELECTIONS):
+            if (rec["device"] == dev and rec["pages"].shape == pages.shape and
+                    torch.equal(rec["pages"], pages) and torch.equal(rec["chunks"], chunks) and
+                    _same_batch(rec["batch"], block_tables, seq_lens, entries)):
+                candidates.append((False, rec["params"], rec["index_q"], rec["reps"]))
+    given = (groups, offsets, pages, chunks)
+    with torch.cuda.device(dev):
+        for dense, params, index_q, reps in candidates:
+            cr = c
+            if reps is not None:
+                if tuple(reps.shape) != (c.num_pages, c.num_kv_heads, c.head_dim):
+                    continue
+                cr = _C.CacheArgs()
+                cr.k, cr.v, cr.reps, cr.bf16 = c.k, c.v, reps.data_ptr(), True
+                cr.num_pages, cr.num_kv_heads = c.num_pages, c.num_kv_heads
+                cr.page_size, cr.head_dim = c.page_size, c.head_dim
+            cp, d_tables, lists = _cuda_plan_lists(op, cr, b, block_tables, dev, hq, dense,
+                                                   sliding_window, params, index_q)
+            if not all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(lists, given)):
+                continue
+            out = torch.empty(q.shape, dtype=torch.float32, device=dev)
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=dev)
+            _C.cuda_attend(cp, cr, q.data_ptr(), scale, out.data_ptr(), lse.data_ptr(),
+                           _stream(dev))
+            # Leaving frees cp's buffers (cudaFree waits for the kernels using them) and returns
+            # d_tables to torch's allocator, whose reuse is ordered on this same stream.
+            return out, lse
+    _fail(ValueError, op, "on CUDA the Hopper backend attends only page lists it plans itself: "
+          "a dense plan's lists (cisa.plan(..., dense=True) with this sliding_window) or the "
+          "lists select_pages returned on CUDA for this batch, index query and representatives; "
+          "these lists are neither (other page lists run on the CPU op)")
+
+
 paged_attention = torch.library.custom_op("cisa::paged_attention", mutates_args=())(_paged_attention_impl)
 
 
 @paged_attention.register_fake
 def _(q, k_cache, v_cache, block_tables, seq_lens, entries, groups, offsets, pages, chunks,
       scale, sliding_window):
-    return torch.empty_like(q), q.new_empty(q.shape[:2])
+    # out and lse are float32 whatever q's dtype (bfloat16 q on CUDA).
+    return q.new_empty(q.shape, dtype=torch.float32), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
 # ---- CUDA: the Hopper backend's run step (SparseAttentionWrapper on CUDA tensors) ------------

@@ -64,7 +64,7 @@ class SparseAttentionWrapper:
             cp = _C.CudaPlan()
             _C.cuda_plan(cp, c, b, self._dev_tables.data_ptr(), num_q_heads, dense,
                          sliding_window, budget, window, qshare, sink_pages,
-                         qshare_query == "last")
+                         qshare_query == "last", "plan")
             self._cuda = cp
             ops._CUDA_PLANS[self._id] = cp
             rows = cp.rows

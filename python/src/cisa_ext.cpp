@@ -437,11 +437,12 @@ cisa::cuda::DeviceLayer device_layer(const CacheArgs& c) {
 
 void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t device_tables,
                int num_q_heads, bool dense, int64_t sliding_window, int64_t budget, int64_t window,
-               int64_t qshare, int64_t sink_pages, bool qshare_last) {
+               int64_t qshare, int64_t sink_pages, bool qshare_last, const std::string& op_name) {
+  const char* op = op_name.c_str();
   cisa::PageTable table(1, c.page_size, c.num_pages);
-  adopt_all(&table, b, c.page_size, "plan");
+  adopt_all(&table, b, c.page_size, op);
   const std::vector<BatchEntry> batch = read_entries(b);
-  raise_if_error(cisa::validate_batch(table, 0, batch), "plan");
+  raise_if_error(cisa::validate_batch(table, 0, batch), op);
   cp.offsets.resize(static_cast<size_t>(b.num_seqs + 1));
   for (int64_t s = 0; s <= b.num_seqs; ++s) cp.offsets[static_cast<size_t>(s)] = s * b.max_pages;
   const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
@@ -451,12 +452,71 @@ void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t d
   if (dense)
     raise_if_error(cisa::cuda::plan_dense(device_layer(c), tables, batch, num_q_heads,
                                           sliding_window, &cp.plan),
-                   "plan");
+                   op);
   else
     raise_if_error(cisa::cuda::plan_sparse(
                        device_layer(c), tables, batch, num_q_heads,
                        selection_params(budget, window, qshare, sink_pages, qshare_last), &cp.plan),
-                   "plan");
+                   op);
+}
+
+// A sparse plan over block tables the caller built on the device (concatenated, CSR `offsets`)
+// for the single-purpose plans of the chunk_scores and topk ops: no host check of page IDs (the
+// caller checks the pages that are read), no unions, no fused selection.
+void cuda_plan_raw(CudaPlan& cp, const CacheArgs& c, uintptr_t device_tables,
+                   const std::vector<int64_t>& offsets,
+                   const std::vector<std::tuple<int64_t, int64_t, int64_t>>& entries,
+                   int64_t budget, int64_t window, int64_t sink_pages, const std::string& op_name) {
+  const char* op = op_name.c_str();
+  std::vector<BatchEntry> batch;
+  cp.rows = 0;
+  for (const auto& [s, f, n] : entries) {
+    batch.push_back({static_cast<cisa::SeqId>(s), f, static_cast<int32_t>(n)});
+    cp.rows += n;
+  }
+  cp.offsets = offsets;
+  cp.dense = false;
+  const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
+  cisa::cuda::PlanOptions options;
+  options.group_unions = false;
+  options.fused_select_cluster = 0;
+  raise_if_error(cisa::cuda::plan_sparse(device_layer(c), tables, batch, c.num_kv_heads,
+                                         selection_params(budget, window, 1, sink_pages, false),
+                                         &cp.plan, options),
+                 op);
+}
+
+// One selection stage (0 setup, 1 scores, 2 top-k), launched on the stream.
+void cuda_select_stage(const CudaPlan& cp, const CacheArgs& c, uintptr_t index_q, int stage,
+                       uintptr_t stream, const std::string& op) {
+  if (stage < 0 || stage > 2) throw std::invalid_argument("cisa: unknown selection stage");
+  raise_if_error(
+      cisa::cuda::run_select_stage(cp.plan, device_layer(c), ptr<const float>(index_q),
+                                   static_cast<cisa::cuda::SelectStage>(stage), ptr<void>(stream)),
+      op.c_str());
+}
+
+// Attention of a plan whose lists run_select wrote, launched on the stream.
+void cuda_attend(const CudaPlan& cp, const CacheArgs& c, uintptr_t q, float scale, uintptr_t out,
+                 uintptr_t lse, uintptr_t stream) {
+  raise_if_error(cisa::cuda::run_attention(cp.plan, device_layer(c), ptr<const uint16_t>(q), scale,
+                                           ptr<float>(out), lse ? ptr<float>(lse) : nullptr,
+                                           ptr<void>(stream)),
+                 "paged_attention");
+}
+
+// Replaces a plan's scores (download_scores' layout) by the caller's device f32 scores.
+void cuda_upload_scores(const CudaPlan& cp, uintptr_t scores, int64_t n, uintptr_t stream) {
+  raise_if_error(cisa::cuda::upload_scores(cp.plan, ptr<const float>(scores), n, ptr<void>(stream)),
+                 "topk");
+}
+
+// The scores of a plan's selecting lists and their offsets (synchronous copy).
+std::tuple<std::vector<float>, std::vector<int64_t>> cuda_download_scores(const CudaPlan& cp) {
+  std::vector<float> scores;
+  std::vector<int64_t> offsets;
+  raise_if_error(cisa::cuda::download_scores(cp.plan, &scores, &offsets), "chunk_scores");
+  return {scores, offsets};
 }
 
 void cuda_run(const CudaPlan& cp, const CacheArgs& c, uintptr_t index_q, uintptr_t q, float scale,
@@ -528,6 +588,11 @@ NB_MODULE(_C, m) {
       .def_ro("rows", &CudaPlan::rows)
       .def_ro("dense", &CudaPlan::dense);
   m.def("cuda_plan", &cuda_plan);
+  m.def("cuda_plan_raw", &cuda_plan_raw);
+  m.def("cuda_select_stage", &cuda_select_stage);
+  m.def("cuda_attend", &cuda_attend);
+  m.def("cuda_upload_scores", &cuda_upload_scores);
+  m.def("cuda_download_scores", &cuda_download_scores);
   m.def("cuda_run", &cuda_run);
   m.def("cuda_update_reps", &cuda_update_reps);
   m.def("cuda_page_lists", &cuda_page_lists);

@@ -662,4 +662,19 @@ Status download_scores(const Plan& plan, std::vector<float>* scores,
   return Status::Ok();
 }
 
+Status upload_scores(const Plan& plan, const float* scores, int64_t n, void* stream) {
+  const auto& P = *plan.impl();
+  if (n != P.score_total)
+    return invalid_argument("cuda: upload_scores got " + std::to_string(n) +
+                            " scores but the plan's lists hold " + std::to_string(P.score_total));
+  if (P.fused_cluster > 0)
+    return invalid_argument("cuda: upload_scores needs a plan without fused selection");
+  if (n == 0) return Status::Ok();
+  if (!scores) return invalid_argument("cuda: null scores");
+  return cuda_status(
+      cudaMemcpyAsync(P.d_scores.as<void>(), scores, static_cast<size_t>(n) * sizeof(float),
+                      cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+      "cuda: score upload");
+}
+
 }  // namespace cisa::cuda

@@ -184,5 +184,9 @@ Status count_read_pages(const Plan& plan, int64_t* pages);
 // Scores of every selected list: list i's scores (eligible chunks from its first eligible one)
 // are scores[offsets[i] … offsets[i+1]); lists without selection are empty.
 Status download_scores(const Plan& plan, std::vector<float>* scores, std::vector<int64_t>* offsets);
+// Replaces the scores of the plan's selecting lists (download_scores' layout, n = its total)
+// with device f32 scores[n], enqueued on `stream`, so that run_select_stage(kTopK) selects from
+// given scores (the Python package's topk op). Not for plans with fused selection.
+Status upload_scores(const Plan& plan, const float* scores, int64_t n, void* stream);
 
 }  // namespace cisa::cuda
