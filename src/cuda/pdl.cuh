@@ -13,8 +13,9 @@
 // The wait covers every earlier kernel, not only the last: a kernel completes only after its
 // own wait returned, so completion is transitive. Kernels launched the ordinary way (cuBLASLt's,
 // or ours under <<<>>>) wait for their predecessors fully, as always; the wait is a no-op in a
-// kernel that was not launched as a dependent. Both instructions need sm_90; on older
-// architectures they compile to nothing and launch_dependent() launches plainly.
+// kernel that was not launched as a dependent. Both instructions need sm_90 (the backend builds
+// for sm_90a only); compiled for an older architecture they are left out, and what the launch
+// attribute does there was not tried.
 #pragma once
 
 #include <cuda_runtime.h>
