@@ -62,17 +62,18 @@ float moment_score(const float* q, const T* r, int d) {
 }
 
 #ifdef CISA_ATTENTION_AVX512
-// Mean-key scores of representatives j0 … j0 + 3 of a block table (d % 16 == 0; reps + page·stride
-// is a page's representative for the KV group): one query vector loaded feeds four FMAs. The
-// representatives a few blocks ahead are prefetched, since a sequence's pages (and so its
-// representatives) need not be adjacent in the pool.
+// Mean-key scores of the representatives of pages[0 … 3] (d % 16 == 0; reps + page·stride is a
+// page's representative for the KV group): one query vector loaded feeds four FMAs. The
+// representatives of table[ahead, ahead_end) are prefetched, since a sequence's pages (and so its
+// representatives) need not be adjacent in the pool. Every score, wherever its chunk sits, is
+// summed in this one order, so equal representatives score equal (the spec's ties).
 template <class T>
-void score4_mean512(const T* reps, int64_t stride, std::span<const int32_t> table, const float* q,
-                    int d, int64_t j0, int64_t end, float scale, float* out) {
-  constexpr int64_t kAhead = 8;
+void score4_mean512(const T* reps, int64_t stride, const int32_t* pages, const int32_t* table,
+                    int64_t ahead, int64_t ahead_end, const float* q, int d, float scale,
+                    float* out) {
   const T* r[4];
-  for (int x = 0; x < 4; ++x) r[x] = reps + table[static_cast<size_t>(j0 + x)] * stride;
-  for (int64_t x = j0 + kAhead; x < std::min(end, j0 + kAhead + 4); ++x) {
+  for (int x = 0; x < 4; ++x) r[x] = reps + pages[x] * stride;
+  for (int64_t x = ahead; x < ahead_end; ++x) {
     const auto* pr = reinterpret_cast<const char*>(reps + table[static_cast<size_t>(x)] * stride);
     for (int64_t off = 0; off < static_cast<int64_t>(d * sizeof(T)); off += 64)
       _mm_prefetch(pr + off, _MM_HINT_T2);
@@ -99,9 +100,19 @@ void score_typed(const PagedKvCache& cache, int layer, std::span<const int32_t> 
     // Representative of (page, g) at reps + page·stride: [num_pages][num_kv_heads][d].
     const T* reps = static_cast<const T*>(cache.rep_pool(layer)) + static_cast<int64_t>(g) * d;
     const int64_t stride = static_cast<int64_t>(cache.num_kv_heads()) * d;
+    const int32_t* t = table.data() + first;
+    constexpr int64_t kAhead = 8;
     for (; j + 4 <= n; j += 4)
-      score4_mean512<T>(reps, stride, table.subspan(static_cast<size_t>(first)), q, d, j, n,
-                        inv_sqrt_d, scores + j);
+      score4_mean512<T>(reps, stride, t + j, t, std::min(n, j + kAhead),
+                        std::min(n, j + kAhead + 4), q, d, inv_sqrt_d, scores + j);
+    if (j < n) {  // the last 1-3 chunks: the same kernel on a padded quadruple, not dot()
+      int32_t pages[4];
+      float tail[4];
+      for (int64_t x = 0; x < 4; ++x) pages[x] = t[std::min(j + x, n - 1)];
+      score4_mean512<T>(reps, stride, pages, t, n, n, q, d, inv_sqrt_d, tail);
+      for (int64_t x = 0; j + x < n; ++x) scores[j + x] = tail[x];
+      j = n;
+    }
   }
 #endif
   for (; j < n; ++j) {

@@ -1,5 +1,6 @@
 // Selection: top-k tie rule, query groups, page-list contents, QShare semantics, errors.
 #include <algorithm>
+#include <bit>
 #include <numeric>
 
 #include "cisa/cpu/selection.h"
@@ -217,6 +218,53 @@ TEST(Selection, MomentRepresentativeRanksSpreadAlongTheQueryFirst) {
       EXPECT_GT(scores[1], scores[0]);
     }
   }
+}
+
+// Pages whose keys repeat one of three patterns have equal representatives, so their scores must
+// be bit-equal wherever the chunk sits in the scored range: the spec's tie rule (smaller index
+// first) depends on it. A range whose length is not a multiple of the vector kernel's width once
+// scored its last 1-3 chunks in another summation order, which flipped ties against the GPU.
+TEST(Selection, EqualRepresentativesScoreEqualAtEveryPosition) {
+  std::mt19937 rng(12);
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kBF16})
+    for (int d : {16, 64, 128}) {
+      const int64_t pages = 23;
+      auto c = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                .num_kv_heads = 1,
+                                                .head_dim = d,
+                                                .page_size = 16,
+                                                .num_pages = pages,
+                                                .dtype = dt}));
+      const SeqId s = *c->add_sequence();
+      std::normal_distribution<float> nd;
+      std::vector<float> pat(static_cast<size_t>(3 * d)), q(static_cast<size_t>(d));
+      for (auto& x : pat) x = nd(rng);
+      for (auto& x : q) x = nd(rng);
+      std::vector<float> k(static_cast<size_t>(pages * 16 * d)), v(k.size(), 0.0f);
+      for (int64_t t = 0; t < pages * 16; ++t)
+        for (int i = 0; i < d; ++i)
+          k[static_cast<size_t>(t * d + i)] = pat[static_cast<size_t>((t / 16) % 3 * d + i)];
+      ASSERT_TRUE(c->reserve(s, pages * 16).ok());
+      ASSERT_TRUE(c->append(0, s, pages * 16, k.data(), v.data()).ok());
+      const auto table = *c->block_table(s);
+      for (int64_t first = 0; first < 4; ++first)
+        for (int64_t n = 1; first + n <= pages; ++n) {
+          std::vector<float> sc(static_cast<size_t>(n));
+          score_chunks(*c, 0, table, 0, q.data(), first, n, sc.data());
+          for (int64_t j = 0; j < n; ++j) {
+            float one;  // the chunk scored alone
+            score_chunks(*c, 0, table, 0, q.data(), first + j, 1, &one);
+            ASSERT_EQ(std::bit_cast<uint32_t>(sc[static_cast<size_t>(j)]),
+                      std::bit_cast<uint32_t>(one))
+                << "d " << d << " first " << first << " n " << n << " chunk " << first + j;
+            const int64_t same = (first + j) % 3;  // the first chunk of its pattern
+            float ref;
+            score_chunks(*c, 0, table, 0, q.data(), same, 1, &ref);
+            ASSERT_EQ(std::bit_cast<uint32_t>(one), std::bit_cast<uint32_t>(ref))
+                << "d " << d << " chunk " << first + j << " vs chunk " << same;
+          }
+        }
+    }
 }
 
 TEST(Selection, QShareOfOneEqualsPerPositionSelection) {

@@ -1,0 +1,212 @@
+"""The transformers backend on CUDA (the Hopper backend): models of the Llama-3.2-1B and
+Qwen2.5-0.5B / 1.5B attention shapes, random weights, bf16 on the GPU, with full-budget CISA
+against SDPA; a small budget reading fewer pages; a decode step captured in a CUDA graph.
+
+Random-weight models have nearly flat logits, and with large weights (initializer_range 0.1)
+they are chaotic: bf16 SDPA and bf16 eager attention then differ by half the logits' spread. So
+the weights keep transformers' scale (0.02) and only the output head is scaled up (untied, x10):
+logits are peaked (std ~9) and bf16 errors stay small. The test is built so that a bf16 near-tie
+cannot fail it while a real bug would: teacher-forced logits of every generated position (SDPA's
+greedy tokens fed to both, prefill then one decode step per token) are compared with the same
+model in float32 (the truth); CISA's bf16 error must stay within twice SDPA's own bf16 error plus
+2% of the spread. Greedy tokens CISA generates must equal SDPA's up to the first position where
+SDPA's top-1 margin is within twice that bound (after a genuine near-tie the continuations may
+differ).
+"""
+
+import copy
+
+import pytest
+import torch
+
+import cisa
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import cisa.transformers as ct  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="no CUDA device (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(not cisa.HAS_CUDA,
+                       reason="this cisa build has no CUDA backend (-DCISA_PY_CUDA=ON)"),
+]
+
+ct.register("cisa_gpu_full", budget=10**6, window=8, qshare=16)
+ct.register("cisa_gpu_small", budget=8, window=4, qshare=16)
+
+VOCAB = 8192
+SHAPES = {
+    # name: (config class, hidden, intermediate, q heads, KV heads, head_dim, rope theta)
+    "llama-3.2-1b": ("LlamaConfig", 2048, 8192, 32, 8, 64, 500000.0),
+    "qwen2.5-0.5b": ("Qwen2Config", 896, 4864, 14, 2, 64, 1000000.0),
+    "qwen2.5-1.5b": ("Qwen2Config", 1536, 8960, 12, 2, 128, 1000000.0),
+}
+
+
+def model_of(shape, layers=4, seed=0):
+    """A model of the shape's attention geometry (fewer layers and a smaller vocabulary than the
+    real one), random weights (initializer_range 0.02, the output head untied and x10), bf16 on
+    the GPU."""
+    cls, hidden, inter, hq, hkv, d, theta = SHAPES[shape]
+    cfg = getattr(transformers, cls)(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=hq, num_key_value_heads=hkv, max_position_embeddings=131072,
+        rope_theta=theta, initializer_range=0.02, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None)  # no EOS: generate makes every token
+    assert cfg.hidden_size // cfg.num_attention_heads == d
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # peaked logits (std ~9)
+    return model.to(device="cuda", dtype=torch.bfloat16).eval()
+
+
+def prompt(rows, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (rows, n), generator=g).cuda()
+
+
+@torch.no_grad()
+def generate(model, impl, ids, n):
+    model.set_attn_implementation(impl)
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                          do_sample=False)
+
+
+@torch.no_grad()
+def teacher_forced(model, impl, tokens, p):
+    """Logits (float32 [rows, n, vocab]) at positions p - 1 … len - 2 of ``tokens``: a prefill of
+    the first p tokens, then one decode step per following token (the decode path)."""
+    model.set_attn_implementation(impl)
+    cache = transformers.DynamicCache()
+    out = model(tokens[:, :p], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = [out.logits[:, -1].float()]
+    for t in range(p, tokens.shape[1] - 1):
+        out = model(tokens[:, t:t + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits[:, -1].float())
+    return torch.stack(logits, 1)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_full_budget_cisa_matches_sdpa(shape):
+    model = model_of(shape)
+    p, n = 1000, 16
+    ids = prompt(2, p, seed=1)
+    ref = generate(model, "sdpa", ids, n)
+    assert ref.shape == (2, p + n)
+    sdpa = teacher_forced(model, "sdpa", ref, p)
+    full = teacher_forced(model, "cisa_gpu_full", ref, p)
+    caches = [layer.self_attn._cisa_cache for layer in model.model.layers]
+    assert all(c.k.is_cuda and c.k.dtype == torch.bfloat16 and c.len == p + n - 1 for c in caches)
+    read, dense = ct.stats(model)
+    assert read == dense > 0  # full budget: every page, prefill and decode through CISA
+    truth = teacher_forced(copy.deepcopy(model).float(), "sdpa", ref, p)  # the same weights
+    spread = truth.std().item()
+    sdpa_err = (sdpa - truth).abs().max().item()
+    cisa_err = (full - truth).abs().max().item()
+    bound = 2 * sdpa_err + 0.02 * spread
+    print(f"{shape}: logits std {spread:.3f}, |sdpa - fp32| {sdpa_err:.4f}, "
+          f"|cisa - fp32| {cisa_err:.4f}, |cisa - sdpa| {(full - sdpa).abs().max().item():.4f}, "
+          f"bound {bound:.4f}")
+    # A wrong page, position, scale or head mapping moves logits by a good part of their spread.
+    assert cisa_err <= bound, f"{shape}: |cisa - fp32| = {cisa_err} over the bound {bound}"
+    assert sdpa_err < 0.2 * spread, f"{shape}: bf16 error {sdpa_err} too large to test anything"
+    # Greedy tokens. Teacher-forced top-1 of CISA may differ from SDPA's only at a near-tie
+    # (SDPA's top-1 margin within 2 x bound); generate() must give SDPA's tokens up to the first
+    # position where the teacher-forced top-1 differs (then the continuations may part).
+    top2 = sdpa.topk(2, dim=-1).values
+    margin = top2[..., 0] - top2[..., 1]
+    flips = full.argmax(-1) != sdpa.argmax(-1)
+    assert (margin[flips] <= 2 * bound).all(), \
+        f"{shape}: top-1 differs where SDPA's margin exceeds 2 x bound: {margin[flips].tolist()}"
+    gen = generate(model, "cisa_gpu_full", ids, n)
+    compared = 0
+    for r in range(2):
+        at = flips[r].nonzero()
+        upto = int(at[0, 0]) if at.numel() else n
+        assert gen[r, :p + upto].tolist() == ref[r, :p + upto].tolist(), \
+            f"{shape}: row {r} differs from SDPA's tokens before position {upto}"
+        if upto < n:  # the flipped token is CISA's own top-1
+            assert int(gen[r, p + upto]) == int(full[r, upto].argmax())
+        compared += upto
+    print(f"{shape}: greedy tokens equal {compared} of {2 * n} (teacher-forced top-1 flips at "
+          f"near-ties: {int(flips.sum())})")
+
+
+@pytest.mark.parametrize("shape", ["llama-3.2-1b", "qwen2.5-1.5b"])
+def test_small_budget_reads_fewer_pages(shape):
+    model = model_of(shape, layers=2)
+    ids = prompt(1, 1500, seed=2)
+    out = generate(model, "cisa_gpu_small", ids, 8)
+    assert out.shape == (1, 1508)
+    read, dense = ct.stats(model)
+    assert 0 < read < dense / 2
+
+
+def test_cuda_refusals_are_clear():
+    model = model_of("llama-3.2-1b", layers=1).float()
+    model.set_attn_implementation("cisa_gpu_full")
+    with pytest.raises(TypeError, match="must be bfloat16"):
+        with torch.no_grad():
+            model(prompt(1, 40, seed=3))
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2)  # head_dim 32
+    small = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    small = small.to(device="cuda", dtype=torch.bfloat16).eval()
+    small.set_attn_implementation("cisa_gpu_full")
+    with pytest.raises(ValueError, match="head_dim must be 64, 128 or 256"):
+        with torch.no_grad():
+            small(torch.randint(0, 64, (1, 40), device="cuda"))
+
+
+@torch.no_grad()
+def test_decode_step_replays_in_a_cuda_graph():
+    """A decode step of the whole model (CISA selecting with k = 8) run eagerly, captured in a
+    CUDA graph and replayed with another token: the replay equals the eager step for that token."""
+    model = model_of("llama-3.2-1b", layers=2)
+    model.set_attn_implementation("cisa_gpu_small")
+    p = 500  # position 500 fills no page: the step is append, select, attend
+    ids = prompt(1, p, seed=4)
+    cache = transformers.DynamicCache()
+    out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    static = out.logits[:, -1].argmax(-1).view(1, 1).clone()
+    other = (static + 1) % VOCAB
+
+    def step():
+        return model(static, past_key_values=cache, use_cache=True).logits[:, -1].float()
+
+    def back():  # both caches back to p positions (DynamicCache.crop's meaning changed in 5.x)
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[..., :p, :], layer.values[..., :p, :]
+        ct.rewind(model, p)
+
+    keep = [(layer.keys, layer.values) for layer in cache.layers]  # the graph reads these
+    eager1 = step().clone()  # makes the step's plan (host work) outside the capture
+    back()
+    keep.append([(layer.keys, layer.values) for layer in cache.layers])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up on a side stream, as torch.cuda.graph wants
+    torch.cuda.current_stream().wait_stream(s)
+    back()
+    keep.append([(layer.keys, layer.values) for layer in cache.layers])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    replay1 = captured.clone()
+    static.copy_(other)
+    graph.replay()
+    torch.cuda.synchronize()
+    replay2 = captured.clone()
+    back()
+    eager2 = step().clone()
+    read, dense = ct.stats(model)
+    assert read < dense
+    assert (eager1 - eager2).abs().max() > 1.0  # another token: other logits
+    torch.testing.assert_close(replay1, eager1, rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(replay2, eager2, rtol=1e-2, atol=2e-2)
