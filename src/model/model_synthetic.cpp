@@ -44,13 +44,20 @@ std::vector<std::string> synthetic_model_names() {
   return v;
 }
 
-Result<ModelHparams> synthetic_hparams(const std::string& name) {
+Result<ModelHparams> synthetic_hparams(const std::string& name, int layers) {
   for (const SyntheticShape& s : kShapes) {
     if (name != s.name) continue;
+    if (layers < 0 || layers > s.n_layer)
+      return invalid_argument("synthetic " + name + " has " + std::to_string(s.n_layer) +
+                              " layers: cannot keep " + std::to_string(layers) + " (give 1 to " +
+                              std::to_string(s.n_layer) + ", or 0 for all)");
     ModelHparams hp;
     hp.arch = ModelArch::kLlama;
     hp.name = s.display;
-    hp.n_layer = s.n_layer;
+    hp.n_layer = layers > 0 ? layers : s.n_layer;
+    if (layers > 0 && layers < s.n_layer)  // "… (random weights; first 4 of 28 layers)"
+      hp.name.insert(hp.name.size() - 1, "; first " + std::to_string(layers) + " of " +
+                                             std::to_string(s.n_layer) + " layers");
     hp.n_embd = s.n_embd;
     hp.n_ff = s.n_ff;
     hp.n_head = s.n_head;
@@ -61,7 +68,7 @@ Result<ModelHparams> synthetic_hparams(const std::string& name) {
     hp.rms_eps = s.rms_eps;
     hp.rope_style = s.rope_style;
     hp.rope_base = hp.rope_base_swa = s.rope_base;
-    hp.layer_swa.assign(static_cast<size_t>(s.n_layer), false);
+    hp.layer_swa.assign(static_cast<size_t>(hp.n_layer), false);
     hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     hp.activation = Activation::kSilu;
     hp.tied_output = s.tied_output;
@@ -112,9 +119,9 @@ Result<ModelWeights> random_weights(const ModelHparams& hp, Backend& be) {
 }
 
 Result<std::unique_ptr<Model>> Model::load_synthetic(const std::string& name,
-                                                     const ModelOptions& options) {
+                                                     const ModelOptions& options, int layers) {
   CISA_RETURN_IF_ERROR(validate_model_options(options));
-  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(name));
+  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(name, layers));
   constexpr int64_t kMaxSyntheticContext = int64_t{1} << 21;  // 2M: 1M prompts plus their output
   const int64_t context = options.context ? options.context : hp.n_ctx_train;
   if (context > kMaxSyntheticContext)

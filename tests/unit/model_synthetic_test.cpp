@@ -69,6 +69,20 @@ TEST(ModelSynthetic, ShapesOfThePublicModels) {
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(big.status().message().find("KV cache"), std::string::npos) << big.status().message();
   EXPECT_FALSE(Model::load_synthetic("tiny-llama", {.threads = -2}).ok());
+
+  // A cut to the first layers keeps every per-layer shape and says so in the name.
+  const auto cut = synthetic_hparams("qwen2.5-7b", 4);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->n_layer, 4);
+  EXPECT_EQ(cut->layer_swa.size(), 4u);
+  EXPECT_EQ(cut->n_embd, 3584);
+  EXPECT_NE(cut->name.find("first 4 of 28 layers"), std::string::npos) << cut->name;
+  EXPECT_EQ(synthetic_hparams("qwen2.5-7b", 28)->name, synthetic_hparams("qwen2.5-7b")->name);
+  EXPECT_EQ(synthetic_hparams("qwen2.5-7b", 29).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(synthetic_hparams("qwen2.5-7b", -1).status().code(), StatusCode::kInvalidArgument);
+  auto one = Model::load_synthetic("tiny-llama", {.context = 256}, 1);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ((*one)->hparams().n_layer, 1);
 }
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {

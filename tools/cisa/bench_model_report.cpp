@@ -167,6 +167,7 @@ int print_protocol_report(const ProtocolReport& rep) {
   j["benchmark"] = "model-fixed-output";
   j["model"] = synthetic ? "synthetic:" + a.mo.synthetic : a.model_path;
   if (synthetic) j["weights"] = kSyntheticNote;
+  if (synthetic && a.mo.synthetic_layers > 0) j["synthetic_layers"] = last.hp.n_layer;
   j["architecture"] = model_arch_name(last.hp.arch);
   j["model_name"] = last.hp.name;
   j["backend"] = last.backend;
@@ -212,7 +213,7 @@ int print_protocol_report(const ProtocolReport& rep) {
     return 0;
   }
   std::printf("%s%s: B=%lld requests x L=%lld context, T=%lld tokens each, fill %s, %s, KV %s\n",
-              synthetic ? ("synthetic " + a.mo.synthetic).c_str() : a.model_path.c_str(),
+              synthetic ? last.hp.name.c_str() : a.model_path.c_str(),
               synthetic ? " (synthetic weights, speed only)" : "", static_cast<long long>(a.batch),
               static_cast<long long>(a.context), static_cast<long long>(a.tokens), a.fill.c_str(),
               last.backend.c_str(), kv_dtype_name(last.cache.dtype));

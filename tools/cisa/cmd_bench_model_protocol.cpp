@@ -154,7 +154,7 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   const Stopwatch load_clock;
   std::unique_ptr<Model> loaded;
   if (!mo.synthetic.empty()) {
-    CISA_ASSIGN_OR_RETURN(loaded, Model::load_synthetic(mo.synthetic, mopt));
+    CISA_ASSIGN_OR_RETURN(loaded, Model::load_synthetic(mo.synthetic, mopt, synthetic_layers(mo)));
   } else {
     CISA_ASSIGN_OR_RETURN(loaded, Model::load(a.model_path, mopt));
   }
@@ -253,7 +253,7 @@ int bench_model_protocol(const ProtocolArgs& a) {
     if (!mo.indexer.empty())
       return fail("--indexer: an indexer is calibrated for a model file; --synthetic " +
                   mo.synthetic + " has none (drop --indexer)");
-    auto h = synthetic_hparams(mo.synthetic);
+    auto h = synthetic_hparams(mo.synthetic, synthetic_layers(mo));
     if (!h.ok()) return fail("--synthetic: " + h.status().message());
     hp = *h;
   } else {

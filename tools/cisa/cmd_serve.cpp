@@ -69,12 +69,14 @@ Result<std::unique_ptr<Model>> load_synthetic_for_serving(ModelCliOptions o, int
   if (!o.indexer.empty())
     return invalid_argument("--indexer: an indexer is calibrated for a model file; --synthetic " +
                             o.synthetic + " has none (drop --indexer)");
-  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic));
+  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic, synthetic_layers(o)));
   CISA_ASSIGN_OR_RETURN(ModelOptions mopt, serving_options(&o, hp, parallel));
-  *model_note = "synthetic " + o.synthetic + " (" + kSyntheticNote + "), context " +
-                std::to_string(o.context) + " x " + std::to_string(parallel) + " sequences, " +
+  *model_note = "synthetic " + o.synthetic +
+                (o.synthetic_layers ? " (first " + std::to_string(hp.n_layer) + " layers)" : "") +
+                " (" + kSyntheticNote + "), context " + std::to_string(o.context) + " x " +
+                std::to_string(parallel) + " sequences, " +
                 attention_mode_name(mopt.attention.mode) + " attention";
-  return Model::load_synthetic(o.synthetic, mopt);
+  return Model::load_synthetic(o.synthetic, mopt, synthetic_layers(o));
 }
 
 std::string default_model_id(const std::string& arg) {

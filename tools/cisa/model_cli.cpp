@@ -64,6 +64,9 @@ void add_synthetic_option(ArgParser& p, ModelCliOptions* o, bool with_prompt_tok
       "--synthetic", &o->synthetic,
       "a synthetic model instead of a file: random weights of a public shape, speed only (" +
           names + ")");
+  p.add_int("--synthetic-layers", &o->synthetic_layers,
+            "with --synthetic: keep only the first N layers of the shape (default 0: all; every "
+            "layer is alike, so per-layer costs and CISA/dense ratios carry over; outputs say so)");
   if (with_prompt_tokens)
     p.add_int("--prompt-tokens", &o->synthetic_prompt_tokens,
               "with --synthetic: prompt length in tokens (random ids; there is no tokenizer)");
@@ -183,7 +186,7 @@ Result<LoadedModel> load_synthetic_for(ModelCliOptions o, int64_t n_generate) {
   if (o.synthetic_prompt_tokens < 1)
     return invalid_argument(
         "--synthetic has no tokenizer: give the prompt length with --prompt-tokens N");
-  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic));
+  CISA_ASSIGN_OR_RETURN(ModelHparams hp, synthetic_hparams(o.synthetic, synthetic_layers(o)));
   scale_cisa_defaults(&o, hp.n_ctx_train);
   CISA_ASSIGN_OR_RETURN(ModelOptions mopt, to_model_options(o));
   const int64_t need = o.synthetic_prompt_tokens + n_generate;
@@ -193,7 +196,7 @@ Result<LoadedModel> load_synthetic_for(ModelCliOptions o, int64_t n_generate) {
                         std::to_string(o.context));
   if (!o.context) mopt.context = (need + 255) / 256 * 256;
   LoadedModel out;
-  CISA_ASSIGN_OR_RETURN(out.model, Model::load_synthetic(o.synthetic, mopt));
+  CISA_ASSIGN_OR_RETURN(out.model, Model::load_synthetic(o.synthetic, mopt, synthetic_layers(o)));
   out.prompt = random_tokens(o.synthetic_prompt_tokens, hp.n_vocab, o.synthetic_seed);
   return out;
 }

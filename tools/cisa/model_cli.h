@@ -38,6 +38,8 @@ struct ModelCliOptions {
   // A synthetic model (Model::load_synthetic, synthetic_model_names()) instead of a GGUF file:
   // random weights of a public model's shape, speed only. Empty: a file.
   std::string synthetic;
+  // --synthetic-layers: keep only the first N layers of the shape (0: all); outputs name the cut.
+  int64_t synthetic_layers = 0;
   int64_t synthetic_prompt_tokens = 0;  // --prompt-tokens: the prompt of a synthetic model
   uint64_t synthetic_seed = 1;
   std::string attention = "dense";
@@ -67,6 +69,13 @@ void add_synthetic_option(ArgParser& p, ModelCliOptions* o, bool with_prompt_tok
 Result<BackendFactory> backend_factory(const std::string& name, bool step_graphs = true);
 // True when this binary was built with the CUDA model backend (CISA_WITH_CUDA_MODEL).
 bool cuda_model_backend_built();
+// --synthetic-layers as load_synthetic's layer count (values past int come back as -1, which
+// synthetic_hparams refuses with a clear message).
+inline int synthetic_layers(const ModelCliOptions& o) {
+  return o.synthetic_layers >= 0 && o.synthetic_layers <= 1 << 20
+             ? static_cast<int>(o.synthetic_layers)
+             : -1;
+}
 // "synthetic weights, speed only": what every output of a synthetic run says.
 inline constexpr const char* kSyntheticNote = "synthetic weights, speed only";
 // CISA's defaults scale with the model's training context n (docs/design.md): k = n / 256 chunks

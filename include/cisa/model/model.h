@@ -262,9 +262,11 @@ class Model {
   // A model of the exact shape of a public one (synthetic_model_names()) with random weights
   // (roughly normal, standard deviation 0.02, the same for a given name on every run; norm gains
   // 1): for speed measurements only, its outputs mean nothing. No file and no tokenizer.
-  // options.context may go up to 2M tokens (0: the model's training context).
+  // options.context may go up to 2M tokens (0: the model's training context). layers: as
+  // synthetic_hparams says (0: all of the shape's layers).
   static Result<std::unique_ptr<Model>> load_synthetic(const std::string& name,
-                                                       const ModelOptions& options = {});
+                                                       const ModelOptions& options = {},
+                                                       int layers = 0);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -320,10 +322,11 @@ class Model {
 // The names load_synthetic accepts: "llama-3.1-8b", "qwen2.5-7b" (its q/k/v biases omitted),
 // "tiny-llama" (2 layers, 64 wide, for tests).
 std::vector<std::string> synthetic_model_names();
-// The hyper-parameters load_synthetic uses for `name`; kNotFound for an unknown name.
-Result<ModelHparams> synthetic_hparams(const std::string& name);
-// The hyper-parameters load_synthetic(name) uses, without building anything (kNotFound for
-// another name).
-Result<ModelHparams> synthetic_hparams(const std::string& name);
+// The hyper-parameters load_synthetic(name, options, layers) uses, without building anything:
+// kNotFound for an unknown name; kInvalidArgument for layers < 0 or more than the shape has.
+// layers > 0 keeps only the first `layers` layers of the shape (every layer of these shapes is
+// alike, so per-layer costs and CISA / dense ratios carry over; the name then says "first N of M
+// layers"); 0 keeps them all.
+Result<ModelHparams> synthetic_hparams(const std::string& name, int layers = 0);
 
 }  // namespace cisa
