@@ -11,9 +11,11 @@
 # its module copied into python/cisa/ and the tests run with PYTHONPATH=python. cpp-httplib is not
 # needed: the package links cisa_core (and cisa_cuda), and `cisa serve` is only configured when the
 # library is found (the root CMakeLists.txt, quietly). nlohmann-json is needed (it is on the image).
-# Then `pytest -q python/tests` (the GPU tests in python/tests/test_gpu.py must run, not skip).
+# Then `pytest -q python/tests` (the GPU tests in python/tests/test_gpu.py and
+# test_gpu_transformers.py must run, not skip).
 # Environment: PYTHON (default python3), JOBS (default nproc), TOTAL_S (default 540), BUILD_WITH
-# (auto: pip where it can, else CMake; pip; cmake), BUILD_DIR (the CMake build's folder).
+# (auto: pip where it can, else CMake; pip; cmake), BUILD_DIR (the CMake build's folder),
+# PYTEST_ARGS (default python/tests: what pytest runs).
 # Results under $OUT: session.log (steps, versions, times), build.log (the whole build output) and
 # build_tail.log, pytest.log, junit.xml, nvidia-smi.txt. Exit status: 0 when the build succeeded, the
 # module has the CUDA backend, pytest passed and no GPU test skipped (4 when some did).
@@ -123,8 +125,9 @@ fi
 test_s=$(left)
 if [ "$test_s" -lt 30 ]; then log "no time left for the tests"; exit 1; fi
 log "pytest -q python/tests (limit ${test_s} s)"
-timeout "$test_s" "$PY" -m pytest -q -rs --durations=15 -p no:cacheprovider \
-  --junitxml="$OUT/junit.xml" python/tests >"$OUT/pytest.log" 2>&1
+# -rsP: skip reasons, and what passed tests printed (test_gpu_transformers.py's logit bounds).
+timeout "$test_s" "$PY" -m pytest -q -rsP --durations=15 -p no:cacheprovider \
+  --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-python/tests} >"$OUT/pytest.log" 2>&1
 rc=$?
 tail -60 "$OUT/pytest.log"
 case $rc in
@@ -136,8 +139,16 @@ esac
 # -rs lines: "SKIPPED [n] python/tests/test_gpu.py:LINE: reason".
 gpu_skips=$(grep -oE "SKIPPED \[[0-9]+\] [^ ]*test_gpu\.py" "$OUT/pytest.log" |
   sed -E 's/SKIPPED \[([0-9]+)\].*/\1/' | awk '{s += $1} END {print s + 0}')
-log "tests of test_gpu.py skipped: $gpu_skips (expected 1: the check of a build without CUDA)"
-if [ "$rc" -eq 0 ] && [ "$gpu_skips" -ne 1 ]; then
+# With PYTEST_ARGS naming other tests only, test_gpu.py did not run: no skip expected there.
+expect_gpu=1
+if [ -n "${PYTEST_ARGS:-}" ] && ! echo " $PYTEST_ARGS " | grep -qE " python/tests/? |test_gpu\.py"; then
+  expect_gpu=0
+fi
+log "tests of test_gpu.py skipped: $gpu_skips (expected $expect_gpu; 1: the check of a build without CUDA)"
+tf_skips=$(grep -oE "SKIPPED \[[0-9]+\] [^ ]*test_gpu_transformers\.py" "$OUT/pytest.log" |
+  sed -E 's/SKIPPED \[([0-9]+)\].*/\1/' | awk '{s += $1} END {print s + 0}')
+log "tests of test_gpu_transformers.py skipped: $tf_skips (expected 0)"
+if [ "$rc" -eq 0 ] && { [ "$gpu_skips" -ne "$expect_gpu" ] || [ "$tf_skips" -ne 0 ]; }; then
   log "error: GPU tests were skipped (their reasons are in pytest.log's summary)"
   rc=4
 fi

@@ -1,5 +1,5 @@
 """CISA as an attention backend for Hugging Face transformers (Llama-, Qwen2- and Gemma 3-style
-models).
+models), on the CPU engine or, for a model on a CUDA device, the Hopper backend.
 
     import cisa.transformers
     cisa.transformers.register("cisa", budget=64, window=8, qshare=16)
@@ -8,22 +8,38 @@ models).
     cisa.transformers.stats(model)                       # pages read, CISA and dense
 
 Each attention layer keeps its own paged K/V cache and representatives (SPEC section 1) beside
-transformers' cache: every call appends the new positions' keys and values, recomputes the
-representatives of the pages they filled, plans the step (plan.h's rules) and runs
-``select_pages`` and ``paged_attention``. The index query of a KV group is the mean of its query
-heads after RoPE (SPEC section 6's mean candidate, no calibrated indexer). A call whose keys
-start at position 0 starts new sequences. Batch rows must have equal lengths (no padding).
+transformers' cache: every call appends the new positions' keys and values (one indexed copy per
+call, no per-token loop), recomputes the representatives of the pages they filled, plans the step
+(plan.h's rules) and runs the selection and the attention. The index query of a KV group is the
+mean of its query heads after RoPE (SPEC section 6's mean candidate, no calibrated indexer). A call
+whose keys start at position 0 starts new sequences. Batch rows must have equal lengths (no
+padding).
+
+On the CPU the caches are float32 and each call runs ``select_pages`` and ``paged_attention``.
+When the model's tensors are on a CUDA device (a build with ``-DCISA_PY_CUDA=ON``), the caches
+are bfloat16 on that device, the representatives are updated by the CUDA op, and the step runs
+through :class:`SparseAttentionWrapper` with ``device="cuda"`` (the Hopper backend's plan, then
+``run``: selection and attention, kernel launches only). One plan serves every layer of a step
+that has the same geometry (all layers of a Llama or Qwen2 model; Gemma 3's sliding and global
+layers plan separately), so the host plans once per step, not once per layer. The backend's
+limits hold: the model must be bfloat16 (the kernels read bf16 q, K and V) and head_dim 64, 128
+or 256; anything else raises before any work.
 
 Layers with a sliding window (Gemma 3's local layers: the ``sliding_window`` argument transformers
 passes, else the module's ``sliding_window``) run a dense sliding-window plan (SPEC section 7):
 position t attends to t - window < s <= t, as transformers' sliding masks do; transformers'
 sliding cache hands such a layer only its last window - 1 keys and the new ones, while the
-layer's paged cache keeps every position. CISA selects pages on the global layers only. The model's ``scaling`` (Gemma 3's
-``query_pre_attn_scalar ** -0.5``) is used as given; attention logit soft-capping (Gemma 2) and
-bidirectional attention are refused.
+layer's paged cache keeps every position. CISA selects pages on the global layers only. The
+model's ``scaling`` (Gemma 3's ``query_pre_attn_scalar ** -0.5``) is used as given; attention
+logit soft-capping (Gemma 2) and bidirectional attention are refused.
+
+A decode step on CUDA can be captured in a CUDA graph once the same step has run eagerly (its
+plan is then cached): :func:`rewind` sets the layers' caches back so that the step can run again.
 """
 
 from __future__ import annotations
+
+import collections
 
 import torch
 
@@ -31,75 +47,132 @@ from .wrapper import SparseAttentionWrapper
 from . import ops
 
 PAGE = 16
+_CUDA_HEAD_DIMS = (64, 128, 256)
 
 
 class _LayerCache:
-    def __init__(self, batch, num_kv_heads, head_dim, pages_per_seq, sliding=0):
+    """One layer's paged K/V cache: sequence s owns pages [s * cap, (s + 1) * cap) in logical
+    order (``tables``). float32 on the CPU, bfloat16 on a CUDA device."""
+
+    def __init__(self, batch, num_kv_heads, head_dim, pages_per_seq, sliding=0, device="cpu",
+                 dtype=torch.float32):
         self.batch, self.H, self.d = batch, num_kv_heads, head_dim
         self.sliding = sliding  # the layer's sliding window in tokens, 0 for a global layer
-        self.cap = pages_per_seq
-        P = batch * pages_per_seq
-        self.k = torch.zeros(P, num_kv_heads, PAGE, head_dim)
-        self.v = torch.zeros_like(self.k)
-        self.reps = torch.zeros(P, num_kv_heads, head_dim)
-        self.tables = (torch.arange(P, dtype=torch.int32).view(batch, pages_per_seq))
+        self.device, self.dtype = torch.device(device), dtype
+        self.cap = 0
+        self.k = self.v = self.reps = None
+        self._alloc(pages_per_seq)
         self.len = 0
         self.pages_read = 0
         self.pages_read_dense = 0
 
-    def grow(self, tokens):
-        need = -(-tokens // PAGE)
-        if need <= self.cap:
-            return
-        cap = max(need, 2 * self.cap)
-        old = (self.k, self.v, self.reps)
+    def _alloc(self, cap):
         b, H, d = self.batch, self.H, self.d
-        self.k = torch.zeros(b * cap, H, PAGE, d)
+        old = (self.k, self.v, self.reps)
+        kw = dict(dtype=self.dtype, device=self.device)
+        self.k = torch.zeros(b * cap, H, PAGE, d, **kw)
         self.v = torch.zeros_like(self.k)
-        self.reps = torch.zeros(b * cap, H, d)
-        for new, o in zip((self.k, self.v, self.reps), old):
-            new.view(b, cap, *new.shape[1:])[:, : self.cap] = o.view(b, self.cap, *o.shape[1:])
+        self.reps = torch.zeros(b * cap, H, d, **kw)
+        if self.cap:
+            for new, o in zip((self.k, self.v, self.reps), old):
+                new.view(b, cap, *new.shape[1:])[:, : self.cap] = o.view(b, self.cap,
+                                                                          *o.shape[1:])
         self.cap = cap
         self.tables = torch.arange(b * cap, dtype=torch.int32).view(b, cap)
 
+    def grow(self, tokens):
+        need = -(-tokens // PAGE)
+        if need > self.cap:
+            self._alloc(max(need, 2 * self.cap))
+
     def append(self, key, value):
-        """key, value: [batch, H, n, d], the positions after self.len."""
+        """key, value: [batch, H, n, d], the positions after self.len: one indexed copy each."""
         n = key.shape[2]
         start, end = self.len, self.len + n
         self.grow(end)
-        pos = torch.arange(start, end)
-        for s in range(self.batch):
-            pages = self.tables[s, pos // PAGE].long()
-            self.k[pages, :, pos % PAGE] = key[s].transpose(0, 1).float()
-            self.v[pages, :, pos % PAGE] = value[s].transpose(0, 1).float()
-        full = torch.arange(start // PAGE, end // PAGE)  # logical pages filled by this write
-        if full.numel():
-            pages = self.tables[:, full].reshape(-1).contiguous()
-            ops.update_representatives(self.reps, self.k, pages)
+        dev = self.device
+        pos = torch.arange(start, end, device=dev)
+        seq = torch.arange(self.batch, device=dev)[:, None]
+        pages = seq * self.cap + pos[None, :] // PAGE  # [batch, n]: tables[s, pos // PAGE]
+        slots = (pos % PAGE).expand(self.batch, n)
+        # Advanced indices around a slice put their [batch, n] first: [batch, n, H, d].
+        self.k[pages, :, slots] = key.transpose(1, 2).to(self.dtype)
+        self.v[pages, :, slots] = value.transpose(1, 2).to(self.dtype)
+        first, last = start // PAGE, end // PAGE  # logical pages [first, last) filled by this write
+        if last > first:
+            full = (seq * self.cap + torch.arange(first, last, device=dev)[None, :])
+            ops.update_representatives(self.reps, self.k, full.reshape(-1).to(torch.int32))
         self.len = end
 
 
 def _check_mask(mask, q_len, kv_len, sliding=0):
     """The mask must be causal (and, with ``sliding``, within the window) without padding. Key
     column j and query row i of the kv_len keys are kv_len - q_len + i - j positions apart
-    whether or not transformers' sliding cache dropped older keys."""
+    whether or not transformers' sliding cache dropped older keys. (A host synchronisation; not
+    made while a CUDA graph is captured.)"""
     if mask is None:
         return
+    if mask.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # checked when the same step ran eagerly (its plan had to be made then)
     allowed = mask if mask.dtype == torch.bool else mask == 0
     allowed = allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])[..., -q_len:, -kv_len:]
-    k_pos = torch.arange(kv_len)[None, :]
-    q_pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+    k_pos = torch.arange(kv_len, device=mask.device)[None, :]
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=mask.device)[:, None]
     expected = k_pos <= q_pos
     if sliding:
         expected &= k_pos > q_pos - sliding
-    if not torch.equal(allowed.cpu(), expected.expand_as(allowed)):
+    if not torch.equal(allowed, expected.expand_as(allowed)):
         raise ValueError("cisa attention: only causal masks without padding are supported "
                          "(batch rows of equal length)")
+
+
+def _check_cuda(query):
+    """The Hopper backend's limits, checked before any work (docs/python.md, CUDA)."""
+    if not ops.HAS_CUDA:
+        raise RuntimeError("cisa attention: the model is on CUDA but this cisa build has no CUDA "
+                           "backend (built without CUDA; rebuild with -DCISA_PY_CUDA=ON, or run "
+                           "the model on the CPU)")
+    if query.dtype != torch.bfloat16:
+        raise TypeError(f"cisa attention: on CUDA the model must be bfloat16 (the Hopper "
+                        f"backend reads bf16 q, K and V; got {str(query.dtype)[6:]}): load it "
+                        f"with dtype=torch.bfloat16, or run it on the CPU")
+    d = query.shape[-1]
+    if d not in _CUDA_HEAD_DIMS:
+        raise ValueError(f"cisa attention: on CUDA head_dim must be 64, 128 or 256, the Hopper "
+                         f"backend's (got {d}); run this model on the CPU")
 
 
 def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="mean",
                    dense=False):
     """An attention function for transformers' AttentionInterface."""
+    # Plans of recent steps, shared by the layers of a step with the same geometry: the host
+    # plans once per step (on CUDA also the backend's plan), not once per layer.
+    plans = collections.OrderedDict()
+
+    def planned(state, b, q_len, hq, hkv, d, sliding, device):
+        key = (device, b, state.len, state.cap, q_len, hq, hkv, d, sliding)
+        hit = plans.get(key)
+        if hit is not None:
+            plans.move_to_end(key)
+            return hit
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("cisa attention: a step captured in a CUDA graph must have run "
+                               "eagerly first (the plan is host work, made outside the capture; "
+                               "cisa.transformers.rewind sets the caches back to run it again)")
+        entries = torch.tensor([[s, state.len - q_len, q_len] for s in range(b)],
+                               dtype=torch.int64)
+        seq_lens = torch.full((b,), state.len, dtype=torch.int64)
+        w = SparseAttentionWrapper(num_kv_heads=hkv, device=device)
+        cuda = dict(k_cache=state.k, v_cache=state.v, reps=state.reps, num_q_heads=hq)
+        w.plan(state.tables, seq_lens, entries, num_pages=state.k.shape[0],
+               dense=dense or sliding > 0, sliding_window=sliding, budget=budget, window=window,
+               qshare=qshare, sink_pages=sink_pages, qshare_query=qshare_query,
+               **(cuda if device.type == "cuda" else {}))
+        hit = (w, w.pages_read())
+        plans[key] = hit
+        while len(plans) > 4:
+            plans.popitem(last=False)
+        return hit
 
     def cisa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                        sliding_window=None, softcap=None, **kwargs):
@@ -109,33 +182,35 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
             raise ValueError("cisa attention: only causal attention is supported")
         b, hq, q_len, d = query.shape
         hkv, kv_len = key.shape[1], key.shape[2]
+        on_cuda = query.is_cuda
+        if on_cuda:
+            _check_cuda(query)
         if sliding_window is None:
             sliding_window = getattr(module, "sliding_window", None)
         sliding = int(sliding_window or 0)
         _check_mask(attention_mask, q_len, kv_len, sliding)
         past = kv_len - q_len  # positions before this call in the keys transformers passes
         state = getattr(module, "_cisa_cache", None)
-        if state is None or past == 0 or state.batch != b:
-            state = _LayerCache(b, hkv, d, max(64, -(-kv_len // PAGE)), sliding)
+        if (state is None or past == 0 or state.batch != b or state.device != query.device):
+            cap = -(-kv_len // PAGE)
+            cap = max(64, cap + (cap // 8 if on_cuda else 0))  # CUDA: room to decode first
+            state = _LayerCache(b, hkv, d, cap, sliding, device=query.device,
+                                dtype=torch.bfloat16 if on_cuda else torch.float32)
             module._cisa_cache = state
         # transformers' sliding cache keeps the last sliding - 1 keys; the paged cache keeps all.
         truncated = sliding and min(state.len, sliding - 1) <= past < state.len
         if past != state.len and not truncated:
             raise ValueError(f"cisa attention: the layer's paged cache holds {state.len} "
                              f"positions but this step starts at {past}")
-        start = state.len
         state.append(key[:, :, past:], value[:, :, past:])
-        entries = torch.tensor([[s, start, q_len] for s in range(b)], dtype=torch.int64)
-        seq_lens = torch.full((b,), state.len, dtype=torch.int64)
-        w = SparseAttentionWrapper(num_kv_heads=hkv)
-        w.plan(state.tables, seq_lens, entries, num_pages=state.k.shape[0],
-               dense=dense or sliding > 0, sliding_window=sliding, budget=budget, window=window,
-               qshare=qshare, sink_pages=sink_pages, qshare_query=qshare_query)
-        q = query.transpose(1, 2).reshape(b * q_len, hq, d).float().contiguous()
-        index_q = q.view(b * q_len, hkv, hq // hkv, d).mean(2).contiguous()
+        w, (read, read_dense) = planned(state, b, q_len, hq, hkv, d, sliding, query.device)
+        q = query.transpose(1, 2).reshape(b * q_len, hq, d)
+        q = q.contiguous() if on_cuda else q.float().contiguous()  # bf16 on CUDA, f32 on the CPU
+        index_q = None
+        if not w.dense:
+            index_q = q.view(b * q_len, hkv, hq // hkv, d).float().mean(2).contiguous()
         out, _ = w.run(q, state.k, state.v, state.reps, index_q,
                        scale=float(scaling) if scaling else 0.0)
-        read, read_dense = w.pages_read()
         state.pages_read += read
         state.pages_read_dense += read_dense
         return out.view(b, q_len, hq, d).to(query.dtype), None
@@ -170,3 +245,17 @@ def stats(model, layers="all"):
         read += c.pages_read
         dense += c.pages_read_dense
     return read, dense
+
+
+def rewind(model, length):
+    """Sets every CISA layer cache of ``model`` back to its first ``length`` positions (the
+    pages past them are rewritten by the next steps; pages-read counts are kept). With
+    transformers' ``DynamicCache.crop(length)`` this lets a step run again, for example to
+    capture an eagerly run decode step in a CUDA graph."""
+    for m in model.modules():
+        c = getattr(m, "_cisa_cache", None)
+        if c is not None:
+            if length < 0 or length > c.len:
+                raise ValueError(f"cisa.transformers.rewind: length must be in [0, {c.len}] "
+                                 f"(got {length})")
+            c.len = length

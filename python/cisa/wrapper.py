@@ -19,7 +19,9 @@ class SparseAttentionWrapper:
     >>> out, lse = w.run(q, k_cache, v_cache, reps, index_q)
 
     A plan stays valid for every layer of a step that shares the batch; ``run`` may be called
-    once per layer. After ``run``, :attr:`pages` holds the page lists it attended.
+    once per layer. After ``run`` on the CPU, :attr:`pages` holds the page lists it attended; on
+    CUDA the lists stay on the device (:meth:`cuda_page_lists`, :meth:`cuda_lists`) and
+    :attr:`pages` is None.
     """
 
     def __init__(self, num_kv_heads: int, page_size: int = 16, device="cpu"):
@@ -42,10 +44,23 @@ class SparseAttentionWrapper:
         needs the layer's ``k_cache``, ``v_cache`` (bfloat16), ``reps`` (sparse plans) and
         ``num_q_heads``, and preallocates ``out`` and ``lse`` for ``run``."""
         self.block_tables, self.seq_lens, self.entries = block_tables, seq_lens, entries
-        (self.groups, self.offsets, self.pages, self.chunks, self.num_selected) = ops.plan(
-            block_tables, seq_lens, entries, num_pages=num_pages, num_kv_heads=self.num_kv_heads,
-            page_size=self.page_size, dense=dense, sliding_window=sliding_window, budget=budget,
-            window=window, qshare=qshare, sink_pages=sink_pages, qshare_query=qshare_query)
+        if self.device.type == "cuda":
+            # The backend's plan writes the lists on the device (cuda_page_lists reads them
+            # back); the host keeps only the query groups and list offsets, not a copy of every
+            # list entry (tens of millions for a long prefill).
+            b = ops._batch_args("plan", block_tables, seq_lens, entries)
+            g, o, self.total_pages, self.num_lists = _C.plan_groups(
+                b, num_pages, self.num_kv_heads, self.page_size, dense, sliding_window, budget,
+                window, qshare, sink_pages, qshare_query == "last")
+            self.groups = torch.tensor(g, dtype=torch.int64).reshape(-1, 5)
+            self.offsets = torch.tensor(o, dtype=torch.int64)
+            self.pages = self.chunks = self.num_selected = None
+        else:
+            (self.groups, self.offsets, self.pages, self.chunks, self.num_selected) = ops.plan(
+                block_tables, seq_lens, entries, num_pages=num_pages,
+                num_kv_heads=self.num_kv_heads, page_size=self.page_size, dense=dense,
+                sliding_window=sliding_window, budget=budget, window=window, qshare=qshare,
+                sink_pages=sink_pages, qshare_query=qshare_query)
         self.dense = dense
         self.sliding_window = sliding_window
         self.params = (budget, window, qshare, sink_pages, qshare_query == "last")
@@ -79,6 +94,18 @@ class SparseAttentionWrapper:
         (_, _, pages, chunks, _), read = _C.cuda_page_lists(self._cuda)
         return (torch.tensor(pages, dtype=torch.int32), torch.tensor(chunks, dtype=torch.int32),
                 read)
+
+    def cuda_lists(self):
+        """The CUDA plan's whole page lists after ``run``, as CPU tensors: ``dict(groups [G, 5],
+        offsets [G * num_kv_heads + 1], pages, chunks, num_selected)`` (the layout of
+        :func:`cisa.plan`: list ``i * num_kv_heads + g`` is query group i's for KV group g);
+        synchronises."""
+        (g, o, p, c, ns), _ = _C.cuda_page_lists(self._cuda)
+        return dict(groups=torch.tensor(g, dtype=torch.int64).reshape(-1, 5),
+                    offsets=torch.tensor(o, dtype=torch.int64),
+                    pages=torch.tensor(p, dtype=torch.int32),
+                    chunks=torch.tensor(c, dtype=torch.int32),
+                    num_selected=torch.tensor(ns, dtype=torch.int32))
 
     @property
     def num_groups(self) -> int:

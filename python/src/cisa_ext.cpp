@@ -221,6 +221,20 @@ PlanTuple plan(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page
   return to_tuple(lists);
 }
 
+// plan's query groups and list offsets only, with the sizes of the page lists (total pages,
+// lists that select): for callers whose lists live elsewhere (the CUDA wrapper, whose backend
+// plan writes them on the device), without handing Python a copy of every list entry.
+std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t> plan_groups(
+    const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size, bool dense,
+    int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare, int64_t sink_pages,
+    bool qshare_last) {
+  auto [groups, offsets, pages, chunks, num_selected] =
+      plan(b, num_pages, num_kv_heads, page_size, dense, sliding_window, budget, window, qshare,
+           sink_pages, qshare_last);
+  return {std::move(groups), std::move(offsets), static_cast<int64_t>(pages.size()),
+          static_cast<int64_t>(num_selected.size())};
+}
+
 // SPEC section 8's pages read per KV group by every query position of a plan's groups
 // (groups [G][5] from plan), and the same positions under dense attention.
 std::tuple<int64_t, int64_t> pages_read(const std::vector<int64_t>& groups, int page_size,
@@ -570,6 +584,7 @@ NB_MODULE(_C, m) {
       .def_rw("entries", &BatchArgs::entries)
       .def_rw("num_entries", &BatchArgs::num_entries);
   m.def("plan", &plan);
+  m.def("plan_groups", &plan_groups);
   m.def("select", &select_lists);
   m.def("pages_read", &pages_read);
   m.def("attend", &attend);
