@@ -58,6 +58,22 @@ def err_text(e):
     return (f"{type(e).__name__}: {e}".split("\n")[0])[:300]
 
 
+def run_child(argv, timeout):
+    """Runs this script again with ``argv`` (one case in its own process, so a crash or a hang
+    costs only that case) and returns the last JSON line it printed, or {"error": why}."""
+    try:
+        p = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
+                           timeout=timeout)
+        lines = [ln for ln in p.stdout.strip().splitlines() if ln.startswith("{")]
+        if lines:
+            return json.loads(lines[-1])
+        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out"}
+    except Exception as e:  # noqa: BLE001
+        return {"error": err_text(e)}
+
+
 # ---- timing ---------------------------------------------------------------------------------
 
 def median(xs):
@@ -353,19 +369,8 @@ def part_flex(args, out, jobs, deadline):
         if left < 30:
             rec["error"] = "skipped: no time left"
         else:
-            try:
-                p = subprocess.run([sys.executable, __file__, "--flex-case", path,
-                                    "--iters", str(args.iters)], capture_output=True, text=True,
-                                   timeout=min(args.flex_timeout, left - 10))
-                lines = [ln for ln in p.stdout.strip().splitlines() if ln.startswith("{")]
-                if lines:
-                    rec.update(json.loads(lines[-1]))
-                else:
-                    rec["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            except subprocess.TimeoutExpired:
-                rec["error"] = "timed out"
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = err_text(e)
+            rec.update(run_child(["--flex-case", path, "--iters", str(args.iters)],
+                                 min(args.flex_timeout, left - 10)))
         if "ms" in rec and "graph_ms" in ours:
             rec["ratio_anchor_over_ours_graph"] = rec["ms"] / ours["graph_ms"]
         out["results"].append(rec)
@@ -447,21 +452,10 @@ def part_model(args, out, deadline):
             if left < 20:
                 rec["error"] = "skipped: no time left"
             else:
-                try:
-                    p = subprocess.run(
-                        [sys.executable, __file__, "--model-case",
-                         f"{impl},{context},{args.model_layers},{args.model_tokens},"
-                         f"{args.model_budget},{args.model_window}"],
-                        capture_output=True, text=True, timeout=min(args.model_timeout, left - 5))
-                    lines = [ln for ln in p.stdout.strip().splitlines() if ln.startswith("{")]
-                    if lines:
-                        rec.update(json.loads(lines[-1]))
-                    else:
-                        rec["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-                except subprocess.TimeoutExpired:
-                    rec["error"] = "timed out"
-                except Exception as e:  # noqa: BLE001
-                    rec["error"] = err_text(e)
+                rec.update(run_child(
+                    ["--model-case", f"{impl},{context},{args.model_layers},{args.model_tokens},"
+                     f"{args.model_budget},{args.model_window}"],
+                    min(args.model_timeout, left - 5)))
             recs[impl] = rec
             out["results"].append(rec)
             print(json.dumps(rec), flush=True)
