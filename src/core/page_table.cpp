@@ -69,7 +69,7 @@ Result<SeqId> PageTable::adopt_sequence(std::span<const int32_t> pages, int64_t 
     return seq.status();
   }
   for (int32_t p : pages) owner_[static_cast<size_t>(p)] = *seq;
-  std::erase_if(free_list_, [&](int32_t p) { return owner_[static_cast<size_t>(p)] != -1; });
+  stale_ += static_cast<int64_t>(pages.size());  // still listed as free: see drop_stale
   auto& s = seqs_[static_cast<size_t>(*seq)];
   s.pages.assign(pages.begin(), pages.end());
   s.reserved = tokens;
@@ -78,8 +78,16 @@ Result<SeqId> PageTable::adopt_sequence(std::span<const int32_t> pages, int64_t 
   return seq;
 }
 
+void PageTable::drop_stale() {
+  if (stale_ == 0) return;
+  // The same order as erasing each adopted page when it was adopted.
+  std::erase_if(free_list_, [&](int32_t p) { return owner_[static_cast<size_t>(p)] != -1; });
+  stale_ = 0;
+}
+
 Status PageTable::release_sequence(SeqId seq) {
   CISA_RETURN_IF_ERROR(check_sequence(seq));
+  drop_stale();  // before this sequence's pages (maybe adopted, still listed) are pushed again
   auto& s = seqs_[static_cast<size_t>(seq)];
   for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) {
     owner_[static_cast<size_t>(*it)] = -1;
@@ -103,6 +111,7 @@ Status PageTable::reserve(SeqId seq, int64_t n) {
                               " needs room for " + std::to_string(n) + " more tokens but " +
                               std::to_string(free_pages()) + " of " + std::to_string(num_pages()) +
                               " pages are free");
+  drop_stale();
   const int64_t extra = (s.reserved + n + B - 1) / B - static_cast<int64_t>(s.pages.size());
   for (int64_t i = 0; i < extra; ++i) {
     const int32_t p = free_list_.back();

@@ -3,6 +3,7 @@
 // count over those lists, and the page table's all-or-nothing reservations.
 #include <algorithm>
 #include <limits>
+#include <random>
 
 #include "cisa/core/plan.h"
 #include "cisa/cpu/selection.h"
@@ -111,6 +112,62 @@ TEST(DenseChunkRange, WindowCoversEveryQuery) {
         EXPECT_EQ(r.begin, lo / 16);
         EXPECT_EQ(r.end, (first + count - 1) / 16 + 1);
       }
+}
+
+// Adopted sequences (block tables made by a caller) mixed with reservations and releases: every
+// page is owned by at most one sequence, the free count is exact, and pages are handed out in the
+// order of a reference stack from which each adopted page was erased when it was adopted.
+TEST(PageTable, AdoptedPagesAreNeverHandedOutTwice) {
+  std::mt19937 rng(3);
+  const int64_t P = 64;
+  PageTable t(1, 16, P);
+  std::vector<int32_t> ref;  // the free stack, kept eagerly
+  for (int64_t p = P - 1; p >= 0; --p) ref.push_back(static_cast<int32_t>(p));
+  std::vector<SeqId> live;
+  for (int step = 0; step < 400; ++step) {
+    const int op = static_cast<int>(rng() % 3);
+    if (op == 0 && ref.size() >= 3) {  // adopt 1-3 free pages, picked anywhere in the stack
+      std::vector<int32_t> pages;
+      const size_t n = 1 + rng() % 3;
+      while (pages.size() < n) {
+        const int32_t p = ref[rng() % ref.size()];
+        if (std::find(pages.begin(), pages.end(), p) == pages.end()) pages.push_back(p);
+      }
+      auto s = t.adopt_sequence(pages, static_cast<int64_t>(n) * 16 - 5);
+      ASSERT_TRUE(s.ok()) << s.status().message();
+      std::erase_if(ref, [&](int32_t p) {
+        return std::find(pages.begin(), pages.end(), p) != pages.end();
+      });
+      live.push_back(*s);
+    } else if (op == 1 && !ref.empty()) {  // a new sequence reserves 1-2 pages
+      const SeqId s = *t.add_sequence();
+      const int64_t n = std::min<int64_t>(1 + rng() % 2, static_cast<int64_t>(ref.size()));
+      ASSERT_TRUE(t.reserve(s, n * 16).ok());
+      const auto table = t.block_table(s);
+      ASSERT_TRUE(table.ok());
+      for (int32_t p : *table) {
+        ASSERT_EQ(p, ref.back()) << "step " << step;
+        ref.pop_back();
+      }
+      live.push_back(s);
+    } else if (!live.empty()) {  // release one
+      const size_t i = rng() % live.size();
+      const auto table = t.block_table(live[i]);
+      ASSERT_TRUE(table.ok());
+      const std::vector<int32_t> pages(table->begin(), table->end());
+      ASSERT_TRUE(t.release_sequence(live[i]).ok());
+      for (auto it = pages.rbegin(); it != pages.rend(); ++it) ref.push_back(*it);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    ASSERT_EQ(t.free_pages(), static_cast<int64_t>(ref.size())) << "step " << step;
+    std::vector<int> owners(static_cast<size_t>(P), 0);
+    for (SeqId s : live) {
+      const auto table = t.block_table(s);  // kept alive through the loop
+      ASSERT_TRUE(table.ok());
+      for (int32_t p : *table) ++owners[static_cast<size_t>(p)];
+    }
+    for (int64_t p = 0; p < P; ++p) ASSERT_LE(owners[static_cast<size_t>(p)], 1) << "page " << p;
+  }
 }
 
 TEST(PageTable, ReservationsAreAllOrNothing) {

@@ -33,7 +33,7 @@ class PageTable {
   int num_layers() const { return num_layers_; }
   int page_size() const { return page_size_; }
   int64_t num_pages() const { return static_cast<int64_t>(owner_.size()); }
-  int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()); }
+  int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()) - stale_; }
 
   Result<SeqId> add_sequence();
   // Adds a sequence whose block table was made elsewhere (a caller's own page allocator, e.g. the
@@ -72,7 +72,12 @@ class PageTable {
   };
   int num_layers_ = 0;
   int page_size_ = 16;
-  std::vector<int32_t> free_list_;  // stack of free physical pages
+  std::vector<int32_t> free_list_;  // stack of free physical pages (and `stale_` adopted ones)
+  // Adopted pages still listed in free_list_: adopt_sequence leaves them there (erasing them is a
+  // pass over the whole list, which made adopting S sequences of a 1M-page pool O(S x pages));
+  // reserve and release_sequence drop them in one pass before they touch the list.
+  int64_t stale_ = 0;
+  void drop_stale();
   std::vector<SeqId> owner_;        // per physical page, −1 when free
   std::vector<Sequence> seqs_;
   uint64_t version_ = 0;
