@@ -135,9 +135,8 @@ TEST(PageTable, AdoptedPagesAreNeverHandedOutTwice) {
       }
       auto s = t.adopt_sequence(pages, static_cast<int64_t>(n) * 16 - 5);
       ASSERT_TRUE(s.ok()) << s.status().message();
-      std::erase_if(ref, [&](int32_t p) {
-        return std::find(pages.begin(), pages.end(), p) != pages.end();
-      });
+      std::erase_if(
+          ref, [&](int32_t p) { return std::find(pages.begin(), pages.end(), p) != pages.end(); });
       live.push_back(*s);
     } else if (op == 1 && !ref.empty()) {  // a new sequence reserves 1-2 pages
       const SeqId s = *t.add_sequence();

@@ -78,7 +78,7 @@ class PageTable {
   // reserve and release_sequence drop them in one pass before they touch the list.
   int64_t stale_ = 0;
   void drop_stale();
-  std::vector<SeqId> owner_;        // per physical page, −1 when free
+  std::vector<SeqId> owner_;  // per physical page, −1 when free
   std::vector<Sequence> seqs_;
   uint64_t version_ = 0;
 };
