@@ -48,6 +48,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from anchors_layer import median_ms  # bench/python: this script's own folder
+
 D = 128
 PAGE = 16
 PREFILL = 512
@@ -83,18 +85,8 @@ def median(xs):
 
 
 def per_call_ms(fn, iters, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        t.append(a.elapsed_time(b))
-    return median(t)
+    """CUDA events around each call, the median: the layer anchors' own timing."""
+    return median_ms(fn, iters, warmup)
 
 
 def pipelined_ms(fn, iters):
