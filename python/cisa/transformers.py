@@ -5,15 +5,16 @@ models), on the CPU engine or, for a model on a CUDA device, the Hopper backend.
     cisa.transformers.register("cisa", budget=64, window=8, qshare=16)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="cisa")
     model.generate(...)                                  # prefill and decode through CISA
+    model.generate(..., cache=cisa.transformers.Cache(model))  # the same, one copy of K/V
     cisa.transformers.stats(model)                       # pages read, CISA and dense
 
-Each attention layer keeps its own paged K/V cache and representatives (SPEC section 1) beside
-transformers' cache: every call appends the new positions' keys and values (one indexed copy per
-call, no per-token loop), recomputes the representatives of the pages they filled, plans the step
-(plan.h's rules) and runs the selection and the attention. The index query of a KV group is the
-mean of its query heads after RoPE (SPEC section 6's mean candidate, no calibrated indexer). A call
-whose keys start at position 0 starts new sequences. Batch rows must have equal lengths (no
-padding).
+Each attention layer keeps its own paged K/V cache and representatives (SPEC section 1), beside
+transformers' cache unless that is a :class:`Cache` (below): every call appends the new
+positions' keys and values (one indexed copy per call, no per-token loop), recomputes the
+representatives of the pages they filled, plans the step (plan.h's rules) and runs the selection
+and the attention. The index query of a KV group is the mean of its query heads after RoPE (SPEC
+section 6's mean candidate, no calibrated indexer). A call at position 0 starts new sequences.
+Batch rows must have equal lengths (no padding).
 
 On the CPU the caches are float32 and each call runs ``select_pages`` and ``paged_attention``.
 When the model's tensors are on a CUDA device (a build with ``-DCISA_PY_CUDA=ON``), the caches
@@ -35,13 +36,22 @@ logit soft-capping (Gemma 2) and bidirectional attention are refused.
 
 A decode step on CUDA can be captured in a CUDA graph once the same step has run eagerly (its
 plan is then cached): :func:`rewind` sets the layers' caches back so that the step can run again.
+
+Passing ``cache=cisa.transformers.Cache(model)`` to ``model.generate`` (or a forward) removes
+transformers' copy of K/V: that cache's layers store nothing (``update`` hands back just the new
+keys and values) and only count positions, so ``generate()``, position ids and the masks work as
+with ``DynamicCache``; each layer tells its attention module how many positions precede the call,
+and the module's paged cache is the only copy of K/V. Without it (``DynamicCache``, transformers'
+default) the absolute position is the key length minus the query length, as before.
 """
 
 from __future__ import annotations
 
 import collections
+import weakref
 
 import torch
+from transformers.cache_utils import Cache as _HFCache, CacheLayerMixin as _HFCacheLayer
 
 from .wrapper import SparseAttentionWrapper
 from . import ops
@@ -105,15 +115,18 @@ class _LayerCache:
         self.len = end
 
 
-def _check_mask(mask, q_len, kv_len, sliding=0):
-    """The mask must be causal (and, with ``sliding``, within the window) without padding. Key
-    column j and query row i of the kv_len keys are kv_len - q_len + i - j positions apart
-    whether or not transformers' sliding cache dropped older keys. (A host synchronisation; not
-    made while a CUDA graph is captured.)"""
+def _check_mask(mask, q_len, sliding=0):
+    """The mask must be causal (and, with ``sliding``, within the window) without padding. Its
+    last q_len columns are the new positions (with transformers' caches and with :class:`Cache`,
+    which hands the attention only the new keys but sizes the mask as ``DynamicCache`` would), so
+    key column j and query row i of its kv_len columns are kv_len - q_len + i - j positions apart
+    whether or not a sliding cache dropped older keys. (A host synchronisation; not made while a
+    CUDA graph is captured.)"""
     if mask is None:
         return
     if mask.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # checked when the same step ran eagerly (its plan had to be made then)
+    kv_len = mask.shape[-1]
     allowed = mask if mask.dtype == torch.bool else mask == 0
     allowed = allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])[..., -q_len:, -kv_len:]
     k_pos = torch.arange(kv_len, device=mask.device)[None, :]
@@ -176,6 +189,9 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
 
     def cisa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                        sliding_window=None, softcap=None, **kwargs):
+        # Set by a cisa.transformers.Cache layer's update just before this call (taken before
+        # any check can raise, so that it never outlives the call it was set for).
+        told = module.__dict__.pop("_cisa_past", None)
         if softcap is not None:
             raise ValueError("cisa attention: attention logit soft-capping is not supported")
         if not getattr(module, "is_causal", True):
@@ -188,9 +204,23 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
         if sliding_window is None:
             sliding_window = getattr(module, "sliding_window", None)
         sliding = int(sliding_window or 0)
-        _check_mask(attention_mask, q_len, kv_len, sliding)
-        past = kv_len - q_len  # positions before this call in the keys transformers passes
+        _check_mask(attention_mask, q_len, sliding)
+        # A cisa.transformers.Cache layer tells the positions before this call and hands over
+        # only the new keys. Otherwise transformers' cache passed every kept key and the
+        # positions before this call are the rest.
+        if told is not None and told[1]() is not key:
+            told = None  # left by a call that failed before its attention: not for these keys
+        if told is not None:
+            if kv_len != q_len:
+                raise ValueError(f"cisa attention: a cisa.transformers.Cache layer passed "
+                                 f"{kv_len} keys for {q_len} queries (only the new ones)")
+            past = told[0]
+            told[2] = True  # taken: the cache layer checks this at its next update
+        else:
+            past = kv_len - q_len
         state = getattr(module, "_cisa_cache", None)
+        if told is not None and state is not None and 0 < past < state.len:
+            state.len = past  # the cache was cropped: the paged cache follows (as rewind)
         if (state is None or past == 0 or state.batch != b or state.device != query.device):
             cap = -(-kv_len // PAGE)
             cap = max(64, cap + (cap // 8 if on_cuda else 0))  # CUDA: room to decode first
@@ -198,11 +228,12 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
                                 dtype=torch.bfloat16 if on_cuda else torch.float32)
             module._cisa_cache = state
         # transformers' sliding cache keeps the last sliding - 1 keys; the paged cache keeps all.
-        truncated = sliding and min(state.len, sliding - 1) <= past < state.len
+        truncated = (told is None and sliding
+                     and min(state.len, sliding - 1) <= past < state.len)
         if past != state.len and not truncated:
             raise ValueError(f"cisa attention: the layer's paged cache holds {state.len} "
                              f"positions but this step starts at {past}")
-        state.append(key[:, :, past:], value[:, :, past:])
+        state.append(key[:, :, kv_len - q_len:], value[:, :, kv_len - q_len:])
         w, (read, read_dense) = planned(state, b, q_len, hq, hkv, d, sliding, query.device)
         q = query.transpose(1, 2).reshape(b * q_len, hq, d)
         q = q.contiguous() if on_cuda else q.float().contiguous()  # bf16 on CUDA, f32 on the CPU
@@ -218,6 +249,9 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
     return cisa_attention
 
 
+_REGISTERED = set()  # names given to register(): the implementations a Cache can serve
+
+
 def register(name="cisa", **params):
     """Registers CISA under ``name`` for ``attn_implementation=name`` (parameters as
     :func:`make_attention`); the mask function is SDPA's (None without padding)."""
@@ -226,6 +260,149 @@ def register(name="cisa", **params):
 
     AttentionInterface.register(name, make_attention(**params))
     AttentionMaskInterface.register(name, sdpa_mask)
+    _REGISTERED.add(name)
+
+
+class _CacheLayer(_HFCacheLayer):
+    """One layer of :class:`Cache`: it stores no keys or values (``keys`` and ``values`` stay
+    None) and counts the positions it has seen; ``update`` tells the layer's attention module how
+    many positions precede the call and hands back just the new states."""
+
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, module, sliding_window=None):
+        super().__init__()
+        self._module = weakref.ref(module)
+        self.sliding_window = int(sliding_window) if sliding_window else None
+        self.is_sliding = self.sliding_window is not None
+        self.length = 0
+        self._told = None  # [positions before, weakref to the keys, taken by the attention]
+
+    def __repr__(self):
+        return f"{type(self).__name__}(length={self.length}, sliding_window={self.sliding_window})"
+
+    def lazy_initialization(self, key_states, value_states):
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        module = self._module()
+        if module is None:
+            raise RuntimeError("cisa.transformers.Cache: the model it was made for is gone")
+        impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if impl is not None and impl not in _REGISTERED:
+            raise ValueError(f"cisa.transformers.Cache keeps no keys or values, so it needs a "
+                             f"cisa attention function (a name given to "
+                             f"cisa.transformers.register; the model's attn_implementation is "
+                             f"{impl!r}); use transformers' DynamicCache for other attention")
+        if self._told is not None and not self._told[2]:
+            raise RuntimeError(f"cisa.transformers.Cache: the attention of layer "
+                               f"{getattr(module, 'layer_idx', '?')} did not take the keys of "
+                               f"the previous call (it failed, or the model passed other keys "
+                               f"to the attention than update returned); reset() the cache")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        # The attention function takes this (only for these very keys) and appends the new
+        # positions to its paged cache, the one copy of K/V.
+        self._told = [self.length, weakref.ref(key_states), False]
+        module._cisa_past = self._told
+        self.length += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_seq_length(self, *args):
+        return self.length
+
+    def get_mask_sizes(self, query_length):
+        """As ``DynamicLayer`` and ``DynamicSlidingWindowLayer`` size the mask (older
+        transformers pass the cache positions instead of their number)."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = query_length.shape[0]
+        if not self.is_sliding:
+            return self.length + query_length, 0
+        offset = max(self.length - self.sliding_window + 1, 0)
+        if self.length >= self.sliding_window:
+            return self.sliding_window - 1 + query_length, offset
+        return self.length + query_length, offset
+
+    def get_max_length(self):
+        return self.sliding_window if self.is_sliding else -1
+
+    get_max_cache_shape = get_max_length  # the name in older transformers
+
+    def crop(self, tokens_to_remove):
+        """A negative number drops that many positions from the end (0: none); a positive one,
+        older transformers' meaning, keeps that many. The attention module's paged cache follows
+        at its next call."""
+        if tokens_to_remove > 0:
+            self.length = min(self.length, tokens_to_remove)
+        else:
+            self.length = max(0, self.length + tokens_to_remove)
+
+    def reset(self):
+        self.length = 0
+        self._told = None
+
+    def activate_past_recording(self):
+        pass  # nothing to record: crop always works
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+    def _refuse(self, what):
+        if self.length:
+            raise NotImplementedError(f"cisa.transformers.Cache: {what} is not supported (the "
+                                      f"paged caches of the attention modules hold one set of "
+                                      f"sequences)")
+
+    def reorder_cache(self, beam_idx):
+        self._refuse("reordering the batch (beam search)")
+
+    def batch_repeat_interleave(self, repeats):
+        self._refuse("repeating the batch")
+
+    def batch_select_indices(self, indices):
+        self._refuse("selecting batch rows")
+
+
+def _attention_modules(model):
+    """The model's attention modules in layer order: the modules with an integer ``layer_idx``
+    and an ``is_causal`` attribute (Llama, Qwen2 and Gemma 3 attention; not the decoder
+    layers)."""
+    found = {}
+    for m in model.modules():
+        i = getattr(m, "layer_idx", None)
+        if isinstance(i, int) and hasattr(m, "is_causal"):
+            if i in found:
+                raise ValueError(f"cisa.transformers.Cache: two attention modules with "
+                                 f"layer_idx {i}")
+            found[i] = m
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    n = getattr(config, "num_hidden_layers", len(found))
+    if not found or sorted(found) != list(range(n)):
+        raise ValueError(f"cisa.transformers.Cache: expected attention modules with layer_idx "
+                         f"0 .. {n - 1}, found {sorted(found)}")
+    return [found[i] for i in range(n)]
+
+
+class Cache(_HFCache):
+    """A transformers cache that keeps no keys or values: pass ``cache=Cache(model)`` (older
+    transformers: ``past_key_values=``) to ``model.generate`` or a forward whose attention is a
+    registered cisa function. Its layers only count positions (``get_seq_length`` and the mask
+    sizes are those of ``DynamicCache``, sliding layers included); each attention module's paged
+    cache is the one copy of K/V. ``crop`` and ``reset`` work (the paged caches follow at their
+    next call); beam search (reordering or repeating the batch) is refused. One cache serves one
+    model, and one cache at a time: the paged caches live in the model's attention modules."""
+
+    def __init__(self, model):
+        layers = [_CacheLayer(m, getattr(m, "sliding_window", None))
+                  for m in _attention_modules(model)]
+        super().__init__(layers=layers)
 
 
 def stats(model, layers="all"):

@@ -1,12 +1,14 @@
 """A transformers model run dense (SDPA) and with CISA (docs/python.md). The model is built from
 a small Llama config with random weights (this machine loads nothing from a hub); pass a
-checkpoint path to run a real one: python transformers_example.py /path/to/llama-or-qwen2."""
+checkpoint path to run a real one: python transformers_example.py /path/to/llama-or-qwen2.
+The CISA runs pass cisa.transformers.Cache(model), which keeps no keys or values (the layers'
+paged caches are the one copy); the SDPA run uses transformers' DynamicCache."""
 
 import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import cisa.transformers
 
@@ -24,13 +26,22 @@ else:
 model.eval()
 ids = torch.randint(0, model.config.vocab_size, (1, 2000), generator=torch.Generator().manual_seed(0))
 
+
+def kv_mib(cache):
+    """MiB of keys and values held by transformers' cache object."""
+    held = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+    return sum(t.numel() * t.element_size() for t in held) / 2**20
+
+
 for impl in ("sdpa", "cisa_full", "cisa"):
     model.set_attn_implementation(impl)
+    cache = DynamicCache(config=model.config) if impl == "sdpa" else cisa.transformers.Cache(model)
     t0 = time.time()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                             do_sample=False)
+                             do_sample=False, cache=cache)
     line = f"{impl:9s} {out[0, ids.shape[1]:].tolist()}  {time.time() - t0:.1f} s"
+    line += f"  K/V in transformers' cache {kv_mib(cache):.1f} MiB"
     if impl != "sdpa":
         read, dense = cisa.transformers.stats(model)
         line += f"  pages read {read} of {dense} ({read / dense:.1%})"

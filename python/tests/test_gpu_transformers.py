@@ -68,10 +68,10 @@ def prompt(rows, n, seed):
 
 
 @torch.no_grad()
-def generate(model, impl, ids, n):
+def generate(model, impl, ids, n, **kw):
     model.set_attn_implementation(impl)
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                          do_sample=False)
+                          do_sample=False, **kw)
 
 
 @torch.no_grad()
@@ -120,7 +120,12 @@ def test_full_budget_cisa_matches_sdpa(shape):
     flips = full.argmax(-1) != sdpa.argmax(-1)
     assert (margin[flips] <= 2 * bound).all(), \
         f"{shape}: top-1 differs where SDPA's margin exceeds 2 x bound: {margin[flips].tolist()}"
-    gen = generate(model, "cisa_gpu_full", ids, n)
+    # With cisa.transformers.Cache: transformers keeps no K/V, the paged caches are the one copy
+    # (past_key_values=: the name older transformers know; newer ones map it to cache=).
+    cache = ct.Cache(model)
+    gen = generate(model, "cisa_gpu_full", ids, n, past_key_values=cache)
+    assert all(layer.keys is None and layer.values is None for layer in cache.layers)
+    assert cache.get_seq_length() == p + n - 1
     compared = 0
     for r in range(2):
         at = flips[r].nonzero()

@@ -1,5 +1,6 @@
 """CISA as a transformers attention backend: Llama, Qwen2 and Gemma 3 models from small random
-configs generate the same greedy tokens with full-budget CISA as with SDPA."""
+configs generate the same greedy tokens with full-budget CISA as with SDPA, with transformers'
+DynamicCache and with cisa.transformers.Cache (which keeps no keys or values)."""
 
 import pytest
 import torch
@@ -21,11 +22,43 @@ def model_of(kind):
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
 
 
-def generate(model, impl, ids, n=16):
+def generate(model, impl, ids, n=16, cache=None):
     model.set_attn_implementation(impl)
+    kw = {} if cache is None else {"cache": cache}
     with torch.no_grad():
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                              do_sample=False)
+                              do_sample=False, **kw)
+
+
+def tensors_in(obj, seen=None):
+    """The tensors reachable from ``obj`` through attributes, lists, tuples and dicts (weak
+    references are not followed): a cache's own K/V storage."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple, set)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = list(vars(obj).values())
+    else:
+        return []
+    return [t for item in items for t in tensors_in(item, seen)]
+
+
+def assert_no_kv(cache, model, length):
+    """cisa.transformers.Cache after generate: no tensors at all (its layers' keys and values
+    are None), the sequence length transformers needs, and the attention modules' paged caches
+    as the one copy of K/V."""
+    assert isinstance(cache, ct.Cache) and len(cache.layers) == model.config.num_hidden_layers
+    assert all(layer.keys is None and layer.values is None for layer in cache.layers)
+    assert tensors_in(cache) == []
+    assert cache.get_seq_length() == length
+    assert all(m._cisa_cache.len == length for m in model.modules() if hasattr(m, "_cisa_cache"))
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -48,6 +81,90 @@ def test_small_budget_reads_fewer_pages(kind):
     assert out.shape == (1, 916)
     read, dense = ct.stats(model)
     assert read < dense / 2
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_cisa_cache_keeps_no_kv_and_generates_the_sdpa_tokens(kind):
+    model = model_of(kind)
+    ids = torch.randint(0, 512, (2, 700), generator=torch.Generator().manual_seed(1))
+    ref = generate(model, "sdpa", ids)
+    dynamic = transformers.DynamicCache(config=model.config)
+    assert generate(model, "cisa_full", ids, cache=dynamic).tolist() == ref.tolist()
+    # transformers' own cache holds every position's keys and values beside the paged caches.
+    held = sum(t.numel() for t in tensors_in(dynamic))
+    assert held == 2 * 2 * 2 * 2 * 715 * 32  # layers, K and V, rows, KV heads, positions, d
+    cache = ct.Cache(model)
+    assert generate(model, "cisa_full", ids, cache=cache).tolist() == ref.tolist()
+    assert_no_kv(cache, model, 715)
+    read, dense = ct.stats(model)
+    assert read == dense > 2 * 2 * 700
+
+
+def test_cisa_cache_small_budget_reads_fewer_pages():
+    model = model_of("llama")
+    ids = torch.randint(0, 512, (1, 900), generator=torch.Generator().manual_seed(2))
+    cache = ct.Cache(model)
+    out = generate(model, "cisa_small", ids, cache=cache)
+    assert out.shape == (1, 916)
+    assert_no_kv(cache, model, 915)
+    read, dense = ct.stats(model)
+    assert read < dense / 2
+    # The same tokens as with transformers' DynamicCache (the same positions, the same pages).
+    assert generate(model, "cisa_small", ids).tolist() == out.tolist()
+    assert ct.stats(model) == (read, dense)
+
+
+def test_cisa_cache_forward_steps_crop_and_continue():
+    """Forward calls with a Cache: prefill, decode steps, crop(-3) and the same steps again give
+    the logits of the same steps with DynamicCache; a second generate() continues the cache."""
+    model = model_of("llama")
+    model.set_attn_implementation("cisa_full")
+    ids = torch.randint(0, 512, (2, 60), generator=torch.Generator().manual_seed(5))
+
+    def steps(cache):
+        with torch.no_grad():
+            out = [model(ids[:, :50], cache=cache, use_cache=True).logits[:, -1]]
+            out += [model(ids[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1]
+                    for t in range(50, 60)]
+        return torch.stack(out)
+
+    ref = steps(transformers.DynamicCache(config=model.config))
+    cache = ct.Cache(model)
+    torch.testing.assert_close(steps(cache), ref, rtol=1e-4, atol=1e-4)
+    cache.crop(-3)
+    assert cache.get_seq_length() == 57
+    with torch.no_grad():
+        again = [model(ids[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1]
+                 for t in range(57, 60)]
+    torch.testing.assert_close(torch.stack(again), ref[-3:], rtol=1e-4, atol=1e-4)
+    assert_no_kv(cache, model, 60)
+    # generate() with the filled cache: only the new tokens are run, after position 60.
+    first = generate(model, "cisa_full", ids, n=4)
+    cache = ct.Cache(model)
+    generate(model, "cisa_full", ids[:, :40], n=1, cache=cache)  # 40 positions (the last token
+    assert cache.get_seq_length() == 40                           # generated is not run)
+    assert generate(model, "cisa_full", ids, n=4, cache=cache).tolist() == first.tolist()
+    assert_no_kv(cache, model, 63)
+
+
+def test_cisa_cache_needs_cisa_attention():
+    model = model_of("llama")
+    ids = torch.randint(0, 512, (1, 40))
+    with pytest.raises(ValueError, match="needs a cisa attention function"):
+        generate(model, "sdpa", ids, cache=ct.Cache(model))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, :5] = 0
+    model.set_attn_implementation("cisa_full")
+    cache = ct.Cache(model)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="without padding"):
+            model(ids.expand(2, -1), attention_mask=mask, cache=cache, use_cache=True)
+        # The failed call's keys never reached a paged cache: the cache says so until reset.
+        with pytest.raises(RuntimeError, match="did not take the keys"):
+            model(ids, cache=cache, use_cache=True)
+        cache.reset()
+        model(ids, cache=cache, use_cache=True)
+    assert_no_kv(cache, model, 40)
 
 
 def test_padding_is_refused():
@@ -103,3 +220,37 @@ def test_gemma3_small_budget_reads_fewer_pages_on_global_layers():
     assert read < dense / 2
     read_s, dense_s = ct.stats(model, layers="sliding")
     assert read_s == dense_s < dense / 4
+
+
+def test_gemma3_cisa_cache_keeps_no_kv_and_generates_the_sdpa_tokens():
+    model = gemma3()
+    ids = torch.randint(0, 512, (2, 100), generator=torch.Generator().manual_seed(3))
+    ref = generate(model, "sdpa", ids, n=20)
+    cache = ct.Cache(model)
+    assert cache.is_sliding == [True, False, True, False]
+    assert generate(model, "cisa_full", ids, n=20, cache=cache).tolist() == ref.tolist()
+    assert_no_kv(cache, model, 119)
+    read, dense = ct.stats(model, layers="global")
+    assert read == dense == 2 * 2 * sum(t // 16 + 1 for t in range(119))
+    read_s, dense_s = ct.stats(model, layers="sliding")
+    window = sum(t // 16 - max(0, t - 31) // 16 + 1 for t in range(119))
+    assert read_s == dense_s == 2 * 2 * window
+    # The mask sizes are DynamicCache's: its sliding layers keep the last 31 positions.
+    dynamic = transformers.DynamicCache(config=model.config)
+    generate(model, "cisa_full", ids, n=20, cache=dynamic)
+    assert [cache.get_mask_sizes(1, i) for i in range(4)] == \
+        [dynamic.get_mask_sizes(1, i) for i in range(4)] == [(32, 88), (120, 0)] * 2
+
+
+def test_gemma3_cisa_cache_small_budget_reads_fewer_pages_on_global_layers():
+    model = gemma3()
+    ids = torch.randint(0, 512, (1, 900), generator=torch.Generator().manual_seed(4))
+    cache = ct.Cache(model)
+    out = generate(model, "cisa_small", ids, n=20, cache=cache)
+    assert out.shape == (1, 920)
+    assert_no_kv(cache, model, 919)
+    read, dense = ct.stats(model, layers="global")
+    assert read < dense / 2
+    read_s, dense_s = ct.stats(model, layers="sliding")
+    assert read_s == dense_s < dense / 4
+    assert generate(model, "cisa_small", ids, n=20).tolist() == out.tolist()
