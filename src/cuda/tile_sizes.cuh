@@ -126,6 +126,10 @@ constexpr int kTopkClusterMaxLists = 64;
 // its list in one load per pass. Clusters from this many scores of the longest list on.
 constexpr int kTopkClusterMinScores = 16384;
 constexpr int kTopkThreads = 1024;
+// Keys per thread a cluster block holds in registers across its radix passes (topk_radix.cuh):
+// 16 x 512 = 8,192, a 65,536-score list (2 x 1M decode) over a cluster of 8. The 1,024-thread
+// blocks of one list each (64 registers a thread) keep none.
+constexpr int kTopkCachedKeys = 16;
 
 // ---- KV-outer unions (unions.cu) ----
 // Lists of at most 16 rows (one warp: 4:1 with G = 4) are attended in unions of up to this many

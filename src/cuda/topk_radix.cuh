@@ -52,8 +52,12 @@ struct TopkShared {
 // calls so that a pass issues its kLoads reads before it converts any (a read followed by its
 // conversion under the bounds check made each read wait for the one before: top-k at 2 x 1M
 // took 37 instead of 25 µs per layer). kClustered: the C blocks of the list form a cluster
-// (C = 1 needs no barrier between blocks). Every thread of the block calls this.
-template <int kThreads, bool kClustered, class Load, class ToKey>
+// (C = 1 needs no barrier between blocks). kCache > 0: a slice of at most kThreads · kCache
+// keys is read once into registers (key j of a thread is lo + j·kThreads + tid) and the four
+// radix passes and the slice counts use those, instead of reading the slice again in every pass
+// (two dependent L2 round trips per pass at 2 x 1M); a longer slice reads as without it. Every
+// thread of the block calls this.
+template <int kThreads, bool kClustered, int kCache = 0, class Load, class ToKey>
 __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, int32_t hi,
                                                  int rank, int C, Load load, ToKey to_key,
                                                  const int32_t* __restrict__ table,
@@ -84,12 +88,30 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
   uint32_t prefix = 0, mask = 0;
   int remaining = k;  // how many of the top k are still to be found among keys matching prefix
   const bool take_all = k >= n;
+  constexpr int kRegs = kCache > 0 ? kCache : 1;
+  uint32_t cached[kRegs];  // the slice's keys when use_cache (indices ≥ hi hold 0 and are skipped)
+  const bool use_cache = kCache > 0 && !take_all && hi - lo <= kThreads * kCache;
+  if (use_cache) {
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j) {
+      const int32_t i = lo + j * kThreads + tid;
+      cached[j] = i < hi ? load(i) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j) cached[j] = to_key(cached[j]);
+  }
   if (!take_all) {
     int buf = 0;
     for (int shift = 24; shift >= 0; shift -= 8, buf ^= 1) {
       for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[i] = 0;
       __syncthreads();
-      for (int32_t i0 = lo; i0 < hi; i0 += kThreads * kLoads) {
+      if (use_cache) {
+#pragma unroll
+        for (int j = 0; j < kRegs; ++j)
+          if (lo + j * kThreads + tid < hi && (cached[j] & mask) == prefix)
+            atomicAdd(&sh.hist[((cached[j] >> shift) & 255u) * 32 + lane], 1);
+      }
+      for (int32_t i0 = use_cache ? hi : lo; i0 < hi; i0 += kThreads * kLoads) {
         uint32_t raw[kLoads];
 #pragma unroll
         for (int j = 0; j < kLoads; ++j) {
@@ -140,7 +162,14 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
   int base = 0, eq_base = 0;
   if (C > 1) {
     int n_gt = 0, n_eq_slice = 0;
-    if (!take_all) {
+    if (use_cache) {
+#pragma unroll
+      for (int j = 0; j < kRegs; ++j) {
+        const bool valid = lo + j * kThreads + tid < hi;
+        n_gt += valid && cached[j] > T ? 1 : 0;
+        n_eq_slice += valid && cached[j] == T ? 1 : 0;
+      }
+    } else if (!take_all) {
       for (int32_t i = lo + tid; i < hi; i += kThreads) {
         const uint32_t key = to_key(load(i));
         n_gt += key > T ? 1 : 0;

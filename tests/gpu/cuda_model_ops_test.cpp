@@ -12,6 +12,9 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "gemm.h"
 #include "gpu/gpu_test_util.h"
@@ -550,6 +553,51 @@ TEST(CudaSkinnyGemm, MatchesFp64AtEverySplit) {
   EXPECT_EQ(cuda::detail::launch_skinny_gemm(nullptr, 64, 32, nullptr, 1, nullptr, 64, 1, nullptr,
                                              nullptr, nullptr),
             cudaErrorInvalidValue);
+}
+
+// The balanced K splits the per-shape timing adds (host arithmetic, no device needed): against
+// a brute force over every split, and the decode shapes of the Qwen2.5-7B step on 132 SMs.
+TEST(CudaSkinnyGemm, BalancedSplitsSpreadBlocksEvenly) {
+  const auto balance = [](int64_t blocks, int sms) {
+    return static_cast<double>(blocks) / (static_cast<double>(sms) * ((blocks + sms - 1) / sms));
+  };
+  for (const auto& [n, k, sms] :
+       std::vector<std::tuple<int64_t, int64_t, int>>{{3584, 18944, 132},
+                                                      {4608, 3584, 132},
+                                                      {3584, 3584, 132},
+                                                      {37888, 3584, 132},
+                                                      {64, 32, 132},
+                                                      {1024, 3584, 78},
+                                                      {152064, 3584, 132}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k));
+    const auto got = cuda::detail::skinny_gemm_balanced_splits(n, k, sms);
+    const int64_t tiles = n / 64, max_splits = std::max<int64_t>(1, k / 256);
+    double best = 0;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+      const int64_t per_sm = (tiles * s + sms - 1) / sms;
+      if (per_sm >= 2 && per_sm <= 16) best = std::max(best, balance(tiles * s, sms));
+    }
+    ASSERT_LE(got.size(), 2u);
+    if (best == 0) {
+      EXPECT_TRUE(got.empty());
+      continue;
+    }
+    ASSERT_FALSE(got.empty());
+    EXPECT_DOUBLE_EQ(balance(tiles * got[0], sms), best);
+    for (const int s : got) {
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, max_splits);
+      const int64_t per_sm = (tiles * s + sms - 1) / sms;
+      EXPECT_GE(per_sm, 2);
+      EXPECT_LE(per_sm, 16);
+    }
+    if (got.size() == 2) {
+      EXPECT_GE(balance(tiles * got[0], sms), balance(tiles * got[1], sms));
+    }
+  }
+  // 56 tiles x 33 splits = 14 blocks on each of 132 SMs; 72 x 11 = 6 on each.
+  EXPECT_EQ(cuda::detail::skinny_gemm_balanced_splits(3584, 18944, 132).front(), 33);
+  EXPECT_EQ(cuda::detail::skinny_gemm_balanced_splits(4608, 3584, 132).front(), 11);
 }
 
 }  // namespace

@@ -125,13 +125,16 @@ struct Gemm::Impl {
                           call.y, p.c, &c.algo, workspace, kWorkspaceBytes, call.stream);
   }
 
-  // The skinny kernel's candidates for a shape: the default K split, half and twice it, each
-  // with 4 and 8 k steps in flight.
+  // The skinny kernel's candidates for a shape: the default K split, half and twice it, and the
+  // two splits that spread the blocks most evenly over the SMs, each with 4 and 8 k steps in
+  // flight.
   void add_skinny(int64_t n, int64_t k, int64_t rows, const Call& call,
                   std::vector<Candidate>* cand) const {
     if (!detail::skinny_gemm_applies(n, k, rows, call.w, call.x, kSkinnyMaxTiles)) return;
     const int d = detail::skinny_gemm_default_splits(n, k, sms);
-    for (const int s : {d, std::max(1, d / 2), 2 * d}) {
+    std::vector<int> splits = {d, std::max(1, d / 2), 2 * d};
+    for (const int s : detail::skinny_gemm_balanced_splits(n, k, sms)) splits.push_back(s);
+    for (const int s : splits) {
       if (detail::skinny_gemm_workspace_floats(n, rows, s) * 4 >
           static_cast<int64_t>(kWorkspaceBytes))
         continue;

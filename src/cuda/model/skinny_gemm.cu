@@ -144,6 +144,28 @@ int skinny_gemm_default_splits(int64_t n, int64_t k, int sms) {
       std::clamp<int64_t>((target + tiles - 1) / tiles, 1, std::max<int64_t>(1, steps / 8)));
 }
 
+std::vector<int> skinny_gemm_balanced_splits(int64_t n, int64_t k, int sms) {
+  std::vector<int> out;
+  const int64_t tiles = n / kSkinnyTileN, max_splits = std::max<int64_t>(1, k / kSkinnyKStep / 8);
+  if (tiles < 1 || sms < 1) return out;
+  // Balance of s splits: blocks / (sms · ⌈blocks / sms⌉), as a fraction blocks : sms · waves.
+  struct Option {
+    int64_t splits, blocks, slots;
+  };
+  std::vector<Option> opts;
+  for (int64_t s = 1; s <= std::min<int64_t>(max_splits, 1024); ++s) {
+    const int64_t blocks = tiles * s, per_sm = (blocks + sms - 1) / sms;
+    if (per_sm < 2 || per_sm > 16) continue;
+    opts.push_back({s, blocks, per_sm * sms});
+  }
+  std::stable_sort(opts.begin(), opts.end(), [](const Option& a, const Option& b) {
+    return a.blocks * b.slots > b.blocks * a.slots;  // a's balance > b's, exactly
+  });
+  for (size_t i = 0; i < opts.size() && out.size() < 2; ++i)
+    out.push_back(static_cast<int>(opts[i].splits));
+  return out;
+}
+
 int64_t skinny_gemm_workspace_floats(int64_t n, int64_t rows, int splits) {
   return splits > 1 ? int64_t{splits} * rows * n : 0;
 }

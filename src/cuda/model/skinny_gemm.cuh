@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace cisa::cuda::detail {
 
@@ -32,6 +33,14 @@ bool skinny_gemm_applies(int64_t n, int64_t k, int64_t rows, const void* w, cons
 
 // K slices for a shape on `sms` SMs (about 4 blocks per SM; 1 when the n tiles alone fill it).
 int skinny_gemm_default_splits(int64_t n, int64_t k, int sms);
+
+// K splits whose blocks (n tiles x splits) spread evenly over `sms` SMs: the (at most) two
+// split counts in [1, k / 256] whose block count is closest to a multiple of `sms` (the share of
+// SMs that run as many blocks as the busiest one), with 2 to 16 blocks per SM, best first; ties go
+// to fewer splits. Every block streams the same bytes, so an SM that runs one block more than
+// another is the step's tail: 560 blocks of the 3584 x 18944 product on 132 SMs leave 100 SMs
+// idle while 32 run a fifth block. Candidates for the per-shape timing (gemm.cpp).
+std::vector<int> skinny_gemm_balanced_splits(int64_t n, int64_t k, int sms);
 
 // Workspace floats the partials of `splits` slices need (0 for one slice).
 int64_t skinny_gemm_workspace_floats(int64_t n, int64_t rows, int splits);
