@@ -33,7 +33,8 @@ the other parts still run):
       64, rope theta 500000, vocabulary 128256, --model-layers layers), random weights, bf16,
       batch 1: prefill of the context, then --model-tokens greedy decode steps timed, with SDPA
       and with CISA (k = --model-budget chunks, W = --model-window pages, G = 16), transformers'
-      DynamicCache in both. A subprocess per (attention, context).
+      DynamicCache in both, and CISA again with cisa.transformers.Cache (no second copy of K/V).
+      A subprocess per (attention, context).
 """
 import argparse
 import datetime
@@ -374,7 +375,8 @@ def part_flex(args, out, jobs, deadline):
 def model_case(impl, context, layers, tokens, budget, window):
     """Subprocess entry: one model, one attention, one context; prints one JSON line. impl:
     "sdpa" (PyTorch picks the kernel), "sdpa_no_cudnn" (SDPA with cuDNN attention left out:
-    FlashAttention, memory-efficient or math), "cisa_bench"."""
+    FlashAttention, memory-efficient or math), "cisa_bench" (CISA beside transformers'
+    DynamicCache), "cisa_cache" (CISA with cisa.transformers.Cache: no second copy of K/V)."""
     import contextlib
     import transformers
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -395,14 +397,14 @@ def model_case(impl, context, layers, tokens, budget, window):
             model = transformers.AutoModelForCausalLM.from_config(
                 cfg, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
     model = model.to(device="cuda", dtype=torch.bfloat16).eval()
-    model.set_attn_implementation("sdpa" if impl.startswith("sdpa") else impl)
+    model.set_attn_implementation("sdpa" if impl.startswith("sdpa") else "cisa_bench")
     ctx = (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                         SDPBackend.MATH]) if impl == "sdpa_no_cudnn" else contextlib.nullcontext())
     init_s = time.perf_counter() - t0
     ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(1))
     with torch.no_grad(), ctx:
-        cache = transformers.DynamicCache()
+        cache = ct.Cache(model) if impl == "cisa_cache" else transformers.DynamicCache()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -423,7 +425,7 @@ def model_case(impl, context, layers, tokens, budget, window):
                prefill_s=prefill_s, init_s=init_s, decode_tokens=tokens,
                max_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
                first_tokens=torch.cat(toks[:8], 1).view(-1).tolist())
-    if impl == "cisa_bench":
+    if impl.startswith("cisa"):
         read, dense = ct.stats(model)
         rec.update(pages_read=read, pages_read_dense=dense)
     print(json.dumps(rec), flush=True)
@@ -436,9 +438,10 @@ def part_model(args, out, deadline):
         for impl in args.model_impls.split(","):
             rec = dict(part="model", model="llama-3.2-1b shape, random weights, bf16",
                        layers=args.model_layers, context=context, batch=1,
-                       attention="cisa" if impl == "cisa_bench" else impl,
-                       cache="transformers DynamicCache")
-            if impl == "cisa_bench":
+                       attention="cisa" if impl.startswith("cisa") else impl,
+                       cache="cisa.transformers.Cache" if impl == "cisa_cache"
+                       else "transformers DynamicCache")
+            if impl.startswith("cisa"):
                 rec.update(budget=args.model_budget, window=args.model_window, qshare=16)
             left = deadline - time.time()
             if left < 20:
@@ -451,10 +454,11 @@ def part_model(args, out, deadline):
             recs[impl] = rec
             out["results"].append(rec)
             print(json.dumps(rec), flush=True)
-        c = recs.get("cisa_bench", {})
-        for name in ("sdpa", "sdpa_no_cudnn"):
-            if "tokens_per_s" in c and "tokens_per_s" in recs.get(name, {}):
-                c[f"speedup_vs_{name}"] = c["tokens_per_s"] / recs[name]["tokens_per_s"]
+        for ours in ("cisa_bench", "cisa_cache"):
+            c = recs.get(ours, {})
+            for name in ("sdpa", "sdpa_no_cudnn"):
+                if "tokens_per_s" in c and "tokens_per_s" in recs.get(name, {}):
+                    c[f"speedup_vs_{name}"] = c["tokens_per_s"] / recs[name]["tokens_per_s"]
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -527,7 +531,7 @@ def main():
     ap.add_argument("--model-budget", type=int, default=512)
     ap.add_argument("--model-window", type=int, default=128)
     ap.add_argument("--model-timeout", type=float, default=150)
-    ap.add_argument("--model-impls", default="sdpa,sdpa_no_cudnn,cisa_bench",
+    ap.add_argument("--model-impls", default="sdpa,sdpa_no_cudnn,cisa_bench,cisa_cache",
                     help="sdpa (PyTorch's choice), sdpa_no_cudnn (SDPA without cuDNN "
                          "attention), cisa_bench")
     ap.add_argument("--time-limit", type=float, default=300, help="seconds for the whole run")

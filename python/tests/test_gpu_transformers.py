@@ -1,6 +1,6 @@
-"""The transformers backend on CUDA (the Hopper backend): models of the Llama-3.2-1B and
-Qwen2.5-0.5B / 1.5B attention shapes, random weights, bf16 on the GPU, with full-budget CISA
-against SDPA; a small budget reading fewer pages; a decode step captured in a CUDA graph.
+"""The transformers backend on CUDA (the Hopper backend): models of the Llama-3.2-1B,
+Qwen2.5-0.5B / 1.5B and Gemma 3 1B attention shapes (Gemma's sliding-window layers included),
+random weights, bf16 on the GPU, with full-budget CISA against SDPA; a small budget reading fewer pages; a decode step captured in a CUDA graph.
 
 Random-weight models have nearly flat logits, and with large weights (initializer_range 0.1)
 they are chaotic: bf16 SDPA and bf16 eager attention then differ by half the logits' spread. So
@@ -41,6 +41,9 @@ SHAPES = {
     "llama-3.2-1b": ("LlamaConfig", 2048, 8192, 32, 8, 64, 500000.0),
     "qwen2.5-0.5b": ("Qwen2Config", 896, 4864, 14, 2, 64, 1000000.0),
     "qwen2.5-1.5b": ("Qwen2Config", 1536, 8960, 12, 2, 128, 1000000.0),
+    # Gemma 3 1B's attention: head_dim 256, 4:1 heads, q/k norms, query_pre_attn_scalar 256;
+    # layers alternate sliding (window 256 here, 512 in the model) and global.
+    "gemma-3-1b": ("Gemma3TextConfig", 1152, 6912, 4, 1, 256, 1000000.0),
 }
 
 
@@ -49,14 +52,23 @@ def model_of(shape, layers=4, seed=0):
     real one), random weights (initializer_range 0.02, the output head untied and x10), bf16 on
     the GPU."""
     cls, hidden, inter, hq, hkv, d, theta = SHAPES[shape]
+    extra = {}
+    if cls == "Gemma3TextConfig":
+        extra = dict(head_dim=d, query_pre_attn_scalar=d, sliding_window=256,
+                     sliding_window_pattern=2)
     cfg = getattr(transformers, cls)(
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
         num_attention_heads=hq, num_key_value_heads=hkv, max_position_embeddings=131072,
         rope_theta=theta, initializer_range=0.02, tie_word_embeddings=False, bos_token_id=None,
-        eos_token_id=None, pad_token_id=None)  # no EOS: generate makes every token
-    assert cfg.hidden_size // cfg.num_attention_heads == d
+        eos_token_id=None, pad_token_id=None, **extra)  # no EOS: generate makes every token
+    assert (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads) == d
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    if cls == "Gemma3TextConfig":
+        assert cfg.layer_types[:2] == ["sliding_attention", "full_attention"]
+        model = transformers.Gemma3ForCausalLM(cfg)
+        model.set_attn_implementation("sdpa")
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     with torch.no_grad():
         model.lm_head.weight.mul_(10.0)  # peaked logits (std ~9)
     return model.to(device="cuda", dtype=torch.bfloat16).eval()
