@@ -5,7 +5,7 @@ models), on the CPU engine or, for a model on a CUDA device, the Hopper backend.
     cisa.transformers.register("cisa", budget=64, window=8, qshare=16)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="cisa")
     model.generate(...)                                  # prefill and decode through CISA
-    model.generate(..., cache=cisa.transformers.Cache(model))  # the same, one copy of K/V
+    model.generate(..., cache=cisa.transformers.Cache(model))  # one copy of K/V
     cisa.transformers.stats(model)                       # pages read, CISA and dense
 
 Each attention layer keeps its own paged K/V cache and representatives (SPEC section 1), beside
@@ -37,8 +37,8 @@ logit soft-capping (Gemma 2) and bidirectional attention are refused.
 A decode step on CUDA can be captured in a CUDA graph once the same step has run eagerly (its
 plan is then cached): :func:`rewind` sets the layers' caches back so that the step can run again.
 
-Passing ``cache=cisa.transformers.Cache(model)`` to ``model.generate`` (or a forward) removes
-transformers' copy of K/V: that cache's layers store nothing (``update`` hands back just the new
+Passing ``cache=cisa.transformers.Cache(model)`` (transformers 5.17: ``past_key_values=``) to
+``model.generate`` (or a forward) removes transformers' copy of K/V: that cache's layers store nothing (``update`` hands back just the new
 keys and values) and only count positions, so ``generate()``, position ids and the masks work as
 with ``DynamicCache``; each layer tells its attention module how many positions precede the call,
 and the module's paged cache is the only copy of K/V. Without it (``DynamicCache``, transformers'
@@ -391,9 +391,9 @@ def _attention_modules(model):
 
 
 class Cache(_HFCache):
-    """A transformers cache that keeps no keys or values: pass ``cache=Cache(model)`` (older
-    transformers: ``past_key_values=``) to ``model.generate`` or a forward whose attention is a
-    registered cisa function. Its layers only count positions (``get_seq_length`` and the mask
+    """A transformers cache that keeps no keys or values: pass ``cache=Cache(model)`` (transformers
+    5.17: ``past_key_values=``) to ``model.generate`` or a forward whose attention is a registered
+    cisa function. Its layers only count positions (``get_seq_length`` and the mask
     sizes are those of ``DynamicCache``, sliding layers included); each attention module's paged
     cache is the one copy of K/V. ``crop`` and ``reset`` work (the paged caches follow at their
     next call); beam search (reordering or repeating the batch) is refused. One cache serves one

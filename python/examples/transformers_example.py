@@ -4,6 +4,7 @@ checkpoint path to run a real one: python transformers_example.py /path/to/llama
 The CISA runs pass cisa.transformers.Cache(model), which keeps no keys or values (the layers'
 paged caches are the one copy); the SDPA run uses transformers' DynamicCache."""
 
+import inspect
 import sys
 import time
 
@@ -24,6 +25,9 @@ else:
                          max_position_embeddings=8192, initializer_range=0.2)
     model = AutoModelForCausalLM.from_config(config)
 model.eval()
+# transformers 5.24 takes the cache as `cache=`; 5.17 and older as `past_key_values=`.
+CACHE_KW = "cache" if "cache" in inspect.signature(type(model).forward).parameters \
+    else "past_key_values"
 ids = torch.randint(0, model.config.vocab_size, (1, 2000), generator=torch.Generator().manual_seed(0))
 
 
@@ -39,7 +43,7 @@ for impl in ("sdpa", "cisa_full", "cisa"):
     t0 = time.time()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                             do_sample=False, cache=cache)
+                             do_sample=False, **{CACHE_KW: cache})
     line = f"{impl:9s} {out[0, ids.shape[1]:].tolist()}  {time.time() - t0:.1f} s"
     line += f"  K/V in transformers' cache {kv_mib(cache):.1f} MiB"
     if impl != "sdpa":

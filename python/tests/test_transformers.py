@@ -2,6 +2,8 @@
 configs generate the same greedy tokens with full-budget CISA as with SDPA, with transformers'
 DynamicCache and with cisa.transformers.Cache (which keeps no keys or values)."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -22,9 +24,16 @@ def model_of(kind):
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
 
 
+def cache_kw(model, cache):
+    """The keyword a forward or generate() takes the cache by: ``cache`` where the model's forward
+    names it so (transformers 5.24), else ``past_key_values`` (5.17, deprecated in 5.24)."""
+    params = inspect.signature(type(model).forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
 def generate(model, impl, ids, n=16, cache=None):
     model.set_attn_implementation(impl)
-    kw = {} if cache is None else {"cache": cache}
+    kw = {} if cache is None else cache_kw(model, cache)
     with torch.no_grad():
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                               do_sample=False, **kw)
@@ -123,8 +132,8 @@ def test_cisa_cache_forward_steps_crop_and_continue():
 
     def steps(cache):
         with torch.no_grad():
-            out = [model(ids[:, :50], cache=cache, use_cache=True).logits[:, -1]]
-            out += [model(ids[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1]
+            out = [model(ids[:, :50], **cache_kw(model, cache), use_cache=True).logits[:, -1]]
+            out += [model(ids[:, t:t + 1], **cache_kw(model, cache), use_cache=True).logits[:, -1]
                     for t in range(50, 60)]
         return torch.stack(out)
 
@@ -134,7 +143,7 @@ def test_cisa_cache_forward_steps_crop_and_continue():
     cache.crop(-3)
     assert cache.get_seq_length() == 57
     with torch.no_grad():
-        again = [model(ids[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1]
+        again = [model(ids[:, t:t + 1], **cache_kw(model, cache), use_cache=True).logits[:, -1]
                  for t in range(57, 60)]
     torch.testing.assert_close(torch.stack(again), ref[-3:], rtol=1e-4, atol=1e-4)
     assert_no_kv(cache, model, 60)
@@ -158,12 +167,12 @@ def test_cisa_cache_needs_cisa_attention():
     cache = ct.Cache(model)
     with torch.no_grad():
         with pytest.raises(ValueError, match="without padding"):
-            model(ids.expand(2, -1), attention_mask=mask, cache=cache, use_cache=True)
+            model(ids.expand(2, -1), attention_mask=mask, **cache_kw(model, cache), use_cache=True)
         # The failed call's keys never reached a paged cache: the cache says so until reset.
         with pytest.raises(RuntimeError, match="did not take the keys"):
-            model(ids, cache=cache, use_cache=True)
+            model(ids, **cache_kw(model, cache), use_cache=True)
         cache.reset()
-        model(ids, cache=cache, use_cache=True)
+        model(ids, **cache_kw(model, cache), use_cache=True)
     assert_no_kv(cache, model, 40)
 
 
