@@ -26,8 +26,8 @@ else:
     model = AutoModelForCausalLM.from_config(config)
 model.eval()
 # transformers 5.24 takes the cache as `cache=`; 5.17 and older as `past_key_values=`.
-CACHE_KW = "cache" if "cache" in inspect.signature(type(model).forward).parameters \
-    else "past_key_values"
+FORWARD = inspect.signature(type(model).forward).parameters
+CACHE_KW = "cache" if "cache" in FORWARD else "past_key_values"
 ids = torch.randint(0, model.config.vocab_size, (1, 2000), generator=torch.Generator().manual_seed(0))
 
 

@@ -1,6 +1,7 @@
 """The transformers backend on CUDA (the Hopper backend): models of the Llama-3.2-1B,
 Qwen2.5-0.5B / 1.5B and Gemma 3 1B attention shapes (Gemma's sliding-window layers included),
-random weights, bf16 on the GPU, with full-budget CISA against SDPA; a small budget reading fewer pages; a decode step captured in a CUDA graph.
+random weights, bf16 on the GPU, with full-budget CISA against SDPA; a small budget reading
+fewer pages; a decode step captured in a CUDA graph.
 
 Random-weight models have nearly flat logits, and with large weights (initializer_range 0.1)
 they are chaotic: bf16 SDPA and bf16 eager attention then differ by half the logits' spread. So
