@@ -39,9 +39,10 @@ plan is then cached): :func:`rewind` sets the layers' caches back so that the st
 
 Passing ``cache=cisa.transformers.Cache(model)`` (transformers 5.17: ``past_key_values=``) to
 ``model.generate`` (or a forward) removes transformers' copy of K/V: that cache's layers store
-nothing (``update`` hands back just the new keys and values) and only count positions, so ``generate()``, position ids and the masks work as
-with ``DynamicCache``; each layer tells its attention module how many positions precede the call,
-and the module's paged cache is the only copy of K/V. Without it (``DynamicCache``, transformers'
+nothing (``update`` hands back just the new keys and values) and only count positions, so
+``generate()``, position ids and the masks work as with ``DynamicCache``; each layer tells its
+attention module how many positions precede the call, and the module's paged cache is the only
+copy of K/V. Without it (``DynamicCache``, transformers'
 default) the absolute position is the key length minus the query length, as before.
 """
 
