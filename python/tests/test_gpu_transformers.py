@@ -130,9 +130,17 @@ def test_full_budget_cisa_matches_sdpa(shape):
     # position where the teacher-forced top-1 differs (then the continuations may part).
     top2 = sdpa.topk(2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]
-    flips = full.argmax(-1) != sdpa.argmax(-1)
-    assert (margin[flips] <= 2 * bound).all(), \
-        f"{shape}: top-1 differs where SDPA's margin exceeds 2 x bound: {margin[flips].tolist()}"
+    cisa_flips = full.argmax(-1) != sdpa.argmax(-1)
+    assert (margin[cisa_flips] <= 2 * bound).all(), \
+        f"{shape}: top-1 differs where SDPA's margin exceeds 2 x bound: " \
+        f"{margin[cisa_flips].tolist()}"
+    # The reference tokens come from SDPA's generate(), whose steps need not be bit-identical to
+    # the teacher-forced SDPA steps (another cache class, another kernel choice): where the two
+    # disagree it is a near-tie as well, and the continuations may part there too.
+    ref_flips = sdpa.argmax(-1) != ref[:, p:]
+    assert (margin[ref_flips] <= 2 * bound).all(), \
+        f"{shape}: SDPA's generate() and its teacher-forced steps differ at a clear margin"
+    flips = cisa_flips | ref_flips
     # With cisa.transformers.Cache: transformers keeps no K/V, the paged caches are the one copy
     # (past_key_values=: the name older transformers know; newer ones map it to cache=).
     cache = ct.Cache(model)
@@ -145,11 +153,12 @@ def test_full_budget_cisa_matches_sdpa(shape):
         upto = int(at[0, 0]) if at.numel() else n
         assert gen[r, :p + upto].tolist() == ref[r, :p + upto].tolist(), \
             f"{shape}: row {r} differs from SDPA's tokens before position {upto}"
-        if upto < n:  # the flipped token is CISA's own top-1
+        if upto < n and not ref_flips[r, upto]:  # the flipped token is CISA's own top-1
             assert int(gen[r, p + upto]) == int(full[r, upto].argmax())
         compared += upto
     print(f"{shape}: greedy tokens equal {compared} of {2 * n} (teacher-forced top-1 flips at "
-          f"near-ties: {int(flips.sum())})")
+          f"near-ties: {int(cisa_flips.sum())}; SDPA generate vs teacher-forced: "
+          f"{int(ref_flips.sum())})")
 
 
 @pytest.mark.parametrize("shape", ["llama-3.2-1b", "qwen2.5-1.5b"])
