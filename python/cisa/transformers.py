@@ -48,6 +48,7 @@ default) the absolute position is the key length minus the query length, as befo
 
 from __future__ import annotations
 
+import atexit
 import collections
 import weakref
 
@@ -162,6 +163,9 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
     # Plans of recent steps, shared by the layers of a step with the same geometry: the host
     # plans once per step (on CUDA also the backend's plan), not once per layer.
     plans = collections.OrderedDict()
+    # Freed before the interpreter tears the extension module down (on CUDA a plan holds the
+    # backend's CudaPlan; alive at shutdown, nanobind reported it as leaked).
+    atexit.register(plans.clear)
 
     def planned(state, b, q_len, hq, hkv, d, sliding, device):
         key = (device, b, state.len, state.cap, q_len, hq, hkv, d, sliding)
