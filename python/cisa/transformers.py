@@ -42,8 +42,8 @@ Passing ``cache=cisa.transformers.Cache(model)`` (transformers 5.17: ``past_key_
 nothing (``update`` hands back just the new keys and values) and only count positions, so
 ``generate()``, position ids and the masks work as with ``DynamicCache``; each layer tells its
 attention module how many positions precede the call, and the module's paged cache is the only
-copy of K/V. Without it (``DynamicCache``, transformers'
-default) the absolute position is the key length minus the query length, as before.
+copy of K/V. Without it (``DynamicCache``, transformers' default) the absolute position is the
+key length minus the query length, as before.
 """
 
 from __future__ import annotations

@@ -111,6 +111,7 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
           if (lo + j * kThreads + tid < hi && (cached[j] & mask) == prefix)
             atomicAdd(&sh.hist[((cached[j] >> shift) & 255u) * 32 + lane], 1);
       }
+      // Without the register copy, the slice is read again (from hi on: no trip with it).
       for (int32_t i0 = use_cache ? hi : lo; i0 < hi; i0 += kThreads * kLoads) {
         uint32_t raw[kLoads];
 #pragma unroll
