@@ -242,6 +242,12 @@ def main():
                     rows.append((name, phase, "cisa", "G=%d" % r["G"], r["busy_ms"], best / r["busy_ms"],
                                  r["attention_ms"], r["scoring_ms"], r["topk_ms"], r["setup_ms"], r["other_ms"],
                                  r["attention_tb_s"], r["attention_tflop_s"]))
+            for r in cisa["results"]:  # decode with selection reuse: per-step average over r steps
+                if r["method"] == "cisa-reuse" and r["geometry"] == name and r["phase"] == phase:
+                    r["ratio_vs_best_dense"] = best / r["busy_ms"]
+                    r["best_dense"] = best_name
+                    rows.append((name, phase, "cisa-reuse", "r=%d" % r["reuse_steps"], r["busy_ms"],
+                                 best / r["busy_ms"]))
             for a in out["anchors"]:
                 if a["geometry"] == name and a["phase"] == phase and a["method"] not in ("cudnn", "flash") and "ms" in a:
                     a["ratio_vs_best_dense"] = best / a["ms"]

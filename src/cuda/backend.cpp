@@ -16,6 +16,7 @@
 #include "plan_impl.h"
 #include "random_fill.cuh"
 #include "reps.cuh"
+#include "reuse.cuh"
 #include "score.cuh"
 #include "select_fused.cuh"
 #include "tile_sizes.cuh"
@@ -104,6 +105,9 @@ int64_t Plan::num_rows() const {
 }
 int64_t Plan::num_unions() const {
   return static_cast<int64_t>(impl_->unions.size());
+}
+int64_t Plan::reuse_candidates() const {
+  return impl_->reuse_candidates;
 }
 
 namespace {
@@ -229,6 +233,12 @@ Status plan_fused_select(Plan::Impl& P) {
   const bool applies =
       !P.quest && !P.streams.empty() && P.max_stream_lists == 1 && P.streams.size() == P.sel.size();
   if (want == 0 || !applies) return Status::Ok();
+  if (P.reuse_candidates > 0) {
+    if (want < 0) return Status::Ok();  // auto: the two kernels, which skip kept lists
+    return unimplemented(
+        "cuda: PlanOptions::fused_select_cluster with selection reuse (reuse_steps > 1) is not "
+        "supported; use 0 or -1");
+  }
   const int64_t lists = static_cast<int64_t>(P.streams.size());
   if (want < 0) {
     P.fused_cluster =
@@ -313,6 +323,8 @@ Status finish_plan(Plan::Impl& P) {
       P.d_chunks.reserve(std::max<int64_t>(1, out) * sizeof(int32_t), "cuda plan: chunk lists"));
   CISA_RETURN_IF_ERROR(
       P.d_scores.reserve(std::max<int64_t>(1, score) * sizeof(float), "cuda plan: scores"));
+  CISA_RETURN_IF_ERROR(P.d_keep.reserve(std::max<size_t>(1, P.lists.size()) * sizeof(int32_t),
+                                        "cuda plan: reuse flags"));
   CISA_RETURN_IF_ERROR(
       P.d_qbar.reserve(std::max<size_t>(1, P.lists.size()) * P.head_dim * sizeof(float),
                        "cuda plan: index queries"));
@@ -349,6 +361,10 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
   CISA_RETURN_IF_ERROR(validate_batch_tables(tables, batch, hq, layer.num_kv_heads));
   auto& P = *plan->impl();
   P.options = options;
+  P.options.reuse_slots = {};  // the caller's memory: plan_sparse reads it, the plan keeps none
+  P.params = {};
+  P.reuse_candidates = 0;
+  P.max_reuse_seq = -1;
   P.num_q_heads = hq;
   P.num_kv_heads = layer.num_kv_heads;
   P.head_dim = layer.head_dim;
@@ -369,6 +385,7 @@ ListDesc make_list(const DeviceBlockTables& tables, std::span<const BatchEntry> 
   d.first_pos = static_cast<int32_t>(g.first);
   d.last_pos = static_cast<int32_t>(g.last);
   d.kv = kv;
+  d.reuse_seq = -1;
   return d;
 }
 
@@ -402,14 +419,23 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
                    std::span<const BatchEntry> batch, int num_q_heads, const SelectionParams& p,
                    Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
-  if (p.reuse_steps > 1)
-    return unimplemented(
-        "cuda plan_sparse: selection reuse (reuse_steps > 1) is implemented on the CPU backend "
-        "only");
+  const bool reusing = p.reuse_steps > 1;
+  if (reusing && options.reuse_slots.size() != batch.size())
+    return invalid_argument(
+        "cuda plan_sparse: selection reuse (reuse_steps > 1) needs "
+        "PlanOptions::reuse_slots, one per batch entry (got " +
+        std::to_string(options.reuse_slots.size()) + " for " + std::to_string(batch.size()) +
+        " entries)");
+  if (reusing)
+    for (const int32_t slot : options.reuse_slots)
+      if (slot < -1)
+        return invalid_argument("cuda plan_sparse: a reuse slot must be >= -1 (got " +
+                                std::to_string(slot) + ")");
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
   auto& P = *plan->impl();
   P.group_unions = options.group_unions;
+  P.params = p;
   // Query groups and list layout are the core's (plan.h).
   PageLists cut;
   CISA_RETURN_IF_ERROR(plan_query_groups(kB, batch, p, &cut));
@@ -430,6 +456,15 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
         d.qbar_row0 =
             static_cast<int32_t>(p.qshare_query == QShareQuery::kMean ? grp.row : last_row);
         d.qbar_row1 = static_cast<int32_t>(last_row);
+        // A decode row (an entry of one position) may keep an earlier selection (plan.h).
+        const BatchEntry& e = batch[static_cast<size_t>(grp.entry)];
+        if (reusing && e.count == 1 && d.k > 0) {
+          d.reuse_seq = options.reuse_slots[static_cast<size_t>(grp.entry)];
+          if (d.reuse_seq >= 0) {
+            ++P.reuse_candidates;
+            P.max_reuse_seq = std::max(P.max_reuse_seq, d.reuse_seq);
+          }
+        }
       }
       P.lists.push_back(d);
     }
@@ -437,12 +472,69 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
   return finish_plan(P);
 }
 
+namespace {
+
+// The reuse state a run of the plan uses, checked against the plan; null when no list of the
+// plan may keep a selection.
+Result<const ReuseState*> reuse_for(const Plan::Impl& P, const ReuseState* reuse) {
+  if (P.reuse_candidates == 0) return static_cast<const ReuseState*>(nullptr);
+  if (!reuse)
+    return invalid_argument(
+        "cuda: the plan's decode rows may keep their selection (reuse_steps > 1) but no "
+        "ReuseState was given to run_select");
+  if (!reuse->chunks || !reuse->info || !reuse->stats)
+    return invalid_argument("cuda: a ReuseState pointer is null");
+  if (P.max_reuse_seq >= reuse->num_seq_slots)
+    return out_of_range("cuda: reuse slot " + std::to_string(P.max_reuse_seq) +
+                        " is outside the ReuseState's " + std::to_string(reuse->num_seq_slots) +
+                        " sequence slots");
+  if (reuse->layer_slot < 0 || reuse->layer_slot >= reuse->num_layer_slots)
+    return out_of_range("cuda: ReuseState::layer_slot " + std::to_string(reuse->layer_slot) +
+                        " outside [0, " + std::to_string(reuse->num_layer_slots) + ")");
+  if (reuse->k_stride < P.params.budget)
+    return invalid_argument("cuda: the ReuseState holds " + std::to_string(reuse->k_stride) +
+                            " chunks per selection, the plan's budget is " +
+                            std::to_string(P.params.budget));
+  return reuse;
+}
+
+detail::ReuseParams reuse_params(const Plan::Impl& P) {
+  return {P.params.budget, P.params.window, P.params.sink_pages, P.params.reuse_steps,
+          P.params.reuse_check == ReuseCheck::kNewChunks ? 1 : 0};
+}
+
+}  // namespace
+
+Status reset_reuse_state(const ReuseState& state, int num_kv_heads, int64_t seq_slot,
+                         void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (!state.info || !state.stats) return invalid_argument("cuda: a ReuseState pointer is null");
+  if (seq_slot >= state.num_seq_slots)
+    return out_of_range("cuda: reuse slot " + std::to_string(seq_slot) + " outside the state's " +
+                        std::to_string(state.num_seq_slots));
+  const int64_t per_seq = int64_t{state.num_layer_slots} * num_kv_heads;
+  const int64_t first = seq_slot < 0 ? 0 : seq_slot * per_seq;
+  const int64_t count = seq_slot < 0 ? state.num_seq_slots * per_seq : per_seq;
+  // All bits set: selected_at = −1, no state.
+  CISA_RETURN_IF_ERROR(cuda_status(
+      cudaMemsetAsync(state.info + first, 0xff, static_cast<size_t>(count) * sizeof(ReuseInfo), s),
+      "cuda: resetting the reuse state"));
+  if (seq_slot >= 0) return Status::Ok();
+  return cuda_status(cudaMemsetAsync(state.stats, 0, 4 * sizeof(int64_t), s),
+                     "cuda: resetting the reuse counters");
+}
+
 Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float* index_q,
-                        SelectStage stage, void* stream) {
+                        SelectStage stage, void* stream, const ReuseState* reuse_in) {
   const auto& P = *plan.impl();
   auto s = static_cast<cudaStream_t>(stream);
   if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim)
     return invalid_argument("cuda: the layer does not have the shape the plan was built for");
+  const ReuseState* reuse = nullptr;
+  if (stage != SelectStage::kSetup && !P.sel.empty()) {
+    CISA_ASSIGN_OR_RETURN(reuse, reuse_for(P, reuse_in));
+  }
+  int32_t* const keep = reuse ? P.d_keep.as<int32_t>() : nullptr;
   switch (stage) {
     case SelectStage::kSetup:
       return cuda_status(detail::launch_assemble_lists(
@@ -459,6 +551,13 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                        index_q, P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
                                        P.d_qsplit.as<uint16_t>(), s),
           "cuda: index queries"));
+      if (reuse)  // which decode lists keep their selection; their pages written now
+        CISA_RETURN_IF_ERROR(cuda_status(
+            detail::launch_reuse_decide(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                        P.block_pages, layer.reps, P.quest, P.d_qbar.as<float>(),
+                                        P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, keep,
+                                        P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+            "cuda: selection reuse decision"));
       if (P.fused_cluster > 0)  // scores and the selected part of every list (kTopK: unions only)
         return cuda_status(
             detail::launch_select_fused(P.d_streams, static_cast<int64_t>(P.streams.size()),
@@ -467,12 +566,12 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                         P.head_dim, P.d_scores.as<float>(), P.d_pages.as<int32_t>(),
                                         P.d_chunks.as<int32_t>(), s),
             "cuda: fused scoring and top-k");
-      return cuda_status(
-          detail::launch_score(P.d_streams, static_cast<int64_t>(P.streams.size()),
-                               P.max_score_span, P.max_stream_lists, P.d_lists, P.block_pages,
-                               layer.reps, P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
-                               P.num_kv_heads, P.head_dim, P.quest, P.d_scores.as<float>(), s),
-          "cuda: scoring");
+      return cuda_status(detail::launch_score(P.d_streams, static_cast<int64_t>(P.streams.size()),
+                                              P.max_score_span, P.max_stream_lists, P.d_lists,
+                                              P.block_pages, layer.reps, P.d_qbar.as<float>(),
+                                              P.d_qsplit.as<uint16_t>(), P.num_kv_heads, P.head_dim,
+                                              P.quest, P.d_scores.as<float>(), keep, s),
+                         "cuda: scoring");
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
       if (P.fused_cluster == 0)
@@ -482,8 +581,14 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                 P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
                                                       : P.options.topk_cluster_min_scores,
                 P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
-                P.d_chunks.as<int32_t>(), s),
+                P.d_chunks.as<int32_t>(), keep, s),
             "cuda: top-k"));
+      if (reuse)  // fresh selections of decode rows become their sequences' state
+        CISA_RETURN_IF_ERROR(cuda_status(
+            detail::launch_reuse_commit(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                        P.num_kv_heads, reuse_params(P), *reuse, keep,
+                                        P.d_chunks.as<int32_t>(), s),
+            "cuda: selection reuse state"));
       return cuda_status(
           detail::launch_build_unions(
               P.d_unions, static_cast<int64_t>(P.unions.size()), P.union_smem, P.d_lists,
@@ -494,10 +599,11 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
   return invalid_argument("cuda: unknown selection stage");
 }
 
-Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index_q, void* stream) {
-  CISA_RETURN_IF_ERROR(run_select_stage(plan, layer, index_q, SelectStage::kSetup, stream));
-  CISA_RETURN_IF_ERROR(run_select_stage(plan, layer, index_q, SelectStage::kScore, stream));
-  return run_select_stage(plan, layer, index_q, SelectStage::kTopK, stream);
+Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index_q, void* stream,
+                  const ReuseState* reuse) {
+  CISA_RETURN_IF_ERROR(run_select_stage(plan, layer, index_q, SelectStage::kSetup, stream, reuse));
+  CISA_RETURN_IF_ERROR(run_select_stage(plan, layer, index_q, SelectStage::kScore, stream, reuse));
+  return run_select_stage(plan, layer, index_q, SelectStage::kTopK, stream, reuse);
 }
 
 Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale,
@@ -548,36 +654,43 @@ uint64_t plan_launch_key(const Plan& plan) {
   uint64_t h = 0xcbf29ce484222325ull;
   const auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
   const auto ptr = [&mix](const void* p) { mix(reinterpret_cast<uint64_t>(p)); };
-  for (const int64_t v : {int64_t{P.num_q_heads},
-                          int64_t{P.num_kv_heads},
-                          int64_t{P.head_dim},
-                          int64_t{P.quest},
-                          P.num_rows,
-                          static_cast<int64_t>(P.lists.size()),
-                          static_cast<int64_t>(P.sel.size()),
-                          static_cast<int64_t>(P.streams.size()),
-                          int64_t{P.max_score_span},
-                          int64_t{P.max_stream_lists},
-                          P.max_fixed,
-                          static_cast<int64_t>(P.unions.size()),
-                          static_cast<int64_t>(P.union_smem),
-                          static_cast<int64_t>(P.tasks.size()),
-                          static_cast<int64_t>(P.merges.size()),
-                          int64_t{P.merge_max_rows},
-                          int64_t{P.warps},
-                          int64_t{P.page_warps},
-                          int64_t{P.wgmma},
-                          static_cast<int64_t>(P.options.attention_kernel),
-                          int64_t{P.options.ws_copy_warps},
-                          int64_t{P.options.topk_cluster_min_scores},
-                          int64_t{P.fused_cluster},
-                          int64_t{P.lists.empty() ? 0 : P.lists[0].window}})
+  for (const int64_t v :
+       {int64_t{P.num_q_heads},
+        int64_t{P.num_kv_heads},
+        int64_t{P.head_dim},
+        int64_t{P.quest},
+        P.num_rows,
+        static_cast<int64_t>(P.lists.size()),
+        static_cast<int64_t>(P.sel.size()),
+        static_cast<int64_t>(P.streams.size()),
+        int64_t{P.max_score_span},
+        int64_t{P.max_stream_lists},
+        P.max_fixed,
+        static_cast<int64_t>(P.unions.size()),
+        static_cast<int64_t>(P.union_smem),
+        static_cast<int64_t>(P.tasks.size()),
+        static_cast<int64_t>(P.merges.size()),
+        int64_t{P.merge_max_rows},
+        int64_t{P.warps},
+        int64_t{P.page_warps},
+        int64_t{P.wgmma},
+        static_cast<int64_t>(P.options.attention_kernel),
+        int64_t{P.options.ws_copy_warps},
+        int64_t{P.options.topk_cluster_min_scores},
+        int64_t{P.fused_cluster},
+        P.reuse_candidates > 0 ? P.params.reuse_steps : 0,
+        P.reuse_candidates > 0 ? int64_t{P.params.reuse_check == ReuseCheck::kNewChunks} : 0,
+        P.reuse_candidates > 0 ? P.params.budget : 0,
+        P.reuse_candidates > 0 ? P.params.window : 0,
+        P.reuse_candidates > 0 ? P.params.sink_pages : 0,
+        int64_t{P.lists.empty() ? 0 : P.lists[0].window}})
     mix(static_cast<uint64_t>(v));
   for (const void* p : std::initializer_list<const void*>{
            static_cast<const void*>(P.block_pages), P.d_meta.as<void>(), P.d_pages.as<void>(),
            P.d_chunks.as<void>(), P.d_scores.as<void>(), P.d_qbar.as<void>(), P.d_qsplit.as<void>(),
            P.d_partial_out.as<void>(), P.d_partial_lse.as<void>(), P.d_upages.as<void>(),
-           P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>()})
+           P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>(),
+           P.d_keep.as<void>()})
     ptr(p);
   return h;
 }

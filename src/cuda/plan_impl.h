@@ -68,8 +68,11 @@ struct Plan::Impl {
   std::vector<int32_t> sel;  // lists that select
   std::vector<detail::ScoreStream> streams;
   int32_t max_score_span = 0, max_stream_lists = 0;  // largest eligible range of a stream
-  int fused_cluster = 0;  // > 0: scoring and top-k by select_fused.cu, clusters of this size
-  PlanOptions options;    // the switches the plan was built with (run_attention reads them too)
+  int fused_cluster = 0;   // > 0: scoring and top-k by select_fused.cu, clusters of this size
+  PlanOptions options;     // the switches the plan was built with (run_attention reads them too)
+  SelectionParams params;  // plan_sparse's parameters (reuse reads budget, window, sinks, r)
+  int64_t reuse_candidates = 0;  // lists with reuse_seq >= 0
+  int32_t max_reuse_seq = -1;    // largest reuse_seq of a list
   bool group_unions = true;
   std::vector<detail::UnionDesc> unions;
   int64_t union_capacity = 0;
@@ -98,6 +101,7 @@ struct Plan::Impl {
   ~Impl();
   DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_qsplit, d_partial_out, d_partial_lse;
   DeviceBuffer d_upages, d_uchunks, d_umask, d_ucounts;
+  DeviceBuffer d_keep;  // int32 per list: 1 when a decode list keeps its selection (reuse.cuh)
 };
 
 // The current device's SM count (132 where it cannot be read).

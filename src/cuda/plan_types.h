@@ -23,6 +23,8 @@ struct ListDesc {
   int32_t k;                     // chunks chosen by top-k (0: dense list)
   int32_t qbar_row0, qbar_row1;  // packed rows averaged into the index query (inclusive)
   int32_t window;                // sliding window in tokens (dense plans), 0: none
+  int32_t reuse_seq;             // selection reuse: the sequence's state slot; −1: not a decode
+                                 // row that may keep a selection (reuse.cuh)
 };
 
 // All selecting lists of one (batch entry, KV group): their eligible ranges share a start and

@@ -54,10 +54,12 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                  const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                  const float* __restrict__ qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
-                 float* __restrict__ scores) {
+                 float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int NC = tiles::kScoreChunks, NQ = 16 * QA;
   const ScoreStream S = streams[blockIdx.y];
+  // A decode list that keeps its earlier selection (reuse.cuh) is not scored.
+  if (keep && keep[S.first_list]) return;
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NC;
   if (c0 >= S.elig_end_max) return;
   const int nc = min(NC, S.elig_end_max - c0);
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                      const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                      const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
-                     float* __restrict__ scores) {
+                     float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int LPC = D / 8;         // lanes per chunk
   constexpr int CPL = 32 / LPC;      // chunks per warp-wide load
@@ -174,6 +176,8 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   static_assert(NCB % PER_ROUND == 0, "rounds must tile the block's chunks");
   __shared__ int32_t page_s[NCB];
   const ScoreStream S = streams[blockIdx.y];
+  // A decode list that keeps its earlier selection (reuse.cuh) is not scored.
+  if (keep && keep[S.first_list]) return;
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
   if (c0 >= S.elig_end_max) return;
   const int nc = min(NCB, S.elig_end_max - c0);
@@ -273,7 +277,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads, 2)
     score_regs_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                       const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                       const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
-                      float* __restrict__ scores) {
+                      float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int C = 4;                          // chunks per quad = lanes per quad
   constexpr int J = D / 16;                     // 16-channel steps, 4 channels per lane each
@@ -285,6 +289,8 @@ __global__ void __launch_bounds__(tiles::kScoreThreads, 2)
   __shared__ int32_t end_s[QP];
   __shared__ int64_t out_s[QP];
   const ScoreStream S = streams[blockIdx.y];
+  // A decode list that keeps its earlier selection (reuse.cuh) is not scored.
+  if (keep && keep[S.first_list]) return;
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
   if (c0 >= S.elig_end_max) return;
   const int lane = threadIdx.x % 32, s = lane % C;
@@ -388,7 +394,8 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
     score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                      const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
                      const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit,
-                     int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores) {
+                     int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores,
+                     const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int NB = D / 32;                    // 16-word blocks of a representative row
   constexpr int QP = tiles::kScoreMmaQueries;   // queries staged per pass
@@ -399,6 +406,8 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
   __shared__ int32_t end_s[QP];
   __shared__ int64_t out_s[QP];
   const ScoreStream S = streams[blockIdx.y];
+  // A decode list that keeps its earlier selection (reuse.cuh) is not scored.
+  if (keep && keep[S.first_list]) return;
   const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
   if (c0 >= S.elig_end_max) return;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -502,21 +511,22 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
 template <int D, bool kQuest>
 void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
                 const int32_t* block_pages, const uint16_t* reps, const float* qbar,
-                int num_kv_heads, float inv_sqrt_d, float* scores, cudaStream_t stream) {
+                int num_kv_heads, float inv_sqrt_d, float* scores, const int32_t* keep,
+                cudaStream_t stream) {
   if (max_lists <= 1)
     launch_dependent(score_few_kernel<D, kQuest, 1>, grid, tiles::kScoreThreads, 0, stream, streams,
-                     lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+                     lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
   else
     launch_dependent(score_few_kernel<D, kQuest, tiles::kScoreFewLists>, grid, tiles::kScoreThreads,
                      0, stream, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d,
-                     scores);
+                     scores, keep);
 }
 
 template <bool kQuest, int QA>
 cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* lists,
                          const int32_t* block_pages, const uint16_t* reps, const float* qbar,
                          int num_kv_heads, int head_dim, float inv_sqrt_d, float* scores,
-                         cudaStream_t stream) {
+                         const int32_t* keep, cudaStream_t stream) {
   const int rw = kQuest ? 2 * head_dim : head_dim;
   const size_t smem = sizeof(float) * (static_cast<size_t>(tiles::kScoreChunks) * (rw + 1) +
                                        static_cast<size_t>(16 * QA) * (head_dim + 1));
@@ -525,7 +535,8 @@ cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* 
                            static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   launch_dependent(score_kernel<kQuest, QA>, grid, tiles::kScoreThreads, smem, stream, streams,
-                   lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores);
+                   lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores,
+                   keep);
   return cudaSuccess;
 }
 
@@ -544,7 +555,7 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
                          int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
                          const uint16_t* reps, const float* qbar, const uint16_t* qsplit,
                          int num_kv_heads, int head_dim, bool quest, float* scores,
-                         cudaStream_t stream) {
+                         const int32_t* keep, cudaStream_t stream) {
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;
@@ -556,10 +567,10 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
   if (head_dim == DD) {                                                                            \
     if (quest)                                                                                     \
       launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, \
-                           inv_sqrt_d, scores, stream);                                            \
+                           inv_sqrt_d, scores, keep, stream);                                      \
     else                                                                                           \
       launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar,              \
-                            num_kv_heads, inv_sqrt_d, scores, stream);                             \
+                            num_kv_heads, inv_sqrt_d, scores, keep, stream);                       \
   }
     // clang-format off
     CISA_FEW(64)
@@ -579,35 +590,37 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
         static_cast<unsigned>(num_streams));
     if (tiles::kScoreMma && head_dim == 64)
       launch_dependent(score_mma_kernel<64>, mgrid, tiles::kScoreMmaThreads, 0, stream, streams,
-                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
+                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores, keep);
     else if (tiles::kScoreMma)
       launch_dependent(score_mma_kernel<128>, mgrid, tiles::kScoreMmaThreads, 0, stream, streams,
-                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores);
+                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores, keep);
     else if (head_dim == 64)
       launch_dependent(score_regs_kernel<64>, grid, tiles::kScoreThreads, 0, stream, streams, lists,
-                       block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+                       block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
     else
       launch_dependent(score_regs_kernel<128>, grid, tiles::kScoreThreads, 0, stream, streams,
-                       lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores);
+                       lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),
                   static_cast<unsigned>(num_streams));
   const int qa = max_lists <= 16 ? 1 : max_lists <= 32 ? 2 : 4;
   if (quest) {
-    err = qa == 1   ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar,
-                                          num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-          : qa == 2 ? launch_tiled<true, 2>(grid, streams, lists, block_pages, reps, qbar,
-                                            num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-                    : launch_tiled<true, 4>(grid, streams, lists, block_pages, reps, qbar,
-                                            num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
+    err = qa == 1 ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar,
+                                          num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream)
+          : qa == 2
+              ? launch_tiled<true, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
+                                      head_dim, inv_sqrt_d, scores, keep, stream)
+              : launch_tiled<true, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
+                                      head_dim, inv_sqrt_d, scores, keep, stream);
   } else {
-    err = qa == 1   ? launch_tiled<false, 1>(grid, streams, lists, block_pages, reps, qbar,
-                                           num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-          : qa == 2 ? launch_tiled<false, 2>(grid, streams, lists, block_pages, reps, qbar,
-                                             num_kv_heads, head_dim, inv_sqrt_d, scores, stream)
-                    : launch_tiled<false, 4>(grid, streams, lists, block_pages, reps, qbar,
-                                             num_kv_heads, head_dim, inv_sqrt_d, scores, stream);
+    err = qa == 1 ? launch_tiled<false, 1>(grid, streams, lists, block_pages, reps, qbar,
+                                           num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream)
+          : qa == 2
+              ? launch_tiled<false, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
+                                       head_dim, inv_sqrt_d, scores, keep, stream)
+              : launch_tiled<false, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
+                                       head_dim, inv_sqrt_d, scores, keep, stream);
   }
   if (err != cudaSuccess) return err;
   return cudaGetLastError();

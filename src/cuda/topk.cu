@@ -24,9 +24,13 @@ template <int kCluster, int kThreads, int kCache>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
     topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                 const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
-                int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
+                int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
+                const int32_t* __restrict__ keep) {
   dev::dependent_start();
   __shared__ TopkShared<kThreads> sh;
+  // A decode list that keeps its earlier selection (reuse.cuh) got its pages from the decision
+  // kernel; every block of its cluster leaves before the first cluster barrier.
+  if (keep && keep[sel[blockIdx.x / kCluster]]) return;
   const int rank =
       kCluster > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
   const ListDesc L = lists[sel[blockIdx.x / kCluster]];
@@ -45,16 +49,16 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                         int64_t max_scores, int64_t cluster_min_scores, const float* scores,
                         const int32_t* block_pages, int32_t* pages, int32_t* chunks,
-                        cudaStream_t stream) {
+                        const int32_t* keep, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   constexpr int C = tiles::kTopkCluster, T = tiles::kTopkClusterThreads, K = tiles::kTopkCachedKeys;
   if (num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores)
     launch_dependent(topk_kernel<C, T, K>, static_cast<unsigned>(num_sel * C), T, 0, stream, lists,
-                     sel_lists, scores, block_pages, pages, chunks);
+                     sel_lists, scores, block_pages, pages, chunks, keep);
   else
     launch_dependent(topk_kernel<1, tiles::kTopkThreads, 0>, static_cast<unsigned>(num_sel),
                      tiles::kTopkThreads, 0, stream, lists, sel_lists, scores, block_pages, pages,
-                     chunks);
+                     chunks, keep);
   return cudaGetLastError();
 }
 

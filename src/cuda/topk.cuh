@@ -13,10 +13,11 @@ namespace cisa::cuda::detail {
 
 // A cluster of blocks per list when there are at most kTopkClusterMaxLists lists and the longest
 // eligible range of a selecting list is at least cluster_min_scores (max_scores: the plan's bound
-// on it); else one block per list.
+// on it); else one block per list. keep: null, or a flag per list (reuse.cuh); flagged lists
+// keep their earlier selection and are skipped.
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                         int64_t max_scores, int64_t cluster_min_scores, const float* scores,
                         const int32_t* block_pages, int32_t* pages, int32_t* chunks,
-                        cudaStream_t stream);
+                        const int32_t* keep, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

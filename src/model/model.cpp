@@ -517,6 +517,11 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
         mix(*b ? reinterpret_cast<uint64_t>((*b)->data()) : 0);
       graph_key |= 1;
     }
+    // Selection reuse's counters, around the step (the CUDA backend downloads them, so only
+    // when reuse is on).
+    const bool count_reuse = any_cisa && selection.reuse_steps > 1 && !m.opt.attention.selector;
+    const SelectionReuseStats reuse0 =
+        count_reuse ? be.selection_reuse_stats() : SelectionReuseStats{};
     CISA_RETURN_IF_ERROR(be.begin_step(st.batch, graph_key));
     const Status step = [&]() -> Status {
       // Embeddings, scaled (Gemma multiplies by sqrt(n_embd)).
@@ -535,6 +540,11 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
     }();
     CISA_RETURN_IF_ERROR(be.end_step(step.ok()));
     CISA_RETURN_IF_ERROR(step);
+    if (count_reuse) {
+      const SelectionReuseStats reuse1 = be.selection_reuse_stats();
+      m.stats.reuse_lists_selected += reuse1.selected - reuse0.selected;
+      m.stats.reuse_lists_kept += reuse1.reused - reuse0.reused;
+    }
     if (no > 0) {
       if (greedy)
         CISA_RETURN_IF_ERROR(be.download(greedy->data() + out_written, st.argmax->data(), no * 4));

@@ -127,11 +127,9 @@ Status Model::Impl::attention(int layer) {
       CISA_RETURN_IF_ERROR(check_selector_lists(st.selector_lists, Hkv));
       CISA_RETURN_IF_ERROR(be->set_page_lists(slot, st.selector_lists));
     } else {
-      const SelectionReuseStats r0 = be->selection_reuse_stats();
+      // (Selection reuse's counters are read around the whole step, model.cpp: on the GPU they
+      // live on the device.)
       CISA_RETURN_IF_ERROR(be->select(slot, layer, iq));
-      const SelectionReuseStats r1 = be->selection_reuse_stats();
-      stats.reuse_lists_selected += r1.selected - r0.selected;
-      stats.reuse_lists_kept += r1.reused - r0.reused;
     }
   }
   // llama.cpp's Gemma graphs multiply the queries by the attention scale before attention (and

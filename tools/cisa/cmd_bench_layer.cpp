@@ -146,6 +146,78 @@ std::string fmt(double x) {
   return b;
 }
 
+// Decode with selection reuse (SelectionParams::reuse_steps = r, docs/design.md): the selection
+// of a step that selects afresh (the reuse decision, scores, top-k and the state update) and of
+// a step that keeps its lists (the decision, the other kernels exiting at once), each timed
+// alone: repeated runs at one position select afresh every time (the position does not follow
+// the last use), and runs with ReuseState::repeat keep every time. Per step over r steps, one
+// fresh and r − 1 kept: busy = setup + attention + other + (fresh + (r − 1) · kept) / r. The
+// new-chunks check scores k + 1 chunks on the 1 step in 16 where a page leaves the window; that
+// is not in `kept` (it is 1/16 of one list's k extra dot products).
+void reuse_rows(const Options& o, const Geometry& geo, const cuda::DeviceLayer& layer,
+                const cuda::DeviceBlockTables& tables, const std::vector<BatchEntry>& batch,
+                const float* index_q, const cuda::PlanOptions& popt, double fixed_ms,
+                double dense_ms, Json* results, FILE* table_out) {
+  std::vector<int32_t> slots(batch.size());
+  std::iota(slots.begin(), slots.end(), 0);
+  SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = 1};
+  sp.reuse_steps = 8;  // any r > 1 plans the same launches; r enters only the average below
+  cuda::PlanOptions ro = popt;
+  ro.reuse_slots = slots;
+  cuda::Plan plan;
+  must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan, ro), "reuse plan");
+  const auto n_slots = static_cast<size_t>(batch.size()) * static_cast<size_t>(geo.hkv);
+  int32_t* chunks = nullptr;
+  cuda::ReuseInfo* info = nullptr;
+  int64_t* stats = nullptr;
+  cudaMalloc(&chunks, n_slots * static_cast<size_t>(o.budget) * sizeof(int32_t));
+  cudaMalloc(&info, n_slots * sizeof(cuda::ReuseInfo));
+  cudaMalloc(&stats, 4 * sizeof(int64_t));
+  cuda::ReuseState st{.chunks = chunks,
+                      .info = info,
+                      .stats = stats,
+                      .num_seq_slots = static_cast<int64_t>(batch.size()),
+                      .num_layer_slots = 1,
+                      .k_stride = static_cast<int32_t>(o.budget)};
+  must(cuda::reset_reuse_state(st, geo.hkv, -1, nullptr), "reuse state");
+  must(cuda::run_select(plan, layer, index_q, nullptr, &st), "reuse select");
+  auto select = [&](const cuda::ReuseState& rs) {
+    (void)cuda::run_select_stage(plan, layer, index_q, cuda::SelectStage::kScore, nullptr, &rs);
+    (void)cuda::run_select_stage(plan, layer, index_q, cuda::SelectStage::kTopK, nullptr, &rs);
+  };
+  const double fresh = median_ms([&] { select(st); }, o);
+  cuda::ReuseState repeat = st;
+  repeat.repeat = true;
+  const double kept = median_ms([&] { select(repeat); }, o);
+  int64_t n[4] = {};
+  cudaMemcpy(n, stats, sizeof(n), cudaMemcpyDeviceToHost);
+  cudaFree(chunks);
+  cudaFree(info);
+  cudaFree(stats);
+  if (!cuda_ok(cudaGetLastError(), "reuse run")) return;
+  for (const int64_t r : {2, 4, 8}) {
+    const double busy = fixed_ms + (fresh + static_cast<double>(r - 1) * kept) / r;
+    Json j = Json::object();
+    j["geometry"] = geo.name;
+    j["seqs"] = geo.seqs;
+    j["phase"] = "decode";
+    j["method"] = "cisa-reuse";
+    j["reuse_steps"] = r;
+    j["fresh_select_ms"] = fresh;
+    j["kept_select_ms"] = kept;
+    j["busy_ms"] = busy;
+    j["speedup_vs_own_dense"] = dense_ms / busy;
+    j["lists_selected"] = n[0];
+    j["lists_kept"] = n[1];
+    results->push_back(j);
+    std::fprintf(table_out,
+                 "%-5s decode  cisa r=%-3lld select fresh %7s ms  kept %7s  busy/step %8s  "
+                 "%5.2fx own dense\n",
+                 geo.name.c_str(), static_cast<long long>(r), fmt(fresh).c_str(), fmt(kept).c_str(),
+                 fmt(busy).c_str(), dense_ms / busy);
+  }
+}
+
 }  // namespace
 
 int bench_layer(int argc, char** argv) {
@@ -430,6 +502,9 @@ int bench_layer(int argc, char** argv) {
             fmt(busy).c_str(), read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12,
             (d_setup + d_attn) / busy, adjacent_overlap(lists, o.budget),
             fmt(attn_no_unions).c_str());
+        if (!prefill)
+          reuse_rows(o, geo, layer, tables, batch, buf.index_q, popt, setup + attn + other,
+                     d_setup + d_attn, &results, table_out);
       }
     }
   }

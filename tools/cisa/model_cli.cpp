@@ -147,10 +147,6 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (o.reuse_steps < 1 || o.reuse_steps > kMaxReuseSteps)
     return invalid_argument("--reuse-steps must be in [1, " + std::to_string(kMaxReuseSteps) +
                             "] (got " + std::to_string(o.reuse_steps) + ")");
-  if (cuda && o.reuse_steps > 1)
-    return invalid_argument(
-        "--reuse-steps > 1 (selection reuse) is implemented on the CPU backend only: use "
-        "--backend cpu or --reuse-steps 1");
   if (o.dense_layers < 0 || o.dense_layers > 100000)
     return invalid_argument("--dense-layers must be >= 0");
   m.attention.dense_layers = static_cast<int>(o.dense_layers);

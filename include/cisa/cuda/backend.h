@@ -36,6 +36,7 @@
 #include "cisa/core/status.h"
 #include "cisa/cpu/kv_cache.h"
 #include "cisa/cpu/selection.h"
+#include "cisa/cuda/reuse_state.h"
 
 namespace cisa::cuda {
 
@@ -77,10 +78,11 @@ class Plan {
   Impl* impl() const { return impl_.get(); }
   // The query groups of the plan (host copy), as PageLists::groups would hold them.
   const std::vector<QueryGroup>& groups() const;
-  int64_t total_pages() const;     // entries of all page lists
-  int64_t selected_lists() const;  // lists that run scoring and top-k
-  int64_t num_rows() const;        // packed query rows of the batch
-  int64_t num_unions() const;      // KV-outer unions of small lists (PlanOptions::group_unions)
+  int64_t total_pages() const;       // entries of all page lists
+  int64_t selected_lists() const;    // lists that run scoring and top-k
+  int64_t num_rows() const;          // packed query rows of the batch
+  int64_t num_unions() const;        // KV-outer unions of small lists (PlanOptions::group_unions)
+  int64_t reuse_candidates() const;  // decode lists that may keep an earlier selection
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -121,6 +123,11 @@ struct PlanOptions {
   // cannot run a plan's lists that way). Plans with other lists (prefill groups, Quest
   // representatives) take the two kernels whatever this says.
   int fused_select_cluster = 0;
+  // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
+  // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
+  // keeps no state and always selects. Needed by plan_sparse when reuse_steps > 1 (the plan
+  // copies it); ignored otherwise.
+  std::span<const int32_t> reuse_slots;
   // Where the plan's launch metadata goes to the device: a cudaStream_t, on which one copy from
   // page-locked staging is enqueued (no host synchronisation; the staging is reused once that
   // copy is done). nullptr: a synchronous copy (the legacy default stream).
@@ -155,10 +162,25 @@ enum class SelectStage {
            // union lists of grouped small lists (PlanOptions::group_unions)
 };
 
+// Selection reuse state in device memory, owned by the caller (the CUDA model backend keeps one
+// for its cache): per (sequence slot, layer slot, KV group) the chunks S of the last fresh
+// selection of a decode row and ReuseInfo. Slot index = (seq_slot · num_layer_slots +
+// layer_slot) · num_kv_heads + kv. A plan whose decode rows may keep a selection (reuse_steps >
+// 1 and PlanOptions::reuse_slots) needs one at run_select; the rule is the core's (plan.h):
+// a decode row keeps S iff reuse_allowed, same_selection_sets and the check pass, decided on the
+// device inside the step (a captured step graph replays the decision, not its outcome).
+// (ReuseInfo and ReuseState: cisa/cuda/reuse_state.h.)
+// Forgets the state of one sequence slot (all layers and KV groups), or of all (seq_slot < 0),
+// enqueued on `stream`: its rows select afresh. Also zeroes the counters when seq_slot < 0.
+Status reset_reuse_state(const ReuseState& state, int num_kv_heads, int64_t seq_slot, void* stream);
+
 // index_q: device f32 [rows][num_kv_heads][head_dim] (ignored, may be null, for a dense plan).
-Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index_q, void* stream);
+// reuse: the reuse state (see ReuseState), needed when the plan has decode rows that may keep
+// a selection; ignored otherwise.
+Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index_q, void* stream,
+                  const ReuseState* reuse = nullptr);
 Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float* index_q,
-                        SelectStage stage, void* stream);
+                        SelectStage stage, void* stream, const ReuseState* reuse = nullptr);
 
 // q:   device bf16 [rows][num_q_heads][head_dim]
 // out: device f32  [rows][num_q_heads][head_dim]

@@ -97,6 +97,7 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
   // The old cache (if any) goes first: its memory counts as free for the new one.
   CISA_RETURN_IF_ERROR(synchronize());
   for (Slot& s : slots_) s.planned = false;
+  CISA_RETURN_IF_ERROR(reset_reuse(-1));  // selections of the old cache's sequences
   pools_.clear();
   has_cache_ = false;
   mirrored_ = false;
@@ -149,7 +150,8 @@ Result<SeqId> CudaBackend::add_sequence() {
 
 Status CudaBackend::release_sequence(SeqId seq) {
   CISA_RETURN_IF_ERROR(require_cache("release_sequence"));
-  return table_.release_sequence(seq);
+  CISA_RETURN_IF_ERROR(table_.release_sequence(seq));
+  return reset_reuse(seq);  // its SeqId may be handed out again
 }
 
 Status CudaBackend::reserve(SeqId seq, int64_t n) {

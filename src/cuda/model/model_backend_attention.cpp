@@ -10,9 +10,11 @@
 // The attention work of a plan is cut for a query-head count, which Backend::plan does not
 // receive: the backend learns it from the first attend() and cuts every later plan for it. Until
 // then a plan is cut for one query head per KV head; the first attend() with another count
-// re-plans the slot (and re-selects from a copy of the index queries select() kept).
+// re-plans the slot (and re-selects from a copy of the index queries select() kept; decode rows
+// under selection reuse repeat what the first selection chose or kept).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -51,7 +53,7 @@ Status CudaBackend::build_plan(Slot& s, int q_heads) {
   if (step_mode_ == StepMode::kCapture || step_mode_ == StepMode::kReplay)
     return internal_error("cuda: a slot would be planned again inside a recorded step");
   // The launch metadata goes up on the stream from page-locked staging: no host wait.
-  const PlanOptions plan_options{.upload_stream = stream_};
+  const PlanOptions plan_options{.reuse_slots = s.reuse_slots, .upload_stream = stream_};
   if (s.spec.kind == PlanKind::kDense) {
     CISA_RETURN_IF_ERROR(plan_dense(device_layer(0), device_tables(), s.mapped, q_heads,
                                     s.spec.sliding_window, &s.plan, plan_options));
@@ -90,12 +92,6 @@ Status CudaBackend::plan(PlanSlot slot, std::span<const BatchEntry> batch, const
   if (batch.empty()) return invalid_argument("cuda plan: empty batch");
   if (spec.sliding_window < 0) return invalid_argument("cuda plan: sliding_window must be >= 0");
   if (spec.kind == PlanKind::kCisa) CISA_RETURN_IF_ERROR(validate_selection_params(spec.selection));
-  // Selection reuse across decode steps has a CPU reference only (docs/design.md): the device
-  // would keep each sequence's selection per layer and decide reuse inside the step graph.
-  if (spec.kind == PlanKind::kCisa && spec.selection.reuse_steps > 1)
-    return unimplemented(
-        "cuda plan: selection reuse (reuse_steps = " + std::to_string(spec.selection.reuse_steps) +
-        " > 1) is implemented on the CPU backend only; use reuse_steps = 1");
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& b = batch[e];
     const std::string where = "cuda plan: batch entry " + std::to_string(e) + ": ";
@@ -110,6 +106,17 @@ Status CudaBackend::plan(PlanSlot slot, std::span<const BatchEntry> batch, const
                           " tokens reserved");
   }
   CISA_RETURN_IF_ERROR(sync_block_tables());
+  // Selection reuse (docs/design.md): decode rows keep their sequence's selection per layer in
+  // the device state, slot = SeqId.
+  s->reuse_slots.clear();
+  if (spec.kind == PlanKind::kCisa && spec.selection.reuse_steps > 1) {
+    SeqId top = 0;
+    for (const BatchEntry& b : batch) {
+      top = std::max(top, b.seq);
+      s->reuse_slots.push_back(static_cast<int32_t>(b.seq));
+    }
+    CISA_RETURN_IF_ERROR(ensure_reuse_state(int64_t{top} + 1, spec.selection.budget));
+  }
   s->spec = spec;
   s->batch.assign(batch.begin(), batch.end());
   s->mapped = s->batch;
@@ -159,11 +166,16 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   if (selects && !index_q) return invalid_argument("cuda select: null index query pointer");
   // Scores and top-k only: plan() wrote the fixed parts of every list (SelectStage::kSetup),
   // which no layer's selection overwrites.
-  if (!graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q)})) {
+  // Decode rows that may keep their selection decide on the device (reuse.cuh).
+  const bool reusing = s->plan.reuse_candidates() > 0;
+  const ReuseState reuse = reuse_state_for(layer, /*repeat=*/false);
+  const ReuseState* rs = reusing ? &reuse : nullptr;
+  if (!graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
+                       arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot})})) {
     CISA_RETURN_IF_ERROR(
-        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kScore, stream_));
+        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kScore, stream_, rs));
     CISA_RETURN_IF_ERROR(
-        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kTopK, stream_));
+        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kTopK, stream_, rs));
   }
   if (selects && !s->q_heads_known) {
     // Kept for the re-plan of the first attend (see the top of this file).
@@ -220,9 +232,13 @@ Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_h
                                  std::to_string(s->q_heads) + " to " + std::to_string(num_q_heads) +
                                  " after select(); plan the slot again");
     CISA_RETURN_IF_ERROR(build_plan(*s, num_q_heads));
+    // The selection again, for the new plan's lists: decode rows under reuse take what this step
+    // already chose or kept (ReuseState::repeat), without touching the state a second time.
+    const ReuseState repeat = reuse_state_for(s->selected_layer, /*repeat=*/true);
     if (cisa && s->plan.selected_lists() > 0)
       CISA_RETURN_IF_ERROR(run_select(s->plan, device_layer(s->selected_layer),
-                                      s->saved_index_q.as<float>(), stream_));
+                                      s->saved_index_q.as<float>(), stream_,
+                                      s->plan.reuse_candidates() > 0 ? &repeat : nullptr));
   }
   s->q_heads_known = true;
   known_q_heads_ = num_q_heads;

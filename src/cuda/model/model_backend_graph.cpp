@@ -136,7 +136,9 @@ Status CudaBackend::begin_step(std::span<const BatchEntry> batch, uint64_t graph
   for (const uint64_t v :
        {arg(d_tables_.get()), arg(d_step_.get()), arg(step_pages_offset_),
         static_cast<uint64_t>(step_full_pages_.size()), static_cast<uint64_t>(step_slots_.size()),
-        arg(scratch_bf16_.get()), static_cast<uint64_t>(known_q_heads_)})
+        arg(scratch_bf16_.get()), static_cast<uint64_t>(known_q_heads_), arg(reuse_.info),
+        arg(reuse_.chunks), static_cast<uint64_t>(reuse_.k_stride),
+        static_cast<uint64_t>(reuse_.num_seq_slots)})
     key = mix(key, v);
   step_key_ = key;
   step_hash_ = 0xcbf29ce484222325ull;

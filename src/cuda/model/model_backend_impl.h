@@ -148,6 +148,11 @@ class CudaBackend final : public Backend {
                 float* out) override;
   Status download_page_lists(PlanSlot slot, PageLists* out);
 
+  // ---- selection reuse (model_backend_reuse.cpp) ----
+  // Counters of the device state (a synchronous download; inside a step bracket the last
+  // downloaded values, since a step being recorded cannot wait for the device).
+  SelectionReuseStats selection_reuse_stats() const override;
+
   // ---- steps (model_backend_graph.cpp) ----
   Status begin_step(std::span<const BatchEntry> batch, uint64_t graph_key) override;
   Status end_step(bool run) override;
@@ -235,6 +240,16 @@ class CudaBackend final : public Backend {
   Status sync_block_tables();
   DeviceBlockTables device_tables() const { return {d_tables_.as<int32_t>(), h_offsets_}; }
 
+  // ---- selection reuse helpers (model_backend_reuse.cpp) ----
+  // Grows the state to hold SeqIds below `seqs` and selections of `budget` chunks; a growth
+  // moves it and drops every selection (rows then select afresh; the counters stay).
+  Status ensure_reuse_state(int64_t seqs, int64_t budget);
+  // The state as run_select takes it for `layer` (its slot among the layers with
+  // representatives); repeat: ReuseState::repeat.
+  ReuseState reuse_state_for(int layer, bool repeat) const;
+  // Forgets one sequence's selections (seq >= 0) or every state and counter (seq < 0).
+  Status reset_reuse(SeqId seq);
+
   // ---- attention helpers (model_backend_attention.cpp) ----
   struct Slot {
     bool planned = false;
@@ -250,6 +265,7 @@ class CudaBackend final : public Backend {
     int selected_layer = -1;
     DeviceMemory saved_index_q;  // f32 [rows][num_kv_heads][head_dim], while q_heads is a guess
     bool saved_valid = false;    // saved_index_q holds selected_layer's index queries
+    std::vector<int32_t> reuse_slots;  // per batch entry: its SeqId (selection reuse), else empty
   };
   Slot* find_slot(PlanSlot slot);
   const Slot* find_slot(PlanSlot slot) const;
@@ -328,6 +344,13 @@ class CudaBackend final : public Backend {
   const uint16_t* conv_xb_ = nullptr;
   int64_t conv_n_ = 0;
   uint64_t conv_op_ = 0;
+
+  // Selection reuse across decode steps (cuda/backend.h ReuseState): S per (SeqId, layer with
+  // representatives, KV group), with the counters; allocated at the first plan with r > 1.
+  DeviceMemory reuse_chunks_, reuse_info_, reuse_counters_;
+  ReuseState reuse_{};
+  std::vector<int32_t> reuse_layer_slot_;  // layer → its slot, −1 without representatives
+  mutable SelectionReuseStats reuse_stats_seen_;
 
   std::array<Slot, 3> slots_;
   int known_q_heads_ = 0;  // learned from the first attend; plans are cut for it afterwards

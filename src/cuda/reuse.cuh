@@ -1,0 +1,43 @@
+// Selection reuse across decode steps on the device (the rule: core/plan.h and docs/design.md;
+// the state: cuda/backend.h ReuseState). Two kernels around scoring and top-k of one layer:
+//
+//   index queries → reuse_decide → scores (kept lists skipped) → top-k (kept lists skipped)
+//                 → reuse_commit → unions
+//
+// reuse_decide, one block per selecting list, writes keep[list] for every selecting list (0 for
+// lists that are not reuse candidates). A candidate keeps S iff the parameters S was chosen under
+// equal the plan's, its row directly follows S's last use, S is younger than r steps and the
+// new-chunks check passes: the chunks N that became eligible since S was chosen are scored with
+// S under the row's index query, exactly as the decode score kernel scores them (same lanes,
+// same order of operations, so a score here equals the score kernel's bit for bit), and the
+// check fails iff some chunk of N outranks the lowest-ranked chunk of S. A kept list gets S's
+// pages written into its selected part here, and its last use moved to the row.
+// reuse_commit, after top-k, stores the fresh selection of every candidate that did not keep S.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cisa/cuda/reuse_state.h"
+#include "plan_types.h"
+
+namespace cisa::cuda::detail {
+
+// The plan's side of a reuse launch.
+struct ReuseParams {
+  int64_t budget, window, sink_pages, reuse_steps;
+  int32_t check_new_chunks;  // ReuseCheck::kNewChunks
+};
+
+cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                                const int32_t* block_pages, const uint16_t* reps, bool quest,
+                                const float* qbar, int num_kv_heads, int head_dim,
+                                const ReuseParams& rp, const ReuseState& st, int32_t* keep,
+                                int32_t* pages, int32_t* chunks, cudaStream_t stream);
+
+cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                                int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
+                                const int32_t* keep, const int32_t* chunks, cudaStream_t stream);
+
+}  // namespace cisa::cuda::detail
