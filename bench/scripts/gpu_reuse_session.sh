@@ -2,7 +2,7 @@
 # One device call for selection reuse on the GPU (docs/design.md "Selection reuse"), with binaries
 # built on the CPU machine and carried in .devbin/ (see gpu_prebuilt_session.sh for the packing):
 # the GPU tests, the whole-model decode rows of `cisa bench model` at r = 1, 2, 4 (2 x 1M and
-# 16 x 128K, Qwen2.5-7B shape), and `cisa bench layer --phase decode` (fresh and kept selection
+# 16 x 128K, Qwen2.5-7B shape, TOKENS decode steps, default 128), and `cisa bench layer --phase decode` (fresh and kept selection
 # times, per-step averages at r = 2, 4, 8) with its PyTorch anchors of the same call.
 #   tar -C build/ci -cJf .devbin/bins.tar.xz cisa tests/cuda_selection_reuse_test ...
 #   OUT=... CISA_COMMIT=<label> bash bench/scripts/gpu_reuse_session.sh
@@ -36,15 +36,15 @@ PY
 ROWS=${ROWS:-"b2_l1m_r1 2 1048576 4096 1 new-chunks
 b2_l1m_r2 2 1048576 4096 2 new-chunks
 b2_l1m_r4 2 1048576 4096 4 new-chunks
-b2_l1m_r2none 2 1048576 4096 2 none
 b16_l128k_r1 16 131072 1024 1 new-chunks
 b16_l128k_r2 16 131072 1024 2 new-chunks
+b16_l128k_r4 16 131072 1024 4 new-chunks
 b2_l1m_r1b 2 1048576 4096 1 new-chunks
-b2_l1m_r2b 2 1048576 4096 2 new-chunks"}
+b2_l1m_r4b 2 1048576 4096 4 new-chunks"}
 while read -r name batch ctx k r check; do
   [ -n "$name" ] || continue
   timeout 200 "$B/cisa" bench model --synthetic qwen2.5-7b --backend cuda --attention cisa \
-    --batch "$batch" --context "$ctx" --fill random --budget "$k" --window 128 --tokens 32 \
+    --batch "$batch" --context "$ctx" --fill random --budget "$k" --window 128 --tokens "${TOKENS:-128}" \
     --reuse-steps "$r" --reuse-check "$check" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.log"
   log "bench $name rc=$?"
   summary "$OUT/bench_$name.json"
@@ -62,3 +62,6 @@ if [ -z "${NO_LAYER:-}" ]; then
   tail -30 "$OUT/anchors.log" | tee -a "$OUT/session.log"
 fi
 log done
+# Everything but the session log in one file (the device returns a limited number of files).
+(cd "$OUT" && tar czf results.tgz --exclude results.tgz --exclude session.log ./*) && \
+  find "$OUT" -mindepth 1 ! -name results.tgz ! -name session.log -delete

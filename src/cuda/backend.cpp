@@ -546,18 +546,20 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
       if (!index_q)
         return invalid_argument("cuda: null index query pointer for a plan that selects");
       if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
-      CISA_RETURN_IF_ERROR(cuda_status(
-          detail::launch_index_queries(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                       index_q, P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
-                                       P.d_qsplit.as<uint16_t>(), s),
-          "cuda: index queries"));
-      if (reuse)  // which decode lists keep their selection; their pages written now
+      if (reuse)  // index queries, and which decode lists keep their selection (pages written)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_reuse_decide(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                        P.block_pages, layer.reps, P.quest, P.d_qbar.as<float>(),
+                                        P.block_pages, layer.reps, P.quest, index_q,
+                                        P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
                                         P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, keep,
                                         P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
             "cuda: selection reuse decision"));
+      else
+        CISA_RETURN_IF_ERROR(cuda_status(
+            detail::launch_index_queries(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                         index_q, P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
+                                         P.d_qsplit.as<uint16_t>(), s),
+            "cuda: index queries"));
       if (P.fused_cluster > 0)  // scores and the selected part of every list (kTopK: unions only)
         return cuda_status(
             detail::launch_select_fused(P.d_streams, static_cast<int64_t>(P.streams.size()),

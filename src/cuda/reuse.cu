@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "index_query.cuh"
 #include "pdl.cuh"
 #include "reuse.cuh"
 #include "topk_radix.cuh"
@@ -25,10 +26,11 @@ __device__ __forceinline__ int64_t state_slot(const ListDesc& L, const ReuseStat
 // added), then the lanes' partial sums by xor shuffles, times 1/√d: score_few_kernel's
 // arithmetic. Returns, in shared memory, the lowest order key of S and the highest of N.
 template <int D, bool kQuest>
-__device__ __forceinline__ void check_keys(int kv, const int32_t* __restrict__ S, int32_t k,
-                           int32_t nb, int32_t total, const int32_t* __restrict__ table,
-                           const uint16_t* __restrict__ reps, const float* __restrict__ qbar,
-                           int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new) {
+__device__ __forceinline__ void check_keys(
+    int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t total,
+    const int32_t* __restrict__ table, const uint16_t* __restrict__ reps,
+    const float* qbar,  // written by this block: no non-coherent loads
+    int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new) {
   constexpr int LPC = D / 8, CPL = 32 / LPC, WARPS = kDecideThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int rw = kQuest ? 2 * D : D;
@@ -41,8 +43,7 @@ __device__ __forceinline__ void check_keys(int kv, const int32_t* __restrict__ S
     uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
     if (c < total) {
       const int32_t chunk = c < k ? S[c] : nb + (c - k);
-      const uint16_t* r =
-          reps + (static_cast<int64_t>(table[chunk]) * H + kv) * rw + sub * 8;
+      const uint16_t* r = reps + (static_cast<int64_t>(table[chunk]) * H + kv) * rw + sub * 8;
       lo = *reinterpret_cast<const uint4*>(r);
       if constexpr (kQuest) hi = *reinterpret_cast<const uint4*>(r + D);
     }
@@ -87,7 +88,8 @@ template <int D, bool kQuest>
 __global__ void __launch_bounds__(kDecideThreads)
     reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                         const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                        const float* __restrict__ qbar, int H, float inv_sqrt_d, ReuseParams rp,
+                        const float* __restrict__ index_q, float* __restrict__ qbar,
+                        uint16_t* __restrict__ qsplit, int H, float inv_sqrt_d, ReuseParams rp,
                         ReuseState st, int32_t* __restrict__ keep, int32_t* __restrict__ pages,
                         int32_t* __restrict__ chunks) {
   dev::dependent_start();
@@ -95,6 +97,9 @@ __global__ void __launch_bounds__(kDecideThreads)
   __shared__ uint32_t lowest_kept, highest_new;
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
+  // The list's index query (the index-query kernel's work, in this launch instead): scoring
+  // reads it for lists that select, the check below for kept ones.
+  write_index_query(L, li, index_q, H, D, qbar, qsplit);
   if (L.reuse_seq < 0) {
     if (threadIdx.x == 0) keep[li] = 0;
     return;
@@ -107,7 +112,7 @@ __global__ void __launch_bounds__(kDecideThreads)
     lowest_kept = 0xffffffffu;
     highest_new = 0u;
   }
-  __syncthreads();
+  __syncthreads();  // also makes this block's q̄ visible to all its threads
   const int64_t a = L.first_pos;
   const int32_t k = L.k;
   bool ok = I.selected_at >= 0 && same_sets(I, rp) && k <= st.k_stride;
@@ -170,36 +175,39 @@ __global__ void reuse_commit_kernel(const ListDesc* __restrict__ lists,
 template <int D>
 cudaError_t decide_d(const ListDesc* lists, const int32_t* sel, int64_t num_sel,
                      const int32_t* block_pages, const uint16_t* reps, bool quest,
-                     const float* qbar, int H, const ReuseParams& rp, const ReuseState& st,
-                     int32_t* keep, int32_t* pages, int32_t* chunks, cudaStream_t stream) {
+                     const float* index_q, float* qbar, uint16_t* qsplit, int H,
+                     const ReuseParams& rp, const ReuseState& st, int32_t* keep, int32_t* pages,
+                     int32_t* chunks, cudaStream_t stream) {
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   const auto grid = static_cast<unsigned>(num_sel);
   if (quest)
     return launch_dependent(reuse_decide_kernel<D, true>, grid, kDecideThreads, 0, stream, lists,
-                            sel, block_pages, reps, qbar, H, inv_sqrt_d, rp, st, keep, pages,
-                            chunks);
+                            sel, block_pages, reps, index_q, qbar, qsplit, H, inv_sqrt_d, rp, st,
+                            keep, pages, chunks);
   return launch_dependent(reuse_decide_kernel<D, false>, grid, kDecideThreads, 0, stream, lists,
-                          sel, block_pages, reps, qbar, H, inv_sqrt_d, rp, st, keep, pages, chunks);
+                          sel, block_pages, reps, index_q, qbar, qsplit, H, inv_sqrt_d, rp, st,
+                          keep, pages, chunks);
 }
 
 }  // namespace
 
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 const int32_t* block_pages, const uint16_t* reps, bool quest,
-                                const float* qbar, int num_kv_heads, int head_dim,
-                                const ReuseParams& rp, const ReuseState& st, int32_t* keep,
-                                int32_t* pages, int32_t* chunks, cudaStream_t stream) {
+                                const float* index_q, float* qbar, uint16_t* qsplit,
+                                int num_kv_heads, int head_dim, const ReuseParams& rp,
+                                const ReuseState& st, int32_t* keep, int32_t* pages,
+                                int32_t* chunks, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   switch (head_dim) {
     case 64:
-      return decide_d<64>(lists, sel_lists, num_sel, block_pages, reps, quest, qbar, num_kv_heads,
-                          rp, st, keep, pages, chunks, stream);
+      return decide_d<64>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,
+                          qsplit, num_kv_heads, rp, st, keep, pages, chunks, stream);
     case 128:
-      return decide_d<128>(lists, sel_lists, num_sel, block_pages, reps, quest, qbar, num_kv_heads,
-                           rp, st, keep, pages, chunks, stream);
+      return decide_d<128>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,
+                           qsplit, num_kv_heads, rp, st, keep, pages, chunks, stream);
     case 256:
-      return decide_d<256>(lists, sel_lists, num_sel, block_pages, reps, quest, qbar, num_kv_heads,
-                           rp, st, keep, pages, chunks, stream);
+      return decide_d<256>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,
+                           qsplit, num_kv_heads, rp, st, keep, pages, chunks, stream);
     default:
       return cudaErrorInvalidValue;
   }

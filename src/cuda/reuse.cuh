@@ -1,8 +1,8 @@
 // Selection reuse across decode steps on the device (the rule: core/plan.h and docs/design.md;
 // the state: cuda/backend.h ReuseState). Two kernels around scoring and top-k of one layer:
 //
-//   index queries → reuse_decide → scores (kept lists skipped) → top-k (kept lists skipped)
-//                 → reuse_commit → unions
+//   reuse_decide (with the index queries) → scores (kept lists skipped) → top-k (kept lists
+//   skipped) → reuse_commit → unions
 //
 // reuse_decide, one block per selecting list, writes keep[list] for every selecting list (0 for
 // lists that are not reuse candidates). A candidate keeps S iff the parameters S was chosen under
@@ -30,11 +30,14 @@ struct ReuseParams {
   int32_t check_new_chunks;  // ReuseCheck::kNewChunks
 };
 
+// Also writes every selecting list's index query (qbar, qsplit: launch_index_queries' outputs),
+// so with reuse the index-query launch is left out.
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 const int32_t* block_pages, const uint16_t* reps, bool quest,
-                                const float* qbar, int num_kv_heads, int head_dim,
-                                const ReuseParams& rp, const ReuseState& st, int32_t* keep,
-                                int32_t* pages, int32_t* chunks, cudaStream_t stream);
+                                const float* index_q, float* qbar, uint16_t* qsplit,
+                                int num_kv_heads, int head_dim, const ReuseParams& rp,
+                                const ReuseState& st, int32_t* keep, int32_t* pages,
+                                int32_t* chunks, cudaStream_t stream);
 
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,

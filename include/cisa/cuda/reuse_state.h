@@ -8,8 +8,8 @@
 namespace cisa::cuda {
 
 struct ReuseInfo {
-  int64_t selected_at;  // position a0 of the row whose top-k chose S; −1: no state
-  int64_t last_used;    // position of the last decode row whose list held S
+  int64_t selected_at;                 // position a0 of the row whose top-k chose S; −1: no state
+  int64_t last_used;                   // position of the last decode row whose list held S
   int64_t budget, window, sink_pages;  // the parameters S was chosen under
 };
 struct ReuseState {

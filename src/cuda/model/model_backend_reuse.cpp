@@ -21,11 +21,11 @@ Status CudaBackend::ensure_reuse_state(int64_t seqs, int64_t budget) {
     reuse_.num_layer_slots = n;
   }
   if (!reuse_counters_.get()) {
-    CISA_RETURN_IF_ERROR(reuse_counters_.reserve(4 * sizeof(int64_t), "selection reuse counters",
-                                                 stream_));
-    CISA_RETURN_IF_ERROR(check_cuda(
-        cudaMemsetAsync(reuse_counters_.get(), 0, 4 * sizeof(int64_t), stream_),
-        "selection reuse counters"));
+    CISA_RETURN_IF_ERROR(
+        reuse_counters_.reserve(4 * sizeof(int64_t), "selection reuse counters", stream_));
+    CISA_RETURN_IF_ERROR(
+        check_cuda(cudaMemsetAsync(reuse_counters_.get(), 0, 4 * sizeof(int64_t), stream_),
+                   "selection reuse counters"));
     reuse_.stats = reuse_counters_.as<int64_t>();
   }
   if (seqs <= reuse_.num_seq_slots && budget <= reuse_.k_stride) return Status::Ok();
@@ -36,8 +36,8 @@ Status CudaBackend::ensure_reuse_state(int64_t seqs, int64_t budget) {
     return invalid_argument("cuda selection reuse: budget " + std::to_string(k) + " too large");
   const int64_t slots = n_seq * reuse_.num_layer_slots * config_.num_kv_heads;
   DeviceMemory info, chunks;
-  CISA_ASSIGN_OR_RETURN(info, DeviceMemory::allocate(slots * int64_t{sizeof(ReuseInfo)},
-                                                     "selection reuse state"));
+  CISA_ASSIGN_OR_RETURN(
+      info, DeviceMemory::allocate(slots * int64_t{sizeof(ReuseInfo)}, "selection reuse state"));
   CISA_ASSIGN_OR_RETURN(chunks, DeviceMemory::allocate(slots * k * int64_t{sizeof(int32_t)},
                                                        "selection reuse chunks"));
   CISA_RETURN_IF_ERROR(synchronize());  // nothing queued still reads the old state
@@ -48,9 +48,9 @@ Status CudaBackend::ensure_reuse_state(int64_t seqs, int64_t budget) {
   reuse_.num_seq_slots = n_seq;
   reuse_.k_stride = static_cast<int32_t>(k);
   // Every selection dropped: selected_at = −1.
-  return check_cuda(cudaMemsetAsync(reuse_.info, 0xff,
-                                    static_cast<size_t>(slots) * sizeof(ReuseInfo), stream_),
-                    "selection reuse state");
+  return check_cuda(
+      cudaMemsetAsync(reuse_.info, 0xff, static_cast<size_t>(slots) * sizeof(ReuseInfo), stream_),
+      "selection reuse state");
 }
 
 ReuseState CudaBackend::reuse_state_for(int layer, bool repeat) const {
