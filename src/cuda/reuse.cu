@@ -22,9 +22,9 @@ __device__ __forceinline__ int64_t state_slot(const ListDesc& L, const ReuseStat
 }
 
 // Scores of the check: chunk c of [0, total) is S[c] for c < k, else nb + (c − k). D/8 lanes
-// per chunk, 8 channels per lane summed in order with fmaf (quest: max of the two products,
-// added), then the lanes' partial sums by xor shuffles, times 1/√d: score_few_kernel's
-// arithmetic. Returns, in shared memory, the lowest order key of S and the highest of N.
+// per chunk, 8 channels per lane (dev::lane_score), then the lanes' partial sums by xor shuffles,
+// times 1/√d: score_few_kernel's arithmetic. Returns, in shared memory, the lowest order key of S
+// and the highest of N.
 template <int D, bool kQuest>
 __device__ __forceinline__ void check_keys(
     int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t total,
@@ -47,31 +47,10 @@ __device__ __forceinline__ void check_keys(
       lo = *reinterpret_cast<const uint4*>(r);
       if constexpr (kQuest) hi = *reinterpret_cast<const uint4*>(r + D);
     }
-    const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
-    float rl[8], rh[kQuest ? 8 : 1];
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      rl[2 * h] = __uint_as_float(wl[h] << 16);
-      rl[2 * h + 1] = __uint_as_float(wl[h] & 0xffff0000u);
-    }
-    if constexpr (kQuest) {
-      const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        rh[2 * h] = __uint_as_float(wh[h] << 16);
-        rh[2 * h + 1] = __uint_as_float(wh[h] & 0xffff0000u);
-      }
-    }
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if constexpr (kQuest) {
-        const float x = q[i] * rl[i], y = q[i] * rh[i];
-        acc += x > y ? x : y;
-      } else {
-        acc = fmaf(q[i], rl[i], acc);
-      }
-    }
+    float rl[8], rh[8];
+    dev::unpack_bf16x8(lo, rl);
+    if constexpr (kQuest) dev::unpack_bf16x8(hi, rh);
+    float acc = dev::lane_score<kQuest>(q, rl, rh);
 #pragma unroll
     for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (sub == 0 && c < total) {

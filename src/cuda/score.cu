@@ -201,34 +201,13 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = r0 + (warp * U + u) * CPL + grp;
-      const uint32_t wl[4] = {lo[u].x, lo[u].y, lo[u].z, lo[u].w};
-      float rl[8], rh[kQuest ? 8 : 1];
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        rl[2 * h] = __uint_as_float(wl[h] << 16);
-        rl[2 * h + 1] = __uint_as_float(wl[h] & 0xffff0000u);
-      }
-      if constexpr (kQuest) {
-        const uint32_t wh[4] = {hi[u].x, hi[u].y, hi[u].z, hi[u].w};
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          rh[2 * h] = __uint_as_float(wh[h] << 16);
-          rh[2 * h + 1] = __uint_as_float(wh[h] & 0xffff0000u);
-        }
-      }
+      float rl[8], rh[8];
+      dev::unpack_bf16x8(lo[u], rl);
+      if constexpr (kQuest) dev::unpack_bf16x8(hi[u], rh);
 #pragma unroll
       for (int l = 0; l < NL; ++l) {
         if (l >= nl) break;
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          if constexpr (kQuest) {
-            const float a = q[l][i] * rl[i], b = q[l][i] * rh[i];
-            acc += a > b ? a : b;
-          } else {
-            acc = fmaf(q[l][i], rl[i], acc);
-          }
-        }
+        float acc = dev::lane_score<kQuest>(q[l], rl, rh);
 #pragma unroll
         for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && c < nc && c0 + c < end[l]) scores[out[l] + c0 + c] = acc * inv_sqrt_d;
