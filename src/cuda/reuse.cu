@@ -63,6 +63,38 @@ __device__ __forceinline__ void check_keys(
   }
 }
 
+// dst[i] = src[i] (and dst_pages[i] = table[src[i]] when table is given) for i < n, by the whole
+// block: kCopyUnroll independent loads per thread before any is used, so a selection of k = 4,096
+// chunks takes two rounds of memory latency per block instead of one per 256 entries (a decode
+// step runs one block per list: 8 blocks at 2 x 1M, each copying its whole S).
+constexpr int kCopyUnroll = 8;
+__device__ __forceinline__ void copy_chunks(const int32_t* src, int32_t n,
+                                            const int32_t* __restrict__ table, int32_t* dst,
+                                            int32_t* dst_pages) {
+  for (int32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * kCopyUnroll) {
+    int32_t c[kCopyUnroll], p[kCopyUnroll] = {};
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int32_t i = i0 + u * static_cast<int32_t>(blockDim.x);
+      c[u] = i < n ? src[i] : 0;
+    }
+    if (table) {
+#pragma unroll
+      for (int u = 0; u < kCopyUnroll; ++u) {
+        const int32_t i = i0 + u * static_cast<int32_t>(blockDim.x);
+        p[u] = i < n ? table[c[u]] : 0;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int32_t i = i0 + u * static_cast<int32_t>(blockDim.x);
+      if (i >= n) break;
+      dst[i] = c[u];
+      if (table) dst_pages[i] = p[u];
+    }
+  }
+}
+
 template <int D, bool kQuest>
 __global__ void __launch_bounds__(kDecideThreads)
     reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
@@ -127,11 +159,7 @@ __global__ void __launch_bounds__(kDecideThreads)
   // S as chosen at a0, into the selected part of this row's list (sinks, window and tail are
   // this row's own, written at plan time).
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    const int32_t c = S[i];
-    chunks[out0 + i] = c;
-    pages[out0 + i] = table[c];
-  }
+  copy_chunks(S, k, table, chunks + out0, pages + out0);
 }
 
 // A candidate that selected afresh: S ← the selected part of its list, a0 = last use = its row.
@@ -146,7 +174,7 @@ __global__ void reuse_commit_kernel(const ListDesc* __restrict__ lists,
   const int64_t slot = state_slot(L, st, H);
   int32_t* S = st.chunks + slot * st.k_stride;
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  for (int i = threadIdx.x; i < L.k; i += blockDim.x) S[i] = chunks[out0 + i];
+  copy_chunks(chunks + out0, L.k, nullptr, S, nullptr);
   if (threadIdx.x == 0)
     st.info[slot] = ReuseInfo{L.first_pos, L.first_pos, rp.budget, rp.window, rp.sink_pages};
 }
@@ -196,7 +224,7 @@ cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
                                 const int32_t* keep, const int32_t* chunks, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  return launch_dependent(reuse_commit_kernel, static_cast<unsigned>(num_sel), 128, 0, stream,
+  return launch_dependent(reuse_commit_kernel, static_cast<unsigned>(num_sel), 256, 0, stream,
                           lists, sel_lists, num_kv_heads, rp, st, keep, chunks);
 }
 
