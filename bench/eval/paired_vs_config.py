@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Paired change of each configuration against a base configuration of the same cisa eval run
+(RULER-style task scores), stratified by task as the run's summary does against dense: the
+statistic is the mean over tasks of the per-task mean difference on the same prompts, with a 95%
+percentile bootstrap (2000 resamples of the examples within each task).
+
+  python3 bench/eval/paired_vs_config.py RUN_DIR --base cisa:x8:g4:s1:cal [--configs A,B]
+"""
+import argparse
+import collections
+import json
+import random
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir")
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--configs", default="", help="comma-separated; default every other config")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rows = [json.loads(l) for l in open(a.run_dir + "/results.jsonl")]
+    rows = [r for r in rows if r["task"] != "doc"]
+    by = collections.defaultdict(dict)
+    for r in rows:
+        by[r["id"]][r["config"]] = r
+    configs = a.configs.split(",") if a.configs else sorted({r["config"] for r in rows} - {a.base})
+    lengths = sorted({r["length"] for r in rows})
+    rng = random.Random(a.seed)
+    print("| config | length | Δ vs %s (points) | same prediction |" % a.base)
+    print("|---|---|---|---|")
+    for cfg in configs:
+        for length in lengths:
+            tasks = collections.defaultdict(list)
+            same = n = 0
+            for d in by.values():
+                if cfg in d and a.base in d and d[a.base]["length"] == length:
+                    tasks[d[a.base]["task"]].append(100 * (d[cfg]["score"] - d[a.base]["score"]))
+                    same += d[cfg]["prediction"] == d[a.base]["prediction"]
+                    n += 1
+            if not tasks:
+                continue
+            stat = lambda t: sum(sum(v) / len(v) for v in t.values()) / len(t)
+            boot = sorted(stat({k: [rng.choice(v) for _ in v] for k, v in tasks.items()})
+                          for _ in range(2000))
+            print("| %s | %d | %+.1f [%+.1f, %+.1f] | %d / %d |" %
+                  (cfg, length, stat(tasks), boot[50], boot[1949], same, n))
+
+
+if __name__ == "__main__":
+    main()
