@@ -37,14 +37,7 @@ for t in ${TESTS:-$(cd "$B/tests" && ls cuda_*_test)}; do
   log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests.log" | tail -1)"
 done
 
-summary() {
-  python3 - "$1" <<'PY' 2>/dev/null | tee -a "$OUT/session.log"
-import json, sys
-j = json.load(open(sys.argv[1]))
-runs = " ".join(f"{m} {r['decode_step_ms_median']:.2f} ms" for m, r in j["runs"].items())
-print(" ", sys.argv[1].split("/")[-1], runs, "ratio %.3fx" % j["cisa_vs_dense"]["decode_speedup"])
-PY
-}
+summary() { python3 bench/python/bench_model_line.py "$1" | tee -a "$OUT/session.log"; }
 rows=("b2_l1m 2 1048576 4096" "b16_l128k 16 131072 1024")
 for rep in $(seq "${REPS:-2}"); do
   for row in "${rows[@]}"; do

@@ -24,14 +24,7 @@ for t in ${TESTS:-cuda_selection_reuse_test cuda_select_test cuda_step_graph_tes
   log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/test_$t.log" | tr '\n' ' ')"
 done
 
-summary() {
-  python3 - "$1" <<'PY' 2>/dev/null | tee -a "$OUT/session.log"
-import json, sys
-j = json.load(open(sys.argv[1]))
-runs = " ".join(f"{m} {r['decode_step_ms_median']:.2f} ms" for m, r in j["runs"].items())
-print(" ", sys.argv[1].split("/")[-1], runs, "ratio %.3fx" % j["cisa_vs_dense"]["decode_speedup"])
-PY
-}
+summary() { python3 bench/python/bench_model_line.py "$1" | tee -a "$OUT/session.log"; }
 # name batch context k r check
 ROWS=${ROWS:-"b2_l1m_r1 2 1048576 4096 1 new-chunks
 b2_l1m_r2 2 1048576 4096 2 new-chunks
