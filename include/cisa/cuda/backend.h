@@ -170,8 +170,10 @@ enum class SelectStage {
 // a decode row keeps S iff reuse_allowed, same_selection_sets and the check pass, decided on the
 // device inside the step (a captured step graph replays the decision, not its outcome).
 // (ReuseInfo and ReuseState: cisa/cuda/reuse_state.h.)
-// Forgets the state of one sequence slot (all layers and KV groups), or of all (seq_slot < 0),
-// enqueued on `stream`: its rows select afresh. Also zeroes the counters when seq_slot < 0.
+//
+// reset_reuse_state forgets the state of one sequence slot (all layers and KV groups), or of all
+// (seq_slot < 0), enqueued on `stream`: its rows select afresh. Also zeroes the counters when
+// seq_slot < 0.
 Status reset_reuse_state(const ReuseState& state, int num_kv_heads, int64_t seq_slot, void* stream);
 
 // index_q: device f32 [rows][num_kv_heads][head_dim] (ignored, may be null, for a dense plan).
