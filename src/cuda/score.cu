@@ -496,6 +496,19 @@ cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* 
   return cudaSuccess;
 }
 
+// launch_tiled with QA (queries per pass, 16 · QA) chosen at run time: 1, 2 or 4.
+template <bool kQuest>
+cudaError_t launch_tiled_qa(int qa, dim3 grid, const ScoreStream* streams, const ListDesc* lists,
+                            const int32_t* block_pages, const uint16_t* reps, const float* qbar,
+                            int num_kv_heads, int head_dim, float inv_sqrt_d, float* scores,
+                            const int32_t* keep, cudaStream_t stream) {
+  auto* launch = qa == 1   ? &launch_tiled<kQuest, 1>
+                 : qa == 2 ? &launch_tiled<kQuest, 2>
+                           : &launch_tiled<kQuest, 4>;
+  return launch(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d,
+                scores, keep, stream);
+}
+
 }  // namespace
 
 cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
@@ -561,23 +574,10 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
   const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),
                   static_cast<unsigned>(num_streams));
   const int qa = max_lists <= 16 ? 1 : max_lists <= 32 ? 2 : 4;
-  if (quest) {
-    err = qa == 1 ? launch_tiled<true, 1>(grid, streams, lists, block_pages, reps, qbar,
-                                          num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream)
-          : qa == 2
-              ? launch_tiled<true, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
-                                      head_dim, inv_sqrt_d, scores, keep, stream)
-              : launch_tiled<true, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
-                                      head_dim, inv_sqrt_d, scores, keep, stream);
-  } else {
-    err = qa == 1 ? launch_tiled<false, 1>(grid, streams, lists, block_pages, reps, qbar,
-                                           num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream)
-          : qa == 2
-              ? launch_tiled<false, 2>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
-                                       head_dim, inv_sqrt_d, scores, keep, stream)
-              : launch_tiled<false, 4>(grid, streams, lists, block_pages, reps, qbar, num_kv_heads,
-                                       head_dim, inv_sqrt_d, scores, keep, stream);
-  }
+  err = quest ? launch_tiled_qa<true>(qa, grid, streams, lists, block_pages, reps, qbar,
+                                      num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream)
+              : launch_tiled_qa<false>(qa, grid, streams, lists, block_pages, reps, qbar,
+                                       num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }

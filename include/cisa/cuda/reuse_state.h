@@ -25,7 +25,6 @@ struct ReuseState {
   // every decode row whose S was used at its own position takes S again; no state changes and
   // nothing is counted.
   bool repeat = false;
-  int64_t num_slots() const { return num_seq_slots * num_layer_slots; }
 };
 
 }  // namespace cisa::cuda
