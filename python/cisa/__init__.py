@@ -6,11 +6,11 @@ tensors and, in a build with ``-DCISA_PY_CUDA=ON``, the Hopper backend on CUDA t
 """
 
 from . import _C
-from .ops import (HAS_CUDA, chunk_scores, paged_attention, plan, select_pages, topk,
+from .ops import (HAS_CUDA, chunk_scores, paged_attention, plan, rep_width, select_pages, topk,
                   update_representatives)
 from .wrapper import SparseAttentionWrapper
 
-__all__ = ["HAS_CUDA", "chunk_scores", "paged_attention", "plan", "select_pages", "topk",
+__all__ = ["HAS_CUDA", "chunk_scores", "paged_attention", "plan", "rep_width", "select_pages", "topk",
            "update_representatives", "SparseAttentionWrapper", "set_num_threads"]
 
 

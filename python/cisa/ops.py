@@ -4,7 +4,10 @@ Layout (one layer, the engine's, ``include/cisa/cpu/kv_cache.h``):
 
 * ``k_cache``, ``v_cache``: ``[num_pages, num_kv_heads, page_size, head_dim]``, float32 or
   bfloat16 (``page_size`` is 16 on CUDA);
-* ``reps``: ``[num_pages, num_kv_heads, head_dim]``, same dtype: one mean key per full page;
+* ``reps``: ``[num_pages, num_kv_heads, rep_width]``, same dtype: one representative per full
+  page, of the kind ``rep_kind`` names: ``"mean"`` (SPEC section 1's mean key, ``rep_width`` =
+  ``head_dim``) or ``"quest"`` (Quest's per-channel min, then max: ``rep_width`` = 2 ``head_dim``,
+  scored as the bound sum_i max(q_i min_i, q_i max_i) / sqrt(head_dim));
 * ``block_tables``: int32 ``[num_seqs, max_pages]``, row s the physical pages of sequence s in
   logical order (columns past ``ceil(seq_lens[s] / page_size)`` are ignored);
 * ``seq_lens``: int64 ``[num_seqs]``, tokens written per sequence;
@@ -68,6 +71,21 @@ def _check_data_device(op, *tensors):
 
 _KV_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_HEAD_DIMS = (64, 128, 256)
+# Representative kinds (kv_cache.h's RepKind) and their codes in _C.CacheArgs.rep.
+_REP_KINDS = {"mean": 0, "quest": 1}
+_REP_NAMES = {v: k for k, v in _REP_KINDS.items()}
+
+
+def _rep_code(op, rep_kind) -> int:
+    if rep_kind not in _REP_KINDS:
+        _fail(ValueError, op, f"rep_kind must be 'mean' or 'quest' (got {rep_kind!r})")
+    return _REP_KINDS[rep_kind]
+
+
+def rep_width(rep_kind: str, head_dim: int) -> int:
+    """Values per representative: ``head_dim`` for ``"mean"``, ``2 * head_dim`` for ``"quest"``
+    (per-channel min, then max)."""
+    return head_dim * (2 if _rep_code("rep_width", rep_kind) else 1)
 
 
 def _cuda_layer_check(op, c, what="k_cache"):
@@ -98,7 +116,8 @@ _CUDA_MAX_POSITION = 1 << 30
 _INDEX = (torch.int32,)
 
 
-def _cache_args(op, k_cache, v_cache=None, reps=None):
+def _cache_args(op, k_cache, v_cache=None, reps=None, rep_kind="mean"):
+    rep = _rep_code(op, rep_kind)
     _check_tensor(op, "k_cache", k_cache, _KV_DTYPES, 4)
     P, H, B, d = k_cache.shape
     if v_cache is not None:
@@ -108,9 +127,12 @@ def _cache_args(op, k_cache, v_cache=None, reps=None):
                   f"{v_cache.dtype}, k_cache {tuple(k_cache.shape)} {k_cache.dtype})")
     if reps is not None:
         _check_tensor(op, "reps", reps, _KV_DTYPES, 3)
-        if tuple(reps.shape) != (P, H, d) or reps.dtype != k_cache.dtype:
-            _fail(ValueError, op, f"reps must be [num_pages, num_kv_heads, head_dim] = {(P, H, d)} "
-                  f"of k_cache's dtype (got {tuple(reps.shape)} {reps.dtype})")
+        rw = d * (2 if rep else 1)
+        if tuple(reps.shape) != (P, H, rw) or reps.dtype != k_cache.dtype:
+            width = "2 * head_dim" if rep else "head_dim"
+            _fail(ValueError, op, f"reps must be [num_pages, num_kv_heads, {width}] = {(P, H, rw)} "
+                  f"of k_cache's dtype for rep_kind={rep_kind!r} (got {tuple(reps.shape)} "
+                  f"{reps.dtype})")
     if d % 8 != 0:
         _fail(ValueError, op, f"head_dim must be a multiple of 8 (got {d})")
     c = _C.CacheArgs()
@@ -119,6 +141,7 @@ def _cache_args(op, k_cache, v_cache=None, reps=None):
     c.reps = reps.data_ptr() if reps is not None else 0
     c.bf16 = k_cache.dtype == torch.bfloat16
     c.num_pages, c.num_kv_heads, c.page_size, c.head_dim = P, H, B, d
+    c.rep = rep
     return c
 
 
@@ -147,11 +170,13 @@ def _num_rows(entries: Tensor) -> int:
 
 # ---- representatives ------------------------------------------------------------------------
 
-def _update_representatives_impl(reps: Tensor, k_cache: Tensor, pages: Tensor) -> None:
-    """Recomputes ``reps[p]`` = the mean of page p's keys (per KV group) for every p in
-    ``pages`` (int32, 1-D, full pages)."""
+def _update_representatives_impl(reps: Tensor, k_cache: Tensor, pages: Tensor,
+                                 rep_kind: str = "mean") -> None:
+    """Recomputes ``reps[p]`` for every p in ``pages`` (int32, 1-D, full pages), per KV group:
+    the mean of page p's keys (``rep_kind="mean"``, ``reps`` ``[..., head_dim]``) or their
+    per-channel min, then max (``"quest"``, ``reps`` ``[..., 2 * head_dim]``)."""
     op = "update_representatives"
-    c = _cache_args(op, k_cache, reps=reps)
+    c = _cache_args(op, k_cache, reps=reps, rep_kind=rep_kind)
     if _check_data_device(op, k_cache, reps) == "cuda":
         _check_tensor(op, "pages", pages, _INDEX, 1, "cuda")
         _C.cuda_update_reps(c, pages.data_ptr(), pages.shape[0],
@@ -165,27 +190,40 @@ update_representatives = torch.library.custom_op("cisa::update_representatives",
 
 
 @update_representatives.register_fake
-def _(reps, k_cache, pages):
+def _(reps, k_cache, pages, rep_kind="mean"):
     return None
 
 
 # ---- selection: scores and top-k ------------------------------------------------------------
 
-def _chunk_scores_impl(q: Tensor, reps: Tensor, block_table: Tensor, first_chunk: int, n: int) -> Tensor:
-    """Scores ``q[g] . reps[block_table[j], g] / sqrt(head_dim)`` of chunks
-    ``first_chunk <= j < first_chunk + n`` for every KV group g: float32 ``[num_kv_heads, n]``.
-    ``q``: float32 ``[num_kv_heads, head_dim]``."""
+def _chunk_scores_impl(q: Tensor, reps: Tensor, block_table: Tensor, first_chunk: int, n: int,
+                       rep_kind: str = "mean") -> Tensor:
+    """Scores of chunks ``first_chunk <= j < first_chunk + n`` for every KV group g: float32
+    ``[num_kv_heads, n]``, ``q[g] . reps[block_table[j], g] / sqrt(head_dim)`` for
+    ``rep_kind="mean"``, Quest's bound ``sum_i max(q_i min_i, q_i max_i) / sqrt(head_dim)`` for
+    ``"quest"``. ``q``: float32 ``[num_kv_heads, head_dim]``; ``reps``
+    ``[num_pages, num_kv_heads, rep_width]``."""
     op = "chunk_scores"
+    rep = _rep_code(op, rep_kind)
     _check_tensor(op, "reps", reps, _KV_DTYPES, 3)
-    P, H, d = reps.shape
+    P, H, rw = reps.shape
     _check_tensor(op, "q", q, (torch.float32,), 2)
-    if tuple(q.shape) != (H, d):
-        _fail(ValueError, op, f"q must be [num_kv_heads, head_dim] = {(H, d)} (got {tuple(q.shape)})")
+    if q.shape[0] != H:
+        _fail(ValueError, op, f"q must be [num_kv_heads = {H}, head_dim] (got {tuple(q.shape)})")
+    d = q.shape[1]
+    if rw != d * (2 if rep else 1):
+        width = "2 * head_dim" if rep else "head_dim"
+        _fail(ValueError, op, f"reps must be [num_pages, num_kv_heads, {width}] = "
+              f"{(P, H, d * (2 if rep else 1))} for rep_kind={rep_kind!r} and q's head_dim {d} "
+              f"(got {tuple(reps.shape)})")
+    if d % 8 != 0:
+        _fail(ValueError, op, f"head_dim must be a multiple of 8 (got {d})")
     _check_tensor(op, "block_table", block_table, _INDEX, 1, "cpu")
     c = _C.CacheArgs()
     c.k = c.v = c.reps = reps.data_ptr()
     c.bf16 = reps.dtype == torch.bfloat16
     c.num_pages, c.num_kv_heads, c.page_size, c.head_dim = P, H, 16, d
+    c.rep = rep
     if _check_data_device(op, q, reps) == "cuda":
         return _cuda_chunk_scores(op, c, q, block_table, first_chunk, n)
     out = torch.empty((H, n), dtype=torch.float32)
@@ -237,7 +275,7 @@ chunk_scores = torch.library.custom_op("cisa::chunk_scores", mutates_args=())(_c
 
 
 @chunk_scores.register_fake
-def _(q, reps, block_table, first_chunk, n):
+def _(q, reps, block_table, first_chunk, n, rep_kind="mean"):
     return q.new_empty((reps.shape[1], n), dtype=torch.float32)
 
 
@@ -327,14 +365,14 @@ def plan(block_tables: Tensor, seq_lens: Tensor, entries: Tensor, *, num_pages: 
 def _select_pages_impl(index_q: Tensor, k_cache: Tensor, reps: Tensor, block_tables: Tensor,
                  seq_lens: Tensor, entries: Tensor, budget: int, window: int, qshare: int,
                  sink_pages: int, qshare_last: bool, total_pages: int,
-                 num_lists: int) -> Tuple[Tensor, Tensor, Tensor]:
+                 num_lists: int, rep_kind: str = "mean") -> Tuple[Tensor, Tensor, Tensor]:
     """CISA selection (SPEC sections 3-4, the engine's ``select_pages``): index query per
-    (query group, KV group), scores against ``reps``, top-k, and the page lists with sinks,
-    window and tail. ``index_q``: float32 ``[rows, num_kv_heads, head_dim]``. ``total_pages`` and
-    ``num_lists`` are the plan's sizes (``pages.numel()``, ``num_selected.numel()``). Returns
-    (pages, chunks, num_selected)."""
+    (query group, KV group), scores against ``reps`` (of the kind ``rep_kind``, as
+    :func:`chunk_scores`), top-k, and the page lists with sinks, window and tail. ``index_q``:
+    float32 ``[rows, num_kv_heads, head_dim]``. ``total_pages`` and ``num_lists`` are the plan's
+    sizes (``pages.numel()``, ``num_selected.numel()``). Returns (pages, chunks, num_selected)."""
     op = "select_pages"
-    c = _cache_args(op, k_cache, reps=reps)
+    c = _cache_args(op, k_cache, reps=reps, rep_kind=rep_kind)
     b = _batch_args(op, block_tables, seq_lens, entries)
     _check_tensor(op, "index_q", index_q, (torch.float32,), 3)
     rows = _num_rows(entries)
@@ -394,7 +432,7 @@ def _cuda_select_pages(op, c, b, index_q, k_cache, reps, block_tables, seq_lens,
               f"batch and these parameters give {num_selected.numel()} lists of {pages.numel()} "
               "(plan again with the same batch and parameters)")
     _CUDA_SELECTIONS.append(dict(
-        params=params, index_q=index_q.detach().clone(), reps=reps, device=dev,
+        params=params, index_q=index_q.detach().clone(), reps=reps, rep=c.rep, device=dev,
         batch=(block_tables.clone(), seq_lens.clone(), entries.clone()),
         pages=pages.clone(), chunks=chunks.clone()))
     return pages, chunks, num_selected
@@ -405,7 +443,7 @@ select_pages = torch.library.custom_op("cisa::select_pages", mutates_args=())(_s
 
 @select_pages.register_fake
 def _(index_q, k_cache, reps, block_tables, seq_lens, entries, budget, window, qshare,
-      sink_pages, qshare_last, total_pages, num_lists):
+      sink_pages, qshare_last, total_pages, num_lists, rep_kind="mean"):
     return (block_tables.new_empty(total_pages), block_tables.new_empty(total_pages),
             block_tables.new_empty(num_lists))
 
@@ -489,7 +527,7 @@ def _cuda_paged_attention(op, c, b, q, k_cache, block_tables, seq_lens, entries,
     all_dense = bool((groups[:, 4] != 0).all()) if groups.numel() else True
     candidates = []
     if all_dense:
-        candidates.append((True, (0, 0, 1, 0, False), None, None))
+        candidates.append((True, (0, 0, 1, 0, False), None, None, 0))
     elif sliding_window > 0:
         _fail(ValueError, op, "on CUDA a sliding window applies to dense plans only (the Hopper "
               "backend's sparse plans have none); sparse lists with a sliding window run on the "
@@ -499,18 +537,20 @@ def _cuda_paged_attention(op, c, b, q, k_cache, block_tables, seq_lens, entries,
             if (rec["device"] == dev and rec["pages"].shape == pages.shape and
                     torch.equal(rec["pages"], pages) and torch.equal(rec["chunks"], chunks) and
                     _same_batch(rec["batch"], block_tables, seq_lens, entries)):
-                candidates.append((False, rec["params"], rec["index_q"], rec["reps"]))
+                candidates.append((False, rec["params"], rec["index_q"], rec["reps"],
+                                   rec["rep"]))
     given = (groups, offsets, pages, chunks)
     with torch.cuda.device(dev):
-        for dense, params, index_q, reps in candidates:
+        for dense, params, index_q, reps, rep in candidates:
             cr = c
             if reps is not None:
-                if tuple(reps.shape) != (c.num_pages, c.num_kv_heads, c.head_dim):
+                width = c.head_dim * (2 if rep else 1)
+                if tuple(reps.shape) != (c.num_pages, c.num_kv_heads, width):
                     continue
                 cr = _C.CacheArgs()
                 cr.k, cr.v, cr.reps, cr.bf16 = c.k, c.v, reps.data_ptr(), True
                 cr.num_pages, cr.num_kv_heads = c.num_pages, c.num_kv_heads
-                cr.page_size, cr.head_dim = c.page_size, c.head_dim
+                cr.page_size, cr.head_dim, cr.rep = c.page_size, c.head_dim, rep
             cp, d_tables, lists = _cuda_plan_lists(op, cr, b, block_tables, dev, hq, dense,
                                                    sliding_window, params, index_q)
             if not all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(lists, given)):
@@ -548,12 +588,13 @@ def _cuda_run_impl(plan_id: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                    lse: Tensor) -> None:
     """Selection (sparse plans) and attention of a CUDA plan into ``out`` and ``lse``: kernel
     launches only, on the current stream (no allocation, no host synchronisation), so it can be
-    captured in a CUDA graph. q bfloat16 ``[rows, num_q_heads, head_dim]``; index_q float32."""
+    captured in a CUDA graph. q bfloat16 ``[rows, num_q_heads, head_dim]``; index_q float32;
+    ``reps`` of the representative kind the plan was made for."""
     op = "cuda_run"
     cp = _CUDA_PLANS.get(plan_id)
     if cp is None:
         _fail(ValueError, op, f"no live plan {plan_id} (plan with SparseAttentionWrapper first)")
-    c = _cache_args(op, k_cache, v_cache, reps)
+    c = _cache_args(op, k_cache, v_cache, reps, rep_kind=_REP_NAMES[cp.rep])
     _check_tensor(op, "q", q, (torch.bfloat16,), 3)
     _check_tensor(op, "out", out, (torch.float32,), 3)
     _check_tensor(op, "lse", lse, (torch.float32,), 2)

@@ -39,10 +39,15 @@ class SparseAttentionWrapper:
              dense: bool = False, sliding_window: int = 0, budget: int = 0, window: int = 128,
              qshare: int = 1, sink_pages: int = 0, qshare_query: str = "mean",
              k_cache: Optional[Tensor] = None, v_cache: Optional[Tensor] = None,
-             reps: Optional[Tensor] = None, num_q_heads: Optional[int] = None) -> None:
-        """Host work of a step. On CUDA (``device="cuda"``) also the Hopper backend's plan, which
+             reps: Optional[Tensor] = None, num_q_heads: Optional[int] = None,
+             rep_kind: str = "mean") -> None:
+        """Host work of a step. ``rep_kind`` is the kind of the representatives ``run`` will
+        score (``"mean"``: ``reps`` ``[..., head_dim]``; ``"quest"``: per-channel min and max,
+        ``[..., 2 * head_dim]``). On CUDA (``device="cuda"``) also the Hopper backend's plan, which
         needs the layer's ``k_cache``, ``v_cache`` (bfloat16), ``reps`` (sparse plans) and
         ``num_q_heads``, and preallocates ``out`` and ``lse`` for ``run``."""
+        ops._rep_code("plan", rep_kind)
+        self.rep_kind = rep_kind
         self.block_tables, self.seq_lens, self.entries = block_tables, seq_lens, entries
         if self.device.type == "cuda":
             # The backend's plan writes the lists on the device (cuda_page_lists reads them
@@ -72,7 +77,7 @@ class SparseAttentionWrapper:
                     not dense and reps is None):
                 raise ValueError("cisa.SparseAttentionWrapper.plan: on CUDA pass k_cache, "
                                  "v_cache, num_q_heads and (sparse plans) reps")
-            c = ops._cache_args("plan", k_cache, v_cache, reps)
+            c = ops._cache_args("plan", k_cache, v_cache, reps, rep_kind=rep_kind)
             ops._check_data_device("plan", *[t for t in (k_cache, v_cache, reps) if t is not None])
             b = ops._batch_args("plan", block_tables, seq_lens, entries)
             self._dev_tables = block_tables.to(k_cache.device)  # the plan reads it on the device
@@ -142,7 +147,8 @@ class SparseAttentionWrapper:
             budget, window, qshare, sinks, last = self.params
             self.pages, self.chunks, self.num_selected = torch.ops.cisa.select_pages(
                 index_q, k_cache, reps, self.block_tables, self.seq_lens, self.entries, budget,
-                window, qshare, sinks, last, self.pages.numel(), self.num_selected.numel())
+                window, qshare, sinks, last, self.pages.numel(), self.num_selected.numel(),
+                self.rep_kind)
         return torch.ops.cisa.paged_attention(q, k_cache, v_cache, self.block_tables,
                                               self.seq_lens, self.entries, self.groups,
                                               self.offsets, self.pages, self.chunks, scale,

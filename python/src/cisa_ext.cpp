@@ -71,12 +71,21 @@ T* ptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
+// The representative kinds the bindings expose (kv_cache.h's RepKind): 0 mean, 1 quest.
+cisa::RepKind rep_kind(int rep) {
+  if (rep == 0) return cisa::RepKind::kMean;
+  if (rep == 1) return cisa::RepKind::kQuest;
+  throw std::invalid_argument("cisa: unknown representative kind " + std::to_string(rep) +
+                              " (0 mean, 1 quest)");
+}
+
 // One layer of a paged cache in the caller's memory.
 struct CacheArgs {
   uintptr_t k = 0, v = 0, reps = 0;  // reps may be 0 (no representatives read)
   bool bf16 = false;
   int64_t num_pages = 0;
   int num_kv_heads = 0, page_size = 0, head_dim = 0;
+  int rep = 0;  // representative kind: 0 mean ([head_dim] per page), 1 quest ([2 * head_dim])
 };
 
 // The batch: block tables int32 [num_seqs][max_pages], seq_lens int64 [num_seqs] and entries
@@ -139,7 +148,7 @@ std::unique_ptr<PagedKvCache> make_view(const CacheArgs& c, const BatchArgs* b, 
                           .page_size = c.page_size,
                           .num_pages = c.num_pages,
                           .dtype = c.bf16 ? cisa::KvDtype::kBF16 : cisa::KvDtype::kF32,
-                          .rep = cisa::RepKind::kMean,
+                          .rep = rep_kind(c.rep),
                           .rep_layers = {c.reps != 0}};
   void* k[1] = {ptr<void>(c.k)};
   void* v[1] = {ptr<void>(c.v)};
@@ -377,13 +386,14 @@ std::tuple<std::vector<std::vector<int32_t>>, PlanTuple> engine_reference(
     const std::vector<std::tuple<int64_t, int64_t, int64_t>>& entries, uintptr_t q,
     uintptr_t index_q, int num_q_heads, bool dense, int64_t budget, int64_t window, int64_t qshare,
     int64_t sink_pages, bool qshare_last, uintptr_t out_k, uintptr_t out_v, uintptr_t out_reps,
-    uintptr_t out, uintptr_t lse) {
+    uintptr_t out, uintptr_t lse, int rep) {
   auto created = PagedKvCache::create({.num_layers = 1,
                                        .num_kv_heads = num_kv_heads,
                                        .head_dim = head_dim,
                                        .page_size = page_size,
                                        .num_pages = num_pages,
-                                       .dtype = bf16 ? cisa::KvDtype::kBF16 : cisa::KvDtype::kF32});
+                                       .dtype = bf16 ? cisa::KvDtype::kBF16 : cisa::KvDtype::kF32,
+                                       .rep = rep_kind(rep)});
   raise_if_error(created.status(), "engine_reference");
   PagedKvCache& cache = **created;
   std::vector<std::vector<int32_t>> tables;
@@ -421,8 +431,8 @@ std::tuple<std::vector<std::vector<int32_t>>, PlanTuple> engine_reference(
   const int64_t kv_bytes = num_pages * row * page_size * es;
   std::copy_n(static_cast<const uint8_t*>(cache.k_pool(0)), kv_bytes, ptr<uint8_t>(out_k));
   std::copy_n(static_cast<const uint8_t*>(cache.v_pool(0)), kv_bytes, ptr<uint8_t>(out_v));
-  std::copy_n(static_cast<const uint8_t*>(cache.rep_pool(0)), num_pages * row * es,
-              ptr<uint8_t>(out_reps));
+  std::copy_n(static_cast<const uint8_t*>(cache.rep_pool(0)),
+              num_pages * cache.rep_width() * num_kv_heads * es, ptr<uint8_t>(out_reps));
   return {tables, to_tuple(lists)};
 }
 
@@ -436,6 +446,7 @@ struct CudaPlan {
   std::vector<int64_t> offsets;
   bool dense = true;
   int64_t rows = 0;
+  int rep = 0;  // the representative kind the plan was made for (CacheArgs::rep)
 };
 
 cisa::cuda::DeviceLayer device_layer(const CacheArgs& c) {
@@ -446,7 +457,8 @@ cisa::cuda::DeviceLayer device_layer(const CacheArgs& c) {
           .num_pages = c.num_pages,
           .num_kv_heads = c.num_kv_heads,
           .head_dim = c.head_dim,
-          .page_size = c.page_size};
+          .page_size = c.page_size,
+          .rep = rep_kind(c.rep)};
 }
 
 void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t device_tables,
@@ -461,6 +473,7 @@ void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t d
   for (int64_t s = 0; s <= b.num_seqs; ++s) cp.offsets[static_cast<size_t>(s)] = s * b.max_pages;
   const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
   cp.dense = dense;
+  cp.rep = c.rep;
   cp.rows = 0;
   for (const auto& e : batch) cp.rows += e.count;
   if (dense)
@@ -490,6 +503,7 @@ void cuda_plan_raw(CudaPlan& cp, const CacheArgs& c, uintptr_t device_tables,
   }
   cp.offsets = offsets;
   cp.dense = false;
+  cp.rep = c.rep;
   const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
   cisa::cuda::PlanOptions options;
   options.group_unions = false;
@@ -535,6 +549,8 @@ std::tuple<std::vector<float>, std::vector<int64_t>> cuda_download_scores(const 
 
 void cuda_run(const CudaPlan& cp, const CacheArgs& c, uintptr_t index_q, uintptr_t q, float scale,
               uintptr_t out, uintptr_t lse, uintptr_t stream) {
+  if (c.rep != cp.rep)
+    throw std::invalid_argument("cisa.cuda_run: the plan was made for another representative kind");
   const cisa::cuda::DeviceLayer layer = device_layer(c);
   // Every plan runs the selection step: it writes the lists' fixed parts (a dense plan's whole
   // lists) on the device; index_q is read only by sparse plans.
@@ -574,7 +590,8 @@ NB_MODULE(_C, m) {
       .def_rw("num_pages", &CacheArgs::num_pages)
       .def_rw("num_kv_heads", &CacheArgs::num_kv_heads)
       .def_rw("page_size", &CacheArgs::page_size)
-      .def_rw("head_dim", &CacheArgs::head_dim);
+      .def_rw("head_dim", &CacheArgs::head_dim)
+      .def_rw("rep", &CacheArgs::rep);
   nb::class_<BatchArgs>(m, "BatchArgs")
       .def(nb::init<>())
       .def_rw("tables", &BatchArgs::tables)
@@ -601,7 +618,8 @@ NB_MODULE(_C, m) {
   nb::class_<CudaPlan>(m, "CudaPlan")
       .def(nb::init<>())
       .def_ro("rows", &CudaPlan::rows)
-      .def_ro("dense", &CudaPlan::dense);
+      .def_ro("dense", &CudaPlan::dense)
+      .def_ro("rep", &CudaPlan::rep);
   m.def("cuda_plan", &cuda_plan);
   m.def("cuda_plan_raw", &cuda_plan_raw);
   m.def("cuda_select_stage", &cuda_select_stage);

@@ -47,6 +47,32 @@ def test_torch_compile_fullgraph_matches_eager():
     torch.testing.assert_close(inductor, eager, rtol=1e-5, atol=1e-5)
 
 
+def quest_step(index_q, k_cache, v_cache, reps, block_tables, seq_lens, entries, groups, offsets,
+               pages_full, total: int, lists: int):
+    # Quest representatives updated, then selection on them and attention, in one graph.
+    torch.ops.cisa.update_representatives(reps, k_cache, pages_full, "quest")
+    pages, chunks, _ = torch.ops.cisa.select_pages(index_q, k_cache, reps, block_tables, seq_lens,
+                                                   entries, 4, 2, 4, 0, False, total, lists,
+                                                   "quest")
+    q = index_q.repeat_interleave(HQ // H, dim=1).contiguous()
+    out, _ = torch.ops.cisa.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, entries,
+                                            groups, offsets, pages, chunks, 0.0, 0)
+    return out, chunks
+
+
+def test_torch_compile_traces_quest_selection():
+    c, _, w, _, iq, full = setup()
+    args = lambda r: (iq, c["k_cache"], c["v_cache"], r, c["block_tables"], c["seq_lens"],
+                      w.entries, w.groups, w.offsets, full, w.pages.numel(),
+                      w.num_selected.numel())
+    r_eager = torch.zeros(c["num_pages"], H, 2 * D)
+    eager = quest_step(*args(r_eager))
+    r_comp = torch.zeros_like(r_eager)
+    compiled = torch.compile(quest_step, fullgraph=True, backend="aot_eager")(*args(r_comp))
+    assert torch.equal(r_comp, r_eager) and torch.count_nonzero(r_eager) > 0
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+
+
 def test_compiled_representative_update_mutates_in_place():
     c, reps, _, _, _, full = setup()
 
@@ -73,3 +99,13 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.cisa.paged_attention.default,
                           (q, c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"],
                            w.entries, w.groups, w.offsets, pages, chunks, 0.0, 0))
+    # Quest representatives: the ops' rep_kind argument ([..., 2 * head_dim] representatives).
+    quest = torch.zeros(reps.shape[0], H, 2 * D)
+    torch.library.opcheck(torch.ops.cisa.update_representatives.default,
+                          (quest, c["k_cache"], full, "quest"))
+    torch.ops.cisa.update_representatives(quest, c["k_cache"], full, "quest")
+    torch.library.opcheck(torch.ops.cisa.chunk_scores.default,
+                          (torch.randn(H, D), quest, c["block_tables"][0].contiguous(), 1, 6,
+                           "quest"))
+    torch.library.opcheck(torch.ops.cisa.select_pages.default,
+                          sel[:2] + (quest,) + sel[3:] + ("quest",))

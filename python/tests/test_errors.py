@@ -159,3 +159,38 @@ def test_cuda_tensors_are_refused_by_a_cpu_build():
     with pytest.raises(RuntimeError, match=r"cisa.paged_attention: this cisa build has no CUDA "
                        r"backend \(built without CUDA\)"):
         cisa.ops._check_data_device("paged_attention", OnCuda())
+
+
+def test_representatives_of_the_wrong_width(env):
+    """rep_kind says how wide a representative is: a mean-width tensor given as quest (or the
+    other way round) and an unknown kind are refused before anything is read or written."""
+    c, reps, ent, w, q, iq = env
+    full = torch.cat([c["block_tables"][0, :6], c["block_tables"][1, :2]])
+    quest = torch.zeros(c["num_pages"], H, 2 * D)
+    with pytest.raises(ValueError, match=r"reps must be \[num_pages, num_kv_heads, 2 \* head_dim\]"):
+        cisa.update_representatives(reps, c["k_cache"], full, "quest")
+    with pytest.raises(ValueError, match=r"reps must be \[num_pages, num_kv_heads, head_dim\]"):
+        cisa.update_representatives(quest, c["k_cache"], full)
+    assert torch.count_nonzero(quest) == 0
+    with pytest.raises(ValueError, match="rep_kind must be 'mean' or 'quest'"):
+        cisa.update_representatives(quest, c["k_cache"], full, "moment")
+    table = c["block_tables"][0].contiguous()
+    with pytest.raises(ValueError, match=r"2 \* head_dim.*rep_kind='quest'"):
+        cisa.chunk_scores(torch.randn(H, D), reps, table, 0, 4, "quest")
+    with pytest.raises(ValueError, match=r"head_dim\].*rep_kind='mean'"):
+        cisa.chunk_scores(torch.randn(H, D), quest, table, 0, 4)
+    sel = (iq, c["k_cache"], reps, c["block_tables"], c["seq_lens"], ent, 1, 1, 1, 0, False,
+           w.pages.numel(), w.num_selected.numel())
+    with pytest.raises(ValueError, match=r"2 \* head_dim"):
+        cisa.select_pages(*sel, "quest")
+    with pytest.raises(ValueError, match="rep_kind must be 'mean' or 'quest'"):
+        w.plan(c["block_tables"], c["seq_lens"], ent, num_pages=c["num_pages"], budget=1,
+               window=1, rep_kind="min")
+    wq = cisa.SparseAttentionWrapper(num_kv_heads=H)
+    wq.plan(c["block_tables"], c["seq_lens"], ent, num_pages=c["num_pages"], budget=1, window=1,
+            rep_kind="quest")
+    with pytest.raises(ValueError, match=r"2 \* head_dim"):
+        wq.run(q, c["k_cache"], c["v_cache"], reps, iq)
+    cisa.update_representatives(quest, c["k_cache"], full, "quest")
+    out, _ = wq.run(q, c["k_cache"], c["v_cache"], quest, iq)
+    assert torch.isfinite(out).all()

@@ -113,12 +113,14 @@ def test_cuda_run_replays_in_a_cuda_graph():
 # bit-identical to the CPU engine; scores are f32 sums in another order (the f32 rounding bound
 # below); attention runs bf16 tensor cores with f32 accumulation (out within 2e-2, lse 1e-3).
 
-def cuda_case_hd(lens, num_kv_heads, head_dim, seed=0):
+def cuda_case_hd(lens, num_kv_heads, head_dim, seed=0, rep_kind="mean"):
     c = make_cache(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=torch.bfloat16,
                    seed=seed)
     full = torch.cat([c["block_tables"][s, : n // 16] for s, n in enumerate(lens)])
-    reps = torch.zeros(c["num_pages"], num_kv_heads, head_dim, dtype=torch.bfloat16)
-    cisa.update_representatives(reps, c["k_cache"], full)
+    reps = torch.zeros(c["num_pages"], num_kv_heads, cisa.rep_width(rep_kind, head_dim),
+                       dtype=torch.bfloat16)
+    cisa.update_representatives(reps, c["k_cache"], full, rep_kind)
+    c["full"] = full
     return c, reps
 
 
@@ -185,8 +187,8 @@ SEL_PARAMS = [dict(budget=16, window=4, qshare=16, sink_pages=0, qshare_query="m
               dict(budget=12, window=3, qshare=5, sink_pages=1, qshare_query="mean")]
 
 
-def sel_setup(d, seed):
-    c, reps = cuda_case_hd(SEL_LENS, H, d, seed=seed)
+def sel_setup(d, seed, rep_kind="mean"):
+    c, reps = cuda_case_hd(SEL_LENS, H, d, seed=seed, rep_kind=rep_kind)
     rows = sum(e[2] for e in SEL_ENTRIES)
     g = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(rows, HQ, d, generator=g).bfloat16()
@@ -194,7 +196,7 @@ def sel_setup(d, seed):
     return c, reps, q, iq
 
 
-def assert_selection_matches(cpu, gpu, plan_tensors, c, reps, iq, p):
+def assert_selection_matches(cpu, gpu, plan_tensors, c, reps, iq, p, rep_kind="mean"):
     """num_selected exactly; chunks and pages list by list, where a difference is allowed only
     between chunks whose CPU scores are within f32 rounding of the k-th largest (a near-tie at the
     boundary: the GPU's scores are not bit-identical)."""
@@ -216,7 +218,7 @@ def assert_selection_matches(cpu, gpu, plan_tensors, c, reps, iq, p):
         r0 = r1 if p["qshare_query"] == "last" else row
         qbar = iq[r0:r1 + 1].mean(0)  # [H, d]
         e0, e1 = p["sink_pages"], first // 16 - p["window"]
-        sc = cisa.chunk_scores(qbar, reps, table.contiguous(), e0, e1 - e0)[kv]
+        sc = cisa.chunk_scores(qbar, reps, table.contiguous(), e0, e1 - e0, rep_kind)[kv]
         kth = sc.sort(descending=True).values[p["budget"] - 1]
         diff = set(cg[a:b].tolist()) ^ set(cc[a:b].tolist())
         for ch in diff:
@@ -389,3 +391,52 @@ def test_cuda_ops_bad_inputs_raise_clearly():
     assert got.shape == (H, 4) and torch.isfinite(got).all()
     out, _ = cisa.paged_attention(q.cuda(), k, v, *batch, 0.0, 0)
     assert torch.isfinite(out).all()
+
+
+# ---- Quest representatives (per-channel min, then max) on the Hopper backend ------------------
+
+@cuda_build
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_quest_matches_cpu(d):
+    """Quest's representatives are exact (a min and a max of bf16 keys); its scores, selection
+    and the attention over the selected pages on CUDA against the CPU ops, as for the mean."""
+    p = SEL_PARAMS[0]
+    c, reps, q, iq = sel_setup(d, seed=40, rep_kind="quest")
+    dreps = torch.zeros_like(reps).cuda()
+    cisa.update_representatives(dreps, c["k_cache"].cuda(), c["full"].cuda(), "quest")
+    assert torch.equal(dreps.cpu(), reps)
+    # Scores: f32 sums of d terms max(q_i lo_i, q_i hi_i) in another order.
+    qs = torch.randn(H, d, generator=torch.Generator().manual_seed(41))
+    table = c["block_tables"][0].contiguous()
+    want = cisa.chunk_scores(qs, reps, table, 2, 30, "quest")
+    got = cisa.chunk_scores(qs.cuda(), dreps, table, 2, 30, "quest").cpu()
+    r = reps[table[2:32].long()].float().abs().permute(1, 0, 2)  # [H, n, 2d]
+    mag = (qs.abs()[:, None, :] * torch.maximum(r[..., :d], r[..., d:])).sum(-1)
+    assert ((got - want).abs() <= 2 * d * 2.0 ** -24 * mag / math.sqrt(d) + 1e-30).all()
+    # Selection through the op, then attention over the lists it returned on CUDA.
+    ent = entries_tensor(SEL_ENTRIES)
+    groups, offsets, pages, _, num_selected = cisa.plan(
+        c["block_tables"], c["seq_lens"], ent, num_pages=c["num_pages"], num_kv_heads=H, **p)
+    args = (p["budget"], p["window"], p["qshare"], p["sink_pages"], p["qshare_query"] == "last",
+            pages.numel(), num_selected.numel(), "quest")
+    k, v = c["k_cache"].cuda(), c["v_cache"].cuda()
+    cpu = cisa.select_pages(iq, c["k_cache"], reps, c["block_tables"], c["seq_lens"], ent, *args)
+    gpu = cisa.select_pages(iq.cuda(), k, dreps, c["block_tables"], c["seq_lens"], ent, *args)
+    assert_selection_matches(cpu, gpu, (groups, offsets), c, reps, iq, p, "quest")
+    out, lse = cisa.paged_attention(q.cuda(), k, v, c["block_tables"], c["seq_lens"], ent, groups,
+                                    offsets, gpu[0], gpu[1], 0.0, 0)
+    out_cpu, lse_cpu = cisa.paged_attention(q.float(), c["k_cache"], c["v_cache"],
+                                            c["block_tables"], c["seq_lens"], ent, groups,
+                                            offsets, gpu[0], gpu[1], 0.0, 0)
+    torch.testing.assert_close(out.cpu(), out_cpu, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-3, atol=1e-3)
+    # The wrapper's plan/run on the backend with Quest representatives.
+    w = cisa.SparseAttentionWrapper(num_kv_heads=H, device="cuda")
+    w.plan(c["block_tables"], c["seq_lens"], ent, num_pages=c["num_pages"], k_cache=k, v_cache=v,
+           reps=dreps, num_q_heads=HQ, rep_kind="quest", **p)
+    out_w, _ = w.run(q.cuda(), k, v, dreps, iq.cuda())
+    torch.cuda.synchronize()
+    pw, cw, _ = w.cuda_page_lists()
+    assert_selection_matches(cpu, (pw, cw, gpu[2]), (groups, offsets), c, reps, iq, p, "quest")
+    with pytest.raises(ValueError, match=r"2 \* head_dim"):
+        w.run(q.cuda(), k, v, dreps[..., :d].contiguous(), iq.cuda())
