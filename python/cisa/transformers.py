@@ -13,8 +13,14 @@ transformers' cache unless that is a :class:`Cache` (below): every call appends 
 positions' keys and values (one indexed copy per call, no per-token loop), recomputes the
 representatives of the pages they filled, plans the step (plan.h's rules) and runs the selection
 and the attention. The index query of a KV group is the mean of its query heads after RoPE (SPEC
-section 6's mean candidate, no calibrated indexer). A call at position 0 starts new sequences.
-Batch rows must have equal lengths (no padding).
+section 6's mean candidate), or, with ``indexer=`` (a ``.cisaidx`` file from ``cisa calibrate``,
+or an explicit ``{(layer, kv_group): head}`` mapping), the chosen head's query after RoPE; a file
+is checked against the model's n_layer, n_head, n_head_kv and head_dim only (its weights hash is
+of GGUF tensors, which a transformers model cannot match). ``rep_kind="quest"`` scores pages by
+Quest's min/max representatives instead of the mean key. A call at position 0 starts new
+sequences. Batches may be left-padded (as ``generate()`` pads decoder-only models): each row's
+tokens get their own paged sequence, pads are never written to it and their outputs are zeros;
+right padding is refused.
 
 On the CPU the caches are float32 and each call runs ``select_pages`` and ``paged_attention``.
 When the model's tensors are on a CUDA device (a build with ``-DCISA_PY_CUDA=ON``), the caches
@@ -64,13 +70,20 @@ _CUDA_HEAD_DIMS = (64, 128, 256)
 
 class _LayerCache:
     """One layer's paged K/V cache: sequence s owns pages [s * cap, (s + 1) * cap) in logical
-    order (``tables``). float32 on the CPU, bfloat16 on a CUDA device."""
+    order (``tables``). float32 on the CPU, bfloat16 on a CUDA device.
+
+    ``len`` counts transformers' positions (columns of its mask, pads included); row s's first
+    ``pad[s]`` positions are left padding, never written: its sequence holds positions
+    ``pad[s] .. len - 1`` as 0 .. ``len - pad[s] - 1``."""
 
     def __init__(self, batch, num_kv_heads, head_dim, pages_per_seq, sliding=0, device="cpu",
-                 dtype=torch.float32):
+                 dtype=torch.float32, rep_kind="mean", pad=None):
         self.batch, self.H, self.d = batch, num_kv_heads, head_dim
         self.sliding = sliding  # the layer's sliding window in tokens, 0 for a global layer
         self.device, self.dtype = torch.device(device), dtype
+        self.rep_kind = rep_kind
+        self.pad = [0] * batch if pad is None else [int(p) for p in pad]
+        self.padded = any(self.pad)
         self.cap = 0
         self.k = self.v = self.reps = None
         self._alloc(pages_per_seq)
@@ -84,7 +97,7 @@ class _LayerCache:
         kw = dict(dtype=self.dtype, device=self.device)
         self.k = torch.zeros(b * cap, H, PAGE, d, **kw)
         self.v = torch.zeros_like(self.k)
-        self.reps = torch.zeros(b * cap, H, d, **kw)
+        self.reps = torch.zeros(b * cap, H, ops.rep_width(self.rep_kind, d), **kw)
         if self.cap:
             for new, o in zip((self.k, self.v, self.reps), old):
                 new.view(b, cap, *new.shape[1:])[:, : self.cap] = o.view(b, self.cap,
@@ -97,48 +110,121 @@ class _LayerCache:
         if need > self.cap:
             self._alloc(max(need, 2 * self.cap))
 
+    def seq_lens(self, length=None):
+        """Tokens of each row's sequence after ``length`` positions (default: ``len``)."""
+        n = self.len if length is None else length
+        return [max(n - p, 0) for p in self.pad]
+
     def append(self, key, value):
-        """key, value: [batch, H, n, d], the positions after self.len: one indexed copy each."""
+        """key, value: [batch, H, n, d], the positions after self.len: one indexed copy each
+        (the positions of left padding are left out)."""
         n = key.shape[2]
         start, end = self.len, self.len + n
         self.grow(end)
         dev = self.device
-        pos = torch.arange(start, end, device=dev)
         seq = torch.arange(self.batch, device=dev)[:, None]
-        pages = seq * self.cap + pos[None, :] // PAGE  # [batch, n]: tables[s, pos // PAGE]
-        slots = (pos % PAGE).expand(self.batch, n)
-        # Advanced indices around a slice put their [batch, n] first: [batch, n, H, d].
-        self.k[pages, :, slots] = key.transpose(1, 2).to(self.dtype)
-        self.v[pages, :, slots] = value.transpose(1, 2).to(self.dtype)
-        first, last = start // PAGE, end // PAGE  # logical pages [first, last) filled by this write
-        if last > first:
-            full = (seq * self.cap + torch.arange(first, last, device=dev)[None, :])
-            ops.update_representatives(self.reps, self.k, full.reshape(-1).to(torch.int32))
+        if not self.padded:
+            pos = torch.arange(start, end, device=dev)
+            pages = seq * self.cap + pos[None, :] // PAGE  # [batch, n]: tables[s, pos // PAGE]
+            slots = (pos % PAGE).expand(self.batch, n)
+            # Advanced indices around a slice put their [batch, n] first: [batch, n, H, d].
+            self.k[pages, :, slots] = key.transpose(1, 2).to(self.dtype)
+            self.v[pages, :, slots] = value.transpose(1, 2).to(self.dtype)
+        else:
+            # Row s's position t is its sequence's position t - pad[s]; pads are not written.
+            rel = torch.arange(start, end)[None, :] - torch.tensor(self.pad)[:, None]  # [b, n]
+            real = rel >= 0
+            rel = rel.clamp(min=0)
+            pages = (torch.arange(self.batch)[:, None] * self.cap + rel // PAGE)[real].to(dev)
+            slots = (rel % PAGE)[real].to(dev)
+            real = real.to(dev)
+            self.k[pages, :, slots] = key.transpose(1, 2)[real].to(self.dtype)
+            self.v[pages, :, slots] = value.transpose(1, 2)[real].to(self.dtype)
+        # Logical pages [first, last) of each row filled by this write get representatives
+        # (made on the device without padding, so that a decode step can be graph-captured).
+        full = None
+        if not self.padded:
+            first, last = start // PAGE, end // PAGE
+            if last > first:
+                full = (seq * self.cap + torch.arange(first, last, device=dev)[None, :])
+                full = full.reshape(-1).to(torch.int32)
+        else:
+            pages = [s * self.cap + j for s, p in enumerate(self.pad)
+                     for j in range(max(start - p, 0) // PAGE, max(end - p, 0) // PAGE)]
+            if pages:
+                full = torch.tensor(pages, dtype=torch.int32).to(dev)
+        if full is not None:
+            ops.update_representatives(self.reps, self.k, full, self.rep_kind)
         self.len = end
 
 
-def _check_mask(mask, q_len, sliding=0):
-    """The mask must be causal (and, with ``sliding``, within the window) without padding. Its
-    last q_len columns are the new positions (with transformers' caches and with :class:`Cache`,
-    which hands the attention only the new keys but sizes the mask as ``DynamicCache`` would), so
-    key column j and query row i of its kv_len columns are kv_len - q_len + i - j positions apart
-    whether or not a sliding cache dropped older keys. (A host synchronisation; not made while a
-    CUDA graph is captured.)"""
+def _allowed(mask, q_len):
+    """The mask as booleans [rows, q_len, kv_len] (True: attended)."""
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])[..., -q_len:, :]
+
+
+def _left_pads(mask, batch, q_len):
+    """Each row's left padding, read from the mask of a call that starts new sequences: key
+    column j is real when query row j attends to it (every position attends to itself), and
+    the real columns must be a suffix (generate()'s left padding). Right padding, or padding
+    inside a row, is refused."""
     if mask is None:
+        return [0] * batch
+    allowed = _allowed(mask, q_len)
+    kv_len = allowed.shape[-1]
+    if kv_len != q_len:
+        return [0] * batch  # not the first call of a sequence: the mask check decides
+    real = torch.diagonal(allowed, dim1=-2, dim2=-1).cpu()  # [rows or 1, q_len]
+    real = real.expand(batch, q_len) if real.shape[0] == 1 else real
+    pads = []
+    for row in real:
+        p = int(q_len - row.sum())
+        if not bool(row[p:].all()):
+            raise ValueError("cisa attention: only left padding is supported (the pads of a "
+                             "row must come before its tokens, as generate() pads decoder-only "
+                             "models: tokenizer.padding_side = 'left'); this mask pads on the "
+                             "right or inside a row")
+        pads.append(p)
+    return pads
+
+
+def _check_mask(mask, q_len, sliding=0, past=None, pad=None):
+    """The mask must be causal (and, with ``sliding``, within the window) and mask exactly the
+    left padding ``pad`` of each row (None: no padding). Its last q_len columns are the new
+    positions (with transformers' caches and with :class:`Cache`, which hands the attention
+    only the new keys but sizes the mask as ``DynamicCache`` would), so key column j and query
+    row i of its kv_len columns are kv_len - q_len + i - j positions apart whether or not a
+    sliding cache dropped older keys; with ``past`` positions before the call, key column j is
+    position past + q_len - kv_len + j. (A host synchronisation; not made while a CUDA graph is
+    captured.)"""
+    padded = pad is not None and any(pad)
+    if mask is None:
+        if padded:
+            raise ValueError("cisa attention: the layer's sequences are left-padded but this call "
+                             "has no attention mask (pass the batch's attention_mask)")
         return
     if mask.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # checked when the same step ran eagerly (its plan had to be made then)
     kv_len = mask.shape[-1]
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    allowed = allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])[..., -q_len:, -kv_len:]
+    allowed = _allowed(mask, q_len)
     k_pos = torch.arange(kv_len, device=mask.device)[None, :]
     q_pos = torch.arange(kv_len - q_len, kv_len, device=mask.device)[:, None]
     expected = k_pos <= q_pos
     if sliding:
         expected &= k_pos > q_pos - sliding
+    if padded:
+        # Absolute key positions: position past + q_len - kv_len + j is a pad of row s when it
+        # is below pad[s].
+        first = (past if past is not None else kv_len - q_len) + q_len - kv_len
+        p = torch.tensor(pad, device=mask.device)[:, None, None]
+        expected = expected[None] & (k_pos[None] + first >= p)
+        if allowed.shape[0] != expected.shape[0]:
+            raise ValueError("cisa attention: the mask does not have one row per batch row")
     if not torch.equal(allowed, expected.expand_as(allowed)):
-        raise ValueError("cisa attention: only causal masks without padding are supported "
-                         "(batch rows of equal length)")
+        raise ValueError("cisa attention: only causal masks whose padding is on the left are "
+                         "supported (rows may start with pads, as generate() pads them; no pad "
+                         "after a row's first token, nor padding that changes between calls)")
 
 
 def _check_cuda(query):
@@ -157,9 +243,106 @@ def _check_cuda(query):
                          f"backend's (got {d}); run this model on the CPU")
 
 
+def _num_layers(module):
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    n = getattr(config, "num_hidden_layers", None)
+    if n is None:
+        raise ValueError("cisa attention: an indexer needs the attention module's config "
+                         "(num_hidden_layers) to check the model's shape")
+    return int(n)
+
+
+class _IndexChoice:
+    """Which query head is each (layer, KV group)'s index query (SPEC section 6): from a
+    calibrated ``.cisaidx`` file (an :class:`cisa.indexer.Indexer` or its path) or an explicit
+    mapping ``{(layer, kv_group): head}`` (absolute query head, or None / "mean" for the mean of
+    the group's heads). Pairs not listed use the mean."""
+
+    def __init__(self, spec):
+        from . import indexer as _ix
+        self.indexer = None
+        if isinstance(spec, (str, bytes)) or hasattr(spec, "__fspath__"):
+            spec = _ix.load_indexer(spec)
+        if isinstance(spec, _ix.Indexer):
+            self.indexer = spec
+            self.heads = spec.heads()
+            self.source = f"indexer {spec.source}"
+        elif isinstance(spec, dict):
+            self.heads = {}
+            for key, h in spec.items():
+                if not (isinstance(key, tuple) and len(key) == 2 and
+                        all(isinstance(x, int) for x in key)):
+                    raise ValueError(f"cisa indexer mapping: keys must be (layer, kv_group) "
+                                     f"pairs of ints (got {key!r})")
+                if h is not None and h != "mean" and not isinstance(h, int):
+                    raise ValueError(f"cisa indexer mapping: {key} -> {h!r}: a value is a query "
+                                     f"head (int) or None / 'mean'")
+                self.heads[key] = None if h in (None, "mean") else int(h)
+            self.source = "indexer mapping"
+        else:
+            raise TypeError(f"cisa: indexer must be a .cisaidx path, a cisa.indexer.Indexer or "
+                            f"a {{(layer, kv_group): head}} dict (got {type(spec).__name__})")
+        self.checked = {}  # (n_layer, hq, hkv, d) -> {layer: [head or None per KV group]}
+
+    def layer_heads(self, module, layer, hq, hkv, d, sliding):
+        """The chosen head (or None) of each KV group of ``layer``, checked against the model's
+        shape at the first call with that shape."""
+        n_layer = _num_layers(module)
+        key = (n_layer, hq, hkv, d)
+        per_layer = self.checked.get(key)
+        if per_layer is None:
+            per_layer = self._check(n_layer, hq, hkv, d)
+            self.checked[key] = per_layer
+        heads = per_layer.get(layer)
+        if heads is not None and sliding:
+            raise ValueError(f"cisa attention: the {self.source} chooses index queries for "
+                             f"layer {layer}, a sliding-window layer of this model (CISA "
+                             f"selects pages on the global layers only): it was made for "
+                             f"another model")
+        return heads
+
+    def _check(self, n_layer, hq, hkv, d):
+        if self.indexer is not None:
+            self.indexer.check_shape(n_layer, hq, hkv, d)
+        hg = hq // hkv
+        per_layer = {}
+        for (layer, g), h in sorted(self.heads.items()):
+            if not (0 <= layer < n_layer and 0 <= g < hkv):
+                raise ValueError(f"cisa attention: the {self.source} names layer {layer}, KV "
+                                 f"group {g}, but the model has {n_layer} layers of {hkv} KV "
+                                 f"groups")
+            if h is not None and not g * hg <= h < (g + 1) * hg:
+                raise ValueError(f"cisa attention: the {self.source} picks query head {h} for "
+                                 f"layer {layer}, KV group {g}, whose heads are "
+                                 f"{g * hg} .. {(g + 1) * hg - 1}")
+            per_layer.setdefault(layer, [None] * hkv)[g] = h
+        return per_layer
+
+
+def index_query(q, num_kv_heads, heads=None):
+    """The index query of every row and KV group (SPEC section 2): float32 ``[rows, num_kv_heads,
+    head_dim]`` from the post-RoPE queries ``q`` ``[rows, num_q_heads, head_dim]``; KV group g's
+    is the mean of its query heads, or query head ``heads[g]`` where ``heads`` names one."""
+    rows, hq, d = q.shape
+    hg = hq // num_kv_heads
+    if heads is None or all(h is None for h in heads):
+        return q.view(rows, num_kv_heads, hg, d).float().mean(2).contiguous()
+    # Basic indexing only (no index tensor made on the host), so a CUDA graph can capture it.
+    cols = [q[:, g * hg:(g + 1) * hg].float().mean(1) if h is None else q[:, h].float()
+            for g, h in enumerate(heads)]
+    return torch.stack(cols, 1).contiguous()
+
+
 def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="mean",
-                   dense=False):
-    """An attention function for transformers' AttentionInterface."""
+                   dense=False, rep_kind="mean", indexer=None):
+    """An attention function for transformers' AttentionInterface. ``rep_kind``: the page
+    representatives, ``"mean"`` or ``"quest"``. ``indexer``: which query head is each (layer, KV
+    group)'s index query, a ``.cisaidx`` path, a :class:`cisa.indexer.Indexer` or a dict
+    ``{(layer, kv_group): head}`` (None: the mean of every group's heads)."""
+    ops._rep_code("register", rep_kind)
+    choice = _IndexChoice(indexer) if indexer is not None else None
     # Plans of recent steps, shared by the layers of a step with the same geometry: the host
     # plans once per step (on CUDA also the backend's plan), not once per layer.
     plans = collections.OrderedDict()
@@ -168,7 +351,7 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
     atexit.register(plans.clear)
 
     def planned(state, b, q_len, hq, hkv, d, sliding, device):
-        key = (device, b, state.len, state.cap, q_len, hq, hkv, d, sliding)
+        key = (device, b, state.len, state.cap, q_len, hq, hkv, d, sliding, tuple(state.pad))
         hit = plans.get(key)
         if hit is not None:
             plans.move_to_end(key)
@@ -177,16 +360,31 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
             raise RuntimeError("cisa attention: a step captured in a CUDA graph must have run "
                                "eagerly first (the plan is host work, made outside the capture; "
                                "cisa.transformers.rewind sets the caches back to run it again)")
-        entries = torch.tensor([[s, state.len - q_len, q_len] for s in range(b)],
-                               dtype=torch.int64)
-        seq_lens = torch.full((b,), state.len, dtype=torch.int64)
-        w = SparseAttentionWrapper(num_kv_heads=hkv, device=device)
-        cuda = dict(k_cache=state.k, v_cache=state.v, reps=state.reps, num_q_heads=hq)
-        w.plan(state.tables, seq_lens, entries, num_pages=state.k.shape[0],
-               dense=dense or sliding > 0, sliding_window=sliding, budget=budget, window=window,
-               qshare=qshare, sink_pages=sink_pages, qshare_query=qshare_query,
-               **(cuda if device.type == "cuda" else {}))
-        hit = (w, w.pages_read())
+        # Row s's new positions start at its sequence's position len - q_len - pad[s]; those
+        # before its first token (left padding) are not queries.
+        entries, real = [], None
+        for s, p in enumerate(state.pad):
+            first = max(state.len - q_len - p, 0)
+            count = state.len - p - first
+            if count > 0:
+                entries.append([s, first, count])
+        if sum(e[2] for e in entries) != b * q_len:
+            real = torch.zeros(b, q_len, dtype=torch.bool)
+            for s, _, count in entries:
+                real[s, q_len - count:] = True
+            real = real.to(device)
+        entries = torch.tensor(entries, dtype=torch.int64).reshape(-1, 3)
+        seq_lens = torch.tensor(state.seq_lens(), dtype=torch.int64)
+        w = None
+        if entries.shape[0]:
+            w = SparseAttentionWrapper(num_kv_heads=hkv, device=device)
+            cuda = dict(k_cache=state.k, v_cache=state.v, reps=state.reps, num_q_heads=hq)
+            w.plan(state.tables, seq_lens, entries, num_pages=state.k.shape[0],
+                   dense=dense or sliding > 0, sliding_window=sliding, budget=budget,
+                   window=window, qshare=qshare, sink_pages=sink_pages,
+                   qshare_query=qshare_query, rep_kind=rep_kind,
+                   **(cuda if device.type == "cuda" else {}))
+        hit = (w, w.pages_read() if w is not None else (0, 0), real)
         plans[key] = hit
         while len(plans) > 4:
             plans.popitem(last=False)
@@ -209,7 +407,10 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
         if sliding_window is None:
             sliding_window = getattr(module, "sliding_window", None)
         sliding = int(sliding_window or 0)
-        _check_mask(attention_mask, q_len, sliding)
+        heads = None
+        if choice is not None:
+            heads = choice.layer_heads(module, getattr(module, "layer_idx", None), hq, hkv, d,
+                                       sliding)
         # A cisa.transformers.Cache layer tells the positions before this call and hands over
         # only the new keys. Otherwise transformers' cache passed every kept key and the
         # positions before this call are the rest.
@@ -220,36 +421,50 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
                 raise ValueError(f"cisa attention: a cisa.transformers.Cache layer passed "
                                  f"{kv_len} keys for {q_len} queries (only the new ones)")
             past = told[0]
-            told[2] = True  # taken: the cache layer checks this at its next update
         else:
             past = kv_len - q_len
         state = getattr(module, "_cisa_cache", None)
-        if told is not None and state is not None and 0 < past < state.len:
-            state.len = past  # the cache was cropped: the paged cache follows (as rewind)
-        if (state is None or past == 0 or state.batch != b or state.device != query.device):
+        fresh = (state is None or past == 0 or state.batch != b or state.device != query.device)
+        # Left padding: read from the mask when new sequences start, kept by the layer after.
+        pad = (_left_pads(attention_mask, b, q_len) if past == 0 else None) if fresh else state.pad
+        # transformers' sliding cache keeps the last sliding - 1 keys; the paged cache keeps all.
+        truncated = (told is None and sliding and not fresh
+                     and min(state.len, sliding - 1) <= past < state.len)
+        _check_mask(attention_mask, q_len, sliding, state.len if truncated else past, pad)
+        if told is not None:
+            told[2] = True  # taken: the cache layer checks this at its next update
+            if not fresh and 0 < past < state.len:
+                state.len = past  # the cache was cropped: the paged cache follows (as rewind)
+        if fresh:
             cap = -(-kv_len // PAGE)
             cap = max(64, cap + (cap // 8 if on_cuda else 0))  # CUDA: room to decode first
             state = _LayerCache(b, hkv, d, cap, sliding, device=query.device,
-                                dtype=torch.bfloat16 if on_cuda else torch.float32)
+                                dtype=torch.bfloat16 if on_cuda else torch.float32,
+                                rep_kind=rep_kind, pad=pad)
             module._cisa_cache = state
-        # transformers' sliding cache keeps the last sliding - 1 keys; the paged cache keeps all.
-        truncated = (told is None and sliding
-                     and min(state.len, sliding - 1) <= past < state.len)
         if past != state.len and not truncated:
             raise ValueError(f"cisa attention: the layer's paged cache holds {state.len} "
                              f"positions but this step starts at {past}")
         state.append(key[:, :, kv_len - q_len:], value[:, :, kv_len - q_len:])
-        w, (read, read_dense) = planned(state, b, q_len, hq, hkv, d, sliding, query.device)
-        q = query.transpose(1, 2).reshape(b * q_len, hq, d)
+        w, (read, read_dense), real = planned(state, b, q_len, hq, hkv, d, sliding,
+                                              query.device)
+        q = query.transpose(1, 2)  # [b, q_len, hq, d]
+        q = q.reshape(b * q_len, hq, d) if real is None else q[real]  # real rows only
         q = q.contiguous() if on_cuda else q.float().contiguous()  # bf16 on CUDA, f32 on the CPU
-        index_q = None
-        if not w.dense:
-            index_q = q.view(b * q_len, hkv, hq // hkv, d).float().mean(2).contiguous()
-        out, _ = w.run(q, state.k, state.v, state.reps, index_q,
-                       scale=float(scaling) if scaling else 0.0)
+        out = None
+        if w is not None:
+            index_q = None if w.dense else index_query(q, hkv, heads)
+            out, _ = w.run(q, state.k, state.v, state.reps, index_q,
+                           scale=float(scaling) if scaling else 0.0)
         state.pages_read += read
         state.pages_read_dense += read_dense
-        return out.view(b, q_len, hq, d).to(query.dtype), None
+        if real is None:
+            return out.view(b, q_len, hq, d).to(query.dtype), None
+        # Left-padding positions attend to nothing: their outputs are zeros (never used).
+        full = torch.zeros(b, q_len, hq, d, dtype=query.dtype, device=query.device)
+        if out is not None:
+            full[real] = out.to(query.dtype)
+        return full, None
 
     return cisa_attention
 
@@ -259,7 +474,8 @@ _REGISTERED = set()  # names given to register(): the implementations a Cache ca
 
 def register(name="cisa", **params):
     """Registers CISA under ``name`` for ``attn_implementation=name`` (parameters as
-    :func:`make_attention`); the mask function is SDPA's (None without padding)."""
+    :func:`make_attention`: budget, window, qshare, sink_pages, qshare_query, dense, rep_kind,
+    indexer); the mask function is SDPA's (None without padding)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

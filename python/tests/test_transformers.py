@@ -162,11 +162,11 @@ def test_cisa_cache_needs_cisa_attention():
     with pytest.raises(ValueError, match="needs a cisa attention function"):
         generate(model, "sdpa", ids, cache=ct.Cache(model))
     mask = torch.ones(2, 40, dtype=torch.long)
-    mask[1, :5] = 0
+    mask[1, -5:] = 0  # right padding: refused
     model.set_attn_implementation("cisa_full")
     cache = ct.Cache(model)
     with torch.no_grad():
-        with pytest.raises(ValueError, match="without padding"):
+        with pytest.raises(ValueError, match="only left padding"):
             model(ids.expand(2, -1), attention_mask=mask, **cache_kw(model, cache), use_cache=True)
         # The failed call's keys never reached a paged cache: the cache says so until reset.
         with pytest.raises(RuntimeError, match="did not take the keys"):
@@ -176,15 +176,103 @@ def test_cisa_cache_needs_cisa_attention():
     assert_no_kv(cache, model, 40)
 
 
-def test_padding_is_refused():
+def test_right_padding_is_refused():
     model = model_of("llama")
     ids = torch.randint(0, 512, (2, 40))
-    mask = torch.ones_like(ids)
-    mask[1, :5] = 0
     model.set_attn_implementation("cisa_full")
-    with pytest.raises(ValueError, match="without padding"):
-        with torch.no_grad():
-            model(ids, attention_mask=mask)
+    for where in (slice(35, 40), slice(10, 12)):  # pads after a row's tokens, or inside them
+        mask = torch.ones_like(ids)
+        mask[1, where] = 0
+        with pytest.raises(ValueError, match="only left padding"):
+            with torch.no_grad():
+                model(ids, attention_mask=mask)
+    # A left-padded prefill, then a decode step whose mask adds a pad: refused too.
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, use_cache=True)
+        step = torch.cat([mask, torch.tensor([[1], [0]])], 1)
+        with pytest.raises(ValueError, match="padding is on the left"):
+            model(ids[:, :1], attention_mask=step, **cache_kw(model, out.past_key_values))
+
+
+def left_padded(prompts):
+    """The prompts as one left-padded batch, as a tokenizer with padding_side='left' makes it:
+    (ids, attention_mask)."""
+    n = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), n, dtype=torch.long)
+    mask = torch.zeros(len(prompts), n, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, n - len(p):] = p
+        mask[r, n - len(p):] = 1
+    return ids, mask
+
+
+def generate_batch(model, impl, ids, mask, n=12, cache=None):
+    model.set_attn_implementation(impl)
+    kw = {} if cache is None else cache_kw(model, cache)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                              pad_token_id=0, **kw)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_left_padded_batch_generates_each_prompts_tokens(kind, with_cache):
+    """Three prompts of different lengths, left-padded into one batch: with full-budget CISA
+    each row generates the tokens its prompt generates alone (SDPA, batch of one, no padding),
+    and the pads never reach a paged cache: each row's sequence holds its own tokens only."""
+    model = model_of(kind)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, 512, (n,), generator=g) for n in (300, 170, 233)]
+    alone = [generate(model, "sdpa", p[None], n=12)[0, len(p):].tolist() for p in prompts]
+    ids, mask = left_padded(prompts)
+    cache = ct.Cache(model) if with_cache else None
+    out = generate_batch(model, "cisa_full", ids, mask, cache=cache)
+    assert [row[ids.shape[1]:] for row in out.tolist()] == alone
+    assert generate_batch(model, "sdpa", ids, mask)[:, ids.shape[1]:].tolist() == alone
+    for m in model.modules():
+        if hasattr(m, "_cisa_cache"):
+            c = m._cisa_cache
+            assert c.pad == [0, 130, 67] and c.seq_lens() == [311, 181, 244]
+    read, dense = ct.stats(model)
+    # Each row's positions alone: its own pages only, 12 steps (11 decode calls after prefill).
+    own = sum(t // 16 + 1 for p in prompts for t in range(len(p) + 11))
+    assert read == dense == 2 * own  # two layers
+    if with_cache:
+        assert_no_kv(cache, model, 311)
+
+
+def test_left_padded_batch_small_budget_equals_each_prompt_alone():
+    """With a budget that selects (k = 8), each padded row selects and attends exactly what its
+    prompt does alone with CISA: the same tokens and the same pages read."""
+    model = model_of("llama")
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(1, 512, (n,), generator=g) for n in (500, 410)]
+    alone, reads = [], 0
+    for p in prompts:
+        alone.append(generate(model, "cisa_small", p[None], n=8)[0, len(p):].tolist())
+        reads += ct.stats(model)[0]
+    ids, mask = left_padded(prompts)
+    out = generate_batch(model, "cisa_small", ids, mask, n=8)
+    assert [row[ids.shape[1]:] for row in out.tolist()] == alone
+    read, dense = ct.stats(model)
+    assert read == reads < 0.75 * dense  # k = 8 selects: fewer pages than dense
+
+
+def test_gemma3_left_padded_batch_generates_each_prompts_tokens():
+    """Gemma 3's sliding-window layers with left padding: each row's window counts its own
+    positions."""
+    model = gemma3()
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(1, 512, (n,), generator=g) for n in (100, 61)]
+    alone = [generate(model, "sdpa", p[None], n=12)[0, len(p):].tolist() for p in prompts]
+    ids, mask = left_padded(prompts)
+    out = generate_batch(model, "cisa_full", ids, mask)
+    assert [row[ids.shape[1]:] for row in out.tolist()] == alone
+    read_s, dense_s = ct.stats(model, layers="sliding")
+    window = sum(t // 16 - max(0, t - 31) // 16 + 1 for p in prompts for t in range(len(p) + 11))
+    assert read_s == dense_s == 2 * window  # two sliding layers
 
 
 def gemma3():
@@ -263,3 +351,27 @@ def test_gemma3_cisa_cache_small_budget_reads_fewer_pages_on_global_layers():
     read_s, dense_s = ct.stats(model, layers="sliding")
     assert read_s == dense_s < dense / 4
     assert generate(model, "cisa_small", ids, n=20).tolist() == out.tolist()
+
+
+def test_quest_representatives_in_the_backend():
+    """rep_kind="quest": every layer's paged cache keeps Quest's per-channel min and max of
+    each full page's keys (what the selection scores), full budget gives SDPA's tokens, and
+    k = 8 selects fewer pages."""
+    ct.register("cisa_quest_full", budget=10**6, window=8, qshare=16, rep_kind="quest")
+    ct.register("cisa_quest_small", budget=8, window=4, qshare=16, rep_kind="quest")
+    model = model_of("llama")
+    ids = torch.randint(0, 512, (1, 900), generator=torch.Generator().manual_seed(2))
+    assert generate(model, "cisa_quest_full", ids, n=6).tolist() == \
+        generate(model, "sdpa", ids, n=6).tolist()
+    out = generate(model, "cisa_quest_small", ids, n=6)
+    read, dense = ct.stats(model)
+    assert read < dense / 2
+    for m in model.modules():
+        if hasattr(m, "_cisa_cache"):
+            c = m._cisa_cache
+            full = c.len // 16  # row 0's pages 0 .. full - 1 are full
+            keys = c.k[:full]  # [pages, H, 16, d]
+            want = torch.cat([keys.min(2).values, keys.max(2).values], -1)
+            assert c.reps.shape[-1] == 2 * keys.shape[-1]
+            assert torch.equal(c.reps[:full], want)
+    assert out.shape == (1, 906)
