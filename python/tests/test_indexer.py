@@ -1,0 +1,226 @@
+"""Calibrated indexers: the .cisaidx reader against the tables `cisa calibrate` printed when it
+wrote the committed files, and the transformers backend's index query from a chosen head against
+a direct computation of that head's query (projection and RoPE) and the selection it gives."""
+
+import pathlib
+import re
+import struct
+
+import pytest
+import torch
+
+import cisa
+from cisa import indexer as ix
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INDEXERS = ROOT / "indexers"
+# (n_layer, n_embd, n_head, n_head_kv, head_dim) of the GGUF models the files were made for.
+SHAPES = {"gemma3-270m": ("gemma3", 18, 640, 4, 1, 256),
+          "smollm2-135m": ("llama", 30, 576, 9, 3, 64)}
+
+
+def printed_table(name):
+    """What `cisa calibrate` printed (indexers/NAME.calibration.txt): settings, and per group
+    (layer, group, n, oracle, [(head or -1, kl, captured)], chosen index)."""
+    text = (INDEXERS / f"{name}.calibration.txt").read_text()
+    m = re.search(r"criterion (\w+), k = (\d+) chunks, W = (\d+) pages, (\d+) sink pages", text)
+    settings = (m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)))
+    groups = []
+    for line in text.splitlines():
+        g = re.match(r"layer\s+(\d+) group (\d+)\s+n=(\d+)\s+oracle ([\d.]+) \|(.*)", line)
+        if not g:
+            continue
+        cands = re.findall(r"(\*?)(h\d+|mean)\s+([\d.]+)/([\d.]+)", g.group(5))
+        groups.append((int(g.group(1)), int(g.group(2)), int(g.group(3)), float(g.group(4)),
+                       [(-1 if h == "mean" else int(h[1:]), float(kl), float(c))
+                        for _, h, kl, c in cands],
+                       [star for star, *_ in cands].index("*")))
+    return settings, groups
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_committed_indexers_read_as_calibrate_printed_them(name):
+    idx = ix.load_indexer(INDEXERS / f"{name}.cisaidx")
+    assert (idx.arch, idx.n_layer, idx.n_embd, idx.n_head, idx.n_head_kv, idx.head_dim) == \
+        SHAPES[name]
+    (criterion, k, W, sinks), groups = printed_table(name)
+    assert (idx.criterion, idx.budget, idx.window, idx.sink_pages) == (criterion, k, W, sinks)
+    assert len(idx.documents) == 8 and idx.page_size == 16
+    assert len(idx.groups) == len(groups) > 0
+    for g, (layer, group, n, oracle, cands, chosen) in zip(idx.groups, groups):
+        assert (g.layer, g.kv_group, g.positions, g.chosen) == (layer, group, n, chosen)
+        assert round(g.oracle, 4) == oracle
+        assert [(c.head, round(c.kl, 4), round(c.captured, 4)) for c in g.candidates] == cands
+        assert g.head == (None if cands[chosen][0] < 0 else cands[chosen][0])
+    assert idx.heads() == {(g[0], g[1]): (None if g[4][g[5]][0] < 0 else g[4][g[5]][0])
+                           for g in groups}
+
+
+def test_corrupted_truncated_and_foreign_files_are_refused():
+    data = (INDEXERS / "gemma3-270m.cisaidx").read_bytes()
+    ix.parse_indexer(data)
+    for i in range(len(data)):  # every byte flipped
+        bad = bytearray(data)
+        bad[i] ^= 0x5A
+        with pytest.raises(ValueError, match="indexer file|bad magic"):
+            ix.parse_indexer(bytes(bad))
+    for n in range(len(data)):  # every truncation
+        with pytest.raises(ValueError):
+            ix.parse_indexer(data[:n])
+    with pytest.raises(ValueError, match="version 2 is not supported"):
+        ix.parse_indexer(data[:8] + struct.pack("<I", 2) + data[12:])
+    # Contents that contradict themselves, under a correct payload hash: the chosen candidate
+    # of the last group out of range.
+    payload = bytearray(data[32:])
+    payload[-4:] = struct.pack("<i", 7)
+    forged = data[:24] + struct.pack("<Q", ix.fnv1a64(bytes(payload))) + bytes(payload)
+    with pytest.raises(ValueError, match="chosen candidate 7 out of range"):
+        ix.parse_indexer(forged)
+    with pytest.raises(ValueError, match="cannot open indexer file"):
+        ix.load_indexer(INDEXERS / "missing.cisaidx")
+
+
+# ---- the transformers backend ------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+import cisa.transformers as ct  # noqa: E402
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
+
+SEL = dict(budget=3, window=1, qshare=4)
+
+
+def llama(layers, heads, kv_heads, head_dim):
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=144, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        max_position_embeddings=2048, initializer_range=0.2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def run_capturing(model, impl, ids, monkeypatch):
+    """One prefill forward. Returns every SparseAttentionWrapper.run in layer order (wrapper,
+    index query, chunks it selected) and every layer's query heads after RoPE, computed directly
+    from q_proj's output in the same forward and the model's rotary embedding ([layers][heads,
+    T, head_dim])."""
+    calls, projected = [], []
+    run = cisa.SparseAttentionWrapper.run
+
+    def recording(self, q, k, v, reps=None, index_q=None, scale=0.0):
+        out = run(self, q, k, v, reps, index_q, scale)
+        calls.append((self, index_q.clone(), self.chunks.clone()))
+        return out
+
+    monkeypatch.setattr(cisa.SparseAttentionWrapper, "run", recording)
+    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda m, i, o: projected.append(o))
+             for layer in model.model.layers]
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    monkeypatch.undo()
+    T, d = ids.shape[1], model.config.head_dim
+    cos, sin = model.model.rotary_emb(projected[0], torch.arange(T)[None])
+    queries = []
+    for q in projected:
+        q = q.view(1, T, -1, d).transpose(1, 2)
+        queries.append(apply_rotary_pos_emb(q, q, cos, sin)[0][0])
+    return calls, queries
+
+
+def group_lists(w, chunks, kv_groups):
+    """The selected chunks of every page list, grouped by KV group."""
+    o = w.offsets.tolist()
+    return [[chunks[o[i]:o[i + 1]].tolist() for i in range(g, len(o) - 1, kv_groups)]
+            for g in range(kv_groups)]
+
+
+def check_index_queries(model, impl, heads, monkeypatch, ids):
+    """The index query of each (layer, KV group) is the chosen head's post-RoPE query (or the
+    mean of the group's), and the selection is select_pages' on that query. Returns the number of
+    (layer, group) lists whose selection differs from the mean's."""
+    hq, hkv = model.config.num_attention_heads, model.config.num_key_value_heads
+    hg = hq // hkv
+    calls, want_q = run_capturing(model, impl, ids, monkeypatch)
+    assert len(calls) == model.config.num_hidden_layers
+    differ = 0
+    for layer, (w, iq, chunks) in enumerate(calls):
+        q = want_q[layer].transpose(0, 1)  # [T, hq, d]
+        mean = q.reshape(q.shape[0], hkv, hg, -1).mean(2)
+        want = mean.clone()
+        for g in range(hkv):
+            h = heads.get((layer, g))
+            if h is not None:
+                want[:, g] = q[:, h]
+        torch.testing.assert_close(iq, want, rtol=1e-5, atol=1e-5)
+        cache = model.model.layers[layer].self_attn._cisa_cache
+        sel = (cache.k, cache.reps, w.block_tables, w.seq_lens, w.entries, SEL["budget"],
+               SEL["window"], SEL["qshare"], 0, False, w.pages.numel(), w.num_selected.numel())
+        got = group_lists(w, chunks, hkv)
+        assert got == group_lists(w, cisa.select_pages(iq, *sel)[1], hkv)
+        by_mean = group_lists(w, cisa.select_pages(mean.contiguous(), *sel)[1], hkv)
+        for g in range(hkv):
+            if heads.get((layer, g)) is None:
+                assert got[g] == by_mean[g], (layer, g)
+            else:
+                differ += got[g] != by_mean[g]
+    return differ
+
+
+def test_smollm2_indexer_picks_the_calibrated_heads(monkeypatch):
+    """The committed SmolLM2 indexer on a random model of SmolLM2-135M's attention shape (30
+    layers, 9:3 heads, head_dim 64): every layer and KV group scores with the head the file
+    chose (the mean where it chose the mean), and those selections differ from the mean's."""
+    path = INDEXERS / "smollm2-135m.cisaidx"
+    ct.register("cisa_smollm2_idx", indexer=path, **SEL)
+    model = llama(30, 9, 3, 64)
+    ids = torch.randint(0, 256, (1, 160), generator=torch.Generator().manual_seed(11))
+    heads = ix.load_indexer(path).heads()
+    assert sum(h is not None for h in heads.values()) > 30
+    assert check_index_queries(model, "cisa_smollm2_idx", heads, monkeypatch, ids) > 10
+
+
+def test_explicit_head_mapping(monkeypatch):
+    heads = {(0, 0): 1, (0, 1): 2, (1, 1): 3}  # layer 1, group 0: the mean
+    ct.register("cisa_mapped", indexer={**heads, (1, 0): "mean"}, **SEL)
+    model = llama(2, 4, 2, 32)
+    ids = torch.randint(0, 256, (1, 200), generator=torch.Generator().manual_seed(12))
+    assert check_index_queries(model, "cisa_mapped", heads, monkeypatch, ids) > 0
+
+
+def test_mismatched_indexers_are_refused():
+    ids = torch.randint(0, 256, (1, 40))
+    model = llama(2, 4, 2, 32)
+    ct.register("cisa_gemma_idx", indexer=INDEXERS / "gemma3-270m.cisaidx")
+    model.set_attn_implementation("cisa_gemma_idx")
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"calibrated on gemma3 'Gemma 3 270m' .*\(n_layer 18 "
+                                             r"vs 2, n_head_kv 1 vs 2, head_dim 256 vs 32\)"):
+            model(ids)
+        ct.register("cisa_bad_head", indexer={(0, 1): 1})  # head 1 is group 0's
+        model.set_attn_implementation("cisa_bad_head")
+        with pytest.raises(ValueError, match=r"picks query head 1 for layer 0, KV group 1, whose "
+                                             r"heads are 2 \.\. 3"):
+            model(ids)
+        ct.register("cisa_bad_layer", indexer={(5, 0): 0})
+        model.set_attn_implementation("cisa_bad_layer")
+        with pytest.raises(ValueError, match="names layer 5, KV group 0, but the model has 2"):
+            model(ids)
+    with pytest.raises(ValueError, match="keys must be"):
+        ct.register("cisa_bad_key", indexer={0: 1})
+    with pytest.raises(TypeError, match="indexer must be"):
+        ct.register("cisa_bad_type", indexer=3)
+
+
+def test_indexer_on_a_sliding_window_layer_is_refused():
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=32,
+        sliding_window_pattern=2, max_position_embeddings=2048)
+    model = transformers.Gemma3ForCausalLM(cfg).float().eval()
+    assert cfg.layer_types == ["sliding_attention", "full_attention"]
+    ct.register("cisa_idx_sliding", indexer={(0, 0): 1})
+    model.set_attn_implementation("cisa_idx_sliding")
+    with torch.no_grad(), pytest.raises(ValueError, match="layer 0, a sliding-window layer"):
+        model(torch.randint(0, 256, (1, 40)))
