@@ -91,6 +91,7 @@ Status validate(const Indexer& idx) {
                ", window " + std::to_string(s.window) + ", sink pages " +
                std::to_string(s.sink_pages) + ", page size " + std::to_string(s.page_size) +
                "; budget, window and sinks at most 2^26, page size at most 2^20)");
+  if (!(s.fit_ridge >= 0) || !std::isfinite(s.fit_ridge)) return bad("fit ridge out of range");
   const int hg = m.n_head / m.n_head_kv;
   std::set<std::pair<int, int>> seen;
   for (const GroupCalibration& g : idx.groups) {
@@ -100,16 +101,27 @@ Status validate(const Indexer& idx) {
     if (!seen.insert({g.layer, g.kv_group}).second)
       return bad("layer " + std::to_string(g.layer) + ", KV group " + std::to_string(g.kv_group) +
                  " appears twice");
-    if (static_cast<int>(g.candidates.size()) != hg + 1)
+    const bool fit = s.fit;
+    const int n_cand = hg + 1 + (fit ? 1 : 0);
+    if (static_cast<int>(g.candidates.size()) != n_cand)
       return bad("layer " + std::to_string(g.layer) + " has " +
                  std::to_string(g.candidates.size()) + " candidates, expected " +
-                 std::to_string(hg + 1));
+                 std::to_string(n_cand));
     for (int c = 0; c < hg; ++c)
       if (g.candidates[static_cast<size_t>(c)].head != g.kv_group * hg + c)
         return bad("candidate head out of order");
-    if (g.candidates.back().head != -1) return bad("the last candidate is not the mean");
-    if (g.chosen < 0 || g.chosen > hg)
+    if (g.candidates[static_cast<size_t>(hg)].head != kMeanCandidate)
+      return bad("the candidate after the heads is not the mean");
+    if (fit && g.candidates.back().head != kFitCandidate)
+      return bad("the last candidate is not the fit");
+    if (g.chosen < 0 || g.chosen >= n_cand)
       return bad("chosen candidate " + std::to_string(g.chosen) + " out of range");
+    if (g.mix.size() != (fit ? static_cast<size_t>(hg) * static_cast<size_t>(m.head_dim) : 0) ||
+        (fit && m.head_dim % 2 != 0))
+      return bad("layer " + std::to_string(g.layer) + " has " + std::to_string(g.mix.size()) +
+                 " fit coefficients");
+    for (float v : g.mix)
+      if (!std::isfinite(v)) return bad("a fit coefficient is not finite");
     if (g.positions < 0 || !std::isfinite(g.oracle)) return bad("group statistics out of range");
     for (const CandidateScore& c : g.candidates)
       if (std::isnan(c.kl) || std::isnan(c.captured)) return bad("NaN score");
@@ -138,6 +150,8 @@ std::vector<uint8_t> serialize_indexer(const Indexer& idx) {
   for (int64_t v : {s.budget, s.window, s.sink_pages, s.page_size, s.positions}) p.put<int64_t>(v);
   p.put<uint64_t>(s.seed);
   p.put<uint32_t>(s.criterion == CalibCriterion::kKl ? 0u : 1u);
+  p.put<uint32_t>(s.fit ? 1u : 0u);  // version 2
+  p.put<double>(s.fit_ridge);
   p.put<uint32_t>(static_cast<uint32_t>(s.documents.size()));
   for (const CalibDocument& d : s.documents) {
     p.str(d.name);
@@ -157,6 +171,8 @@ std::vector<uint8_t> serialize_indexer(const Indexer& idx) {
       p.put<double>(c.captured);
     }
     p.put<int32_t>(g.chosen);
+    p.put<uint32_t>(static_cast<uint32_t>(g.mix.size()));  // version 2
+    for (float v : g.mix) p.put<float>(v);
   }
   Writer h;
   h.out.insert(h.out.end(), kMagic, kMagic + 8);
@@ -177,10 +193,10 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
   uint64_t size = 0, hash = 0;
   for (uint8_t& b : magic) CISA_RETURN_IF_ERROR(h.get(&b, "magic"));
   CISA_RETURN_IF_ERROR(h.get(&version, "version"));
-  if (version != kIndexerVersion)
+  if (version != 1 && version != kIndexerVersion)
     return unimplemented("indexer file version " + std::to_string(version) +
-                         " is not supported (this build reads " + std::to_string(kIndexerVersion) +
-                         ")");
+                         " is not supported (this build reads 1 to " +
+                         std::to_string(kIndexerVersion) + ")");
   CISA_RETURN_IF_ERROR(h.get(&reserved, "header"));
   CISA_RETURN_IF_ERROR(h.get(&size, "payload size"));
   CISA_RETURN_IF_ERROR(h.get(&hash, "payload hash"));
@@ -212,6 +228,13 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
   CISA_RETURN_IF_ERROR(r.get(&crit, "criterion"));
   if (crit > 1) return bad("unknown criterion " + std::to_string(crit));
   s.criterion = crit == 0 ? CalibCriterion::kKl : CalibCriterion::kMass;
+  if (version >= 2) {
+    uint32_t fit = 0;
+    CISA_RETURN_IF_ERROR(r.get(&fit, "fit flag"));
+    if (fit > 1) return bad("fit flag " + std::to_string(fit));
+    s.fit = fit == 1;
+    CISA_RETURN_IF_ERROR(r.get(&s.fit_ridge, "fit ridge"));
+  }
   CISA_RETURN_IF_ERROR(r.get(&n_docs, "document count"));
   if (n_docs > kMaxDocuments) return bad(std::to_string(n_docs) + " documents");
   for (uint32_t i = 0; i < n_docs; ++i) {
@@ -233,7 +256,7 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
     CISA_RETURN_IF_ERROR(r.get(&g.oracle, "group oracle mass"));
     uint32_t n_cand = 0;
     CISA_RETURN_IF_ERROR(r.get(&n_cand, "candidate count"));
-    if (n_cand > static_cast<uint32_t>(std::max(m.n_head, 0)) + 1)
+    if (n_cand > static_cast<uint32_t>(std::max(m.n_head, 0)) + 2)
       return bad(std::to_string(n_cand) + " candidates");
     for (uint32_t c = 0; c < n_cand; ++c) {
       CandidateScore cs;
@@ -243,6 +266,16 @@ Result<Indexer> parse_indexer(std::span<const uint8_t> bytes) {
       g.candidates.push_back(cs);
     }
     CISA_RETURN_IF_ERROR(r.get(&g.chosen, "chosen candidate"));
+    if (version >= 2) {
+      uint32_t n_mix = 0;
+      CISA_RETURN_IF_ERROR(r.get(&n_mix, "fit coefficient count"));
+      if (n_mix > static_cast<uint32_t>(kMaxDim))
+        return bad(std::to_string(n_mix) + " fit coefficients");
+      if (r.left() / sizeof(float) < n_mix)
+        return data_loss("indexer file is truncated (while reading fit coefficients)");
+      g.mix.resize(n_mix);
+      for (float& v : g.mix) CISA_RETURN_IF_ERROR(r.get(&v, "fit coefficients"));
+    }
     idx.groups.push_back(std::move(g));
   }
   if (r.left() != 0) return bad(std::to_string(r.left()) + " bytes after the last group");

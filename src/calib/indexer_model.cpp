@@ -5,6 +5,7 @@
 #include "cisa/model/gguf.h"
 #include "cisa/model/indexer.h"
 #include "cisa/model/quant.h"
+#include "index_fit.h"
 
 namespace cisa {
 namespace {
@@ -83,19 +84,34 @@ Result<std::vector<IndexProjection>> indexer_projections(const Indexer& idx, con
     if (g.layer < 0 || g.layer >= hp.n_layer || !cisa_layers[static_cast<size_t>(g.layer)])
       continue;
     const int head = g.candidates[static_cast<size_t>(g.chosen)].head;
-    if (head < 0) continue;  // the mean: the model's default index query
+    if (head == kMeanCandidate) continue;  // the mean: the model's default index query
+    if (head == kFitCandidate && hp.qk_norm)
+      return failed_precondition(
+          "the indexer's fitted index query needs a model without q/k norms");
     const std::string name = "blk." + std::to_string(g.layer) + ".attn_q.weight";
     const GgufTensor* t = file.find_tensor(name);
     if (!t) return data_loss("model has no tensor " + name);
     if (t->ne[0] != E || t->ne[1] != int64_t{hp.n_head} * d)
       return data_loss(name + " has shape " + t->shape_string() + ", expected [" +
                        std::to_string(E) + ", " + std::to_string(int64_t{hp.n_head} * d) + "]");
-    IndexProjection p{.layer = g.layer,
-                      .kv_group = g.kv_group,
-                      .weight = std::vector<float>(size_t(d) * size_t(E))};
-    for (int i = 0; i < d; ++i)
-      CISA_RETURN_IF_ERROR(dequantize_row(t->type, t->row(int64_t{head} * d + i),
-                                          p.weight.data() + size_t(i) * size_t(E), E));
+    auto rows = [&](int h, float* dst) -> Status {
+      for (int i = 0; i < d; ++i)
+        CISA_RETURN_IF_ERROR(
+            dequantize_row(t->type, t->row(int64_t{h} * d + i), dst + size_t(i) * size_t(E), E));
+      return Status::Ok();
+    };
+    IndexProjection p{.layer = g.layer, .kv_group = g.kv_group, .weight = {}};
+    if (head == kFitCandidate) {
+      const int hg = hp.heads_per_group();
+      std::vector<std::vector<float>> heads(static_cast<size_t>(hg),
+                                            std::vector<float>(size_t(d) * size_t(E)));
+      for (int c = 0; c < hg; ++c)
+        CISA_RETURN_IF_ERROR(rows(g.kv_group * hg + c, heads[static_cast<size_t>(c)].data()));
+      p.weight = calib::mix_projection(g.mix, heads, d, E, hp.rope_style);
+    } else {
+      p.weight.resize(size_t(d) * size_t(E));
+      CISA_RETURN_IF_ERROR(rows(head, p.weight.data()));
+    }
     out.push_back(std::move(p));
   }
   return out;

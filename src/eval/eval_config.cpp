@@ -122,7 +122,7 @@ Result<EvalConfig> parse_config(std::string_view text) {
                               "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, dN "
                               "first layers dense, eN last layers dense, dlLIST layers dense "
                               "(e.g. dl0-2+29), lb[LABEL] per-layer budgets, rN decode steps "
-                              "per selection, mean|last, cal)");
+                              "per selection, mean|last, cal or calLABEL)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -132,11 +132,18 @@ Result<EvalConfig> parse_config(std::string_view text) {
       c.query = QShareQuery::kLast;
       continue;
     }
-    if (p == "cal") {
-      if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest &&
-          c.kind != ConfigKind::kMoment)
+    if (p.substr(0, 3) == "cal") {
+      // cal or calLABEL: the projections `cisa eval --indexer [LABEL=]FILE` names.
+      const std::string_view label = p.substr(3);
+      const bool label_ok = std::all_of(label.begin(), label.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+      });
+      if ((c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest &&
+           c.kind != ConfigKind::kMoment) ||
+          !label_ok || c.calibrated)
         return bad();
       c.calibrated = true;
+      c.indexer_label = std::string(label);
       continue;
     }
     if (p.substr(0, 2) == "lb") {

@@ -82,10 +82,11 @@ class ModelCache {
     o.backend = plan_.backend;
     CISA_ASSIGN_OR_RETURN(o.attention, config_attention(c, length, page_size, &o.rep));
     if (c.calibrated) {
-      if (plan_.index.empty())
-        return invalid_argument("configuration '" + c.name +
-                                "' uses calibrated projections (cal) but no indexer was given");
-      o.attention.index = plan_.index;
+      auto it = plan_.index.find(c.indexer_label);
+      if (it == plan_.index.end())
+        return invalid_argument("configuration '" + c.name + "' uses calibrated projections (cal" +
+                                c.indexer_label + ") but no indexer was given for them");
+      o.attention.index = it->second;
     }
     CISA_ASSIGN_OR_RETURN(auto m, Model::load(plan_.model_path, o));
     Model* raw = m.get();

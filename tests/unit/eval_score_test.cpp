@@ -159,6 +159,14 @@ TEST(EvalConfig, Parse) {
   EXPECT_TRUE(parse_config("quest:k8:cal").ok());
   EXPECT_FALSE(parse_config("recency:x8:cal").ok());
   EXPECT_FALSE(parse_config("oracle:x8:cal").ok());
+  EXPECT_EQ(cal->indexer_label, "");
+  // calLABEL: the indexer `--indexer LABEL=FILE` names; one cal option per configuration.
+  auto fit = parse_config("cisa:x8:g4:s1:calfit");
+  ASSERT_TRUE(fit.ok()) << fit.status().message();
+  EXPECT_TRUE(fit->calibrated);
+  EXPECT_EQ(fit->indexer_label, "fit");
+  EXPECT_FALSE(parse_config("cisa:x8:cal:calfit").ok());
+  EXPECT_FALSE(parse_config("cisa:x8:calf.t").ok());
   for (const char* bad :
        {"sparse", "dense:k4", "cisa", "cisa:k4:x8", "cisa:x0.5", "cisa:g0", "cisa:k4:q", "cisa:kx"})
     EXPECT_FALSE(parse_config(bad).ok()) << bad;

@@ -15,7 +15,8 @@
 namespace cisa {
 namespace {
 
-Indexer sample_indexer() {
+// With `fit`, every group also carries the fitted candidate and its coefficients (version 2).
+Indexer sample_indexer(bool fit = false) {
   Indexer idx;
   idx.model = {.arch = "llama",
                .name = "tiny test",
@@ -34,6 +35,8 @@ Indexer sample_indexer() {
       .seed = 99,
       .criterion = CalibCriterion::kMass,
       .documents = {{"a.txt", 16384, 7}, {"b \xc3\xa9.txt", 20000, 0xffffffffffffffffULL}}};
+  idx.settings.fit = fit;
+  idx.settings.fit_ridge = fit ? 0.25 : 0.05;
   for (int layer : {1, 3})
     for (int g = 0; g < 2; ++g) {
       GroupCalibration gc{
@@ -43,6 +46,11 @@ Indexer sample_indexer() {
             {.head = g * 3 + c, .kl = 0.1 * c + layer, .captured = 0.5 - 0.01 * c});
       gc.candidates.push_back({.head = -1, .kl = 1.0 / 3.0, .captured = 0.6});
       gc.chosen = (layer + g) % 4;
+      if (fit) {
+        gc.candidates.push_back({.head = kFitCandidate, .kl = 0.25, .captured = 0.7});
+        gc.chosen = (layer + g) % 5;
+        for (int i = 0; i < 3 * 16; ++i) gc.mix.push_back(0.125f * static_cast<float>(i - layer));
+      }
       idx.groups.push_back(gc);
     }
   return idx;
@@ -64,6 +72,8 @@ void expect_equal(const Indexer& a, const Indexer& b) {
   EXPECT_EQ(a.settings.positions, b.settings.positions);
   EXPECT_EQ(a.settings.seed, b.settings.seed);
   EXPECT_EQ(a.settings.criterion, b.settings.criterion);
+  EXPECT_EQ(a.settings.fit, b.settings.fit);
+  EXPECT_EQ(a.settings.fit_ridge, b.settings.fit_ridge);
   ASSERT_EQ(a.settings.documents.size(), b.settings.documents.size());
   for (size_t i = 0; i < a.settings.documents.size(); ++i) {
     EXPECT_EQ(a.settings.documents[i].name, b.settings.documents[i].name);
@@ -78,6 +88,7 @@ void expect_equal(const Indexer& a, const Indexer& b) {
     EXPECT_EQ(x.positions, y.positions);
     EXPECT_EQ(x.oracle, y.oracle);  // bit-exact doubles
     EXPECT_EQ(x.chosen, y.chosen);
+    EXPECT_EQ(x.mix, y.mix);
     ASSERT_EQ(x.candidates.size(), y.candidates.size());
     for (size_t c = 0; c < x.candidates.size(); ++c) {
       EXPECT_EQ(x.candidates[c].head, y.candidates[c].head);
@@ -88,12 +99,15 @@ void expect_equal(const Indexer& a, const Indexer& b) {
 }
 
 TEST(IndexerFile, RoundTripInMemoryAndOnDisk) {
+  for (bool fit : {false, true}) {
+    const Indexer with = sample_indexer(fit);
+    const std::vector<uint8_t> bytes = serialize_indexer(with);
+    auto back = parse_indexer(bytes);
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    expect_equal(with, *back);
+    EXPECT_EQ(serialize_indexer(*back), bytes);
+  }
   const Indexer idx = sample_indexer();
-  const std::vector<uint8_t> bytes = serialize_indexer(idx);
-  auto back = parse_indexer(bytes);
-  ASSERT_TRUE(back.ok()) << back.status().to_string();
-  expect_equal(idx, *back);
-  EXPECT_EQ(serialize_indexer(*back), bytes);
 
   const std::string path =
       (std::filesystem::temp_directory_path() / "cisa_indexer_test.cisaidx").string();
@@ -106,6 +120,13 @@ TEST(IndexerFile, RoundTripInMemoryAndOnDisk) {
 }
 
 TEST(IndexerFile, EveryTruncationIsAnError) {
+  for (bool fit : {false, true}) {
+    const std::vector<uint8_t> b = serialize_indexer(sample_indexer(fit));
+    for (size_t n = 8; n < b.size(); ++n)
+      ASSERT_EQ(parse_indexer(std::span<const uint8_t>(b.data(), n)).status().code(),
+                StatusCode::kDataLoss)
+          << n;
+  }
   const std::vector<uint8_t> bytes = serialize_indexer(sample_indexer());
   for (size_t n = 0; n < bytes.size(); ++n) {
     auto r = parse_indexer(std::span<const uint8_t>(bytes.data(), n));
@@ -120,6 +141,12 @@ TEST(IndexerFile, EveryTruncationIsAnError) {
 }
 
 TEST(IndexerFile, EveryFlippedByteIsAnError) {
+  const std::vector<uint8_t> fitted = serialize_indexer(sample_indexer(true));
+  for (size_t i = 0; i < fitted.size(); ++i) {
+    std::vector<uint8_t> bad = fitted;
+    bad[i] ^= 0x20;
+    EXPECT_FALSE(parse_indexer(bad).ok()) << "byte " << i;
+  }
   const std::vector<uint8_t> bytes = serialize_indexer(sample_indexer());
   for (size_t i = 0; i < bytes.size(); ++i) {
     std::vector<uint8_t> bad = bytes;
@@ -166,6 +193,46 @@ TEST(IndexerFile, InconsistentContentsAreRejected) {
   idx = sample_indexer();
   idx.settings.budget = 0;
   expect_rejected(idx, "budget 0");
+  idx = sample_indexer(true);
+  idx.groups[1].mix.pop_back();
+  expect_rejected(idx, "fit coefficients short");
+  idx = sample_indexer(true);
+  idx.groups[2].mix[5] = INFINITY;
+  expect_rejected(idx, "fit coefficient not finite");
+  idx = sample_indexer(true);
+  idx.settings.fit = false;
+  expect_rejected(idx, "fit candidate without the fit setting");
+  idx = sample_indexer();
+  idx.groups[0].mix.assign(48, 0.5f);
+  expect_rejected(idx, "coefficients without a fit");
+  idx = sample_indexer(true);
+  idx.groups[0].chosen = 5;
+  expect_rejected(idx, "chosen past the fit");
+  idx = sample_indexer(true);
+  idx.settings.fit_ridge = -1;
+  expect_rejected(idx, "negative ridge");
+}
+
+// Version 1 (no fit fields) still loads: the indexers committed before version 2.
+TEST(IndexerFile, VersionOneFilesStillLoad) {
+  for (const char* f : {"/indexers/smollm2-135m.cisaidx", "/indexers/gemma3-270m.cisaidx"}) {
+    const std::string path = std::string(CISA_SOURCE_DIR) + f;
+    std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(in) << path;
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+    uint32_t version = 0;
+    std::memcpy(&version, bytes.data() + 8, 4);
+    if (version != 1) GTEST_SKIP() << path << " was rewritten as version " << version;
+    auto idx = parse_indexer(bytes);
+    ASSERT_TRUE(idx.ok()) << idx.status().to_string();
+    EXPECT_FALSE(idx->settings.fit);
+    for (const GroupCalibration& g : idx->groups) EXPECT_TRUE(g.mix.empty());
+    // Written again, it is version 2 with the same contents.
+    auto again = parse_indexer(serialize_indexer(*idx));
+    ASSERT_TRUE(again.ok());
+    expect_equal(*idx, *again);
+  }
 }
 
 TEST(IndexerFile, AnotherModelIsRejected) {
@@ -247,6 +314,68 @@ TEST(IndexerFile, IdentityAndProjectionsOfRealModels) {
   }
   layers[2] = false;
   EXPECT_TRUE(indexer_projections(idx, *smol, *hp, layers)->empty());
+
+  // A fitted mix: row pair (2i, 2i + 1) of W̃ (llama's RoPE pairs) is Σ_h of the complex product
+  // (α + iβ)(row 2i + i·row 2i + 1) of the group's heads, here computed from the rows directly.
+  idx.settings.fit = true;
+  const int d = hp->head_dim;
+  for (GroupCalibration& gc : idx.groups) {
+    gc.candidates.push_back({.head = kFitCandidate});
+    gc.chosen = hg + 1;
+    gc.mix.resize(static_cast<size_t>(hg * d));
+    for (size_t i = 0; i < gc.mix.size(); ++i)
+      gc.mix[i] =
+          0.01f * static_cast<float>((i * 37 + static_cast<size_t>(gc.kv_group)) % 101) - 0.5f;
+  }
+  ASSERT_TRUE(parse_indexer(serialize_indexer(idx)).ok());
+  layers[2] = true;
+  auto fitted = indexer_projections(idx, *smol, *hp, layers);
+  ASSERT_TRUE(fitted.ok()) << fitted.status().to_string();
+  ASSERT_EQ(fitted->size(), static_cast<size_t>(hp->n_head_kv));
+  const size_t E = static_cast<size_t>(hp->n_embd);
+  std::vector<float> r1(E), r2(E);
+  for (const IndexProjection& p : *fitted) {
+    const std::vector<float>& mix = idx.groups[static_cast<size_t>(p.kv_group)].mix;
+    for (int i = 0; i < d / 2; i += 5) {
+      std::vector<double> w1(E, 0.0), w2(E, 0.0);
+      for (int c = 0; c < hg; ++c) {
+        const int64_t head = int64_t{p.kv_group} * hg + c;
+        ASSERT_TRUE(
+            dequantize_row(q2->type, q2->row(head * d + 2 * i), r1.data(), hp->n_embd).ok());
+        ASSERT_TRUE(
+            dequantize_row(q2->type, q2->row(head * d + 2 * i + 1), r2.data(), hp->n_embd).ok());
+        const double a = mix[size_t((c * d / 2 + i) * 2)], b = mix[size_t((c * d / 2 + i) * 2 + 1)];
+        for (size_t e = 0; e < E; ++e) {
+          w1[e] += a * r1[e] - b * r2[e];
+          w2[e] += b * r1[e] + a * r2[e];
+        }
+      }
+      for (size_t e = 0; e < E; ++e) {
+        EXPECT_NEAR(p.weight[size_t(2 * i) * E + e], w1[e], 1e-5);
+        EXPECT_NEAR(p.weight[size_t(2 * i + 1) * E + e], w2[e], 1e-5);
+      }
+    }
+  }
+  // Gemma 3 normalises each query head (q-norm): a mix of heads is refused there.
+  auto ghp = read_model_hparams(*gemma);
+  ASSERT_TRUE(ghp.ok());
+  Indexer gidx;
+  gidx.model = *gid;
+  gidx.settings = {.budget = 8, .window = 4, .fit = true};
+  for (int l = 0; l < ghp->n_layer; ++l) {
+    if (!ghp->is_global(l)) continue;
+    GroupCalibration gc{.layer = l, .kv_group = 0};
+    for (int c = 0; c < ghp->heads_per_group(); ++c) gc.candidates.push_back({.head = c});
+    gc.candidates.push_back({.head = kMeanCandidate});
+    gc.candidates.push_back({.head = kFitCandidate});
+    gc.chosen = ghp->heads_per_group() + 1;
+    gc.mix = std::vector<float>(static_cast<size_t>(ghp->heads_per_group() * ghp->head_dim), 0.5f);
+    gidx.groups.push_back(gc);
+  }
+  EXPECT_EQ(indexer_projections(gidx, *gemma, *ghp, std::vector<bool>(size_t(ghp->n_layer), true))
+                .status()
+                .code(),
+            StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ namespace {
 constexpr FailWith fail{"cisa calibrate"};
 
 std::string candidate_name(const CandidateScore& c) {
+  if (c.head == kFitCandidate) return "fit";
   if (c.head < 0) return "mean";
   char buf[16];
   std::snprintf(buf, sizeof buf, "h%d", c.head);
@@ -70,7 +71,8 @@ int cmd_calibrate(int argc, char** argv) {
   std::vector<std::string> data;
   int64_t budget = 0, window = 32, sink_pages = 0, positions = 64, seed = 1, max_tokens = 0,
           threads = 0, prefill_block = 512;
-  bool json = false, quiet = false;
+  bool json = false, quiet = false, fit = false;
+  double fit_ridge = CalibSettings{}.fit_ridge;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path", true);
   p.alias("-m", "--model");
   p.add_strings("--data", &data, "calibration text files (scripts/calib_texts.py makes them)",
@@ -92,6 +94,12 @@ int cmd_calibrate(int argc, char** argv) {
   p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)", {1, 65536});
   p.add_string("--output", &out_path, "indexer file to write", true);
   p.alias("-o", "--output");
+  p.add_flag("--fit", &fit,
+             "add a fitted mix of each group's heads to the candidates (least squares; models "
+             "without q/k norms; docs/calibration.md)");
+  p.add_double("--fit-ridge", &fit_ridge,
+               "the fit's ridge toward the mean, a fraction of the mean diagonal (default 0.05)",
+               {0, 1e6});
   p.add_flag("--json", &json, "print one JSON document instead of the table");
   p.add_flag("--quiet", &quiet, "no progress on stderr");
   if (int rc = p.parse(argc, argv); rc >= 0) return rc;
@@ -121,6 +129,8 @@ int cmd_calibrate(int argc, char** argv) {
   o.settings.positions = positions;
   o.settings.seed = static_cast<uint64_t>(seed);
   o.settings.criterion = criterion == "mass" ? CalibCriterion::kMass : CalibCriterion::kKl;
+  o.settings.fit = fit;
+  o.settings.fit_ridge = fit_ridge;
   o.threads = static_cast<int>(threads);
   o.max_tokens = max_tokens;
   o.prefill_block = static_cast<int>(prefill_block);
@@ -155,6 +165,8 @@ int cmd_calibrate(int argc, char** argv) {
     j["window"] = window;
     j["sink_pages"] = sink_pages;
     j["criterion"] = criterion;
+    j["fit"] = fit;
+    if (fit) j["fit_ridge"] = fit_ridge;
     j["seconds"] = clock.seconds();
     Json docs = Json::array();
     for (const CalibDocument& d : idx->settings.documents) {

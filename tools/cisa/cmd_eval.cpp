@@ -70,7 +70,8 @@ int cmd_eval(int argc, char** argv) {
   p.add_string("--texts", &texts_dir,
                "haystack texts from scripts/eval_texts.py (default SOURCE/.cache/eval_texts)");
   p.add_string("--indexer", &indexer_path,
-               "indexer file from cisa calibrate, for configurations with the 'cal' option");
+               "[LABEL=]FILE,...: indexer files from cisa calibrate, for configurations with the "
+               "'cal' (no label) or 'calLABEL' option");
   p.add_int("--threads", &threads, "worker threads (default: all)");
   p.add_int("--prefill-block", &prefill_block, "rows per forward step (default 512)");
   p.add_int("--batch", &batch,
@@ -155,10 +156,18 @@ int cmd_eval(int argc, char** argv) {
     if (!factory.ok()) return fail(factory.status().message());
     plan.backend = *factory;
     plan.backend_name = backend;
-    bool any_cal = false;
-    for (const auto& c : plan.configs) any_cal = any_cal || c.calibrated;
-    if (any_cal && indexer_path.empty())
-      return fail("a configuration uses 'cal': give --indexer FILE");
+    std::map<std::string, std::string> indexers;  // label → file
+    for (const std::string& arg : split_list({indexer_path})) {
+      const size_t eq = arg.find('=');
+      const std::string label = eq == std::string::npos ? "" : arg.substr(0, eq);
+      if (!indexers.emplace(label, eq == std::string::npos ? arg : arg.substr(eq + 1)).second)
+        return fail("--indexer: label '" + label + "' given twice");
+    }
+    for (const auto& c : plan.configs)
+      if (c.calibrated && !indexers.count(c.indexer_label))
+        return fail("configuration '" + c.name + "' uses 'cal" + c.indexer_label +
+                    "': give --indexer " + (c.indexer_label.empty() ? "" : c.indexer_label + "=") +
+                    "FILE");
     std::map<std::string, std::vector<double>> layer_budgets;  // label → weights
     for (const std::string& arg : split_list(layer_budget_args)) {
       const size_t eq = arg.find('=');
@@ -176,15 +185,17 @@ int cmd_eval(int argc, char** argv) {
                     (c.layer_budgets_label.empty() ? "" : c.layer_budgets_label + "=") + "FILE");
       c.layer_budget_weights = it->second;
     }
-    if (!indexer_path.empty()) {
+    if (!indexers.empty()) {
       // Projections for every global layer; a config's dense layers simply do not use theirs.
       auto f = GgufFile::open(plan.model_path);
       if (!f.ok()) return fail(f.status().message());
       auto hp = read_model_hparams(*f);
       if (!hp.ok()) return fail(hp.status().message());
-      auto proj = load_index_projections(indexer_path, *f, *hp, /*dense_layers=*/0);
-      if (!proj.ok()) return fail(proj.status().message());
-      plan.index = std::move(*proj);
+      for (const auto& [label, file] : indexers) {
+        auto proj = load_index_projections(file, *f, *hp, /*dense_layers=*/0);
+        if (!proj.ok()) return fail(proj.status().message());
+        plan.index[label] = std::move(*proj);
+      }
       plan.indexer_path = indexer_path;
     }
     std::string cmd = "cisa";

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -160,7 +161,10 @@ struct EvalConfig {
   std::string layer_budgets_label;
   std::vector<double> layer_budget_weights;
   QShareQuery query = QShareQuery::kMean;
-  bool calibrated = false;  // index projections from the run's indexer file (EvalPlan::index)
+  // cal / calLABEL: index projections from the indexer file `cisa eval --indexer [LABEL=]FILE`
+  // names (EvalPlan::index).
+  bool calibrated = false;
+  std::string indexer_label;
   int64_t reuse_steps = 1;  // rN: decode steps one selection serves (SelectionParams::reuse_steps)
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
@@ -168,8 +172,8 @@ struct EvalConfig {
 // layers dense), dlLIST (the listed layers dense; LIST = items joined by '+', each a layer or an
 // inclusive range a-b: dl0-2+29), lb or lbLABEL (per-layer budgets from --layer-budgets
 // [LABEL=]FILE, LABEL letters, digits, '_' or '-'; not with recency),
-// mean|last, cal (the calibrated index projections of `cisa eval --indexer`; otherwise each
-// group's mean).
+// mean|last, cal or calLABEL (the calibrated index projections of `cisa eval --indexer
+// [LABEL=]FILE`; otherwise each group's mean).
 Result<EvalConfig> parse_config(std::string_view text);
 // A layer-budget sidecar (docs/calibration.md): lines "LAYER WEIGHT", '#' comments and blank lines
 // ignored, layers 0 … n−1 each exactly once, weights finite and >= 0. Errors name the file and
@@ -259,10 +263,10 @@ struct EvalPlan {
   // Makes the backend every model of the run runs on (backend.h); empty: the CPU backend.
   BackendFactory backend;
   std::string backend_name = "cpu";  // recorded in the report
-  // Index projections of every global layer from an indexer file (cisa calibrate), used by the
-  // configurations with the `cal` option; empty when none was given.
-  std::vector<IndexProjection> index;
-  std::string indexer_path;  // recorded in the report
+  // Index projections of every global layer from indexer files (cisa calibrate) by label ("" for
+  // plain `cal`), used by the configurations with the `cal` / `calLABEL` option.
+  std::map<std::string, std::vector<IndexProjection>> index;
+  std::string indexer_path;  // the --indexer argument, recorded in the report
   std::string command_line;  // recorded in the report
 };
 Status run_eval(const EvalPlan& plan);

@@ -3,14 +3,19 @@
 // no gradients), and the small versioned file that carries the choice from `cisa calibrate` to
 // `cisa run`.
 //
-// Candidates for KV group g are the h_g query projections W_q^{(h)}, h ∈ H_g, and their
-// element-wise mean. At sampled positions t of calibration text (with |E_t| ≥ 4k eligible chunks)
-// the dense model's attention mass per eligible chunk, summed over the group's heads and
-// renormalised, is the target p; each candidate's π = softmax_j(post(W x_t)·r_{g,j}/√d). The winner
-// minimises the mean KL(p ‖ π) (criterion `kl`) or maximises the dense mass captured by its top-k
+// Candidates for KV group g are the h_g query projections W_q^{(h)}, h ∈ H_g, their element-wise
+// mean and, when asked for (`CalibSettings::fit`, models without q/k norms), a fitted mix of the
+// heads: one scaled rotation per head and RoPE frequency pair, fitted by weighted least squares
+// (docs/calibration.md, "A fitted index query"); its scores are cross-fitted (each position scored
+// by the fit of the other half of the positions). At sampled positions t of calibration text (with
+// |E_t| ≥ 4k eligible chunks) the dense model's attention mass per eligible chunk, summed over the
+// group's heads and renormalised, is the target p; each candidate's π = softmax_j(post(W
+// x_t)·r_{g,j}/√d). The winner minimises the mean KL(p ‖ π) (criterion `kl`) or maximises the dense
+// mass captured by its top-k
 // (`mass`).
 //
-// The file stores the choice as a reference (query head h, or "mean"), not the d×d_model weights:
+// The file stores the choice as a reference (query head h, "mean", or the fitted mix's h_g·d
+// coefficients), not the d×d_model weights:
 // the weights are rebuilt from the model they were calibrated on, which the file identifies by its
 // architecture, shapes and a hash of the tensor table and the query/key weights
 // (docs/calibration.md).
@@ -35,7 +40,7 @@ namespace cisa {
 
 class GgufFile;
 
-inline constexpr uint32_t kIndexerVersion = 1;
+inline constexpr uint32_t kIndexerVersion = 2;  // reads 1 and 2
 
 enum class CalibCriterion { kKl, kMass };
 const char* calib_criterion_name(CalibCriterion c);  // "kl", "mass"
@@ -65,12 +70,17 @@ struct CalibSettings {
   int64_t positions = 0;   // sampled positions requested per document
   uint64_t seed = 0;       // position sampling
   CalibCriterion criterion = CalibCriterion::kKl;
+  bool fit = false;         // add the fitted mix of the group's heads to the candidates
+  double fit_ridge = 0.05;  // its ridge toward the mean, as a fraction of the mean diagonal
   std::vector<CalibDocument> documents;
 };
 
+inline constexpr int kMeanCandidate = -1;  // CandidateScore::head of the mean of H_g
+inline constexpr int kFitCandidate = -2;   // CandidateScore::head of the fitted mix
+
 // One candidate's scores, means over the sampled positions.
 struct CandidateScore {
-  int head = -1;        // query head (absolute index), or -1 for the element-wise mean of H_g
+  int head = -1;        // query head (absolute index), kMeanCandidate or kFitCandidate
   double kl = 0;        // mean KL(p ‖ π), nats
   double captured = 0;  // mean dense mass captured by the candidate's top-k of E_t
 };
@@ -79,8 +89,11 @@ struct GroupCalibration {
   int layer = 0, kv_group = 0;
   int64_t positions = 0;  // positions scored
   double oracle = 0;      // mean mass of the top-k of p itself (the best any selection can do)
-  std::vector<CandidateScore> candidates;  // the h_g heads in order, then the mean
+  std::vector<CandidateScore> candidates;  // the h_g heads in order, the mean, then the fit
   int chosen = 0;                          // index into candidates
+  // The fitted mix's coefficients, [h_g][d/2][2] (α, β per head and frequency pair), when the fit
+  // is among the candidates; else empty.
+  std::vector<float> mix;
 };
 
 struct Indexer {
@@ -103,7 +116,9 @@ Result<Indexer> load_indexer(const std::string& path);
 Status check_indexer_matches(const Indexer& idx, const ModelIdentity& model);
 
 // The chosen projections of the layers marked in `cisa_layers` (per layer): for a head, that head's
-// W_q rows dequantised to f32 ([head_dim][n_embd]); the mean is left out, since the model's default
+// W_q rows dequantised to f32 ([head_dim][n_embd]); for the fit, Σ_h A_h W_q^{(h)} over the
+// group's heads (kFailedPrecondition on a model with q/k norms, where the mix does not commute
+// with the query post-processing); the mean is left out, since the model's default
 // index query is already the mean of the group's projected query heads (identical by linearity).
 Result<std::vector<IndexProjection>> indexer_projections(const Indexer& idx, const GgufFile& file,
                                                          const ModelHparams& hp,
