@@ -5,13 +5,14 @@ tensors and, in a build with ``-DCISA_PY_CUDA=ON``, the Hopper backend on CUDA t
 :class:`SparseAttentionWrapper` splits a step into ``plan`` (host work) and ``run``.
 """
 
-from . import _C
+from . import _C, indexer
 from .ops import (HAS_CUDA, chunk_scores, paged_attention, plan, rep_width, select_pages, topk,
                   update_representatives)
 from .wrapper import SparseAttentionWrapper
 
-__all__ = ["HAS_CUDA", "chunk_scores", "paged_attention", "plan", "rep_width", "select_pages", "topk",
-           "update_representatives", "SparseAttentionWrapper", "set_num_threads"]
+__all__ = ["HAS_CUDA", "chunk_scores", "indexer", "paged_attention", "plan", "rep_width",
+           "select_pages", "topk", "update_representatives", "SparseAttentionWrapper",
+           "set_num_threads"]
 
 
 def set_num_threads(n: int) -> None:

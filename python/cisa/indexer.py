@@ -3,11 +3,13 @@
 group) choices of index query head.
 
 The file (docs/calibration.md, "The indexer file"; the C++ reader is ``src/calib/indexer_file.cpp``)
-is little-endian: a 32-byte header (magic ``CISAIDX\\0``, u32 version 1, u32 0, u64 payload size,
-u64 FNV-1a 64 of the payload) and a payload naming the model it was calibrated on (architecture,
-name, n_layer, n_embd, n_head, n_head_kv, head_dim, a hash of the GGUF's query/key weights), the
-calibration settings and documents, and per (global layer, KV group) every candidate's scores and
-the chosen one: a query head of the group, or the mean of the group's heads. Every read is
+is little-endian: a 32-byte header (magic ``CISAIDX\\0``, u32 version 1 or 2, u32 0, u64 payload
+size, u64 FNV-1a 64 of the payload) and a payload naming the model it was calibrated on
+(architecture, name, n_layer, n_embd, n_head, n_head_kv, head_dim, a hash of the GGUF's query/key
+weights), the calibration settings and documents, and per (global layer, KV group) every
+candidate's scores and the chosen one: a query head of the group, the mean of the group's heads,
+or (version 2, ``cisa calibrate --fit``) a fitted mix of the heads, whose coefficients version 2
+carries per group. The mix is read and validated but not applied by the transformers backend. Every read is
 bounds-checked and the contents are validated as the C++ reader validates them; anything wrong
 raises ``ValueError`` naming the file and the reason.
 
@@ -27,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 MAGIC = b"CISAIDX\0"
-VERSION = 1
+VERSIONS = (1, 2)
+MEAN, FIT = -1, -2  # Candidate.head of the mean of the group's heads and of the fitted mix
 _HEADER = 32
 _MAX_STRING = 4096
 _MAX_DOCUMENTS = 1 << 16
@@ -45,7 +48,7 @@ def fnv1a64(data: bytes, h: int = 0xCBF29CE484222325) -> int:
 
 @dataclass
 class Candidate:
-    head: int  # absolute query head, or -1 for the mean of the group's heads
+    head: int  # absolute query head, MEAN (-1) or FIT (-2, the fitted mix; version 2)
     kl: float  # mean KL(p || pi), nats
     captured: float  # mean dense mass captured by the candidate's top-k
 
@@ -58,12 +61,14 @@ class Group:
     oracle: float
     candidates: List[Candidate]
     chosen: int  # index into candidates
+    mix: List[float] = field(default_factory=list)  # the fit's [h_g][d/2][2] coefficients
 
     @property
-    def head(self) -> Optional[int]:
-        """The chosen query head (absolute index), or None for the mean."""
+    def head(self):
+        """The chosen query head (absolute index), None for the mean, or "fit" for the fitted
+        mix of the group's heads."""
         h = self.candidates[self.chosen].head
-        return None if h < 0 else h
+        return "fit" if h == FIT else None if h == MEAN else h
 
 
 @dataclass
@@ -83,13 +88,16 @@ class Indexer:
     positions: int
     seed: int
     criterion: str  # "kl" or "mass"
+    fit: bool = False  # version 2: the fitted mix is among the candidates
+    fit_ridge: float = 0.0
     documents: List[Tuple[str, int, int]] = field(default_factory=list)  # name, tokens, hash
     groups: List[Group] = field(default_factory=list)
     source: str = "<bytes>"
 
-    def heads(self) -> Dict[Tuple[int, int], Optional[int]]:
-        """The choice per (layer, KV group): a query head (absolute index) or None (the mean).
-        Layers and groups that are not listed (sliding-window layers) use the mean."""
+    def heads(self) -> Dict[Tuple[int, int], object]:
+        """The choice per (layer, KV group): a query head (absolute index), None (the mean) or
+        "fit" (the fitted mix). Layers and groups that are not listed (sliding-window layers) use
+        the mean."""
         return {(g.layer, g.kv_group): g.head for g in self.groups}
 
     def check_shape(self, n_layer: int, n_head: int, n_head_kv: int, head_dim: int) -> None:
@@ -146,9 +154,9 @@ def parse_indexer(data: bytes, source: str = "<bytes>") -> Indexer:
     h = _Reader(data, source)
     h.get("<8s", "magic")
     version = h.get("<I", "version")
-    if version != VERSION:
+    if version not in VERSIONS:
         raise ValueError(f"{source}: indexer file version {version} is not supported (this "
-                         f"package reads {VERSION})")
+                         f"package reads {VERSIONS[0]} to {VERSIONS[-1]})")
     reserved = h.get("<I", "header")
     size = h.get("<Q", "payload size")
     digest = h.get("<Q", "payload hash")
@@ -172,6 +180,12 @@ def parse_indexer(data: bytes, source: str = "<bytes>") -> Indexer:
     crit = r.get("<I", "criterion")
     if crit > 1:
         raise bad(f"unknown criterion {crit}")
+    fit, ridge = 0, 0.05
+    if version >= 2:
+        fit = r.get("<I", "fit flag")
+        if fit > 1:
+            raise bad(f"fit flag {fit}")
+        ridge = r.get("<d", "fit ridge")
     n_docs = r.get("<I", "document count")
     if n_docs > _MAX_DOCUMENTS:
         raise bad(f"{n_docs} documents")
@@ -185,16 +199,26 @@ def parse_indexer(data: bytes, source: str = "<bytes>") -> Indexer:
         layer, kv_group = r.get("<i", "group layer"), r.get("<i", "group KV head")
         gpos, oracle = r.get("<q", "group positions"), r.get("<d", "group oracle mass")
         n_cand = r.get("<I", "candidate count")
-        if n_cand > max(n_head, 0) + 1:
+        if n_cand > max(n_head, 0) + 2:
             raise bad(f"{n_cand} candidates")
         cands = [Candidate(r.get("<i", "candidate head"), r.get("<d", "candidate KL"),
                            r.get("<d", "candidate mass")) for _ in range(n_cand)]
-        groups.append(Group(layer, kv_group, gpos, oracle, cands, r.get("<i", "chosen candidate")))
+        chosen, mix = r.get("<i", "chosen candidate"), []
+        if version >= 2:
+            n_mix = r.get("<I", "fit coefficient count")
+            if n_mix > _MAX_DIM:
+                raise bad(f"{n_mix} fit coefficients")
+            if r.left() // 4 < n_mix:
+                raise ValueError(f"{source}: indexer file is truncated (while reading fit "
+                                 f"coefficients)")
+            mix = list(struct.unpack_from(f"<{n_mix}f", r.b, r.pos))
+            r.pos += 4 * n_mix
+        groups.append(Group(layer, kv_group, gpos, oracle, cands, chosen, mix))
     if r.left():
         raise bad(f"{r.left()} bytes after the last group")
     idx = Indexer(arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim, weights_hash, budget,
-                  window, sinks, page_size, positions, seed, "kl" if crit == 0 else "mass", docs,
-                  groups, source)
+                  window, sinks, page_size, positions, seed, "kl" if crit == 0 else "mass",
+                  fit == 1, ridge, docs, groups, source)
     _validate(idx, bad)
     return idx
 
@@ -213,7 +237,10 @@ def _validate(idx: Indexer, bad) -> None:
             idx.sink_pages > _MAX_PAGES or idx.page_size > _MAX_PAGE_SIZE):
         raise bad(f"calibration settings out of range (budget {idx.budget}, window {idx.window}, "
                   f"sink pages {idx.sink_pages}, page size {idx.page_size})")
+    if not (idx.fit_ridge >= 0 and idx.fit_ridge != float("inf")):
+        raise bad("fit ridge out of range")
     hg = idx.n_head // idx.n_head_kv
+    n_cand = hg + 1 + (1 if idx.fit else 0)
     seen = set()
     for g in idx.groups:
         if not (0 <= g.layer < idx.n_layer and 0 <= g.kv_group < idx.n_head_kv):
@@ -221,14 +248,20 @@ def _validate(idx: Indexer, bad) -> None:
         if (g.layer, g.kv_group) in seen:
             raise bad(f"layer {g.layer}, KV group {g.kv_group} appears twice")
         seen.add((g.layer, g.kv_group))
-        if len(g.candidates) != hg + 1:
-            raise bad(f"layer {g.layer} has {len(g.candidates)} candidates, expected {hg + 1}")
+        if len(g.candidates) != n_cand:
+            raise bad(f"layer {g.layer} has {len(g.candidates)} candidates, expected {n_cand}")
         if any(c.head != g.kv_group * hg + i for i, c in enumerate(g.candidates[:hg])):
             raise bad("candidate head out of order")
-        if g.candidates[-1].head != -1:
-            raise bad("the last candidate is not the mean")
-        if not 0 <= g.chosen <= hg:
+        if g.candidates[hg].head != MEAN:
+            raise bad("the candidate after the heads is not the mean")
+        if idx.fit and g.candidates[-1].head != FIT:
+            raise bad("the last candidate is not the fit")
+        if not 0 <= g.chosen < n_cand:
             raise bad(f"chosen candidate {g.chosen} out of range")
+        if len(g.mix) != (hg * idx.head_dim if idx.fit else 0) or (idx.fit and idx.head_dim % 2):
+            raise bad(f"layer {g.layer} has {len(g.mix)} fit coefficients")
+        if any(v != v or abs(v) == float("inf") for v in g.mix):
+            raise bad("a fit coefficient is not finite")
         if g.positions < 0 or g.oracle != g.oracle or abs(g.oracle) == float("inf"):
             raise bad("group statistics out of range")
         if any(c.kl != c.kl or c.captured != c.captured for c in g.candidates):

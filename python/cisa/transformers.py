@@ -269,6 +269,13 @@ class _IndexChoice:
             self.indexer = spec
             self.heads = spec.heads()
             self.source = f"indexer {spec.source}"
+            fitted = sorted(k for k, h in self.heads.items() if h == "fit")
+            if fitted:
+                raise ValueError(f"cisa: the {self.source} chooses the fitted mix of the "
+                                 f"group's heads (cisa calibrate --fit) for (layer, KV group) "
+                                 f"{fitted[0]}{' and others' if len(fitted) > 1 else ''}; "
+                                 f"cisa.transformers applies a chosen head or the mean only "
+                                 f"(calibrate without --fit, or pass a head mapping)")
         elif isinstance(spec, dict):
             self.heads = {}
             for key, h in spec.items():

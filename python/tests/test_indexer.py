@@ -67,8 +67,8 @@ def test_corrupted_truncated_and_foreign_files_are_refused():
     for n in range(len(data)):  # every truncation
         with pytest.raises(ValueError):
             ix.parse_indexer(data[:n])
-    with pytest.raises(ValueError, match="version 2 is not supported"):
-        ix.parse_indexer(data[:8] + struct.pack("<I", 2) + data[12:])
+    with pytest.raises(ValueError, match="version 3 is not supported"):
+        ix.parse_indexer(data[:8] + struct.pack("<I", 3) + data[12:])
     # Contents that contradict themselves, under a correct payload hash: the chosen candidate
     # of the last group out of range.
     payload = bytearray(data[32:])
@@ -78,6 +78,43 @@ def test_corrupted_truncated_and_foreign_files_are_refused():
         ix.parse_indexer(forged)
     with pytest.raises(ValueError, match="cannot open indexer file"):
         ix.load_indexer(INDEXERS / "missing.cisaidx")
+
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+
+
+def test_version_2_files_written_by_the_cpp_writer():
+    """Version 2 (cisa calibrate --fit) as the C++ writer makes it (data/make_indexer_v2.cpp):
+    without a fit, the same indexer as the version-1 file; with one, the fit candidate and its
+    h_g x head_dim coefficients per group, chosen for the first group."""
+    v1 = ix.load_indexer(INDEXERS / "gemma3-270m.cisaidx")
+    v2 = ix.load_indexer(DATA / "gemma3-270m-v2.cisaidx")
+    assert (DATA / "gemma3-270m-v2.cisaidx").read_bytes()[8:12] == struct.pack("<I", 2)
+    assert not v2.fit and v2.fit_ridge == 0.05
+    for a, b in zip(v1.groups, v2.groups):
+        assert a == b and b.mix == []
+    assert v2.heads() == v1.heads() and len(v2.groups) == 3
+    fit = ix.load_indexer(DATA / "gemma3-270m-v2-fit.cisaidx")
+    assert fit.fit and fit.fit_ridge == 0.05
+    for i, g in enumerate(fit.groups):
+        assert [c.head for c in g.candidates] == [0, 1, 2, 3, ix.MEAN, ix.FIT]
+        # 0.001f * k in float32, as the writer computed them.
+        assert g.mix == (torch.tensor(0.001) * torch.arange(4 * 256).float()).tolist()
+        assert g.head == ("fit" if i == 0 else v1.groups[i].head)
+    with pytest.raises(ValueError, match="chooses the fitted mix"):
+        ct.register("cisa_fit", indexer=fit)
+    data = (DATA / "gemma3-270m-v2-fit.cisaidx").read_bytes()
+    for n in range(0, len(data), 97):
+        with pytest.raises(ValueError):
+            ix.parse_indexer(data[:n])
+    # One coefficient too few in the last group, under a correct payload hash.
+    payload = bytearray(data[32:])
+    del payload[-4:]
+    payload[-4 * 1023 - 4:-4 * 1023] = struct.pack("<I", 1023)
+    forged = (data[:16] + struct.pack("<QQ", len(payload), ix.fnv1a64(bytes(payload))) +
+              bytes(payload))
+    with pytest.raises(ValueError, match="has 1023 fit coefficients"):
+        ix.parse_indexer(forged)
 
 
 # ---- the transformers backend ------------------------------------------------------------------

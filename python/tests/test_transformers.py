@@ -375,3 +375,25 @@ def test_quest_representatives_in_the_backend():
             assert c.reps.shape[-1] == 2 * keys.shape[-1]
             assert torch.equal(c.reps[:full], want)
     assert out.shape == (1, 906)
+
+
+@pytest.mark.parametrize("rep_kind", ["mean", "quest"])
+def test_left_padded_forward_equals_each_prompt_alone(rep_kind):
+    """A forward of a left-padded batch (positions as generate() gives them) with k = 8, the
+    representative kind and an explicit indexer gives every real position of each row the
+    logits of its prompt alone."""
+    name = f"cisa_pad_{rep_kind}"
+    ct.register(name, budget=8, window=4, qshare=16, rep_kind=rep_kind,
+                indexer={(layer, g): 2 * g + 1 for layer in range(2) for g in range(2)})
+    model = model_of("llama")
+    model.set_attn_implementation(name)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 512, (n,), generator=g) for n in (900, 610)]
+    ids, mask = left_padded(prompts)
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask,
+                      position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        for r, p in enumerate(prompts):
+            alone = model(p[None]).logits[0]
+            torch.testing.assert_close(batch[r, ids.shape[1] - len(p):], alone, rtol=1e-4,
+                                       atol=1e-4)
