@@ -393,7 +393,8 @@ std::tuple<std::vector<std::vector<int32_t>>, PlanTuple> engine_reference(
                                        .page_size = page_size,
                                        .num_pages = num_pages,
                                        .dtype = bf16 ? cisa::KvDtype::kBF16 : cisa::KvDtype::kF32,
-                                       .rep = rep_kind(rep)});
+                                       .rep = rep_kind(rep),
+                                       .rep_layers = {}});
   raise_if_error(created.status(), "engine_reference");
   PagedKvCache& cache = **created;
   std::vector<std::vector<int32_t>> tables;
