@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 INDEXERS = ROOT / "indexers"
 # (n_layer, n_embd, n_head, n_head_kv, head_dim) of the GGUF models the files were made for.
 SHAPES = {"gemma3-270m": ("gemma3", 18, 640, 4, 1, 256),
-          "smollm2-135m": ("llama", 30, 576, 9, 3, 64)}
+          "smollm2-135m": ("llama", 30, 576, 9, 3, 64),
+          "smollm2-135m-fit": ("llama", 30, 576, 9, 3, 64)}  # version 2, cisa calibrate --fit
 
 
 def printed_table(name):
@@ -30,9 +31,10 @@ def printed_table(name):
         g = re.match(r"layer\s+(\d+) group (\d+)\s+n=(\d+)\s+oracle ([\d.]+) \|(.*)", line)
         if not g:
             continue
-        cands = re.findall(r"(\*?)(h\d+|mean)\s+([\d.]+)/([\d.]+)", g.group(5))
+        cands = re.findall(r"(\*?)(h\d+|mean|fit)\s+([\d.]+)/([\d.]+)", g.group(5))
+        code = {"mean": ix.MEAN, "fit": ix.FIT}
         groups.append((int(g.group(1)), int(g.group(2)), int(g.group(3)), float(g.group(4)),
-                       [(-1 if h == "mean" else int(h[1:]), float(kl), float(c))
+                       [(code[h] if h in code else int(h[1:]), float(kl), float(c))
                         for _, h, kl, c in cands],
                        [star for star, *_ in cands].index("*")))
     return settings, groups
@@ -45,15 +47,17 @@ def test_committed_indexers_read_as_calibrate_printed_them(name):
         SHAPES[name]
     (criterion, k, W, sinks), groups = printed_table(name)
     assert (idx.criterion, idx.budget, idx.window, idx.sink_pages) == (criterion, k, W, sinks)
-    assert len(idx.documents) == 8 and idx.page_size == 16
+    assert len(idx.documents) == (4 if idx.fit else 8) and idx.page_size == 16
+    assert idx.fit == name.endswith("-fit")
     assert len(idx.groups) == len(groups) > 0
     for g, (layer, group, n, oracle, cands, chosen) in zip(idx.groups, groups):
         assert (g.layer, g.kv_group, g.positions, g.chosen) == (layer, group, n, chosen)
         assert round(g.oracle, 4) == oracle
         assert [(c.head, round(c.kl, 4), round(c.captured, 4)) for c in g.candidates] == cands
-        assert g.head == (None if cands[chosen][0] < 0 else cands[chosen][0])
-    assert idx.heads() == {(g[0], g[1]): (None if g[4][g[5]][0] < 0 else g[4][g[5]][0])
-                           for g in groups}
+        want = {ix.MEAN: None, ix.FIT: "fit"}.get(cands[chosen][0], cands[chosen][0])
+        assert g.head == want
+        assert len(g.mix) == (idx.n_head // idx.n_head_kv * idx.head_dim if idx.fit else 0)
+    assert len(idx.heads()) == len(groups)
 
 
 def test_corrupted_truncated_and_foreign_files_are_refused():
@@ -103,6 +107,8 @@ def test_version_2_files_written_by_the_cpp_writer():
         assert g.head == ("fit" if i == 0 else v1.groups[i].head)
     with pytest.raises(ValueError, match="chooses the fitted mix"):
         ct.register("cisa_fit", indexer=fit)
+    with pytest.raises(ValueError, match=r"chooses the fitted mix .* \(0, 0\) and others"):
+        ct.register("cisa_fit", indexer=INDEXERS / "smollm2-135m-fit.cisaidx")
     data = (DATA / "gemma3-270m-v2-fit.cisaidx").read_bytes()
     for n in range(0, len(data), 97):
         with pytest.raises(ValueError):
