@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cisa/core/backend.h"
+#include "cisa/core/bf16.h"
 #include "cisa/core/thread_pool.h"
 #include "cisa/cpu/attention.h"
 #include "cisa/cpu/attention_llamacpp.h"
@@ -69,7 +70,7 @@ struct Slot {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) {}
+  CpuBackend(int threads, bool bf16_matmul) : pool_(threads), bf16_matmul_(bf16_matmul) {}
 
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string description() const override {
@@ -115,6 +116,7 @@ class CpuBackend final : public Backend {
                            " is not supported");
     if (w.n_rows <= 0 || w.n_cols <= 0 || !w.data)
       return invalid_argument("bind_matrix: empty matrix");
+    if (bf16_matmul_) return bind_rounded(w);
     views_.push_back(w);
     return BackendMatrix{w.n_rows, w.n_cols, static_cast<int>(views_.size() - 1)};
   }
@@ -170,6 +172,13 @@ class CpuBackend final : public Backend {
   Status matmul(const BackendMatrix& m, const float* x, float* y, int64_t rows,
                 int64_t ldy) override {
     CISA_ASSIGN_OR_RETURN(const WeightView* w, view(m, "matmul"));
+    if (bf16_matmul_ && rows > 0) {
+      // The input as the CUDA backend's GEMM sees it: rounded to bf16.
+      const size_t n = static_cast<size_t>(rows * w->n_cols);
+      rounded_input_.resize(n);
+      for (size_t i = 0; i < n; ++i) rounded_input_[i] = bf16_to_f32(f32_to_bf16(x[i]));
+      x = rounded_input_.data();
+    }
     return cisa::matmul(*w, x, y, rows, pool_, &mm_, 0, ldy);
   }
   Status rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
@@ -362,6 +371,29 @@ class CpuBackend final : public Backend {
     if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(bytes));
     return Status::Ok();
   }
+  // bf16_matmul: an owned f32 copy of the matrix with every value rounded to bf16 (any stored
+  // type widened first, as the CUDA backend's upload does), bound in its place.
+  Result<BackendMatrix> bind_rounded(const WeightView& w) {
+    const int64_t bytes = w.n_rows * w.n_cols * static_cast<int64_t>(sizeof(float));
+    if (bytes > free_memory())
+      return resource_exhausted("bind_matrix: a bf16-rounded copy of " + std::to_string(w.n_rows) +
+                                " x " + std::to_string(w.n_cols) + " needs " +
+                                std::to_string(bytes) + " bytes, more than the host's free memory");
+    std::vector<float>& m = owned_.emplace_back(static_cast<size_t>(w.n_rows * w.n_cols));
+    float* p = m.data();
+    for (int64_t r = 0; r < w.n_rows; ++r) {
+      float* row = p + r * w.n_cols;
+      CISA_RETURN_IF_ERROR(dequantize_row(w.type, w.row(r), row, w.n_cols));
+      for (int64_t c = 0; c < w.n_cols; ++c) row[c] = bf16_to_f32(f32_to_bf16(row[c]));
+    }
+    owned_bytes_ += bytes;
+    views_.push_back({.type = GgmlType::F32,
+                      .n_rows = w.n_rows,
+                      .n_cols = w.n_cols,
+                      .row_bytes = static_cast<uint64_t>(w.n_cols) * sizeof(float),
+                      .data = reinterpret_cast<const uint8_t*>(p)});
+    return BackendMatrix{w.n_rows, w.n_cols, static_cast<int>(views_.size() - 1)};
+  }
   Result<const WeightView*> view(const BackendMatrix& m, const char* what) const {
     if (m.id < 0 || static_cast<size_t>(m.id) >= views_.size())
       return invalid_argument(std::string(what) + ": matrix id " + std::to_string(m.id) +
@@ -397,6 +429,8 @@ class CpuBackend final : public Backend {
   SelectionWorkspace sel_ws_;
   SelectionReuse reuse_;  // selection reuse: per sequence, CISA layer and KV group
   std::unique_ptr<PagedKvCache> cache_;
+  bool bf16_matmul_ = false;           // BackendOptions::bf16_matmul
+  std::vector<float> rounded_input_;   // bf16_matmul: the current product's rounded input
   std::vector<WeightView> views_;
   std::vector<std::vector<float>> owned_;  // random matrices and gains (stable addresses)
   int64_t owned_bytes_ = 0;
@@ -495,7 +529,7 @@ Result<BackendKind> parse_backend_kind(const std::string& s) {
 Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
   if (options.threads < 0)
     return invalid_argument("threads must be >= 0 (got " + std::to_string(options.threads) + ")");
-  return std::unique_ptr<Backend>(new CpuBackend(options.threads));
+  return std::unique_ptr<Backend>(new CpuBackend(options.threads, options.bf16_matmul));
 }
 
 }  // namespace cisa

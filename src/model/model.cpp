@@ -137,7 +137,7 @@ Status ensure_buffer(Backend& be, BufferPtr& b, int64_t bytes, const char* what)
 }
 
 Status Model::Impl::make_backend() {
-  const BackendOptions bo{.threads = opt.threads};
+  const BackendOptions bo{.threads = opt.threads, .bf16_matmul = opt.bf16_matmul};
   CISA_ASSIGN_OR_RETURN(be, opt.backend ? opt.backend(bo) : make_cpu_backend(bo));
   if (!be) return invalid_argument("ModelOptions::backend returned no backend");
   if (be->kind() != BackendKind::kCpu) {
@@ -146,6 +146,9 @@ Status Model::Impl::make_backend() {
     if (opt.attention.selector) return invalid_argument("a page selector" + on);
     if (opt.attention_numerics == AttentionNumerics::kLlamaCpp)
       return invalid_argument("llama.cpp attention numerics" + on);
+    if (opt.bf16_matmul)
+      return invalid_argument("ModelOptions::bf16_matmul (the CPU's copy of the CUDA backend's "
+                              "rounding)" + on);
   }
   return Status::Ok();
 }

@@ -32,14 +32,14 @@ double matrix_elements(const ModelHparams& h) {
 Status admit_model_memory(const ModelHparams& h, const ModelOptions& o, int64_t context,
                           Backend& be, bool weights_in_file) {
   // Weights: the CPU backend multiplies the GGUF blocks in place (file-backed pages), or widens
-  // them to f32 (weights_f32); the CUDA backend holds bf16 copies; synthetic weights are made
+  // them to f32 (weights_f32; bf16_matmul: rounded f32 copies, twice with both); the CUDA backend holds bf16 copies; synthetic weights are made
   // in backend memory (f32 on the CPU, bf16 on CUDA).
   const bool cpu = be.kind() == BackendKind::kCpu;
   double weight_bytes = 0;
   if (!cpu)
     weight_bytes = 2.0 * matrix_elements(h);
-  else if (o.weights_f32 || !weights_in_file)
-    weight_bytes = 4.0 * matrix_elements(h);
+  else if (o.weights_f32 || o.bf16_matmul || !weights_in_file)
+    weight_bytes = 4.0 * matrix_elements(h) * (o.weights_f32 && o.bf16_matmul ? 2 : 1);
   // KV cache: every layer's K and V pools plus the representatives of CISA layers, at full
   // context for max_sequences sequences (as setup_attention_and_cache sizes it).
   const double pages = double((context + 15) / 16) * o.max_sequences;

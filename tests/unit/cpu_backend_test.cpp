@@ -126,6 +126,66 @@ TEST_F(CpuBackendTest, MatmulOfF32AndQ8_0MatchesReferenceAndFp64) {
   EXPECT_FALSE(be->matmul(BackendMatrix{n_out, n_in, 99}, xb->f32(), xb->f32(), 1).ok());
 }
 
+// bf16_matmul (the CUDA backend's rounding): the product is the fp64 product of the weights and
+// inputs each rounded to bf16 (round to nearest even, written out here), within f32 accumulation;
+// the embedding rows are the rounded weights; the plain backend does not round.
+TEST(CpuBackendBf16, MatmulAndEmbedRoundWeightsAndInputsToBf16) {
+  auto made = make_cpu_backend({.threads = 2, .bf16_matmul = true});
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  Backend& be = **made;
+  std::mt19937 rng(5);
+  const int64_t rows = 4, n_out = 40, n_in = 96;
+  const std::vector<float> w = randn(rng, n_out * n_in), x = randn(rng, rows * n_in);
+  auto bf16 = [](float v) {  // round to nearest, ties to even, on the bits
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    float r;
+    std::memcpy(&r, &u, 4);
+    return r;
+  };
+  const WeightView v{.type = GgmlType::F32,
+                     .n_rows = n_out,
+                     .n_cols = n_in,
+                     .row_bytes = n_in * 4,
+                     .data = reinterpret_cast<const uint8_t*>(w.data())};
+  auto m = be.bind_matrix(v);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  auto xb = *be.allocate(rows * n_in * 4, "x");
+  auto yb = *be.allocate(rows * n_out * 4, "y");
+  ASSERT_TRUE(be.upload(xb->data(), x.data(), xb->bytes()).ok());
+  ASSERT_TRUE(be.matmul(*m, xb->f32(), yb->f32(), rows).ok());
+  std::vector<float> y(static_cast<size_t>(rows * n_out));
+  ASSERT_TRUE(be.download(y.data(), yb->data(), yb->bytes()).ok());
+  int differs_from_unrounded = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < n_out; ++o) {
+      double want = 0, plain = 0, mag = 0;
+      for (int64_t c = 0; c < n_in; ++c) {
+        want += double(bf16(w[o * n_in + c])) * bf16(x[r * n_in + c]);
+        plain += double(w[o * n_in + c]) * x[r * n_in + c];
+        mag += std::abs(double(w[o * n_in + c]) * x[r * n_in + c]);
+      }
+      EXPECT_NEAR(y[r * n_out + o], want, mag * n_in * 0x1p-24);
+      differs_from_unrounded += std::abs(want - plain) > 2 * mag * n_in * 0x1p-24;
+    }
+  EXPECT_GT(differs_from_unrounded, rows * n_out / 2);  // the rounding is visible
+  // The input buffer is left as it was.
+  std::vector<float> back(x.size());
+  ASSERT_TRUE(be.download(back.data(), xb->data(), xb->bytes()).ok());
+  EXPECT_EQ(back, x);
+  // Embedding rows are the rounded table's.
+  const int32_t tokens[2] = {3, 17};
+  auto eb = *be.allocate(2 * n_in * 4, "e");
+  ASSERT_TRUE(be.embed(*m, tokens, 2, 1.0f, eb->f32()).ok());
+  std::vector<float> e(static_cast<size_t>(2 * n_in));
+  ASSERT_TRUE(be.download(e.data(), eb->data(), eb->bytes()).ok());
+  for (int t = 0; t < 2; ++t)
+    for (int64_t c = 0; c < n_in; ++c)
+      EXPECT_EQ(e[t * n_in + c], bf16(w[tokens[t] * n_in + c]));
+}
+
 TEST_F(CpuBackendTest, RandomMatrixIsSeededAndNormalWithTheGivenScale) {
   auto a = be->random_matrix(64, 256, 7, 0.02f), b = be->random_matrix(64, 256, 7, 0.02f),
        c = be->random_matrix(64, 256, 8, 0.02f);

@@ -337,5 +337,35 @@ TEST(ModelForward, SuppliedIndexProjectionIsUsed) {
   EXPECT_GT(other, 1e-2);  // the first head's projection selects other pages
 }
 
+// ModelOptions::bf16_matmul reaches the backend: the logits move by bf16 rounding of the products
+// against exact f32 weights (visibly, yet within a bf16-sized distance of them), a model with
+// weights_f32 as well gives the same logits (the weights are rounded once either way), and the
+// next tokens agree at the end of a short prompt.
+TEST(ModelForward, Bf16ProductsAreTheCudaBackendsRounding) {
+  const std::string path = model_path("smollm2-135m");
+  if (path.empty()) GTEST_SKIP() << "smollm2-135m is not downloaded";
+  std::vector<float> logits[3];
+  for (int mode = 0; mode < 3; ++mode) {
+    ModelOptions o{.threads = 2, .context = 256};
+    o.weights_f32 = mode != 1;
+    o.bf16_matmul = mode > 0;
+    auto m = Model::load(path, o);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const auto ids = tokens(120, 10, (*m)->hparams().n_vocab, 4);
+    const SeqId s = *(*m)->add_sequence();
+    SequenceInput in{.seq = s, .tokens = ids, .outputs = OutputMode::kLast};
+    ASSERT_TRUE((*m)->forward({&in, 1}, &logits[mode]).ok());
+  }
+  EXPECT_EQ(logits[1], logits[2]);
+  double max_diff = 0, spread = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(double(logits[0][i]) - logits[1][i]));
+    spread = std::max(spread, std::abs(double(logits[0][i])));
+  }
+  EXPECT_GT(max_diff, 1e-4);
+  EXPECT_LT(max_diff, 0.05 * spread);
+  EXPECT_EQ(argmax(logits[0]), argmax(logits[1]));
+}
+
 }  // namespace
 }  // namespace cisa

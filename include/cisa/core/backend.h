@@ -104,6 +104,11 @@ struct BackendOptions {
   // and replay it on later steps of the same key instead of launching each kernel. The CPU
   // backend ignores it.
   bool step_graphs = true;
+  // CPU: multiply as the CUDA backend does, for checks against it: every bound matrix (weights,
+  // embeddings, index projections) rounded to bf16 once at bind, and every matrix product's input
+  // rounded to bf16 before it is multiplied (products and sums in f32). The CUDA backend always
+  // multiplies so and ignores it.
+  bool bf16_matmul = false;
 };
 
 // What a backend did with the steps begin_step() bracketed (step_graph_stats()).

@@ -154,6 +154,10 @@ struct ModelOptions {
   // Widen every quantised matrix to f32 at load and multiply in f32 (no 8-bit activations): the
   // exact function of the stored weights, for reference checks; ~4x the memory, much slower.
   bool weights_f32 = false;
+  // Multiply as the CUDA backend does (BackendOptions::bf16_matmul): weights and embeddings
+  // rounded to bf16 at load, every matrix product's input rounded to bf16, f32 accumulation. The
+  // CPU reference for the GPU tests (tests/gpu/cuda_model_golden_test.cpp); CPU backend only.
+  bool bf16_matmul = false;
   // How the GGUF comes into memory (gguf.h): kMap (the default) maps it; kRead reads it whole, like
   // llama.cpp's --no-mmap, so that a file truncated or rewritten while the model runs cannot crash
   // it (costs the file's size in memory). With kMap, forward() re-checks the file's size first
