@@ -9,12 +9,13 @@ size, u64 FNV-1a 64 of the payload) and a payload naming the model it was calibr
 weights), the calibration settings and documents, and per (global layer, KV group) every
 candidate's scores and the chosen one: a query head of the group, the mean of the group's heads,
 or (version 2, ``cisa calibrate --fit``) a fitted mix of the heads, whose coefficients version 2
-carries per group. The mix is read and validated but not applied by the transformers backend. Every read is
+carries per group (:meth:`Indexer.mixes`; the transformers backend applies it). Every read is
 bounds-checked and the contents are validated as the C++ reader validates them; anything wrong
 raises ``ValueError`` naming the file and the reason.
 
     idx = cisa.indexer.load_indexer("indexers/smollm2-135m.cisaidx")
-    idx.heads()          # {(layer, kv_group): query head, or None for the mean}
+    idx.heads()          # {(layer, kv_group): query head, None for the mean, or "fit"}
+    idx.mixes()          # {(layer, kv_group): the fit's coefficients} where "fit" was chosen
 
 A Hugging Face model cannot be matched against the weights hash (it hashes GGUF tensor bytes), so
 :meth:`Indexer.check_shape` compares only the architecture-independent shapes (n_layer, n_head,
@@ -100,6 +101,15 @@ class Indexer:
         the mean."""
         return {(g.layer, g.kv_group): g.head for g in self.groups}
 
+    def mixes(self) -> Dict[Tuple[int, int], List[float]]:
+        """The fit's coefficients of every (layer, KV group) whose choice is "fit": h_g * head_dim
+        floats laid out [h_g][head_dim / 2][2], (alpha, beta) per query head of the group (in
+        order) and RoPE frequency pair i, acting on pair i of that head's post-RoPE query as the
+        complex number alpha + i beta (docs/calibration.md, "A fitted index query"). Pair i is
+        channels (2i, 2i + 1) of the GGUF's llama layout, (i, i + head_dim / 2) of Hugging
+        Face's (``cisa.transformers.apply_mix``)."""
+        return {(g.layer, g.kv_group): list(g.mix) for g in self.groups if g.head == "fit"}
+
     def check_shape(self, n_layer: int, n_head: int, n_head_kv: int, head_dim: int) -> None:
         """Raises ValueError unless the model has the shapes the indexer was calibrated on. The
         weights are not compared: the file's hash is of GGUF tensor bytes."""
@@ -147,7 +157,7 @@ class _Reader:
 
 
 def parse_indexer(data: bytes, source: str = "<bytes>") -> Indexer:
-    """Parses and validates the bytes of a ``.cisaidx`` file (version 1)."""
+    """Parses and validates the bytes of a ``.cisaidx`` file (version 1 or 2)."""
     data = bytes(data)
     if len(data) < 8 or data[:8] != MAGIC:
         raise ValueError(f"{source}: not a CISA indexer file (bad magic)")

@@ -14,9 +14,11 @@ positions' keys and values (one indexed copy per call, no per-token loop), recom
 representatives of the pages they filled, plans the step (plan.h's rules) and runs the selection
 and the attention. The index query of a KV group is the mean of its query heads after RoPE (SPEC
 section 6's mean candidate), or, with ``indexer=`` (a ``.cisaidx`` file from ``cisa calibrate``,
-or an explicit ``{(layer, kv_group): head}`` mapping), the chosen head's query after RoPE; a file
-is checked against the model's n_layer, n_head, n_head_kv and head_dim only (its weights hash is
-of GGUF tensors, which a transformers model cannot match). ``rep_kind="quest"`` scores pages by
+or an explicit ``{(layer, kv_group): head}`` mapping), the chosen head's query after RoPE, or,
+where a file chose the fitted mix (``cisa calibrate --fit``), that mix of the group's queries
+after RoPE (:func:`apply_mix`; refused on models with q/k norms, such as Gemma 3); a file is
+checked against the model's n_layer, n_head, n_head_kv and head_dim only (its weights hash is of
+GGUF tensors, which a transformers model cannot match). ``rep_kind="quest"`` scores pages by
 Quest's min/max representatives instead of the mean key. A call at position 0 starts new
 sequences. Batches may be left-padded (as ``generate()`` pads decoder-only models): each row's
 tokens get their own paged sequence, pads are never written to it and their outputs are zeros;
@@ -255,27 +257,24 @@ def _num_layers(module):
 
 
 class _IndexChoice:
-    """Which query head is each (layer, KV group)'s index query (SPEC section 6): from a
-    calibrated ``.cisaidx`` file (an :class:`cisa.indexer.Indexer` or its path) or an explicit
-    mapping ``{(layer, kv_group): head}`` (absolute query head, or None / "mean" for the mean of
-    the group's heads). Pairs not listed use the mean."""
+    """Which query is each (layer, KV group)'s index query (SPEC section 6): from a calibrated
+    ``.cisaidx`` file (an :class:`cisa.indexer.Indexer` or its path) or an explicit mapping
+    ``{(layer, kv_group): head}`` (absolute query head, or None / "mean" for the mean of the
+    group's heads). A file may also choose the fitted mix of the group's heads (``cisa calibrate
+    --fit``), applied with its coefficients (:func:`index_query`). Pairs not listed use the
+    mean."""
 
     def __init__(self, spec):
         from . import indexer as _ix
         self.indexer = None
+        self.mixes = {}  # (layer, kv_group) -> the fit's coefficients, where the fit was chosen
         if isinstance(spec, (str, bytes)) or hasattr(spec, "__fspath__"):
             spec = _ix.load_indexer(spec)
         if isinstance(spec, _ix.Indexer):
             self.indexer = spec
             self.heads = spec.heads()
+            self.mixes = spec.mixes()
             self.source = f"indexer {spec.source}"
-            fitted = sorted(k for k, h in self.heads.items() if h == "fit")
-            if fitted:
-                raise ValueError(f"cisa: the {self.source} chooses the fitted mix of the "
-                                 f"group's heads (cisa calibrate --fit) for (layer, KV group) "
-                                 f"{fitted[0]}{' and others' if len(fitted) > 1 else ''}; "
-                                 f"cisa.transformers applies a chosen head or the mean only "
-                                 f"(calibrate without --fit, or pass a head mapping)")
         elif isinstance(spec, dict):
             self.heads = {}
             for key, h in spec.items():
@@ -291,16 +290,21 @@ class _IndexChoice:
         else:
             raise TypeError(f"cisa: indexer must be a .cisaidx path, a cisa.indexer.Indexer or "
                             f"a {{(layer, kv_group): head}} dict (got {type(spec).__name__})")
-        self.checked = {}  # (n_layer, hq, hkv, d) -> {layer: [head or None per KV group]}
+        # (n_layer, hq, hkv, d, q/k norms) -> {layer: [choice per KV group]}, a choice being
+        # None (the mean), a query head or the fit's [h_g, d/2, 2] coefficients (CPU tensor);
+        # (that key, device) -> the same with the coefficients on the device.
+        self.checked = {}
+        self.on_device = {}
 
-    def layer_heads(self, module, layer, hq, hkv, d, sliding):
-        """The chosen head (or None) of each KV group of ``layer``, checked against the model's
-        shape at the first call with that shape."""
+    def layer_heads(self, module, layer, hq, hkv, d, sliding, device=None):
+        """The choice of each KV group of ``layer`` (None if the layer has none): None (the
+        mean), a query head, or the fitted mix's coefficients ``[h_g, d/2, 2]`` float32 on
+        ``device``; checked against the model's shape at the first call with that shape."""
         n_layer = _num_layers(module)
-        key = (n_layer, hq, hkv, d)
+        key = (n_layer, hq, hkv, d, _has_qk_norm(module))
         per_layer = self.checked.get(key)
         if per_layer is None:
-            per_layer = self._check(n_layer, hq, hkv, d)
+            per_layer = self._check(*key)
             self.checked[key] = per_layer
         heads = per_layer.get(layer)
         if heads is not None and sliding:
@@ -308,19 +312,43 @@ class _IndexChoice:
                              f"layer {layer}, a sliding-window layer of this model (CISA "
                              f"selects pages on the global layers only): it was made for "
                              f"another model")
-        return heads
+        if heads is None or all(not isinstance(h, torch.Tensor) for h in heads):
+            return heads
+        # The coefficients are copied to the device once (outside any CUDA graph capture: a
+        # captured step has run eagerly first).
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        moved = self.on_device.setdefault((key, dev), {})
+        if layer not in moved:
+            moved[layer] = [h.to(dev) if isinstance(h, torch.Tensor) else h for h in heads]
+        return moved[layer]
 
-    def _check(self, n_layer, hq, hkv, d):
+    def _check(self, n_layer, hq, hkv, d, qk_norm):
         if self.indexer is not None:
             self.indexer.check_shape(n_layer, hq, hkv, d)
         hg = hq // hkv
+        fitted = sorted(k for k, h in self.heads.items() if h == "fit")
+        if fitted and qk_norm:
+            raise ValueError(f"cisa attention: the {self.source} chooses the fitted mix of the "
+                             f"group's heads (cisa calibrate --fit) for (layer, KV group) "
+                             f"{fitted[0]}{' and others' if len(fitted) > 1 else ''}, but this "
+                             f"model has q/k norms (a per-head RMSNorm of the queries, as Gemma "
+                             f"3's), which the fit does not commute with: the fitted index query "
+                             f"needs a model without q/k norms (calibrate without --fit, or pass "
+                             f"a head mapping)")
         per_layer = {}
         for (layer, g), h in sorted(self.heads.items()):
             if not (0 <= layer < n_layer and 0 <= g < hkv):
                 raise ValueError(f"cisa attention: the {self.source} names layer {layer}, KV "
                                  f"group {g}, but the model has {n_layer} layers of {hkv} KV "
                                  f"groups")
-            if h is not None and not g * hg <= h < (g + 1) * hg:
+            if h == "fit":
+                mix = self.mixes.get((layer, g), ())
+                if len(mix) != hg * d or d % 2:
+                    raise ValueError(f"cisa attention: the {self.source} has {len(mix)} fit "
+                                     f"coefficients for layer {layer}, KV group {g}; a group of "
+                                     f"{hg} heads of dimension {d} needs {hg * d}")
+                h = torch.tensor(mix, dtype=torch.float32).view(hg, d // 2, 2)
+            elif h is not None and not g * hg <= h < (g + 1) * hg:
                 raise ValueError(f"cisa attention: the {self.source} picks query head {h} for "
                                  f"layer {layer}, KV group {g}, whose heads are "
                                  f"{g * hg} .. {(g + 1) * hg - 1}")
@@ -328,26 +356,57 @@ class _IndexChoice:
         return per_layer
 
 
+def _has_qk_norm(module):
+    """Whether the attention module normalises its queries per head before RoPE (Gemma 3's and
+    Qwen3's ``q_norm``)."""
+    return getattr(module, "q_norm", None) is not None
+
+
+def apply_mix(q, mix):
+    """The fitted mix of a KV group's query heads (docs/calibration.md, "A fitted index query"):
+    ``q`` ``[rows, h_g, d]`` float32 queries after RoPE, ``mix`` ``[h_g, d/2, 2]`` coefficients
+    (alpha, beta) per head and RoPE frequency pair i, which act on the pair as the complex number
+    alpha + i beta. The coefficients were fitted in the GGUF's channel layout, where pair i is
+    the frequency-i pair (llama's RoPE: channels (2i, 2i + 1), which llama.cpp's converter
+    permutes from Hugging Face's (i, i + d/2), in the same order; NEOX: (i, i + d/2) in both);
+    Hugging Face's rotate_half pairs channels (i, i + d/2), so pair i's coefficients act on
+    those: out[i] = sum_h alpha q_h[i] - beta q_h[i + d/2], out[i + d/2] = sum_h beta q_h[i] +
+    alpha q_h[i + d/2] (src/calib/index_fit.cpp's apply_mix). Returns ``[rows, d]``."""
+    half = q.shape[-1] // 2
+    x1, x2 = q[..., :half], q[..., half:]
+    a, b = mix[..., 0], mix[..., 1]  # [h_g, d/2]
+    return torch.cat(((a * x1 - b * x2).sum(-2), (b * x1 + a * x2).sum(-2)), -1)
+
+
 def index_query(q, num_kv_heads, heads=None):
     """The index query of every row and KV group (SPEC section 2): float32 ``[rows, num_kv_heads,
     head_dim]`` from the post-RoPE queries ``q`` ``[rows, num_q_heads, head_dim]``; KV group g's
-    is the mean of its query heads, or query head ``heads[g]`` where ``heads`` names one."""
+    is the mean of its query heads, or query head ``heads[g]`` where ``heads`` names one, or the
+    fitted mix of its heads where ``heads[g]`` is the fit's ``[h_g, d/2, 2]`` coefficients
+    (:func:`apply_mix`, on q's device)."""
     rows, hq, d = q.shape
     hg = hq // num_kv_heads
     if heads is None or all(h is None for h in heads):
         return q.view(rows, num_kv_heads, hg, d).float().mean(2).contiguous()
+
+    def one(g, h):
+        if h is None:
+            return q[:, g * hg:(g + 1) * hg].float().mean(1)
+        if isinstance(h, torch.Tensor):
+            return apply_mix(q[:, g * hg:(g + 1) * hg].float(), h)
+        return q[:, h].float()
+
     # Basic indexing only (no index tensor made on the host), so a CUDA graph can capture it.
-    cols = [q[:, g * hg:(g + 1) * hg].float().mean(1) if h is None else q[:, h].float()
-            for g, h in enumerate(heads)]
-    return torch.stack(cols, 1).contiguous()
+    return torch.stack([one(g, h) for g, h in enumerate(heads)], 1).contiguous()
 
 
 def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="mean",
                    dense=False, rep_kind="mean", indexer=None):
     """An attention function for transformers' AttentionInterface. ``rep_kind``: the page
-    representatives, ``"mean"`` or ``"quest"``. ``indexer``: which query head is each (layer, KV
-    group)'s index query, a ``.cisaidx`` path, a :class:`cisa.indexer.Indexer` or a dict
-    ``{(layer, kv_group): head}`` (None: the mean of every group's heads)."""
+    representatives, ``"mean"`` or ``"quest"``. ``indexer``: which query head (or, from a file,
+    the fitted mix of the heads) is each (layer, KV group)'s index query, a ``.cisaidx`` path, a
+    :class:`cisa.indexer.Indexer` or a dict ``{(layer, kv_group): head}`` (None: the mean of every
+    group's heads)."""
     ops._rep_code("register", rep_kind)
     choice = _IndexChoice(indexer) if indexer is not None else None
     # Plans of recent steps, shared by the layers of a step with the same geometry: the host
@@ -417,7 +476,7 @@ def make_attention(budget=0, window=128, qshare=16, sink_pages=0, qshare_query="
         heads = None
         if choice is not None:
             heads = choice.layer_heads(module, getattr(module, "layer_idx", None), hq, hkv, d,
-                                       sliding)
+                                       sliding, query.device)
         # A cisa.transformers.Cache layer tells the positions before this call and hands over
         # only the new keys. Otherwise transformers' cache passed every kept key and the
         # positions before this call are the rest.

@@ -98,3 +98,28 @@ def reference_topk(scores, k):
     vals = scores.tolist()
     key = lambda i: (1, 0.0, i) if math.isnan(vals[i]) else (0, -vals[i], i)
     return sorted(sorted(range(len(vals)), key=key)[:k])
+
+
+def fitted_indexer(n_layer, n_head, n_head_kv, head_dim, choices, arch="llama"):
+    """A version-2 indexer (cisa calibrate --fit) built in memory for a model of this shape:
+    ``choices`` maps (layer, kv_group) to the fit's coefficients (h_g * head_dim floats,
+    [h_g][head_dim / 2][2]: the fit is chosen), a query head or None (the mean; the group still
+    carries the mean's coefficients, as the writer stores a fit for every group)."""
+    from cisa import indexer as ix
+    hg = n_head // n_head_kv
+    mean = [1.0 / hg if i % 2 == 0 else 0.0 for i in range(hg * head_dim)]
+    groups = []
+    for (layer, g), c in sorted(choices.items()):
+        cands = [ix.Candidate(g * hg + i, 0.5, 0.5) for i in range(hg)]
+        cands += [ix.Candidate(ix.MEAN, 0.4, 0.6), ix.Candidate(ix.FIT, 0.3, 0.7)]
+        if c is None:
+            chosen, mix = hg, mean
+        elif isinstance(c, int):
+            chosen, mix = c - g * hg, mean
+        else:
+            chosen, mix = hg + 1, [float(v) for v in c]
+        groups.append(ix.Group(layer, g, 8, 0.9, cands, chosen, mix))
+    idx = ix.Indexer(arch, "synthetic", n_layer, 64, n_head, n_head_kv, head_dim, 0, 3, 1, 0,
+                     16, 8, 0, "kl", True, 0.05, [], groups, "<synthetic>")
+    ix._validate(idx, ValueError)  # what the file reader checks
+    return idx

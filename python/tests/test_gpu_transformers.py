@@ -25,6 +25,7 @@ import cisa
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import cisa.transformers as ct  # noqa: E402
+from helpers import fitted_indexer  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(),
@@ -167,6 +168,41 @@ def test_small_budget_reads_fewer_pages(shape):
     ids = prompt(1, 1500, seed=2)
     out = generate(model, "cisa_gpu_small", ids, 8)
     assert out.shape == (1, 1508)
+    read, dense = ct.stats(model)
+    assert 0 < read < dense / 2
+
+
+@torch.no_grad()
+def test_fitted_index_query_on_cuda(monkeypatch):
+    """A synthetic version-2 indexer choosing the fitted mix (cisa calibrate --fit; random
+    coefficients) in every KV group of a 2-layer model of the Llama-3.2-1B shape: through
+    generate() on CUDA (k = 8: a prefill, then decode steps) every index query the wrapper runs
+    with is on the device and equals index_query of the same bf16 queries on the CPU with the
+    file's coefficients; the selection reads under half of dense's pages."""
+    model = model_of("llama-3.2-1b", layers=2)
+    hq, hkv, d = 32, 8, 64
+    hg = hq // hkv
+    g = torch.Generator().manual_seed(41)
+    choices = {(layer, kv): (torch.randn(hg * d, generator=g) * 0.5).tolist()
+               for layer in range(2) for kv in range(hkv)}
+    ct.register("cisa_gpu_fit", budget=8, window=4, qshare=16,
+                indexer=fitted_indexer(2, hq, hkv, d, choices))
+    calls = []
+    run = cisa.SparseAttentionWrapper.run
+
+    def recording(self, q, k, v, reps=None, index_q=None, scale=0.0):
+        calls.append((q.clone(), index_q.clone()))
+        return run(self, q, k, v, reps, index_q, scale)
+
+    monkeypatch.setattr(cisa.SparseAttentionWrapper, "run", recording)
+    out = generate(model, "cisa_gpu_fit", prompt(1, 1500, seed=42), 4)
+    monkeypatch.undo()
+    assert out.shape == (1, 1504) and len(calls) == 2 * 4
+    for i, (q, iq) in enumerate(calls):
+        heads = [torch.tensor(choices[(i % 2, kv)]).view(hg, d // 2, 2) for kv in range(hkv)]
+        assert iq.is_cuda and iq.dtype == torch.float32
+        torch.testing.assert_close(iq.cpu(), ct.index_query(q.float().cpu(), hkv, heads),
+                                   rtol=1e-5, atol=1e-5)
     read, dense = ct.stats(model)
     assert 0 < read < dense / 2
 

@@ -1,6 +1,8 @@
 """Calibrated indexers: the .cisaidx reader against the tables `cisa calibrate` printed when it
 wrote the committed files, and the transformers backend's index query from a chosen head against
-a direct computation of that head's query (projection and RoPE) and the selection it gives."""
+a direct computation of that head's query (projection and RoPE) and the selection it gives; the
+fitted mix of a group's heads (version 2, cisa calibrate --fit) against the projection it stands
+for, Sum_h A_h W_q^(h), applied before RoPE."""
 
 import pathlib
 import re
@@ -11,6 +13,7 @@ import torch
 
 import cisa
 from cisa import indexer as ix
+from helpers import fitted_indexer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 INDEXERS = ROOT / "indexers"
@@ -105,10 +108,7 @@ def test_version_2_files_written_by_the_cpp_writer():
         # 0.001f * k in float32, as the writer computed them.
         assert g.mix == (torch.tensor(0.001) * torch.arange(4 * 256).float()).tolist()
         assert g.head == ("fit" if i == 0 else v1.groups[i].head)
-    with pytest.raises(ValueError, match="chooses the fitted mix"):
-        ct.register("cisa_fit", indexer=fit)
-    with pytest.raises(ValueError, match=r"chooses the fitted mix .* \(0, 0\) and others"):
-        ct.register("cisa_fit", indexer=INDEXERS / "smollm2-135m-fit.cisaidx")
+    assert fit.mixes() == {(5, 0): fit.groups[0].mix} and v2.mixes() == {}
     data = (DATA / "gemma3-270m-v2-fit.cisaidx").read_bytes()
     for n in range(0, len(data), 97):
         with pytest.raises(ValueError):
@@ -155,8 +155,13 @@ def run_capturing(model, impl, ids, monkeypatch):
         return out
 
     monkeypatch.setattr(cisa.SparseAttentionWrapper, "run", recording)
-    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda m, i, o: projected.append(o))
-             for layer in model.model.layers]
+    inputs = []
+
+    def hook(m, i, o):
+        inputs.append(i[0])
+        projected.append(o)
+
+    hooks = [layer.self_attn.q_proj.register_forward_hook(hook) for layer in model.model.layers]
     model.set_attn_implementation(impl)
     with torch.no_grad():
         model(ids)
@@ -169,7 +174,31 @@ def run_capturing(model, impl, ids, monkeypatch):
     for q in projected:
         q = q.view(1, T, -1, d).transpose(1, 2)
         queries.append(apply_rotary_pos_emb(q, q, cos, sin)[0][0])
-    return calls, queries
+    return calls, queries, (inputs, cos, sin)
+
+
+def fitted_query(attn, x, mix, g, hg, cos, sin):
+    """The fitted index query of KV group g computed as the projection it stands for: W~ = Sum_h
+    A_h W_q^(h) (and the bias likewise) in Hugging Face's layout, where RoPE's frequency-i pair
+    is channels (i, i + d/2) and A_h acts on it as the complex number alpha + i beta; then x W~^T
+    and RoPE (float64). Independent of the backend's apply_mix, which mixes after RoPE."""
+    W = attn.q_proj.weight.double()
+    d = W.shape[0] // attn.config.num_attention_heads
+    half = d // 2
+    A = torch.tensor(mix, dtype=torch.float64).view(hg, half, 2)
+    A = torch.complex(A[..., 0], A[..., 1])  # [h_g, d/2]
+
+    def mixed(w):  # [h_g, d, ...] rows of the group's heads -> [d, ...]
+        z = (A.view(hg, half, *[1] * (w.dim() - 2)) * torch.complex(w[:, :half], w[:, half:]))
+        z = z.sum(0)
+        return torch.cat((z.real, z.imag))
+
+    Wt = mixed(W.view(-1, d, W.shape[1])[g * hg:(g + 1) * hg])  # [d, E]
+    q = x.double() @ Wt.T
+    if attn.q_proj.bias is not None:
+        q = q + mixed(attn.q_proj.bias.double().view(-1, d)[g * hg:(g + 1) * hg])
+    q = q.view(1, 1, -1, d)
+    return apply_rotary_pos_emb(q, q, cos.double(), sin.double())[0][0, 0].float()
 
 
 def group_lists(w, chunks, kv_groups):
@@ -179,24 +208,32 @@ def group_lists(w, chunks, kv_groups):
             for g in range(kv_groups)]
 
 
-def check_index_queries(model, impl, heads, monkeypatch, ids):
+def check_index_queries(model, impl, heads, monkeypatch, ids, mixes=None):
     """The index query of each (layer, KV group) is the chosen head's post-RoPE query (or the
-    mean of the group's), and the selection is select_pages' on that query. Returns the number of
-    (layer, group) lists whose selection differs from the mean's."""
+    mean of the group's, or where ``heads`` says "fit" the fitted mix of ``mixes`` computed as a
+    projection before RoPE), and the selection is select_pages' on that query. Returns the number
+    of (layer, group) lists whose selection differs from the mean's."""
     hq, hkv = model.config.num_attention_heads, model.config.num_key_value_heads
     hg = hq // hkv
-    calls, want_q = run_capturing(model, impl, ids, monkeypatch)
+    calls, want_q, (inputs, cos, sin) = run_capturing(model, impl, ids, monkeypatch)
     assert len(calls) == model.config.num_hidden_layers
     differ = 0
     for layer, (w, iq, chunks) in enumerate(calls):
         q = want_q[layer].transpose(0, 1)  # [T, hq, d]
         mean = q.reshape(q.shape[0], hkv, hg, -1).mean(2)
         want = mean.clone()
+        fitted = [g for g in range(hkv) if heads.get((layer, g)) == "fit"]
         for g in range(hkv):
             h = heads.get((layer, g))
-            if h is not None:
+            if h == "fit":
+                want[:, g] = fitted_query(model.model.layers[layer].self_attn, inputs[layer][0],
+                                          mixes[(layer, g)], g, hg, cos, sin)
+            elif h is not None:
                 want[:, g] = q[:, h]
-        torch.testing.assert_close(iq, want, rtol=1e-5, atol=1e-5)
+        rest = [g for g in range(hkv) if g not in fitted]
+        torch.testing.assert_close(iq[:, rest], want[:, rest], rtol=1e-5, atol=1e-5)
+        # The fit sums h_g heads' f32 projections in another order than float64 does.
+        torch.testing.assert_close(iq[:, fitted], want[:, fitted], rtol=1e-4, atol=1e-4)
         cache = model.model.layers[layer].self_attn._cisa_cache
         sel = (cache.k, cache.reps, w.block_tables, w.seq_lens, w.entries, SEL["budget"],
                SEL["window"], SEL["qshare"], 0, False, w.pages.numel(), w.num_selected.numel())
@@ -267,3 +304,147 @@ def test_indexer_on_a_sliding_window_layer_is_refused():
     model.set_attn_implementation("cisa_idx_sliding")
     with torch.no_grad(), pytest.raises(ValueError, match="layer 0, a sliding-window layer"):
         model(torch.randint(0, 256, (1, 40)))
+
+
+# ---- the fitted mix (version 2, cisa calibrate --fit) --------------------------------------------
+
+def one_head(j, hg, d):
+    """Coefficients [h_g][d/2][2] that select the group's j-th head: alpha = 1 on it, 0 else."""
+    return [1.0 if k // d == j and k % 2 == 0 else 0.0 for k in range(hg * d)]
+
+
+def uniform(hg, d):
+    """alpha = 1/h_g on every head and pair: the mean."""
+    return [1.0 / hg if k % 2 == 0 else 0.0 for k in range(hg * d)]
+
+
+def random_mix(hg, d, seed):
+    return (torch.randn(hg * d, generator=torch.Generator().manual_seed(seed)) * 0.7).tolist()
+
+
+def test_apply_mix_selects_a_head_exactly_and_averages_as_the_mean():
+    """index_query on random post-RoPE queries: the fit selecting a head is that head bit for bit;
+    the uniform fit is the mean; random coefficients act on Hugging Face's pairs (i, i + d/2) as
+    complex numbers (checked against torch's complex product)."""
+    rows, hq, hkv, d = 7, 6, 2, 32
+    hg = hq // hkv
+    q = torch.randn(rows, hq, d, generator=torch.Generator().manual_seed(3))
+    mix = lambda c: torch.tensor(c).view(hg, d // 2, 2)  # noqa: E731
+    got = ct.index_query(q, hkv, [mix(one_head(2, hg, d)), mix(one_head(0, hg, d))])
+    assert torch.equal(got, torch.stack([q[:, 2], q[:, 3]], 1))
+    got = ct.index_query(q, hkv, [mix(uniform(hg, d)), None])
+    torch.testing.assert_close(got, q.view(rows, hkv, hg, d).mean(2))
+    c = mix(random_mix(hg, d, 4))
+    z = torch.complex(q[:, 3:, :d // 2].double(), q[:, 3:, d // 2:].double())  # group 1's heads
+    want = (torch.complex(c[..., 0].double(), c[..., 1].double()) * z).sum(1)
+    got = ct.index_query(q, hkv, [1, c])
+    torch.testing.assert_close(got[:, 1], torch.cat((want.real, want.imag), -1).float())
+    assert torch.equal(got[:, 0], q[:, 1])
+
+
+def test_fit_selecting_one_head_or_uniform_is_that_head_or_the_mean(monkeypatch):
+    """On a Llama model (2 layers, 6:2 heads, d = 32) a synthetic version-2 indexer choosing the
+    fit: with alpha = 1 on one head its index queries and selection equal those of a mapping to
+    that head, bit for bit; with alpha = 1/h_g everywhere they equal the mean's (default) ones."""
+    model = llama(2, 6, 2, 32)
+    hg, d = 3, 32
+    ids = torch.randint(0, 256, (1, 200), generator=torch.Generator().manual_seed(13))
+    ct.register("cisa_fit_one", indexer=fitted_indexer(2, 6, 2, 32, {
+        (0, 0): one_head(1, hg, d), (0, 1): one_head(2, hg, d), (1, 0): one_head(0, hg, d),
+        (1, 1): None}), **SEL)
+    ct.register("cisa_fit_one_map", indexer={(0, 0): 1, (0, 1): 5, (1, 0): 0}, **SEL)
+    ct.register("cisa_fit_uniform", indexer=fitted_indexer(
+        2, 6, 2, 32, {(layer, g): uniform(hg, d) for layer in range(2) for g in range(2)}), **SEL)
+    ct.register("cisa_fit_mean", **SEL)
+    runs = {name: run_capturing(model, name, ids, monkeypatch)[0]
+            for name in ("cisa_fit_one", "cisa_fit_one_map", "cisa_fit_uniform", "cisa_fit_mean")}
+    for layer in range(2):
+        (_, a, ca), (_, b, cb) = runs["cisa_fit_one"][layer], runs["cisa_fit_one_map"][layer]
+        assert torch.equal(a, b) and torch.equal(ca, cb)
+        (_, a, ca), (_, b, cb) = runs["cisa_fit_uniform"][layer], runs["cisa_fit_mean"][layer]
+        torch.testing.assert_close(a, b)
+        assert torch.equal(ca, cb)
+    assert not torch.equal(runs["cisa_fit_one"][0][1], runs["cisa_fit_mean"][0][1])
+
+
+def qwen2(layers, heads, kv_heads, head_dim):
+    cfg = transformers.Qwen2Config(
+        vocab_size=256, hidden_size=144, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        max_position_embeddings=2048, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    with torch.no_grad():  # a bias that matters (transformers initialises it to zero)
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.bias.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2"])
+def test_fit_with_random_coefficients_is_the_mixed_projection(make, monkeypatch):
+    """Random coefficients: every fitted group's index query equals (x W~^T + b~) then RoPE, with
+    W~ = Sum_h A_h W_q^(h) and b~ likewise built in Hugging Face's layout (the fit commutes with
+    RoPE), a chosen head and the mean as before; the selection is select_pages' on it and differs
+    from the mean's."""
+    model = make(2, 6, 2, 32)
+    hg, d = 3, 32
+    choices = {(0, 0): random_mix(hg, d, 1), (0, 1): random_mix(hg, d, 2),
+               (1, 0): random_mix(hg, d, 3), (1, 1): 4}
+    idx = fitted_indexer(2, 6, 2, 32, choices)
+    name = f"cisa_fit_random_{make.__name__}"
+    ct.register(name, indexer=idx, **SEL)
+    ids = torch.randint(0, 256, (1, 200), generator=torch.Generator().manual_seed(14))
+    heads, mixes = idx.heads(), idx.mixes()
+    assert sorted(mixes) == [(0, 0), (0, 1), (1, 0)] and heads[(1, 1)] == 4
+    assert check_index_queries(model, name, heads, monkeypatch, ids, mixes) > 0
+
+
+def test_smollm2_fit_indexer_applies_its_fitted_queries(monkeypatch):
+    """The committed version-2 SmolLM2 indexer (cisa calibrate --fit; the fit chosen in 85 of its
+    90 groups) on a random model of SmolLM2-135M's attention shape (30 layers, 9:3 heads,
+    head_dim 64): accepted, and every group's index query is its fitted projection (or its chosen
+    head / the mean), the selection select_pages' on it."""
+    path = INDEXERS / "smollm2-135m-fit.cisaidx"
+    idx = ix.load_indexer(path)
+    heads, mixes = idx.heads(), idx.mixes()
+    assert sum(h == "fit" for h in heads.values()) == len(mixes) == 85
+    ct.register("cisa_smollm2_fit", indexer=path, **SEL)
+    model = llama(30, 9, 3, 64)
+    ids = torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(15))
+    assert check_index_queries(model, "cisa_smollm2_fit", heads, monkeypatch, ids, mixes) > 10
+
+
+def gemma3(layers, heads, kv_heads, head_dim, pattern):
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        sliding_window=32, sliding_window_pattern=pattern, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    return transformers.Gemma3ForCausalLM(cfg).float().eval()
+
+
+def test_fit_on_a_model_with_qk_norms_is_refused():
+    """Gemma 3 normalises each query head (q_norm) before RoPE; the fit does not commute with
+    that, and cisa calibrate refuses --fit there, so a fit choice is refused at the first call:
+    a synthetic indexer on a 2-layer Gemma 3, and the version-2 Gemma 3 270M file with a fit
+    choice on a Gemma 3 of that attention shape (18 layers, 4:1 heads, head_dim 256), whose
+    version-2 file without a fit runs."""
+    ids = torch.randint(0, 256, (1, 40))
+    model = gemma3(2, 4, 2, 32, 2)
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    ct.register("cisa_fit_gemma", indexer=fitted_indexer(2, 4, 2, 32, {
+        (1, 0): random_mix(2, 32, 5), (1, 1): 3}, arch="gemma3"))
+    model.set_attn_implementation("cisa_fit_gemma")
+    with torch.no_grad(), pytest.raises(ValueError, match=r"chooses the fitted mix .* \(1, 0\), "
+                                                          r"but this model has q/k norms"):
+        model(ids)
+    model = gemma3(18, 4, 1, 256, 6)
+    ct.register("cisa_fit_gemma_270m", indexer=DATA / "gemma3-270m-v2-fit.cisaidx")
+    ct.register("cisa_gemma_270m_v2", indexer=DATA / "gemma3-270m-v2.cisaidx")
+    with torch.no_grad():
+        model.set_attn_implementation("cisa_fit_gemma_270m")
+        with pytest.raises(ValueError, match=r"\(5, 0\), but this model has q/k norms"):
+            model(ids)
+        model.set_attn_implementation("cisa_gemma_270m_v2")
+        model(ids)
