@@ -355,11 +355,11 @@ def plan(block_tables: Tensor, seq_lens: Tensor, entries: Tensor, *, num_pages: 
     b = _batch_args(op, block_tables, seq_lens, entries)
     if qshare_query not in ("mean", "last"):
         _fail(ValueError, op, f"qshare_query must be 'mean' or 'last' (got {qshare_query!r})")
+    # One pass over the used part of each block-table row checks every page ID (range, listed
+    # once); the lists come back as tensors over the binding's buffers (no copy).
     g, o, p, c, ns = _C.plan(b, num_pages, num_kv_heads, page_size, dense, sliding_window, budget,
                              window, qshare, sink_pages, qshare_query == "last")
-    return (torch.tensor(g, dtype=torch.int64).reshape(-1, 5), torch.tensor(o, dtype=torch.int64),
-            torch.tensor(p, dtype=torch.int32), torch.tensor(c, dtype=torch.int32),
-            torch.tensor(ns, dtype=torch.int32))
+    return g.view(-1, 5), o, p, c, ns
 
 
 def _select_pages_impl(index_q: Tensor, k_cache: Tensor, reps: Tensor, block_tables: Tensor,

@@ -49,48 +49,49 @@ class SparseAttentionWrapper:
         ops._rep_code("plan", rep_kind)
         self.rep_kind = rep_kind
         self.block_tables, self.seq_lens, self.entries = block_tables, seq_lens, entries
-        if self.device.type == "cuda":
-            # The backend's plan writes the lists on the device (cuda_page_lists reads them
-            # back); the host keeps only the query groups and list offsets, not a copy of every
-            # list entry (tens of millions for a long prefill).
-            b = ops._batch_args("plan", block_tables, seq_lens, entries)
-            g, o, self.total_pages, self.num_lists = _C.plan_groups(
-                b, num_pages, self.num_kv_heads, self.page_size, dense, sliding_window, budget,
-                window, qshare, sink_pages, qshare_query == "last")
-            self.groups = torch.tensor(g, dtype=torch.int64).reshape(-1, 5)
-            self.offsets = torch.tensor(o, dtype=torch.int64)
-            self.pages = self.chunks = self.num_selected = None
-        else:
+        last = qshare_query == "last"
+        if self.device.type != "cuda":
             (self.groups, self.offsets, self.pages, self.chunks, self.num_selected) = ops.plan(
                 block_tables, seq_lens, entries, num_pages=num_pages,
                 num_kv_heads=self.num_kv_heads, page_size=self.page_size, dense=dense,
                 sliding_window=sliding_window, budget=budget, window=window, qshare=qshare,
                 sink_pages=sink_pages, qshare_query=qshare_query)
+            self._set_params(dense, sliding_window, budget, window, qshare, sink_pages, last)
+            return
+        b = ops._batch_args("plan", block_tables, seq_lens, entries)
+        # CUDA: one call checks the batch on the host (each block-table page once) and makes
+        # both the host plan (query groups and list offsets; no list entry: the backend's plan
+        # writes the lists on the device, cuda_page_lists reads them back) and the backend's.
+        if not ops.HAS_CUDA:
+            _C.plan_groups(b, num_pages, self.num_kv_heads, self.page_size, dense, sliding_window,
+                           budget, window, qshare, sink_pages, last)  # the host checks first
+            raise RuntimeError("cisa.SparseAttentionWrapper: this cisa build has no CUDA "
+                               "backend (built without CUDA)")
+        if k_cache is None or v_cache is None or num_q_heads is None or (
+                not dense and reps is None):
+            raise ValueError("cisa.SparseAttentionWrapper.plan: on CUDA pass k_cache, "
+                             "v_cache, num_q_heads and (sparse plans) reps")
+        c = ops._cache_args("plan", k_cache, v_cache, reps, rep_kind=rep_kind)
+        ops._check_data_device("plan", *[t for t in (k_cache, v_cache, reps) if t is not None])
+        self._dev_tables = block_tables.to(k_cache.device)  # the plan reads it on the device
+        cp = _C.CudaPlan()
+        g, o, self.total_pages, self.num_lists = _C.cuda_plan_groups(
+            cp, c, b, self._dev_tables.data_ptr(), num_pages, self.num_kv_heads, self.page_size,
+            num_q_heads, dense, sliding_window, budget, window, qshare, sink_pages, last)
+        self.groups, self.offsets = g.view(-1, 5), o
+        self.pages = self.chunks = self.num_selected = None
+        self._cuda = cp
+        ops._CUDA_PLANS[self._id] = cp
+        rows = cp.rows
+        self.out = torch.empty(rows, num_q_heads, c.head_dim, dtype=torch.float32,
+                               device=k_cache.device)
+        self.lse = torch.empty(rows, num_q_heads, dtype=torch.float32, device=k_cache.device)
+        self._set_params(dense, sliding_window, budget, window, qshare, sink_pages, last)
+
+    def _set_params(self, dense, sliding_window, budget, window, qshare, sink_pages, last):
         self.dense = dense
         self.sliding_window = sliding_window
-        self.params = (budget, window, qshare, sink_pages, qshare_query == "last")
-        if self.device.type == "cuda":
-            if not ops.HAS_CUDA:
-                raise RuntimeError("cisa.SparseAttentionWrapper: this cisa build has no CUDA "
-                                   "backend (built without CUDA)")
-            if k_cache is None or v_cache is None or num_q_heads is None or (
-                    not dense and reps is None):
-                raise ValueError("cisa.SparseAttentionWrapper.plan: on CUDA pass k_cache, "
-                                 "v_cache, num_q_heads and (sparse plans) reps")
-            c = ops._cache_args("plan", k_cache, v_cache, reps, rep_kind=rep_kind)
-            ops._check_data_device("plan", *[t for t in (k_cache, v_cache, reps) if t is not None])
-            b = ops._batch_args("plan", block_tables, seq_lens, entries)
-            self._dev_tables = block_tables.to(k_cache.device)  # the plan reads it on the device
-            cp = _C.CudaPlan()
-            _C.cuda_plan(cp, c, b, self._dev_tables.data_ptr(), num_q_heads, dense,
-                         sliding_window, budget, window, qshare, sink_pages,
-                         qshare_query == "last", "plan")
-            self._cuda = cp
-            ops._CUDA_PLANS[self._id] = cp
-            rows = cp.rows
-            self.out = torch.empty(rows, num_q_heads, c.head_dim, dtype=torch.float32,
-                                   device=k_cache.device)
-            self.lse = torch.empty(rows, num_q_heads, dtype=torch.float32, device=k_cache.device)
+        self.params = (budget, window, qshare, sink_pages, last)
         self._planned = True
 
     def cuda_page_lists(self):

@@ -8,6 +8,7 @@
 // engine's message: ValueError for malformed input, IndexError for an index out of range.
 // No torch headers: the module only sees pointers.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -201,11 +202,181 @@ PlanTuple to_tuple(const PageLists& l) {
   return {groups, l.offsets, l.pages, l.chunks, l.num_selected};
 }
 
-// Planning: the query groups and page-list sizes (plan.h). Dense: plan_dense fills every list.
-// Sparse: plan_query_groups + size_page_lists; the lists' entries are written by select.
-PlanTuple plan(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size, bool dense,
-               int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare,
-               int64_t sink_pages, bool qshare_last) {
+// ---- planning ------------------------------------------------------------------------------
+// The host plan checks the block tables once, in one pass over the used part of every row (a
+// bitmap of the pool: range and "listed once"), with adopt_all's messages, and the entries with
+// validate_batch's, instead of adopting every row into a PageTable (a random-access pass over a
+// per-page owner array, the PageTable's O(num_pages) free list; ~10x slower at 1M pages). The
+// groups and list sizes then come from plan.h's rules (plan_query_groups, list_layout,
+// dense_chunk_range) as in plan_dense / size_page_lists; plan_reference keeps the engine's own
+// path (adopt_all, plan_dense, size_page_lists) for the tests that compare the two.
+
+// adopt_all's checks without a PageTable: every row s has ceil(seq_lens[s] / page_size) <=
+// max_pages, and its first ceil(len / page_size) page IDs are in [0, num_pages) and appear once
+// in the whole batch (adopt_sequence: "out of range" IndexError, "already in use" ValueError,
+// the same messages, the first bad page in row-major order).
+void check_tables(const BatchArgs& b, int64_t num_pages, int page_size, const char* op) {
+  const int32_t* tables = ptr<const int32_t>(b.tables);
+  const int64_t* lens = ptr<const int64_t>(b.lens);
+  std::vector<uint64_t> used(static_cast<size_t>((num_pages + 63) / 64), 0);
+  for (int64_t s = 0; s < b.num_seqs; ++s) {
+    const int64_t len = lens[s];
+    if (len < 0)
+      throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
+                                  "] = " + std::to_string(len) + " is negative");
+    const int64_t n = (len + page_size - 1) / page_size;
+    if (n > b.max_pages)
+      throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
+                                  "] = " + std::to_string(len) + " needs " + std::to_string(n) +
+                                  " pages but block_tables has " + std::to_string(b.max_pages) +
+                                  " columns");
+    const int32_t* row = tables + s * b.max_pages;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t p = row[i];
+      const auto where = [&] {
+        return std::string("cisa.") + op + ": block_tables row " + std::to_string(s) +
+               ": adopt_sequence: page ID " + std::to_string(p) + " (logical page " +
+               std::to_string(i) + ") ";
+      };
+      if (p < 0 || p >= num_pages)
+        throw IndexErrorEx(where() + "is out of range [0, " + std::to_string(num_pages) + ")");
+      uint64_t& word = used[static_cast<size_t>(p) >> 6];
+      const uint64_t bit = uint64_t{1} << (p & 63);
+      if (word & bit) throw std::invalid_argument(where() + "is already in use");
+      word |= bit;
+    }
+  }
+}
+
+// validate_batch's checks against seq_lens (the tokens every adopted row has written in its one
+// layer), after read_entries (which checks the sequence and the count), with its messages.
+void check_positions(const BatchArgs& b, std::span<const BatchEntry> batch, const char* op) {
+  const int64_t* lens = ptr<const int64_t>(b.lens);
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& x = batch[e];
+    const std::string where = std::string("cisa.") + op + ": batch entry " + std::to_string(e) + ": ";
+    if (x.first < 0)
+      throw std::invalid_argument(where + "negative first position " + std::to_string(x.first));
+    const int64_t written = lens[x.seq];
+    if (x.first > written - x.count)
+      throw IndexErrorEx(where + "queries up to position " + std::to_string(x.first + x.count - 1) +
+                         " but only " + std::to_string(written) + " tokens of layer 0 are written");
+  }
+}
+
+// A plan's host part: the query groups [G][5] (entry, first, last, row, dense), the list offsets
+// [L + 1] (list i * num_kv_heads + g: group i's for KV group g) and the batch they came from.
+struct HostPlan {
+  std::vector<int64_t> groups, offsets;
+  std::vector<BatchEntry> batch;
+  bool dense = false;
+  int64_t total() const { return offsets.back(); }
+  int64_t num_lists() const { return static_cast<int64_t>(offsets.size()) - 1; }
+};
+
+// Every check of the engine's path (adopt_all, read_entries, validate_batch, the parameters),
+// each once, and the groups and list sizes; no page list is written.
+HostPlan plan_host(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size,
+                   bool dense, int64_t sliding_window, int64_t budget, int64_t window,
+                   int64_t qshare, int64_t sink_pages, bool qshare_last, const char* op) {
+  if (num_kv_heads <= 0 || page_size <= 0 || num_pages <= 0 || num_pages > INT32_MAX)
+    throw std::invalid_argument(std::string("cisa.") + op +
+                                ": num_kv_heads, page_size and num_pages must be "
+                                "positive (num_pages below 2^31)");
+  check_tables(b, num_pages, page_size, op);
+  HostPlan h;
+  h.batch = read_entries(b);
+  h.dense = dense;
+  const int64_t H = num_kv_heads;
+  if (dense) {
+    if (sliding_window < 0)
+      throw std::invalid_argument(std::string("cisa.") + op + ": sliding_window must be >= 0");
+    check_positions(b, h.batch, op);
+    // plan_dense: one group per entry, every list the entry's dense_chunk_range.
+    h.groups.reserve(h.batch.size() * 5);
+    h.offsets.reserve(h.batch.size() * static_cast<size_t>(H) + 1);
+    h.offsets.push_back(0);
+    int64_t row = 0;
+    for (size_t e = 0; e < h.batch.size(); ++e) {
+      const BatchEntry& x = h.batch[e];
+      h.groups.insert(h.groups.end(), {static_cast<int64_t>(e), x.first,
+                                       x.first + x.count - 1, row, 1});
+      row += x.count;
+      const cisa::ChunkRange r = cisa::dense_chunk_range(x, page_size, sliding_window);
+      for (int64_t g = 0; g < H; ++g) h.offsets.push_back(h.offsets.back() + (r.end - r.begin));
+    }
+  } else {
+    const cisa::SelectionParams p = selection_params(budget, window, qshare, sink_pages, qshare_last);
+    check_positions(b, h.batch, op);
+    PageLists lists;
+    raise_if_error(cisa::plan_query_groups(page_size, h.batch, p, &lists), op);
+    // size_page_lists' offsets, without sizing (and zeroing) the lists themselves.
+    h.groups.reserve(lists.groups.size() * 5);
+    h.offsets.reserve(lists.groups.size() * static_cast<size_t>(H) + 1);
+    h.offsets.push_back(0);
+    for (const auto& g : lists.groups) {
+      h.groups.insert(h.groups.end(), {g.entry, g.first, g.last, g.row, g.dense ? 1 : 0});
+      const int64_t n = cisa::list_layout(g, page_size, p).size();
+      for (int64_t k = 0; k < H; ++k) h.offsets.push_back(h.offsets.back() + n);
+    }
+  }
+  return h;
+}
+
+// A vector handed to torch without a copy (DLPack; the tensor owns the vector).
+template <class T>
+using Tensor1 = nb::ndarray<nb::pytorch, T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <class T>
+Tensor1<T> to_tensor(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  if (heap->empty()) heap->reserve(1);  // a non-null data pointer for an empty tensor
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return Tensor1<T>(heap->data(), {heap->size()}, owner);
+}
+
+// Planning: the query groups and page lists (plan.h) as torch tensors (groups flat, [G * 5]).
+// Dense: every list written from the block tables (plan_dense's lists); sparse: the lists'
+// entries are -1 until select writes them, num_selected 0.
+std::tuple<Tensor1<int64_t>, Tensor1<int64_t>, Tensor1<int32_t>, Tensor1<int32_t>,
+           Tensor1<int32_t>>
+plan(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size, bool dense,
+     int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare, int64_t sink_pages,
+     bool qshare_last) {
+  HostPlan h = plan_host(b, num_pages, num_kv_heads, page_size, dense, sliding_window, budget,
+                         window, qshare, sink_pages, qshare_last, "plan");
+  const auto total = static_cast<size_t>(h.total());
+  std::vector<int32_t> pages, chunks;
+  if (dense) {
+    pages.resize(total);
+    chunks.resize(total);
+    const int32_t* tables = ptr<const int32_t>(b.tables);
+    size_t at = 0;
+    for (size_t e = 0; e < h.batch.size(); ++e) {
+      const BatchEntry& x = h.batch[e];
+      const cisa::ChunkRange r = cisa::dense_chunk_range(x, page_size, sliding_window);
+      const int32_t* row = tables + int64_t{x.seq} * b.max_pages;  // checked up to r.end
+      for (int g = 0; g < num_kv_heads; ++g) {
+        std::copy(row + r.begin, row + r.end, pages.begin() + static_cast<ptrdiff_t>(at));
+        for (int64_t j = r.begin; j < r.end; ++j) chunks[at++] = static_cast<int32_t>(j);
+      }
+    }
+  } else {
+    pages.assign(total, -1);
+    chunks.assign(total, -1);
+  }
+  std::vector<int32_t> num_selected(static_cast<size_t>(h.num_lists()), 0);
+  return {to_tensor(std::move(h.groups)), to_tensor(std::move(h.offsets)),
+          to_tensor(std::move(pages)), to_tensor(std::move(chunks)),
+          to_tensor(std::move(num_selected))};
+}
+
+// The engine's own planning path (adopt_all into a PageTable, plan_dense or plan_query_groups +
+// size_page_lists), as flat vectors: what plan was before it checked the tables itself; the
+// tests compare the two.
+PlanTuple plan_reference(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size,
+                         bool dense, int64_t sliding_window, int64_t budget, int64_t window,
+                         int64_t qshare, int64_t sink_pages, bool qshare_last) {
   if (num_kv_heads <= 0 || page_size <= 0 || num_pages <= 0 || num_pages > INT32_MAX)
     throw std::invalid_argument(
         "cisa.plan: num_kv_heads, page_size and num_pages must be "
@@ -231,17 +402,15 @@ PlanTuple plan(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page
 }
 
 // plan's query groups and list offsets only, with the sizes of the page lists (total pages,
-// lists that select): for callers whose lists live elsewhere (the CUDA wrapper, whose backend
-// plan writes them on the device), without handing Python a copy of every list entry.
-std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t> plan_groups(
+// lists that select): for callers whose lists live elsewhere, without writing any list entry.
+std::tuple<Tensor1<int64_t>, Tensor1<int64_t>, int64_t, int64_t> plan_groups(
     const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size, bool dense,
     int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare, int64_t sink_pages,
     bool qshare_last) {
-  auto [groups, offsets, pages, chunks, num_selected] =
-      plan(b, num_pages, num_kv_heads, page_size, dense, sliding_window, budget, window, qshare,
-           sink_pages, qshare_last);
-  return {std::move(groups), std::move(offsets), static_cast<int64_t>(pages.size()),
-          static_cast<int64_t>(num_selected.size())};
+  HostPlan h = plan_host(b, num_pages, num_kv_heads, page_size, dense, sliding_window, budget,
+                         window, qshare, sink_pages, qshare_last, "plan");
+  const int64_t total = h.total(), lists = h.num_lists();
+  return {to_tensor(std::move(h.groups)), to_tensor(std::move(h.offsets)), total, lists};
 }
 
 // SPEC section 8's pages read per KV group by every query position of a plan's groups
@@ -462,14 +631,12 @@ cisa::cuda::DeviceLayer device_layer(const CacheArgs& c) {
           .rep = rep_kind(c.rep)};
 }
 
-void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t device_tables,
-               int num_q_heads, bool dense, int64_t sliding_window, int64_t budget, int64_t window,
-               int64_t qshare, int64_t sink_pages, bool qshare_last, const std::string& op_name) {
-  const char* op = op_name.c_str();
-  cisa::PageTable table(1, c.page_size, c.num_pages);
-  adopt_all(&table, b, c.page_size, op);
-  const std::vector<BatchEntry> batch = read_entries(b);
-  raise_if_error(cisa::validate_batch(table, 0, batch), op);
+// The backend's plan of a batch already checked on the host (check_batch_on_host).
+void cuda_plan_checked(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b,
+                       std::span<const BatchEntry> batch, uintptr_t device_tables,
+                       int num_q_heads, bool dense, int64_t sliding_window, int64_t budget,
+                       int64_t window, int64_t qshare, int64_t sink_pages, bool qshare_last,
+                       const char* op) {
   cp.offsets.resize(static_cast<size_t>(b.num_seqs + 1));
   for (int64_t s = 0; s <= b.num_seqs; ++s) cp.offsets[static_cast<size_t>(s)] = s * b.max_pages;
   const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
@@ -486,6 +653,41 @@ void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t d
                        device_layer(c), tables, batch, num_q_heads,
                        selection_params(budget, window, qshare, sink_pages, qshare_last), &cp.plan),
                    op);
+}
+
+// The host checks of the CPU path (adopt_all's and validate_batch's, each page once), then the
+// backend's plan.
+void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t device_tables,
+               int num_q_heads, bool dense, int64_t sliding_window, int64_t budget, int64_t window,
+               int64_t qshare, int64_t sink_pages, bool qshare_last, const std::string& op_name) {
+  const char* op = op_name.c_str();
+  if (c.page_size <= 0) throw std::invalid_argument(std::string("cisa.") + op + ": page_size must be positive");
+  check_tables(b, c.num_pages, c.page_size, op);
+  const std::vector<BatchEntry> batch = read_entries(b);
+  check_positions(b, batch, op);
+  cuda_plan_checked(cp, c, b, batch, device_tables, num_q_heads, dense, sliding_window, budget,
+                    window, qshare, sink_pages, qshare_last, op);
+}
+
+// The CUDA wrapper's plan in one pass over the block tables: plan_groups' host plan (the
+// wrapper's num_kv_heads and page_size, which must be the layer's; pages checked against
+// min(num_pages, the layer's pages)) and the backend's plan of the same checked batch.
+std::tuple<Tensor1<int64_t>, Tensor1<int64_t>, int64_t, int64_t> cuda_plan_groups(
+    CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t device_tables,
+    int64_t num_pages, int num_kv_heads, int page_size, int num_q_heads, bool dense,
+    int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare, int64_t sink_pages,
+    bool qshare_last) {
+  if (num_kv_heads != c.num_kv_heads || page_size != c.page_size)
+    throw std::invalid_argument(
+        "cisa.plan: the wrapper's num_kv_heads and page_size (" + std::to_string(num_kv_heads) +
+        ", " + std::to_string(page_size) + ") must be k_cache's (" +
+        std::to_string(c.num_kv_heads) + ", " + std::to_string(c.page_size) + ")");
+  HostPlan h = plan_host(b, std::min(num_pages, c.num_pages), num_kv_heads, page_size, dense,
+                         sliding_window, budget, window, qshare, sink_pages, qshare_last, "plan");
+  cuda_plan_checked(cp, c, b, h.batch, device_tables, num_q_heads, dense, sliding_window, budget,
+                    window, qshare, sink_pages, qshare_last, "plan");
+  const int64_t total = h.total(), lists = h.num_lists();
+  return {to_tensor(std::move(h.groups)), to_tensor(std::move(h.offsets)), total, lists};
 }
 
 // A sparse plan over block tables the caller built on the device (concatenated, CSR `offsets`)
@@ -603,6 +805,7 @@ NB_MODULE(_C, m) {
       .def_rw("num_entries", &BatchArgs::num_entries);
   m.def("plan", &plan);
   m.def("plan_groups", &plan_groups);
+  m.def("plan_reference", &plan_reference);
   m.def("select", &select_lists);
   m.def("pages_read", &pages_read);
   m.def("attend", &attend);
@@ -622,6 +825,7 @@ NB_MODULE(_C, m) {
       .def_ro("dense", &CudaPlan::dense)
       .def_ro("rep", &CudaPlan::rep);
   m.def("cuda_plan", &cuda_plan);
+  m.def("cuda_plan_groups", &cuda_plan_groups);
   m.def("cuda_plan_raw", &cuda_plan_raw);
   m.def("cuda_select_stage", &cuda_select_stage);
   m.def("cuda_attend", &cuda_attend);
