@@ -57,7 +57,7 @@ def main():
                     del w
                 label = f"{geo} x {seqs} {phase} {method}" + (f" G={G}" if G else "")
                 print(f"{label:<28} plan {statistics.median(times):9.2f} ms  "
-                      f"(min {min(times):8.2f}; {w_groups(total)} list entries)", flush=True)
+                      f"(min {min(times):8.2f}; {total:,} list entries)", flush=True)
 
 
 if __name__ == "__main__":
