@@ -254,7 +254,8 @@ void check_positions(const BatchArgs& b, std::span<const BatchEntry> batch, cons
   const int64_t* lens = ptr<const int64_t>(b.lens);
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& x = batch[e];
-    const std::string where = std::string("cisa.") + op + ": batch entry " + std::to_string(e) + ": ";
+    const std::string where =
+        std::string("cisa.") + op + ": batch entry " + std::to_string(e) + ": ";
     if (x.first < 0)
       throw std::invalid_argument(where + "negative first position " + std::to_string(x.first));
     const int64_t written = lens[x.seq];
@@ -299,14 +300,15 @@ HostPlan plan_host(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int 
     int64_t row = 0;
     for (size_t e = 0; e < h.batch.size(); ++e) {
       const BatchEntry& x = h.batch[e];
-      h.groups.insert(h.groups.end(), {static_cast<int64_t>(e), x.first,
-                                       x.first + x.count - 1, row, 1});
+      h.groups.insert(h.groups.end(),
+                      {static_cast<int64_t>(e), x.first, x.first + x.count - 1, row, 1});
       row += x.count;
       const cisa::ChunkRange r = cisa::dense_chunk_range(x, page_size, sliding_window);
       for (int64_t g = 0; g < H; ++g) h.offsets.push_back(h.offsets.back() + (r.end - r.begin));
     }
   } else {
-    const cisa::SelectionParams p = selection_params(budget, window, qshare, sink_pages, qshare_last);
+    const cisa::SelectionParams p =
+        selection_params(budget, window, qshare, sink_pages, qshare_last);
     check_positions(b, h.batch, op);
     PageLists lists;
     raise_if_error(cisa::plan_query_groups(page_size, h.batch, p, &lists), op);
@@ -338,8 +340,7 @@ Tensor1<T> to_tensor(std::vector<T>&& v) {
 // Planning: the query groups and page lists (plan.h) as torch tensors (groups flat, [G * 5]).
 // Dense: every list written from the block tables (plan_dense's lists); sparse: the lists'
 // entries are -1 until select writes them, num_selected 0.
-std::tuple<Tensor1<int64_t>, Tensor1<int64_t>, Tensor1<int32_t>, Tensor1<int32_t>,
-           Tensor1<int32_t>>
+std::tuple<Tensor1<int64_t>, Tensor1<int64_t>, Tensor1<int32_t>, Tensor1<int32_t>, Tensor1<int32_t>>
 plan(const BatchArgs& b, int64_t num_pages, int num_kv_heads, int page_size, bool dense,
      int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare, int64_t sink_pages,
      bool qshare_last) {
@@ -633,10 +634,9 @@ cisa::cuda::DeviceLayer device_layer(const CacheArgs& c) {
 
 // The backend's plan of a batch already checked on the host (check_batch_on_host).
 void cuda_plan_checked(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b,
-                       std::span<const BatchEntry> batch, uintptr_t device_tables,
-                       int num_q_heads, bool dense, int64_t sliding_window, int64_t budget,
-                       int64_t window, int64_t qshare, int64_t sink_pages, bool qshare_last,
-                       const char* op) {
+                       std::span<const BatchEntry> batch, uintptr_t device_tables, int num_q_heads,
+                       bool dense, int64_t sliding_window, int64_t budget, int64_t window,
+                       int64_t qshare, int64_t sink_pages, bool qshare_last, const char* op) {
   cp.offsets.resize(static_cast<size_t>(b.num_seqs + 1));
   for (int64_t s = 0; s <= b.num_seqs; ++s) cp.offsets[static_cast<size_t>(s)] = s * b.max_pages;
   const cisa::cuda::DeviceBlockTables tables{ptr<const int32_t>(device_tables), cp.offsets};
@@ -661,7 +661,8 @@ void cuda_plan(CudaPlan& cp, const CacheArgs& c, const BatchArgs& b, uintptr_t d
                int num_q_heads, bool dense, int64_t sliding_window, int64_t budget, int64_t window,
                int64_t qshare, int64_t sink_pages, bool qshare_last, const std::string& op_name) {
   const char* op = op_name.c_str();
-  if (c.page_size <= 0) throw std::invalid_argument(std::string("cisa.") + op + ": page_size must be positive");
+  if (c.page_size <= 0)
+    throw std::invalid_argument(std::string("cisa.") + op + ": page_size must be positive");
   check_tables(b, c.num_pages, c.page_size, op);
   const std::vector<BatchEntry> batch = read_entries(b);
   check_positions(b, batch, op);
@@ -678,10 +679,10 @@ std::tuple<Tensor1<int64_t>, Tensor1<int64_t>, int64_t, int64_t> cuda_plan_group
     int64_t sliding_window, int64_t budget, int64_t window, int64_t qshare, int64_t sink_pages,
     bool qshare_last) {
   if (num_kv_heads != c.num_kv_heads || page_size != c.page_size)
-    throw std::invalid_argument(
-        "cisa.plan: the wrapper's num_kv_heads and page_size (" + std::to_string(num_kv_heads) +
-        ", " + std::to_string(page_size) + ") must be k_cache's (" +
-        std::to_string(c.num_kv_heads) + ", " + std::to_string(c.page_size) + ")");
+    throw std::invalid_argument("cisa.plan: the wrapper's num_kv_heads and page_size (" +
+                                std::to_string(num_kv_heads) + ", " + std::to_string(page_size) +
+                                ") must be k_cache's (" + std::to_string(c.num_kv_heads) + ", " +
+                                std::to_string(c.page_size) + ")");
   HostPlan h = plan_host(b, std::min(num_pages, c.num_pages), num_kv_heads, page_size, dense,
                          sliding_window, budget, window, qshare, sink_pages, qshare_last, "plan");
   cuda_plan_checked(cp, c, b, h.batch, device_tables, num_q_heads, dense, sliding_window, budget,

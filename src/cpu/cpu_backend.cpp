@@ -429,8 +429,8 @@ class CpuBackend final : public Backend {
   SelectionWorkspace sel_ws_;
   SelectionReuse reuse_;  // selection reuse: per sequence, CISA layer and KV group
   std::unique_ptr<PagedKvCache> cache_;
-  bool bf16_matmul_ = false;           // BackendOptions::bf16_matmul
-  std::vector<float> rounded_input_;   // bf16_matmul: the current product's rounded input
+  bool bf16_matmul_ = false;          // BackendOptions::bf16_matmul
+  std::vector<float> rounded_input_;  // bf16_matmul: the current product's rounded input
   std::vector<WeightView> views_;
   std::vector<std::vector<float>> owned_;  // random matrices and gains (stable addresses)
   int64_t owned_bytes_ = 0;

@@ -147,8 +147,10 @@ Status Model::Impl::make_backend() {
     if (opt.attention_numerics == AttentionNumerics::kLlamaCpp)
       return invalid_argument("llama.cpp attention numerics" + on);
     if (opt.bf16_matmul)
-      return invalid_argument("ModelOptions::bf16_matmul (the CPU's copy of the CUDA backend's "
-                              "rounding)" + on);
+      return invalid_argument(
+          "ModelOptions::bf16_matmul (the CPU's copy of the CUDA backend's "
+          "rounding)" +
+          on);
   }
   return Status::Ok();
 }

@@ -32,8 +32,8 @@ double matrix_elements(const ModelHparams& h) {
 Status admit_model_memory(const ModelHparams& h, const ModelOptions& o, int64_t context,
                           Backend& be, bool weights_in_file) {
   // Weights: the CPU backend multiplies the GGUF blocks in place (file-backed pages), or widens
-  // them to f32 (weights_f32; bf16_matmul: rounded f32 copies, twice with both); the CUDA backend holds bf16 copies; synthetic weights are made
-  // in backend memory (f32 on the CPU, bf16 on CUDA).
+  // them to f32 (weights_f32; bf16_matmul: rounded f32 copies, twice with both); the CUDA backend
+  // holds bf16 copies; synthetic weights are made in backend memory (f32 on the CPU, bf16 on CUDA).
   const bool cpu = be.kind() == BackendKind::kCpu;
   double weight_bytes = 0;
   if (!cpu)

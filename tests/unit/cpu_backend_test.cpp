@@ -182,8 +182,7 @@ TEST(CpuBackendBf16, MatmulAndEmbedRoundWeightsAndInputsToBf16) {
   std::vector<float> e(static_cast<size_t>(2 * n_in));
   ASSERT_TRUE(be.download(e.data(), eb->data(), eb->bytes()).ok());
   for (int t = 0; t < 2; ++t)
-    for (int64_t c = 0; c < n_in; ++c)
-      EXPECT_EQ(e[t * n_in + c], bf16(w[tokens[t] * n_in + c]));
+    for (int64_t c = 0; c < n_in; ++c) EXPECT_EQ(e[t * n_in + c], bf16(w[tokens[t] * n_in + c]));
 }
 
 TEST_F(CpuBackendTest, RandomMatrixIsSeededAndNormalWithTheGivenScale) {
