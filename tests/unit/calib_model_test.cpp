@@ -1,7 +1,7 @@
 // calibrate_indexer and diagnose_model end to end on SmolLM2 (skipped when absent): every global
-// layer and KV group gets h_g + 1 scored candidates, the winner is the criterion's best, no
-// candidate beats the oracle, the result is bit-identical across thread counts, the file round
-// trips and is accepted by its model and rejected by the other one.
+// layer and KV group gets h_g + 1 scored candidates (h_g + 2 with the fit), the winner is the
+// criterion's best, no candidate beats the oracle, the result is bit-identical across thread
+// counts, the file round trips and is accepted by its model and rejected by the other one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 
 #include "cisa/model/gguf.h"
 #include "cisa/model/indexer.h"
+#include "cisa/model/model.h"
 
 namespace cisa {
 namespace {
@@ -72,6 +73,36 @@ TEST(CalibModel, CalibrateSmolLM2) {
   if (auto g = GgufFile::open(kGemma); g.ok()) {
     EXPECT_EQ(check_indexer_matches(*back, *model_identity(*g)).code(),
               StatusCode::kFailedPrecondition);
+  }
+
+  // With the fitted candidate: the other candidates' scores are unchanged, the fit comes last with
+  // h_g · d coefficients and stays under the oracle, and its projections rebuild from the model.
+  {
+    CalibrateOptions of = o;
+    of.settings.fit = true;
+    auto fit = calibrate_indexer(kSmol, texts, of);
+    ASSERT_TRUE(fit.ok()) << fit.status().to_string();
+    ASSERT_EQ(fit->groups.size(), idx.groups.size());
+    for (size_t i = 0; i < idx.groups.size(); ++i) {
+      const GroupCalibration &a = idx.groups[i], &b = fit->groups[i];
+      ASSERT_EQ(b.candidates.size(), static_cast<size_t>(hg + 2));
+      for (int c = 0; c <= hg; ++c) {
+        EXPECT_EQ(b.candidates[size_t(c)].kl, a.candidates[size_t(c)].kl);
+        EXPECT_EQ(b.candidates[size_t(c)].captured, a.candidates[size_t(c)].captured);
+      }
+      EXPECT_EQ(b.candidates.back().head, kFitCandidate);
+      EXPECT_LE(b.candidates.back().captured, b.oracle + 1e-12);
+      EXPECT_EQ(b.mix.size(), static_cast<size_t>(hg * idx.model.head_dim));
+    }
+    auto hp = read_model_hparams(*f);
+    ASSERT_TRUE(hp.ok());
+    auto proj = indexer_projections(*fit, *f, *hp,
+                                    std::vector<bool>(static_cast<size_t>(hp->n_layer), true));
+    ASSERT_TRUE(proj.ok()) << proj.status().to_string();
+    if (GgufFile::open(kGemma).ok()) {  // q/k norms: refused before any work
+      EXPECT_EQ(calibrate_indexer(kGemma, texts, of).status().code(),
+                StatusCode::kFailedPrecondition);
+    }
   }
 
   // Texts too short for a single position are an error, not an empty indexer.
