@@ -3,8 +3,10 @@
 //
 // Every input must either fail with a non-empty message or parse into an indexer whose arrays
 // agree with its own header: model dimensions positive, groups inside layers × KV heads and
-// unique, h_g + 1 candidates per group in head order ending with the mean, the chosen candidate
-// one of them. A parsed file is canonical, so serialising it must give back the input bytes.
+// unique, h_g + 1 candidates per group in head order ending with the mean (h_g + 2 with the fit,
+// then last, and h_g · head_dim finite coefficients; none without it), the chosen candidate one of
+// them. A parsed file of the current version is canonical, so serialising it must give back the
+// input bytes; an older one is written as the current version, whose bytes must then be stable.
 //
 // The header carries an FNV-1a hash of the payload, which random mutations almost never keep
 // right. The first input byte therefore picks a mode: odd, the remaining bytes are a payload and
@@ -55,17 +57,24 @@ void check_consistent(const cisa::Indexer& idx) {
   for (const cisa::GroupCalibration& g : idx.groups) {
     if (g.layer < 0 || g.layer >= m.n_layer || g.kv_group < 0 || g.kv_group >= m.n_head_kv) fail();
     if (!seen.insert({g.layer, g.kv_group}).second) fail();
-    if (g.candidates.size() != static_cast<size_t>(hg) + 1) fail();
+    const size_t n_cand = static_cast<size_t>(hg) + (s.fit ? 2 : 1);
+    if (g.candidates.size() != n_cand) fail();
     for (int c = 0; c < hg; ++c)
       if (g.candidates[static_cast<size_t>(c)].head != g.kv_group * hg + c) fail();
-    if (g.candidates.back().head != -1) fail();
-    if (g.chosen < 0 || g.chosen > hg) fail();
+    if (g.candidates[static_cast<size_t>(hg)].head != cisa::kMeanCandidate) fail();
+    if (s.fit && g.candidates.back().head != cisa::kFitCandidate) fail();
+    if (g.chosen < 0 || static_cast<size_t>(g.chosen) >= n_cand) fail();
+    if (g.mix.size() != (s.fit ? static_cast<size_t>(hg) * static_cast<size_t>(m.head_dim) : 0))
+      fail();
+    for (float v : g.mix)
+      if (!(v == v) || v - v != 0) fail();  // NaN or infinite
     if (g.positions < 0) fail();
     for (const cisa::CandidateScore& c : g.candidates)
       if (c.kl != c.kl || c.captured != c.captured) fail();  // NaN
     // The chosen candidate is addressable, as cisa run uses it.
     const int head = g.candidates[static_cast<size_t>(g.chosen)].head;
-    if (head != -1 && (head < 0 || head >= m.n_head)) fail();
+    if (head != cisa::kMeanCandidate && head != cisa::kFitCandidate && (head < 0 || head >= m.n_head))
+      fail();
   }
 }
 
@@ -83,8 +92,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   check_consistent(*r);
-  // A parsed file has one spelling: serialising gives back the same bytes.
+  // A parsed file of the current version has one spelling: serialising gives back the same
+  // bytes. An older version is written as the current one, which must parse to the same bytes.
+  uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + 8, sizeof version);  // parsed, so the header is there
   const std::vector<uint8_t> again = cisa::serialize_indexer(*r);
-  if (again != bytes) fail();
+  if (version == cisa::kIndexerVersion) {
+    if (again != bytes) fail();
+  } else {
+    auto r2 = cisa::parse_indexer(again);
+    if (!r2.ok() || cisa::serialize_indexer(*r2) != again) fail();
+  }
   return 0;
 }
