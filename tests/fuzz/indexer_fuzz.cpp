@@ -73,7 +73,8 @@ void check_consistent(const cisa::Indexer& idx) {
       if (c.kl != c.kl || c.captured != c.captured) fail();  // NaN
     // The chosen candidate is addressable, as cisa run uses it.
     const int head = g.candidates[static_cast<size_t>(g.chosen)].head;
-    if (head != cisa::kMeanCandidate && head != cisa::kFitCandidate && (head < 0 || head >= m.n_head))
+    if (head != cisa::kMeanCandidate && head != cisa::kFitCandidate &&
+        (head < 0 || head >= m.n_head))
       fail();
   }
 }
