@@ -117,6 +117,22 @@ std::vector<BatchEntry> read_entries(const BatchArgs& b) {
   return out;
 }
 
+// Sequence s's page count ceil(len / page_size), checked: len not negative and the pages within
+// the block table's columns (ValueError naming the op otherwise).
+int64_t row_pages(const BatchArgs& b, int64_t s, int page_size, const char* op) {
+  const int64_t len = ptr<const int64_t>(b.lens)[s];
+  if (len < 0)
+    throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
+                                "] = " + std::to_string(len) + " is negative");
+  const int64_t n = (len + page_size - 1) / page_size;
+  if (n > b.max_pages)
+    throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
+                                "] = " + std::to_string(len) + " needs " + std::to_string(n) +
+                                " pages but block_tables has " + std::to_string(b.max_pages) +
+                                " columns");
+  return n;
+}
+
 // Adopts every row of the block tables as sequence s (its first ceil(len / B) pages).
 template <class Table>
 void adopt_all(Table* t, const BatchArgs& b, int page_size, const char* op) {
@@ -124,15 +140,7 @@ void adopt_all(Table* t, const BatchArgs& b, int page_size, const char* op) {
   const int64_t* lens = ptr<const int64_t>(b.lens);
   for (int64_t s = 0; s < b.num_seqs; ++s) {
     const int64_t len = lens[s];
-    if (len < 0)
-      throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
-                                  "] = " + std::to_string(len) + " is negative");
-    const int64_t n = (len + page_size - 1) / page_size;
-    if (n > b.max_pages)
-      throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
-                                  "] = " + std::to_string(len) + " needs " + std::to_string(n) +
-                                  " pages but block_tables has " + std::to_string(b.max_pages) +
-                                  " columns");
+    const int64_t n = row_pages(b, s, page_size, op);
     auto seq = t->adopt_sequence(
         std::span<const int32_t>(tables + s * b.max_pages, static_cast<size_t>(n)), len);
     if (!seq.ok())
@@ -217,19 +225,9 @@ PlanTuple to_tuple(const PageLists& l) {
 // the same messages, the first bad page in row-major order).
 void check_tables(const BatchArgs& b, int64_t num_pages, int page_size, const char* op) {
   const int32_t* tables = ptr<const int32_t>(b.tables);
-  const int64_t* lens = ptr<const int64_t>(b.lens);
   std::vector<uint64_t> used(static_cast<size_t>((num_pages + 63) / 64), 0);
   for (int64_t s = 0; s < b.num_seqs; ++s) {
-    const int64_t len = lens[s];
-    if (len < 0)
-      throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
-                                  "] = " + std::to_string(len) + " is negative");
-    const int64_t n = (len + page_size - 1) / page_size;
-    if (n > b.max_pages)
-      throw std::invalid_argument(std::string("cisa.") + op + ": seq_lens[" + std::to_string(s) +
-                                  "] = " + std::to_string(len) + " needs " + std::to_string(n) +
-                                  " pages but block_tables has " + std::to_string(b.max_pages) +
-                                  " columns");
+    const int64_t n = row_pages(b, s, page_size, op);
     const int32_t* row = tables + s * b.max_pages;
     for (int64_t i = 0; i < n; ++i) {
       const int32_t p = row[i];

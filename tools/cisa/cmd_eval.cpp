@@ -31,6 +31,20 @@ std::vector<std::string> split_list(const std::vector<std::string>& values) {
   return out;
 }
 
+// "[LABEL=]FILE" items of a list option (--indexer, --layer-budgets): label → file, "" for an
+// item without a label; a label given twice is an error naming the option.
+Result<std::map<std::string, std::string>> labelled_files(const std::vector<std::string>& values,
+                                                          const std::string& option) {
+  std::map<std::string, std::string> out;
+  for (const std::string& arg : split_list(values)) {
+    const size_t eq = arg.find('=');
+    const std::string label = eq == std::string::npos ? "" : arg.substr(0, eq);
+    if (!out.emplace(label, eq == std::string::npos ? arg : arg.substr(eq + 1)).second)
+      return invalid_argument(option + ": label '" + label + "' given twice");
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmd_eval(int argc, char** argv) {
@@ -156,26 +170,21 @@ int cmd_eval(int argc, char** argv) {
     if (!factory.ok()) return fail(factory.status().message());
     plan.backend = *factory;
     plan.backend_name = backend;
-    std::map<std::string, std::string> indexers;  // label → file
-    for (const std::string& arg : split_list({indexer_path})) {
-      const size_t eq = arg.find('=');
-      const std::string label = eq == std::string::npos ? "" : arg.substr(0, eq);
-      if (!indexers.emplace(label, eq == std::string::npos ? arg : arg.substr(eq + 1)).second)
-        return fail("--indexer: label '" + label + "' given twice");
-    }
+    auto indexer_files = labelled_files({indexer_path}, "--indexer");
+    if (!indexer_files.ok()) return fail(indexer_files.status().message());
+    const std::map<std::string, std::string>& indexers = *indexer_files;
     for (const auto& c : plan.configs)
       if (c.calibrated && !indexers.count(c.indexer_label))
         return fail("configuration '" + c.name + "' uses 'cal" + c.indexer_label +
                     "': give --indexer " + (c.indexer_label.empty() ? "" : c.indexer_label + "=") +
                     "FILE");
+    auto budget_files = labelled_files(layer_budget_args, "--layer-budgets");
+    if (!budget_files.ok()) return fail(budget_files.status().message());
     std::map<std::string, std::vector<double>> layer_budgets;  // label → weights
-    for (const std::string& arg : split_list(layer_budget_args)) {
-      const size_t eq = arg.find('=');
-      const std::string label = eq == std::string::npos ? "" : arg.substr(0, eq);
-      auto w = eval::read_layer_budget_weights(eq == std::string::npos ? arg : arg.substr(eq + 1));
+    for (const auto& [label, file] : *budget_files) {
+      auto w = eval::read_layer_budget_weights(file);
       if (!w.ok()) return fail(w.status().message());
-      if (!layer_budgets.emplace(label, std::move(*w)).second)
-        return fail("--layer-budgets: label '" + label + "' given twice");
+      layer_budgets.emplace(label, std::move(*w));
     }
     for (auto& c : plan.configs) {
       if (!c.layer_budgets) continue;
