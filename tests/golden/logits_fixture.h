@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cisa {
@@ -32,10 +33,10 @@ struct Fixture {
   std::vector<FixturePrompt> prompts;
 };
 
-// A bounds-checked reader of the CISALOG1 format.
+// A bounds-checked reader of the CISALOG1 format over bytes the caller keeps alive.
 class FixtureReader {
  public:
-  explicit FixtureReader(std::string b) : b_(std::move(b)) {}
+  explicit FixtureReader(std::string_view b) : b_(b) {}
   bool ok() const { return ok_; }
   uint32_t u32() {
     uint32_t v = 0;
@@ -45,7 +46,7 @@ class FixtureReader {
   std::string str() {
     const uint32_t n = u32();
     if (!ok_ || n > b_.size() - p_) return fail(), std::string();
-    std::string s = b_.substr(p_, n);
+    std::string s(b_.substr(p_, n));
     p_ += n;
     return s;
   }
@@ -63,7 +64,7 @@ class FixtureReader {
 
  private:
   void fail() { ok_ = false; }
-  std::string b_;
+  std::string_view b_;
   size_t p_ = 0;
   bool ok_ = true;
 };
@@ -73,7 +74,8 @@ inline bool read_fixture(const std::string& path, Fixture* f, std::string* err) 
   if (!in) return *err = "absent", false;
   std::ostringstream ss;
   ss << in.rdbuf();
-  FixtureReader r(ss.str());
+  const std::string bytes = ss.str();
+  FixtureReader r(bytes);
   char magic[8];
   r.take(magic, 8);
   if (!r.ok() || std::memcmp(magic, "CISALOG1", 8) != 0) return *err = "bad magic", false;

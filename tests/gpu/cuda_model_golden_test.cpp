@@ -26,6 +26,7 @@
 #include "cisa/model/model.h"
 #include "cisa/model/model_store.h"
 #include "cisa/model/sampling.h"
+#include "golden/logits_compare.h"
 #include "golden/logits_fixture.h"
 
 #if defined(CISA_WITH_CUDA_MODEL)
@@ -38,31 +39,7 @@ namespace {
 
 #if defined(CISA_WITH_CUDA_MODEL)
 
-struct Compare {
-  int64_t n = 0, top1_same = 0;
-  double kl_sum = 0, kl_max = 0;
-};
-
-// KL(p ‖ q) of the softmax of two logit rows, in double, and whether their argmax agree.
-void compare_rows(const float* ref, const float* got, int V, Compare* c) {
-  auto lse = [V](const float* x) {
-    double m = -INFINITY;
-    for (int i = 0; i < V; ++i) m = std::max(m, static_cast<double>(x[i]));
-    double z = 0;
-    for (int i = 0; i < V; ++i) z += std::exp(x[i] - m);
-    return m + std::log(z);
-  };
-  const double lr = lse(ref), lg = lse(got);
-  double kl = 0;
-  for (int i = 0; i < V; ++i) {
-    const double lp = ref[i] - lr, lq = got[i] - lg;
-    kl += std::exp(lp) * (lp - lq);
-  }
-  c->n += 1;
-  c->top1_same += argmax({ref, static_cast<size_t>(V)}) == argmax({got, static_cast<size_t>(V)});
-  c->kl_sum += kl;
-  c->kl_max = std::max(c->kl_max, kl);
-}
+using Compare = LogitsCompare;
 
 struct Case {
   const char* model;
@@ -158,11 +135,8 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
         GetParam().model, GetParam().cisa ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
         static_cast<long long>(c.n), 100.0 * c.top1_same / c.n, c.kl_sum / c.n, c.kl_max,
         100.0 * ce.top1_same / ce.n, ce.kl_sum / ce.n, ce.kl_max);
-    for (auto [acc, one] : {std::pair{&all, &c}, std::pair{&all_exact, &ce}}) {
-      acc->n += one->n;
-      acc->top1_same += one->top1_same;
-      acc->kl_sum += one->kl_sum;
-    }
+    all.add(c);
+    all_exact.add(ce);
   }
   const double top1 = static_cast<double>(all.top1_same) / all.n, kl = all.kl_sum / all.n;
   const double top1_bar = GetParam().cisa ? 0.98 : 0.99, kl_bar = GetParam().cisa ? 0.02 : 0.01;

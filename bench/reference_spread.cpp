@@ -1,0 +1,106 @@
+// How far apart two CPU references of the same model are on the golden prompts: the CPU engine
+// multiplying as the CUDA backend does (ModelOptions::bf16_matmul) against the CPU engine
+// multiplying the stored weights exactly in f32 (ModelOptions::weights_f32), dense and with CISA,
+// in the settings of tests/gpu/cuda_model_golden_test.cpp (K/V in bf16; CISA with k = n/1024,
+// W = n/4096, G = 16 for a training context n). Both are correct engines that differ only in the
+// rounding of matrix products, so their spread is a floor for what any pair of engines can agree
+// to on this model: the GPU golden test's bars (top-1 >= 99% / 98%, mean KL < 0.01 / 0.02) can be
+// read against it (docs/cuda-model.md). Runs on the CPU only.
+//
+//   reference_spread [model]          (default smollm2-135m; CISA_MODELS_DIR or models/)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cisa/model/model.h"
+#include "cisa/model/model_store.h"
+#include "golden/logits_compare.h"
+#include "golden/logits_fixture.h"
+
+namespace {
+
+using namespace cisa;
+
+std::unique_ptr<Model> load(const std::string& path, int64_t context, bool cisa_mode,
+                            bool bf16_products) {
+  ModelOptions o;
+  o.context = (context + 255) / 256 * 256;
+  o.max_sequences = 1;
+  o.kv_dtype = KvDtype::kBF16;
+  o.bf16_matmul = bf16_products;
+  o.weights_f32 = !bf16_products;
+  if (cisa_mode) {
+    auto probe = Model::load(path, {.context = 256});
+    if (!probe.ok()) return nullptr;
+    const int64_t n = (*probe)->hparams().n_ctx_train;
+    o.attention.mode = AttentionMode::kCisa;
+    o.attention.selection = {.budget = std::max<int64_t>(16, n / 1024),
+                             .window = std::max<int64_t>(4, n / 4096),
+                             .qshare = 16};
+  }
+  auto m = Model::load(path, o);
+  if (!m.ok()) {
+    std::fprintf(stderr, "reference_spread: %s\n", m.status().to_string().c_str());
+    return nullptr;
+  }
+  return std::move(*m);
+}
+
+bool logits_at(Model* m, const FixturePrompt& p, std::vector<float>* out) {
+  auto seq = m->add_sequence();
+  if (!seq.ok()) return false;
+  std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
+  SequenceInput in{.seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
+  const Status s = m->forward({&in, 1}, out);
+  if (!s.ok()) std::fprintf(stderr, "reference_spread: %s\n", s.to_string().c_str());
+  return s.ok() && m->release_sequence(*seq).ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string name = argc > 1 ? argv[1] : "smollm2-135m";
+  auto path = resolve_model(name);
+  if (!path.ok()) {
+    std::fprintf(stderr, "reference_spread: %s\n", path.status().message().c_str());
+    return 1;
+  }
+  Fixture fx;
+  std::string err;
+  const std::string fx_path =
+      std::string(CISA_SOURCE_DIR) + "/tests/golden/fixtures/logits_" + name + ".bin";
+  if (!read_fixture(fx_path, &fx, &err)) {
+    std::fprintf(stderr, "reference_spread: fixture %s: %s\n", fx_path.c_str(), err.c_str());
+    return 1;
+  }
+  int64_t longest = 0;
+  for (const auto& p : fx.prompts) longest = std::max<int64_t>(longest, p.ids.size());
+  for (bool cisa_mode : {false, true}) {
+    auto rounded = load(*path, longest, cisa_mode, true);
+    auto exact = load(*path, longest, cisa_mode, false);
+    if (!rounded || !exact) return 1;
+    const int V = rounded->hparams().n_vocab;
+    LogitsCompare all;
+    for (const FixturePrompt& p : fx.prompts) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<float> a, b;
+      if (!logits_at(rounded.get(), p, &a) || !logits_at(exact.get(), p, &b)) return 1;
+      LogitsCompare c;
+      for (size_t j = 0; j < p.positions.size(); ++j)
+        compare_rows(b.data() + j * V, a.data() + j * V, V, &c);
+      all.add(c);
+      std::printf(
+          "%s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL %.2e (%.0f s)\n",
+          name.c_str(), cisa_mode ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
+          static_cast<long long>(c.n), 100 * c.top1(), c.kl_mean(), c.kl_max,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+    std::printf("%s %s, all prompts, bf16 products against exact f32: top-1 %.2f%%, mean KL %.2e\n",
+                name.c_str(), cisa_mode ? "cisa" : "dense", 100 * all.top1(), all.kl_mean());
+  }
+  return 0;
+}
