@@ -63,6 +63,27 @@ bool same_selection_sets(const SelectionParams& a, const SelectionParams& b) {
   return a.budget == b.budget && a.window == b.window && a.sink_pages == b.sink_pages;
 }
 
+Status validate_reuse_rows(std::span<const BatchEntry> batch, const SelectionParams& p,
+                           std::span<const int32_t> slots) {
+  if (p.reuse_steps <= 1) return Status::Ok();
+  if (!slots.empty() && slots.size() != batch.size())
+    return invalid_argument("selection reuse: " + std::to_string(slots.size()) +
+                            " reuse slots for " + std::to_string(batch.size()) + " batch entries");
+  auto key = [&](size_t e) -> int64_t { return slots.empty() ? batch[e].seq : slots[e]; };
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].count != 1 || key(i) < 0) continue;
+    for (size_t j = i + 1; j < batch.size(); ++j)
+      if (batch[j].count == 1 && key(j) == key(i))
+        return invalid_argument(
+            "selection reuse (reuse_steps " + std::to_string(p.reuse_steps) + "): batch entries " +
+            std::to_string(i) + " and " + std::to_string(j) + " are both one-position rows of " +
+            (slots.empty() ? "sequence " : "reuse slot ") + std::to_string(key(i)) +
+            ", which keeps one selection per layer; merge them into one entry or use "
+            "reuse_steps = 1");
+  }
+  return Status::Ok();
+}
+
 ChunkRange newly_eligible(int64_t selected_at, int64_t a, int page_size, const SelectionParams& p) {
   const int64_t begin = std::max<int64_t>(p.sink_pages, selected_at / page_size - p.window);
   const int64_t end = std::max<int64_t>(begin, a / page_size - p.window);

@@ -237,6 +237,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
                     PageLists* out, SelectionWorkspace* ws, SelectionReuse* reuse) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
+  if (reuse) CISA_RETURN_IF_ERROR(validate_reuse_rows(batch, p));
   if (!cache.has_reps(layer))
     return failed_precondition("layer " + std::to_string(layer) + " keeps no representatives");
   if (!index_q) return invalid_argument("select_pages: null index query pointer");

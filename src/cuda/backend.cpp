@@ -426,11 +426,14 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
         "PlanOptions::reuse_slots, one per batch entry (got " +
         std::to_string(options.reuse_slots.size()) + " for " + std::to_string(batch.size()) +
         " entries)");
-  if (reusing)
+  if (reusing) {
     for (const int32_t slot : options.reuse_slots)
       if (slot < -1)
         return invalid_argument("cuda plan_sparse: a reuse slot must be >= -1 (got " +
                                 std::to_string(slot) + ")");
+    if (Status s = validate_reuse_rows(batch, p, options.reuse_slots); !s.ok())
+      return invalid_argument("cuda plan_sparse: " + s.message());
+  }
   CISA_RETURN_IF_ERROR(start_plan(layer, tables, batch, num_q_heads, options, plan));
   if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
   auto& P = *plan->impl();

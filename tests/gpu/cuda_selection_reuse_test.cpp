@@ -284,6 +284,15 @@ TEST(CudaSelectionReuse, PlanAndRunRefuseBadReuseInputs) {
   const std::vector<int32_t> bad = {-2};
   s = cuda::plan_sparse(m.layer, m.block_tables(), batch, 1, p, &plan, {.reuse_slots = bad});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  // Two decode rows on one state slot (they would race on it); distinct slots plan.
+  const std::vector<BatchEntry> two = {{0, 998, 1}, {0, 999, 1}};
+  const std::vector<int32_t> same = {3, 3}, distinct = {3, 4};
+  s = cuda::plan_sparse(m.layer, m.block_tables(), two, 1, p, &plan, {.reuse_slots = same});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("reuse slot 3"), std::string::npos) << s.message();
+  EXPECT_TRUE(
+      cuda::plan_sparse(m.layer, m.block_tables(), two, 1, p, &plan, {.reuse_slots = distinct})
+          .ok());
   const std::vector<int32_t> slot = {3};
   ASSERT_TRUE(
       cuda::plan_sparse(m.layer, m.block_tables(), batch, 1, p, &plan, {.reuse_slots = slot}).ok());

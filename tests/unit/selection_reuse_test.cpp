@@ -94,6 +94,46 @@ TEST(SelectionReuse, RuleHelpers) {
   EXPECT_FALSE(new_chunk_outranks({}, std::vector<float>{5}));  // k = 0
 }
 
+// One decode row per reuse state and batch: two would read and replace the same state.
+TEST(SelectionReuse, OneDecodeRowPerStateAndBatch) {
+  const SelectionParams p{.budget = 4, .window = 2, .reuse_steps = 2};
+  const std::vector<BatchEntry> two_rows = {{0, 100, 1}, {1, 50, 1}, {0, 101, 1}};
+  const Status s = validate_reuse_rows(two_rows, p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("batch entries 0 and 2 are both one-position rows of sequence 0"),
+            std::string::npos)
+      << s.message();
+  // Allowed: reuse off; a prefill block beside a decode row of the same sequence (prefill rows
+  // keep no state); rows whose backend slots differ or keep none (−1).
+  EXPECT_TRUE(validate_reuse_rows(two_rows, {.budget = 4, .window = 2}).ok());
+  EXPECT_TRUE(validate_reuse_rows(std::vector<BatchEntry>{{0, 90, 10}, {0, 100, 1}}, p).ok());
+  EXPECT_TRUE(validate_reuse_rows(two_rows, p, std::vector<int32_t>{0, 1, 2}).ok());
+  EXPECT_TRUE(validate_reuse_rows(two_rows, p, std::vector<int32_t>{-1, 1, -1}).ok());
+  const Status slots = validate_reuse_rows(two_rows, p, std::vector<int32_t>{3, 1, 3});
+  EXPECT_NE(slots.message().find("reuse slot 3"), std::string::npos) << slots.message();
+  EXPECT_FALSE(validate_reuse_rows(two_rows, p, std::vector<int32_t>{0, 1}).ok());  // one short
+
+  // select_pages refuses such a batch before it touches the state.
+  std::mt19937 rng(5);
+  auto cache = std::move(*PagedKvCache::create(
+      {.num_layers = 1, .num_kv_heads = 1, .head_dim = 16, .page_size = kB, .num_pages = 200}));
+  const SeqId q = *cache->add_sequence();
+  test::append_random(*cache, q, 600, rng);
+  SelectionReuse reuse;
+  PageLists l;
+  const std::vector<float> iq = test::random_vec(rng, 32);
+  const std::vector<BatchEntry> dup = {{q, 598, 1}, {q, 599, 1}};
+  const Status refused = select_pages(*cache, 0, dup, iq.data(), p, nullptr, &l, nullptr, &reuse);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
+  EXPECT_EQ(reuse.stats.selected + reuse.stats.reused, 0);
+  EXPECT_EQ(reuse.states(q, 0, 1)[0].selected_at, -1);
+  // The same rows as one entry of two positions select (a prefill block keeps no state).
+  EXPECT_TRUE(select_pages(*cache, 0, std::vector<BatchEntry>{{q, 598, 2}}, iq.data(), p, nullptr,
+                           &l, nullptr, &reuse)
+                  .ok());
+}
+
 // Two sequences decode for many steps (one skips steps, one takes a prefill block in between);
 // every decode list must be what the rule says, replayed here from fresh selections (select_pages
 // with r = 1 on the same batch: the top-k at that step) and fp64 scores for the check.

@@ -89,6 +89,14 @@ ListLayout list_layout(const QueryGroup& g, int page_size, const SelectionParams
 bool reuse_allowed(int64_t a, int64_t selected_at, int64_t last_used, const SelectionParams& p);
 // The parameters that fix the eligible set and k agree (budget, window, sink pages).
 bool same_selection_sets(const SelectionParams& a, const SelectionParams& b);
+// Under reuse (p.reuse_steps > 1) each decode row reads and replaces its sequence's state, so one
+// batch may hold at most one entry of one position per state: two would race on it (CPU threads
+// or GPU blocks) and keep whichever selection was written last. The state of entry e is
+// slots[e] (a backend's slot, −1: keeps none) or, with slots empty, batch[e].seq. InvalidArgument
+// naming both entries otherwise (merge them into one entry, or use reuse_steps = 1). No
+// allocation: quadratic in the number of one-position entries.
+Status validate_reuse_rows(std::span<const BatchEntry> batch, const SelectionParams& p,
+                           std::span<const int32_t> slots = {});
 
 // The chunks [begin, end) a dense plan gives one batch entry: 0 … c(last), or with
 // sliding_window > 0 those holding positions within the window of some query of the entry.
