@@ -53,7 +53,8 @@ bool logits_at(Model* m, const FixturePrompt& p, std::vector<float>* out) {
   auto seq = m->add_sequence();
   if (!seq.ok()) return false;
   std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
-  SequenceInput in{.seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
+  SequenceInput in{
+      .seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
   const Status s = m->forward({&in, 1}, out);
   if (!s.ok()) std::fprintf(stderr, "reference_spread: %s\n", s.to_string().c_str());
   return s.ok() && m->release_sequence(*seq).ok();
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
         compare_rows(b.data() + j * V, a.data() + j * V, V, &c);
       all.add(c);
       std::printf(
-          "%s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL %.2e (%.0f s)\n",
+          "%s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL %.2e (%.0f "
+          "s)\n",
           name.c_str(), cisa_mode ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
           static_cast<long long>(c.n), 100 * c.top1(), c.kl_mean(), c.kl_max,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
