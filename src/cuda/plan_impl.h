@@ -56,6 +56,9 @@ class PinnedBuffer {
 
 Status cuda_status(cudaError_t err, const char* what);
 
+// The layer's pointers and shape as the kernels need them (plan_build.cpp).
+Status validate_layer(const DeviceLayer& layer);
+
 struct Plan::Impl {
   // Shape the plan was built for.
   int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;

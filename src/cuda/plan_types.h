@@ -1,5 +1,5 @@
-// Launch metadata shared by the host plan (backend.cpp) and the kernels (*.cu): plain structs
-// with no CUDA types, copied to the device as arrays.
+// Launch metadata shared by the host plan (plan_build.cpp, plan_attention.cpp) and the kernels
+// (*.cu): plain structs with no CUDA types, copied to the device as arrays.
 #pragma once
 
 #include <cstdint>
