@@ -1,11 +1,11 @@
 // How far apart two CPU references of the same model are on the golden prompts: the CPU engine
 // multiplying as the CUDA backend does (ModelOptions::bf16_matmul) against the CPU engine
 // multiplying the stored weights exactly in f32 (ModelOptions::weights_f32), dense and with CISA,
-// in the settings of tests/gpu/cuda_model_golden_test.cpp (K/V in bf16; CISA with k = n/1024,
-// W = n/4096, G = 16 for a training context n). Both are correct engines that differ only in the
-// rounding of matrix products, so their spread is a floor for what any pair of engines can agree
-// to on this model: the GPU golden test's bars (top-1 >= 99% / 98%, mean KL < 0.01 / 0.02) can be
-// read against it (docs/cuda-model.md). Runs on the CPU only.
+// in the settings of tests/gpu/cuda_model_golden_test.cpp (K/V in bf16; CISA with
+// golden_cisa_selection: k = n/1024, W = n/4096, G = 16 for a training context n). Both are correct
+// engines that differ only in the rounding of matrix products, so their spread is a floor for what
+// any pair of engines can agree to on this model: the GPU golden test's bars (top-1 >= 99% / 98%,
+// mean KL < 0.01 / 0.02) can be read against it (docs/cuda-model.md). Runs on the CPU only.
 //
 //   reference_spread [model]          (default smollm2-135m; CISA_MODELS_DIR or models/)
 #include <algorithm>
@@ -24,22 +24,19 @@ namespace {
 
 using namespace cisa;
 
-std::unique_ptr<Model> load(const std::string& path, int64_t context, bool cisa_mode,
-                            bool bf16_products) {
+// The model with bf16 K/V, multiplying as the CUDA backend does or exactly in f32; CISA with
+// `selection` where given, dense otherwise.
+std::unique_ptr<Model> load(const std::string& path, int64_t context,
+                            const SelectionParams* selection, bool bf16_products) {
   ModelOptions o;
   o.context = (context + 255) / 256 * 256;
   o.max_sequences = 1;
   o.kv_dtype = KvDtype::kBF16;
   o.bf16_matmul = bf16_products;
   o.weights_f32 = !bf16_products;
-  if (cisa_mode) {
-    auto probe = Model::load(path, {.context = 256});
-    if (!probe.ok()) return nullptr;
-    const int64_t n = (*probe)->hparams().n_ctx_train;
+  if (selection) {
     o.attention.mode = AttentionMode::kCisa;
-    o.attention.selection = {.budget = std::max<int64_t>(16, n / 1024),
-                             .window = std::max<int64_t>(4, n / 4096),
-                             .qshare = 16};
+    o.attention.selection = *selection;
   }
   auto m = Model::load(path, o);
   if (!m.ok()) {
@@ -79,9 +76,16 @@ int main(int argc, char** argv) {
   }
   int64_t longest = 0;
   for (const auto& p : fx.prompts) longest = std::max<int64_t>(longest, p.ids.size());
+  auto probe = Model::load(*path, {.context = 256});
+  if (!probe.ok()) {
+    std::fprintf(stderr, "reference_spread: %s\n", probe.status().to_string().c_str());
+    return 1;
+  }
+  const SelectionParams selection = golden_cisa_selection((*probe)->hparams().n_ctx_train);
+  probe->reset();
   for (bool cisa_mode : {false, true}) {
-    auto rounded = load(*path, longest, cisa_mode, true);
-    auto exact = load(*path, longest, cisa_mode, false);
+    auto rounded = load(*path, longest, cisa_mode ? &selection : nullptr, true);
+    auto exact = load(*path, longest, cisa_mode ? &selection : nullptr, false);
     if (!rounded || !exact) return 1;
     const int V = rounded->hparams().n_vocab;
     LogitsCompare all;

@@ -70,22 +70,6 @@ std::vector<BatchEntry> read_entries(const BatchArgs& b);
 // the block table's columns (ValueError naming the op otherwise).
 int64_t row_pages(const BatchArgs& b, int64_t s, int page_size, const char* op);
 
-template <class Table>
-void adopt_all(Table* t, const BatchArgs& b, int page_size, const char* op) {
-  const int32_t* tables = ptr<const int32_t>(b.tables);
-  const int64_t* lens = ptr<const int64_t>(b.lens);
-  for (int64_t s = 0; s < b.num_seqs; ++s) {
-    const int64_t len = lens[s];
-    const int64_t n = row_pages(b, s, page_size, op);
-    auto seq = t->adopt_sequence(
-        std::span<const int32_t>(tables + s * b.max_pages, static_cast<size_t>(n)), len);
-    if (!seq.ok())
-      raise_if_error(Status(seq.status().code(), "block_tables row " + std::to_string(s) + ": " +
-                                                     seq.status().message()),
-                     op);
-  }
-}
-
 // The selection parameters, validated (ValueError otherwise).
 cisa::SelectionParams selection_params(int64_t budget, int64_t window, int64_t qshare,
                                        int64_t sink_pages, bool qshare_last);

@@ -26,6 +26,23 @@ namespace {
 
 using cisa::PagedKvCache;
 
+// Adopts every row of the block tables as sequence s (its first ceil(len / B) pages).
+template <class Table>
+void adopt_all(Table* t, const BatchArgs& b, int page_size, const char* op) {
+  const int32_t* tables = ptr<const int32_t>(b.tables);
+  const int64_t* lens = ptr<const int64_t>(b.lens);
+  for (int64_t s = 0; s < b.num_seqs; ++s) {
+    const int64_t len = lens[s];
+    const int64_t n = row_pages(b, s, page_size, op);
+    auto seq = t->adopt_sequence(
+        std::span<const int32_t>(tables + s * b.max_pages, static_cast<size_t>(n)), len);
+    if (!seq.ok())
+      raise_if_error(Status(seq.status().code(), "block_tables row " + std::to_string(s) + ": " +
+                                                     seq.status().message()),
+                     op);
+  }
+}
+
 std::unique_ptr<PagedKvCache> make_view(const CacheArgs& c, const BatchArgs* b, const char* op) {
   cisa::KvCacheConfig cfg{.num_layers = 1,
                           .num_kv_heads = c.num_kv_heads,

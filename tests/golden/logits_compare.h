@@ -1,6 +1,6 @@
 // Two engines' next-token distributions compared row by row: top-1 agreement and KL(ref ‖ got)
-// over the whole vocabulary, in double. Shared by the GPU golden test and
-// bench/reference_spread.cpp.
+// over the whole vocabulary, in double, and the CISA settings those comparisons run. Shared by the
+// GPU golden test and bench/reference_spread.cpp.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 
+#include "cisa/core/plan.h"
 #include "cisa/model/sampling.h"
 
 namespace cisa {
@@ -25,6 +26,15 @@ struct LogitsCompare {
     kl_max = std::max(kl_max, o.kl_max);
   }
 };
+
+// The CISA selection of the golden comparisons for a model trained at n_ctx_train tokens: the
+// CLI's defaults (README: k = n/256, W = n/1024, G 16) with k and W shrunk 4x, so that the 2,000-
+// and 8,000-token golden prompts run mostly sparse.
+inline SelectionParams golden_cisa_selection(int64_t n_ctx_train) {
+  return {.budget = std::max<int64_t>(16, n_ctx_train / 1024),
+          .window = std::max<int64_t>(4, n_ctx_train / 4096),
+          .qshare = 16};
+}
 
 // KL(p ‖ q) of the softmax of two logit rows of V entries, and whether their argmax agree.
 inline void compare_rows(const float* ref, const float* got, int V, LogitsCompare* c) {

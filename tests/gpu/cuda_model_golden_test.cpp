@@ -39,8 +39,6 @@ namespace {
 
 #if defined(CISA_WITH_CUDA_MODEL)
 
-using Compare = LogitsCompare;
-
 struct Case {
   const char* model;
   bool cisa;
@@ -79,15 +77,11 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
     if (e == Engine::kCpuBf16Products) o.bf16_matmul = true;
     if (e == Engine::kCpuExactF32) o.weights_f32 = true;
     if (GetParam().cisa) {
-      // The CLI's defaults for the model's training context (README): k = n/256, W = n/1024, G 16,
-      // with k and W shrunk 4x so that the 2,000- and 8,000-token prompts run mostly sparse.
       auto probe = Model::load(path_, {.context = 256});
       EXPECT_TRUE(probe.ok());
       const int64_t n = probe.ok() ? (*probe)->hparams().n_ctx_train : 8192;
       o.attention.mode = AttentionMode::kCisa;
-      o.attention.selection = {.budget = std::max<int64_t>(16, n / 1024),
-                               .window = std::max<int64_t>(4, n / 4096),
-                               .qshare = 16};
+      o.attention.selection = golden_cisa_selection(n);
     }
     auto m = Model::load(path_, o);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
@@ -106,7 +100,7 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
        exact = load(Engine::kCpuExactF32, longest);
   ASSERT_TRUE(gpu && rounded && exact);
   const int V = gpu->hparams().n_vocab;
-  Compare all, all_exact;
+  LogitsCompare all, all_exact;
   for (const FixturePrompt& p : fixture_.prompts) {
     std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
     std::vector<float> logits[3];
@@ -124,7 +118,7 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
     ASSERT_EQ(logits[1].size(), got.size());
     ASSERT_EQ(logits[2].size(), got.size());
     for (float x : got) ASSERT_TRUE(std::isfinite(x)) << "non-finite GPU logit";
-    Compare c, ce;
+    LogitsCompare c, ce;
     for (size_t j = 0; j < pos.size(); ++j) {
       compare_rows(logits[1].data() + j * V, got.data() + j * V, V, &c);
       compare_rows(logits[2].data() + j * V, got.data() + j * V, V, &ce);
@@ -133,18 +127,18 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
         "[ gpu-cpu  ] %s %s %s: %zu tokens, %lld positions: top-1 %.2f%%, mean KL %.2e, max KL "
         "%.2e (against exact f32 products: top-1 %.2f%%, mean KL %.2e, max KL %.2e)\n",
         GetParam().model, GetParam().cisa ? "cisa" : "dense", p.name.c_str(), p.ids.size(),
-        static_cast<long long>(c.n), 100.0 * c.top1_same / c.n, c.kl_sum / c.n, c.kl_max,
-        100.0 * ce.top1_same / ce.n, ce.kl_sum / ce.n, ce.kl_max);
+        static_cast<long long>(c.n), 100 * c.top1(), c.kl_mean(), c.kl_max, 100 * ce.top1(),
+        ce.kl_mean(), ce.kl_max);
     all.add(c);
     all_exact.add(ce);
   }
-  const double top1 = static_cast<double>(all.top1_same) / all.n, kl = all.kl_sum / all.n;
+  const double top1 = all.top1(), kl = all.kl_mean();
   const double top1_bar = GetParam().cisa ? 0.98 : 0.99, kl_bar = GetParam().cisa ? 0.02 : 0.01;
   std::printf(
       "[ gpu-cpu  ] %s %s, all prompts: top-1 %.2f%% (bar %.0f%%), mean KL %.2e (bar %.2g); "
       "against exact f32 products: top-1 %.2f%%, mean KL %.2e\n",
       GetParam().model, GetParam().cisa ? "cisa" : "dense", 100 * top1, 100 * top1_bar, kl, kl_bar,
-      100.0 * all_exact.top1_same / all_exact.n, all_exact.kl_sum / all_exact.n);
+      100 * all_exact.top1(), all_exact.kl_mean());
   EXPECT_GE(top1, top1_bar);
   EXPECT_LT(kl, kl_bar);
 }
