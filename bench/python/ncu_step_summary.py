@@ -21,7 +21,7 @@ import sys
 
 # (group, pattern over the kernel's name), first match wins.
 GROUPS = [
-    ("gemm (ours)", r"skinny_gemm"),
+    ("gemm (ours)", r"skinny_gemm|skinny_stream"),
     ("gemm (cuBLASLt)", r"gemm|xmma|nvjet|cutlass|splitK|sm90_|gemv|Kernel2"),
     ("stacked-product split", r"split_columns"),
     ("attention", r"attention_kernel|attention_wgmma"),

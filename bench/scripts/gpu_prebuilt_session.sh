@@ -13,7 +13,8 @@
 # On the device (carry .devbin):
 #   CISA_COMMIT=<label> REPS=2 bash bench/scripts/gpu_prebuilt_session.sh
 # Environment: BINS (default .devbin/bins.tar.xz), BASE_XZ (default .devbin/base/cisa.xz; absent:
-# no A/B), REPS (decode A/B repetitions, default 2), NO_NCU=1, NO_LAYER=1, TESTS (names under
+# no A/B), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per row, default 32),
+# NO_NCU=1, NO_LAYER=1, TESTS (names under
 # tests/ in the tarball; default: every cuda_*_test in it). Used for
 # bench/results/model_h200_2026-12-03_topk/.
 set -u
@@ -43,7 +44,7 @@ for rep in $(seq "${REPS:-2}"); do
   for row in "${rows[@]}"; do
     read -r name batch ctx k <<<"$row"
     args=(bench model --synthetic qwen2.5-7b --backend cuda --attention cisa --batch "$batch"
-          --context "$ctx" --fill random --budget "$k" --window 128 --tokens 32 --json)
+          --context "$ctx" --fill random --budget "$k" --window 128 --tokens "${TOKENS:-32}" --json)
     for which in new base; do
       X=$NEW; [ "$which" = base ] && X=$BASE
       [ -n "$X" ] || continue

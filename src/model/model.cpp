@@ -273,6 +273,7 @@ Result<int64_t> Model::sequence_length(SeqId seq) const {
 }
 
 Status Model::Impl::run_layers() {
+  st.xn_ready = false;
   for (int l = 0; l < hp.n_layer; ++l) {
     if (hp.arch == ModelArch::kGemma3) {
       CISA_RETURN_IF_ERROR(layer_gemma3(l));
@@ -280,6 +281,25 @@ Status Model::Impl::run_layers() {
       CISA_RETURN_IF_ERROR(layer_llama(l));
     }
   }
+  return Status::Ok();
+}
+
+Status Model::Impl::start_layer(int layer) {
+  if (st.xn_ready) {
+    st.xn_ready = false;
+    return Status::Ok();
+  }
+  return be->rms_norm(st.x->f32(), w.layers[static_cast<size_t>(layer)].attn_norm, st.xn->f32(),
+                      st.rows, hp.n_embd, hp.rms_eps);
+}
+
+Status Model::Impl::finish_layer(int layer) {
+  float* const x = st.x->f32();
+  const float* const o = st.o->f32();
+  if (layer + 1 >= hp.n_layer) return be->add(x, o, st.rows * hp.n_embd);
+  CISA_RETURN_IF_ERROR(be->add_rms_norm(x, o, w.layers[static_cast<size_t>(layer) + 1].attn_norm,
+                                        st.xn->f32(), st.rows, hp.n_embd, hp.rms_eps));
+  st.xn_ready = true;
   return Status::Ok();
 }
 

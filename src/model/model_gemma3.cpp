@@ -14,13 +14,13 @@ Status Model::Impl::layer_gemma3(int layer) {
   float* const x = st.x->f32();
   float* const xn = st.xn->f32();
   float* const o = st.o->f32();
-  CISA_RETURN_IF_ERROR(be->rms_norm(x, L.attn_norm, xn, rows, E, hp.rms_eps));
+  CISA_RETURN_IF_ERROR(start_layer(layer));
   CISA_RETURN_IF_ERROR(attention(layer));
   CISA_RETURN_IF_ERROR(be->rms_norm(o, L.post_attn_norm, o, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(be->add_rms_norm(x, o, L.ffn_norm, xn, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(mlp(layer));
   CISA_RETURN_IF_ERROR(be->rms_norm(o, L.post_ffn_norm, o, rows, E, hp.rms_eps));
-  return be->add(x, o, rows * E);
+  return finish_layer(layer);
 }
 
 }  // namespace cisa

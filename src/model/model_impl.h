@@ -76,6 +76,7 @@ struct StepState {
   BufferPtr logits;          // [outputs][n_vocab] (unless the CPU writes the caller's vector)
   BufferPtr argmax;          // int32 [outputs]: greedy tokens (ForwardOutputs::argmax)
   PageLists selector_lists;  // host: a PageSelector's output
+  bool xn_ready = false;     // xn holds the next layer's attention input (finish_layer)
 };
 
 // model_memory.cpp: refuses, before anything is allocated, a model whose weights copies, KV
@@ -115,6 +116,12 @@ struct Model::Impl {
   // The architecture's layer, reading and updating st.x; model_gemma3.cpp, model_llama.cpp.
   Status layer_gemma3(int layer);
   Status layer_llama(int layer);
+  // A layer's first and last operations: RMSNorm_attn(x) → xn, unless the layer before left it
+  // there; the residual add x += o, fused with the next layer's RMSNorm_attn where one follows
+  // (add_rms_norm computes the same sums as add then rms_norm on every backend, and saves a
+  // launch per layer on the GPU).
+  Status start_layer(int layer);
+  Status finish_layer(int layer);
 };
 
 // Grows `b` to at least `bytes` (contents are not kept).

@@ -11,11 +11,11 @@ Status Model::Impl::layer_llama(int layer) {
   const int E = hp.n_embd;
   float* const x = st.x->f32();
   float* const xn = st.xn->f32();
-  CISA_RETURN_IF_ERROR(be->rms_norm(x, L.attn_norm, xn, rows, E, hp.rms_eps));
+  CISA_RETURN_IF_ERROR(start_layer(layer));
   CISA_RETURN_IF_ERROR(attention(layer));
   CISA_RETURN_IF_ERROR(be->add_rms_norm(x, st.o->f32(), L.ffn_norm, xn, rows, E, hp.rms_eps));
   CISA_RETURN_IF_ERROR(mlp(layer));
-  return be->add(x, st.o->f32(), rows * E);
+  return finish_layer(layer);
 }
 
 }  // namespace cisa

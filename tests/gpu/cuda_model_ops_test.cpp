@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -480,79 +481,118 @@ TEST(CudaGemm, MatchesFp64Product) {
   EXPECT_TRUE(gemm->run(w.data(), 24, 40, x.data(), 0, y.data(), 24, nullptr).ok());
 }
 
-// The few-row kernel (skinny_gemm.cuh) directly, at every K split it may be given: against fp64
-// element by element, the padding of a wider y untouched, and the split-K sum deterministic (two
-// runs bit-identical; the counters are left at zero, so a second run sums the same way).
-TEST(CudaSkinnyGemm, MatchesFp64AtEverySplit) {
-  CISA_REQUIRE_GPU();
+// Runs a few-row kernel (launch(w, n, k, x, rows, y, ldy, splits, workspace, counters)) on
+// random shapes, row counts and K splits, against fp64 element by element, the padding of a wider
+// y untouched, and the split-K sum deterministic (two runs bit-identical; the counters are left
+// at zero, so a second run sums the same way).
+template <typename Launch>
+void check_few_row_kernel(const char* name,
+                          std::initializer_list<std::tuple<int64_t, int64_t, int64_t>> shapes,
+                          std::initializer_list<int64_t> row_counts, int64_t k_step,
+                          Launch launch) {
   std::mt19937 rng(21);
-  struct Shape {
-    int64_t n, k, pad;
-  };
   DevVec<float> ws(1 << 22);
   DevVec<int> counters(4096);
   CUDA_OK(cudaMemset(counters.data(), 0, 4096 * sizeof(int)));
-  for (Shape s : {Shape{64, 32, 0}, Shape{192, 640, 3}, Shape{1024, 3584, 0}}) {
-    const auto w = to_bf16(random_vec(rng, static_cast<size_t>(s.n * s.k), 0.05f));
+  for (const auto& [n, k, pad] : shapes) {
+    const auto w = to_bf16(random_vec(rng, static_cast<size_t>(n * k), 0.05f));
     DevVec<uint16_t> dw;
     dw.upload(w);
-    const int64_t steps = s.k / 32;
-    for (int64_t rows : {1, 5, 8, 9, 16}) {
-      const auto x = to_bf16(random_vec(rng, static_cast<size_t>(rows * s.k)));
+    const int64_t steps = k / k_step;
+    for (int64_t rows : row_counts) {
+      const auto x = to_bf16(random_vec(rng, static_cast<size_t>(rows * k)));
       DevVec<uint16_t> dx;
       dx.upload(x);
-      std::vector<double> ref(static_cast<size_t>(rows * s.n)), mag(ref.size());
+      std::vector<double> ref(static_cast<size_t>(rows * n)), mag(ref.size());
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < s.n; ++o) {
+        for (int64_t o = 0; o < n; ++o) {
           double acc = 0, a = 0;
-          for (int64_t c = 0; c < s.k; ++c) {
-            const double p = double(bf16_to_f32(w[o * s.k + c])) * bf16_to_f32(x[r * s.k + c]);
+          for (int64_t c = 0; c < k; ++c) {
+            const double p = double(bf16_to_f32(w[o * k + c])) * bf16_to_f32(x[r * k + c]);
             acc += p;
             a += std::fabs(p);
           }
-          ref[r * s.n + o] = acc;
-          mag[r * s.n + o] = a;
+          ref[r * n + o] = acc;
+          mag[r * n + o] = a;
         }
-      for (int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, steps})
-        for (int unroll : {4, 8}) {
-          SCOPED_TRACE("n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
-                       " rows=" + std::to_string(rows) + " splits=" + std::to_string(splits) +
-                       " unroll=" + std::to_string(unroll));
-          const int64_t ldy = s.n + s.pad;
-          std::vector<float> y[2];
-          for (int run = 0; run < 2; ++run) {
-            DevVec<float> dy(static_cast<size_t>(rows * ldy));
-            dy.poison();
-            CUDA_OK(cuda::detail::launch_skinny_gemm(dw.data(), s.n, s.k, dx.data(), rows,
-                                                     dy.data(), ldy, static_cast<int>(splits),
-                                                     ws.data(), counters.data(), nullptr, unroll));
-            CUDA_OK(cudaDeviceSynchronize());
-            y[run] = dy.download();
-          }
-          EXPECT_TRUE(same_bits(y[1], y[0])) << "two runs differ";
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t o = 0; o < s.n; ++o) {
-              const float got = y[0][r * ldy + o];
-              // f32 sums of k bf16 products (the tensor cores' f32 adds may truncate): within k ·
-              // 2^-22 of Σ|products|, and finite.
-              ASSERT_TRUE(std::isfinite(got) &&
-                          std::fabs(got - ref[r * s.n + o]) <=
-                              double(s.k) * std::ldexp(mag[r * s.n + o], -22) + 1e-30)
-                  << "row " << r << " col " << o << ": " << got << " vs " << ref[r * s.n + o];
-            }
-            for (int64_t o = s.n; o < ldy; ++o)
-              ASSERT_EQ(bits(y[0][r * ldy + o]), 0xffffffffu) << "padding touched";
-          }
+      for (int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, steps}) {
+        SCOPED_TRACE(std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                     " rows=" + std::to_string(rows) + " splits=" + std::to_string(splits));
+        const int64_t ldy = n + pad;
+        std::vector<float> y[2];
+        for (int run = 0; run < 2; ++run) {
+          DevVec<float> dy(static_cast<size_t>(rows * ldy));
+          dy.poison();
+          CUDA_OK(launch(dw.data(), n, k, dx.data(), rows, dy.data(), ldy, static_cast<int>(splits),
+                         ws.data(), counters.data()));
+          CUDA_OK(cudaDeviceSynchronize());
+          y[run] = dy.download();
         }
+        EXPECT_TRUE(same_bits(y[1], y[0])) << "two runs differ";
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t o = 0; o < n; ++o) {
+            const float got = y[0][r * ldy + o];
+            // f32 sums of k bf16 products (the tensor cores' f32 adds may truncate): within k ·
+            // 2^-22 of Σ|products|, and finite.
+            ASSERT_TRUE(std::isfinite(got) &&
+                        std::fabs(got - ref[r * n + o]) <=
+                            double(k) * std::ldexp(mag[r * n + o], -22) + 1e-30)
+                << "row " << r << " col " << o << ": " << got << " vs " << ref[r * n + o];
+          }
+          for (int64_t o = n; o < ldy; ++o)
+            ASSERT_EQ(bits(y[0][r * ldy + o]), 0xffffffffu) << "padding touched";
+        }
+      }
     }
   }
   EXPECT_EQ(counters.download(), std::vector<int>(4096, 0)) << "counters not left at zero";
+}
+
+// The tensor-core few-row kernel (skinny_gemm.cuh) directly, at every K split it may be given.
+TEST(CudaSkinnyGemm, MatchesFp64AtEverySplit) {
+  CISA_REQUIRE_GPU();
+  for (int unroll : {4, 8})
+    check_few_row_kernel(
+        unroll == 4 ? "unroll 4" : "unroll 8", {{64, 32, 0}, {192, 640, 3}, {1024, 3584, 0}},
+        {1, 5, 8, 9, 16}, cuda::detail::kSkinnyKStep,
+        [unroll](const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
+                 int64_t ldy, int splits, float* ws, int* counters) {
+          return cuda::detail::launch_skinny_gemm(w, n, k, x, rows, y, ldy, splits, ws, counters,
+                                                  nullptr, unroll);
+        });
   // Shapes it does not take are refused, not run.
   EXPECT_FALSE(cuda::detail::skinny_gemm_applies(24, 40, 1, nullptr, nullptr, 4096));
   EXPECT_FALSE(cuda::detail::skinny_gemm_applies(64, 32, 17, nullptr, nullptr, 4096));
   EXPECT_EQ(cuda::detail::launch_skinny_gemm(nullptr, 64, 32, nullptr, 1, nullptr, 64, 1, nullptr,
                                              nullptr, nullptr),
             cudaErrorInvalidValue);
+}
+
+// The streaming few-row kernel, with 4 and 8 W rows per warp, at every row count it takes.
+TEST(CudaSkinnyStream, MatchesFp64AtEverySplit) {
+  CISA_REQUIRE_GPU();
+  for (int per_warp : {4, 8})
+    check_few_row_kernel(
+        per_warp == 4 ? "4 rows a warp" : "8 rows a warp",
+        {{64, 256, 0}, {192, 768, 3}, {1024, 3584, 0}}, {1, 2, 3, 4}, cuda::detail::kStreamKStep,
+        [per_warp](const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows,
+                   float* y, int64_t ldy, int splits, float* ws, int* counters) {
+          return cuda::detail::launch_skinny_stream(w, n, k, x, rows, y, ldy, splits, ws, counters,
+                                                    nullptr, per_warp);
+        });
+  EXPECT_TRUE(cuda::detail::skinny_stream_applies(3584, 18944, 2, nullptr, nullptr, 4096, 8));
+  EXPECT_FALSE(cuda::detail::skinny_stream_applies(64, 256, 5, nullptr, nullptr, 4096, 8));
+  EXPECT_FALSE(cuda::detail::skinny_stream_applies(96, 256, 1, nullptr, nullptr, 4096, 8));
+  EXPECT_FALSE(cuda::detail::skinny_stream_applies(64, 640, 1, nullptr, nullptr, 4096, 4));
+  EXPECT_FALSE(cuda::detail::skinny_stream_applies(64, 256, 1, nullptr, nullptr, 4096, 6));
+  EXPECT_EQ(cuda::detail::launch_skinny_stream(nullptr, 64, 256, nullptr, 1, nullptr, 64, 1,
+                                               nullptr, nullptr, nullptr, 8),
+            cudaErrorInvalidValue);
+  // The split candidates of the 3584 x 18944 down projection on 132 SMs (56 tiles): 2 and 4
+  // (112 and 224 blocks, 85 % of 1 and 2 per SM; ties to fewer splits), 7 (392 blocks, 3 per SM,
+  // 99 %), and ⌈264 / 56⌉ = 5.
+  EXPECT_EQ(cuda::detail::skinny_stream_splits(3584, 18944, 132, 8),
+            (std::vector<int>{2, 4, 7, 5}));
 }
 
 // The balanced K splits the per-shape timing adds (host arithmetic, no device needed): against

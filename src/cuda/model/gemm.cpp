@@ -45,12 +45,14 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-// One way to run a shape: a cuBLASLt algorithm, or (skinny_splits > 0) the few-row kernel of
-// skinny_gemm.cuh with that many K slices and k steps in flight.
+// One way to run a shape: a cuBLASLt algorithm, or (skinny_splits > 0) a few-row kernel of
+// skinny_gemm.cuh with that many K slices: the tensor-core kernel with skinny_unroll k steps in
+// flight, or (stream_rows > 0) the streaming kernel with that many W rows per warp.
 struct Candidate {
   cublasLtMatmulAlgo_t algo{};
   int skinny_splits = 0;
   int skinny_unroll = 4;
+  int stream_rows = 0;
 };
 
 // The descriptors and the chosen way of one shape; owns the layouts.
@@ -94,7 +96,7 @@ struct Gemm::Impl {
   cublasLtMatmulDesc_t desc = nullptr;  // TN, f32 compute and scale: the same for every shape
   void* workspace = nullptr;            // device, kWorkspaceBytes (also the skinny partials)
   int* counters = nullptr;              // device, kSkinnyMaxTiles zeros (skinny split K)
-  void* l2_flush = nullptr;             // device, l2_flush_bytes: written before each timed run
+  void* l2_flush = nullptr;  // device, l2_flush_bytes + 16, zero: read before each timed run
   size_t l2_flush_bytes = 0;
   int sms = 132;
   mutable std::mutex mu;
@@ -112,6 +114,14 @@ struct Gemm::Impl {
   // Launches the plan's choice for one call.
   cublasStatus_t launch(const Plan& p, const Candidate& c, const Call& call, int64_t n, int64_t k,
                         int64_t rows, int64_t ldy) {
+    if (c.stream_rows > 0)
+      return detail::launch_skinny_stream(static_cast<const uint16_t*>(call.w), n, k,
+                                          static_cast<const uint16_t*>(call.x), rows,
+                                          static_cast<float*>(call.y), ldy, c.skinny_splits,
+                                          static_cast<float*>(workspace), counters, call.stream,
+                                          c.stream_rows) == cudaSuccess
+                 ? CUBLAS_STATUS_SUCCESS
+                 : CUBLAS_STATUS_EXECUTION_FAILED;
     if (c.skinny_splits > 0)
       return detail::launch_skinny_gemm(static_cast<const uint16_t*>(call.w), n, k,
                                         static_cast<const uint16_t*>(call.x), rows,
@@ -125,21 +135,30 @@ struct Gemm::Impl {
                           call.y, p.c, &c.algo, workspace, kWorkspaceBytes, call.stream);
   }
 
-  // The skinny kernel's candidates for a shape: the default K split, half and twice it, and the
-  // two splits that spread the blocks most evenly over the SMs, each with 4 and 8 k steps in
-  // flight.
+  // The few-row kernels' candidates for a shape. The tensor-core kernel: the default K split,
+  // half and twice it, and the two splits that spread the blocks most evenly over the SMs, each
+  // with 4 and 8 k steps in flight. The streaming kernel (≤ 4 rows): its split candidates with 4
+  // and 8 W rows per warp.
   void add_skinny(int64_t n, int64_t k, int64_t rows, const Call& call,
                   std::vector<Candidate>* cand) const {
+    const auto fits = [&](int s) {
+      return detail::skinny_gemm_workspace_floats(n, rows, s) * 4 <=
+             static_cast<int64_t>(kWorkspaceBytes);
+    };
+    for (const int r : {4, 8}) {
+      if (!detail::skinny_stream_applies(n, k, rows, call.w, call.x, kSkinnyMaxTiles, r)) continue;
+      for (const int s : detail::skinny_stream_splits(n, k, sms, r))
+        if (fits(s)) cand->push_back({.skinny_splits = s, .stream_rows = r});
+    }
     if (!detail::skinny_gemm_applies(n, k, rows, call.w, call.x, kSkinnyMaxTiles)) return;
     const int d = detail::skinny_gemm_default_splits(n, k, sms);
     std::vector<int> splits = {d, std::max(1, d / 2), 2 * d};
     for (const int s : detail::skinny_gemm_balanced_splits(n, k, sms)) splits.push_back(s);
     for (const int s : splits) {
-      if (detail::skinny_gemm_workspace_floats(n, rows, s) * 4 >
-          static_cast<int64_t>(kWorkspaceBytes))
-        continue;
-      if (std::none_of(cand->begin(), cand->end(),
-                       [s](const Candidate& c) { return c.skinny_splits == s; }))
+      if (!fits(s)) continue;
+      if (std::none_of(cand->begin(), cand->end(), [s](const Candidate& c) {
+            return c.skinny_splits == s && c.stream_rows == 0;
+          }))
         for (const int u : {4, 8}) cand->push_back({.skinny_splits = s, .skinny_unroll = u});
     }
   }
@@ -225,15 +244,17 @@ struct Gemm::Impl {
     }
   }
 
-  // A buffer of twice the L2's size, allocated on the first timing (nullptr where it cannot be:
-  // the timing then runs with whatever L2 holds).
+  // A zeroed buffer of twice the L2's size (and 16 bytes for the sweep's sink), allocated on the
+  // first timing (nullptr where it cannot be: the timing then runs with whatever L2 holds).
   void* flush_buffer() {
     if (l2_flush) return l2_flush;
     int dev = 0, l2 = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0 ||
-        cudaMalloc(&l2_flush, 2 * static_cast<size_t>(l2)) != cudaSuccess) {
+        cudaMalloc(&l2_flush, 2 * static_cast<size_t>(l2) + 16) != cudaSuccess ||
+        cudaMemset(l2_flush, 0, 2 * static_cast<size_t>(l2) + 16) != cudaSuccess) {
       cudaGetLastError();
+      if (l2_flush) cudaFree(l2_flush);
       l2_flush = nullptr;
       return nullptr;
     }
@@ -242,11 +263,14 @@ struct Gemm::Impl {
   }
 
   // The fastest of the candidates on this call's own operands: each run once to warm up, then
-  // timed kTimedRuns times with events on the call's stream, the median counting (the result is
-  // overwritten by the call itself). Before each timed run a write of twice the L2's size evicts
-  // W: in a decode step every layer's weights come from HBM (the step streams gigabytes between
-  // two reads of one matrix), while a matrix of up to ~25 MB (the attention output, q/k/v) timed
-  // back to back is read from L2, which favours kernels that are slower from HBM. The first
+  // kTimedRuns rounds that time every candidate once with events on the call's stream (rounds,
+  // so that a drift of the clocks weighs on all alike), a candidate's median counting (the result
+  // is overwritten by the call itself). Before each timed run a read of twice the L2's size
+  // evicts W: in a decode step every layer's weights come from HBM (the step streams gigabytes
+  // between two reads of one matrix), while a matrix of up to ~25 MB (the attention output,
+  // q/k/v) timed back to back is read from L2, which favours kernels that are slower from HBM. A
+  // read, not a memset: a memset leaves L2 full of dirty lines, and their write-backs during the
+  // timed run slowed kernels unevenly (the choices moved between loads, 2026-12-03). The first
   // candidate when the stream is being captured or timing fails.
   Candidate fastest(const Plan& p, const std::vector<Candidate>& cand, const Call& call, int64_t n,
                     int64_t k, int64_t rows, int64_t ldy) {
@@ -263,32 +287,42 @@ struct Gemm::Impl {
         if (e) cudaEventDestroy(e);
       return cand[0];
     }
-    void* flush = flush_buffer();
+    char* flush = static_cast<char*>(flush_buffer());
     auto run = [&](const Candidate& c) { return launch(p, c, call, n, k, rows, ldy); };
+    std::vector<std::vector<float>> times(cand.size());
+    std::vector<bool> ok(cand.size());
+    for (size_t i = 0; i < cand.size(); ++i) {
+      ok[i] = run(cand[i]) == CUBLAS_STATUS_SUCCESS;
+      if (!ok[i]) cudaGetLastError();
+    }
+    for (int r = 0; r < kTimedRuns; ++r)
+      for (size_t i = 0; i < cand.size(); ++i) {
+        if (!ok[i]) continue;
+        bool good =
+            !flush || detail::launch_read_sweep(flush, l2_flush_bytes, flush + l2_flush_bytes,
+                                                call.stream) == cudaSuccess;
+        float ms = 0.0f;
+        good = good && cudaEventRecord(ev[0], call.stream) == cudaSuccess &&
+               run(cand[i]) == CUBLAS_STATUS_SUCCESS &&
+               cudaEventRecord(ev[1], call.stream) == cudaSuccess &&
+               cudaEventSynchronize(ev[1]) == cudaSuccess &&
+               cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess;
+        if (!good) {
+          cudaGetLastError();
+          ok[i] = false;
+          continue;
+        }
+        times[i].push_back(ms);
+      }
     Candidate best = cand[0];
     float best_ms = -1.0f;
-    for (const Candidate& a : cand) {
-      bool ok = run(a) == CUBLAS_STATUS_SUCCESS;
-      float times[kTimedRuns] = {};
-      for (int r = 0; ok && r < kTimedRuns; ++r) {
-        if (flush) ok = cudaMemsetAsync(flush, r & 1, l2_flush_bytes, call.stream) == cudaSuccess;
-        ok = ok && cudaEventRecord(ev[0], call.stream) == cudaSuccess &&
-             run(a) == CUBLAS_STATUS_SUCCESS &&
-             cudaEventRecord(ev[1], call.stream) == cudaSuccess &&
-             cudaEventSynchronize(ev[1]) == cudaSuccess;
-        float ms = 0.0f;
-        ok = ok && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess;
-        times[r] = ms;
-      }
-      if (!ok) {
-        cudaGetLastError();
-        continue;
-      }
-      std::nth_element(times, times + kTimedRuns / 2, times + kTimedRuns);
-      const float total = times[kTimedRuns / 2];
-      if (best_ms < 0.0f || total < best_ms) {
-        best_ms = total;
-        best = a;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      if (!ok[i]) continue;
+      std::vector<float>& t = times[i];
+      std::nth_element(t.begin(), t.begin() + kTimedRuns / 2, t.end());
+      if (best_ms < 0.0f || t[kTimedRuns / 2] < best_ms) {
+        best_ms = t[kTimedRuns / 2];
+        best = cand[i];
       }
     }
     cudaEventDestroy(ev[0]);

@@ -114,6 +114,11 @@ __global__ void rms_norm_warp_kernel(float* x, const float* add, const float* w,
 template <int V>
 __global__ void rms_norm_block_kernel(float* x, const float* add, const float* w, float* y,
                                       uint16_t* yb, int64_t rows, int n, float eps) {
+  // The weights (written by no kernel) are fetched into L2 before the wait for x: their HBM
+  // latency then overlaps the kernel before this one instead of following the row sum.
+  if (w)
+    for (int i = threadIdx.x * 32; i < n; i += kThreads * 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i));
   dev::dependent_start();
   __shared__ float partial[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

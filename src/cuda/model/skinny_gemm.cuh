@@ -53,4 +53,38 @@ cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const ui
                                int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
                                int* counters, cudaStream_t stream, int unroll = 4);
 
+// The streaming variant for 1-4 rows (decode steps of a few sequences): 8 warps a block, each warp
+// owning rows_per_warp (4 or 8) rows of W and reading each as 512 contiguous bytes per load
+// instruction, f32 FMAs instead of tensor cores (at ≤ 4 rows the arithmetic is a few percent of
+// the SMs'), one butterfly sum per output. A row of W is read in runs of per · 512 bytes instead of
+// skinny_gemm_kernel's 64-byte pieces of 16 rows at once. Split K and its deterministic sum as
+// above (the same workspace and counters; n / (8 · rows_per_warp) tiles).
+constexpr int kStreamMaxRows = 4;
+constexpr int kStreamThreads = 256;
+constexpr int kStreamKStep = 256;  // k per load instruction of a warp (32 lanes x 8)
+
+// Outputs per block: 8 · rows_per_warp.
+int skinny_stream_tile(int rows_per_warp);
+
+// Whether the streaming kernel takes the shape: rows_per_warp 4 or 8, 1 ≤ rows ≤ 4, n a
+// multiple of the tile, k % 256 == 0, 16-byte aligned W and x, at most max_tiles tiles.
+bool skinny_stream_applies(int64_t n, int64_t k, int64_t rows, const void* w, const void* x,
+                           int64_t max_tiles, int rows_per_warp);
+
+// Candidate K splits for the per-shape timing: the two that spread 1-2 blocks per SM most evenly,
+// the one that spreads 3-4 most evenly, and about two blocks per SM.
+std::vector<int> skinny_stream_splits(int64_t n, int64_t k, int sms, int rows_per_warp);
+
+// launch_skinny_gemm's contract (workspace: skinny_gemm_workspace_floats(n, rows, splits)) for
+// the streaming kernel; splits is clamped to [1, k / 256].
+cudaError_t launch_skinny_stream(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
+                                 int64_t rows, float* y, int64_t ldy, int splits, float* workspace,
+                                 int* counters, cudaStream_t stream, int rows_per_warp);
+
+// Reads bytes / 16 words of a zeroed, 16-byte aligned device buffer and writes nothing (sink: 4
+// device bytes it would write only for other contents): evicts what L2 held with clean lines,
+// where a memset would leave dirty ones whose write-backs slow whatever runs next. The GEMM
+// timing's L2 flush (gemm.cpp).
+cudaError_t launch_read_sweep(const void* buf, size_t bytes, void* sink, cudaStream_t stream);
+
 }  // namespace cisa::cuda::detail
