@@ -270,6 +270,27 @@ std::vector<int> balanced_splits(int64_t tiles, int64_t max_splits, int sms, int
   return out;
 }
 
+using FewRowKernel = void (*)(const uint16_t*, const uint16_t*, int, int, int, int, int, float*,
+                              int, float*, int*);
+
+// Launches a few-row kernel (arguments w, x, n, k, rows, splits, per, y, ldy, part, counters) on
+// n / tile tiles and `splits` K slices of k_step-wide steps, clamped to [1, k / k_step] and cut
+// so that no slice is empty. The shape was checked by the caller.
+cudaError_t launch_few_row(FewRowKernel kernel, int threads, int64_t tile, int64_t k_step,
+                           const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows,
+                           float* y, int64_t ldy, int splits, float* workspace, int* counters,
+                           cudaStream_t stream) {
+  const int steps = static_cast<int>(k / k_step);
+  splits = std::clamp(splits, 1, steps);
+  const int per = (steps + splits - 1) / splits;
+  splits = (steps + per - 1) / per;  // no empty slice
+  if (splits > 1 && (!workspace || !counters)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(n / tile), static_cast<unsigned>(splits));
+  return launch_dependent(kernel, grid, threads, 0, stream, w, x, static_cast<int>(n),
+                          static_cast<int>(k), static_cast<int>(rows), splits, per, y,
+                          static_cast<int>(ldy), workspace, counters);
+}
+
 }  // namespace
 
 std::vector<int> skinny_gemm_balanced_splits(int64_t n, int64_t k, int sms) {
@@ -287,19 +308,11 @@ cudaError_t launch_skinny_gemm(const uint16_t* w, int64_t n, int64_t k, const ui
       k % kSkinnyKStep != 0 || ldy < n || ldy > std::numeric_limits<int32_t>::max() || !w || !x ||
       !y)
     return cudaErrorInvalidValue;
-  const int steps = static_cast<int>(k / kSkinnyKStep);
-  splits = std::clamp(splits, 1, steps);
-  const int per = (steps + splits - 1) / splits;
-  splits = (steps + per - 1) / per;  // no empty slice
-  if (splits > 1 && (!workspace || !counters)) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n / kSkinnyTileN), static_cast<unsigned>(splits));
-  const int in = static_cast<int>(n), ik = static_cast<int>(k), ir = static_cast<int>(rows),
-            il = static_cast<int>(ldy);
-  const auto kernel = unroll == 8
-                          ? (rows <= 8 ? skinny_gemm_kernel<1, 8> : skinny_gemm_kernel<2, 8>)
-                          : (rows <= 8 ? skinny_gemm_kernel<1, 4> : skinny_gemm_kernel<2, 4>);
-  return launch_dependent(kernel, grid, kThreads, 0, stream, w, x, in, ik, ir, splits, per, y, il,
-                          workspace, counters);
+  const FewRowKernel kernel =
+      unroll == 8 ? (rows <= 8 ? skinny_gemm_kernel<1, 8> : skinny_gemm_kernel<2, 8>)
+                  : (rows <= 8 ? skinny_gemm_kernel<1, 4> : skinny_gemm_kernel<2, 4>);
+  return launch_few_row(kernel, kThreads, kSkinnyTileN, kSkinnyKStep, w, n, k, x, rows, y, ldy,
+                        splits, workspace, counters, stream);
 }
 
 int skinny_stream_tile(int rows_per_warp) {
@@ -339,24 +352,14 @@ cudaError_t launch_skinny_stream(const uint16_t* w, int64_t n, int64_t k, const 
       n % tile != 0 || k % kStreamKStep != 0 || ldy < n ||
       ldy > std::numeric_limits<int32_t>::max() || !w || !x || !y)
     return cudaErrorInvalidValue;
-  const int steps = static_cast<int>(k / kStreamKStep);
-  splits = std::clamp(splits, 1, steps);
-  const int per = (steps + splits - 1) / splits;
-  splits = (steps + per - 1) / per;  // no empty slice
-  if (splits > 1 && (!workspace || !counters)) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n / tile), static_cast<unsigned>(splits));
-  const int in = static_cast<int>(n), ik = static_cast<int>(k), ir = static_cast<int>(rows),
-            il = static_cast<int>(ldy);
-  using Kernel = void (*)(const uint16_t*, const uint16_t*, int, int, int, int, int, float*, int,
-                          float*, int*);
   // (rows per warp, k steps in flight): (8, 2) or (4, 4), 16 loads of 16 bytes a lane either way.
-  static constexpr Kernel kernels[2][3] = {
+  static constexpr FewRowKernel kernels[2][3] = {
       {skinny_stream_kernel<4, 4, 1>, skinny_stream_kernel<4, 4, 2>, skinny_stream_kernel<4, 4, 4>},
       {skinny_stream_kernel<8, 2, 1>, skinny_stream_kernel<8, 2, 2>,
        skinny_stream_kernel<8, 2, 4>}};
-  const Kernel kernel = kernels[rows_per_warp == 8][rows == 1 ? 0 : rows == 2 ? 1 : 2];
-  return launch_dependent(kernel, grid, kStreamThreads, 0, stream, w, x, in, ik, ir, splits, per, y,
-                          il, workspace, counters);
+  const FewRowKernel kernel = kernels[rows_per_warp == 8][rows == 1 ? 0 : rows == 2 ? 1 : 2];
+  return launch_few_row(kernel, kStreamThreads, tile, kStreamKStep, w, n, k, x, rows, y, ldy,
+                        splits, workspace, counters, stream);
 }
 
 cudaError_t launch_read_sweep(const void* buf, size_t bytes, void* sink, cudaStream_t stream) {
