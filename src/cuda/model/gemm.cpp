@@ -114,22 +114,19 @@ struct Gemm::Impl {
   // Launches the plan's choice for one call.
   cublasStatus_t launch(const Plan& p, const Candidate& c, const Call& call, int64_t n, int64_t k,
                         int64_t rows, int64_t ldy) {
-    if (c.stream_rows > 0)
-      return detail::launch_skinny_stream(static_cast<const uint16_t*>(call.w), n, k,
-                                          static_cast<const uint16_t*>(call.x), rows,
-                                          static_cast<float*>(call.y), ldy, c.skinny_splits,
-                                          static_cast<float*>(workspace), counters, call.stream,
-                                          c.stream_rows) == cudaSuccess
-                 ? CUBLAS_STATUS_SUCCESS
-                 : CUBLAS_STATUS_EXECUTION_FAILED;
-    if (c.skinny_splits > 0)
-      return detail::launch_skinny_gemm(static_cast<const uint16_t*>(call.w), n, k,
-                                        static_cast<const uint16_t*>(call.x), rows,
-                                        static_cast<float*>(call.y), ldy, c.skinny_splits,
-                                        static_cast<float*>(workspace), counters, call.stream,
-                                        c.skinny_unroll) == cudaSuccess
-                 ? CUBLAS_STATUS_SUCCESS
-                 : CUBLAS_STATUS_EXECUTION_FAILED;
+    if (c.skinny_splits > 0) {
+      const auto* w = static_cast<const uint16_t*>(call.w);
+      const auto* x = static_cast<const uint16_t*>(call.x);
+      auto* y = static_cast<float*>(call.y);
+      auto* ws = static_cast<float*>(workspace);
+      const cudaError_t e =
+          c.stream_rows > 0
+              ? detail::launch_skinny_stream(w, n, k, x, rows, y, ldy, c.skinny_splits, ws,
+                                             counters, call.stream, c.stream_rows)
+              : detail::launch_skinny_gemm(w, n, k, x, rows, y, ldy, c.skinny_splits, ws, counters,
+                                           call.stream, c.skinny_unroll);
+      return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     const float alpha = 1.0f, beta = 0.0f;
     return cublasLtMatmul(handle, desc, &alpha, call.w, p.a, call.x, p.b, &beta, call.y, p.c,
                           call.y, p.c, &c.algo, workspace, kWorkspaceBytes, call.stream);
@@ -299,7 +296,7 @@ struct Gemm::Impl {
       for (size_t i = 0; i < cand.size(); ++i) {
         if (!ok[i]) continue;
         bool good =
-            !flush || detail::launch_read_sweep(flush, l2_flush_bytes, flush + l2_flush_bytes,
+            !flush || detail::launch_read_sweep(flush, l2_flush_bytes, flush + l2_flush_bytes, sms,
                                                 call.stream) == cudaSuccess;
         float ms = 0.0f;
         good = good && cudaEventRecord(ev[0], call.stream) == cudaSuccess &&

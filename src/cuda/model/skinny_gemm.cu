@@ -190,6 +190,8 @@ __global__ void __launch_bounds__(kStreamThreads)
 #pragma unroll
           for (int m = 0; m < ROWS; ++m) acc[r][m] = dot8(wb[u][r], xb[u][m], acc[r][m]);
   }
+  // Butterfly sums (every lane then holds every sum); lane r·ROWS + m writes output o0 + r of
+  // row m.
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -197,7 +199,6 @@ __global__ void __launch_bounds__(kStreamThreads)
 #pragma unroll
       for (int off = 16; off > 0; off /= 2)
         acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
-        // Lane r·ROWS + m writes output o0 + r of row m (all lanes hold every sum).
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -336,10 +337,8 @@ std::vector<int> skinny_stream_splits(int64_t n, int64_t k, int sms, int rows_pe
   const auto add = [&](int64_t s) {
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(static_cast<int>(s));
   };
-  for (const int s : balanced_splits(tiles, steps, sms, 3, 4)) {
-    add(s);
-    break;
-  }
+  if (const std::vector<int> more = balanced_splits(tiles, steps, sms, 3, 4); !more.empty())
+    add(more.front());
   add(std::clamp<int64_t>((2 * int64_t{sms} + tiles - 1) / tiles, 1, steps));  // ~2 per SM
   return out;
 }
@@ -362,11 +361,10 @@ cudaError_t launch_skinny_stream(const uint16_t* w, int64_t n, int64_t k, const 
                         splits, workspace, counters, stream);
 }
 
-cudaError_t launch_read_sweep(const void* buf, size_t bytes, void* sink, cudaStream_t stream) {
-  if (!buf || !sink || reinterpret_cast<uintptr_t>(buf) % 16 != 0) return cudaErrorInvalidValue;
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+cudaError_t launch_read_sweep(const void* buf, size_t bytes, void* sink, int sms,
+                              cudaStream_t stream) {
+  if (!buf || !sink || sms < 1 || reinterpret_cast<uintptr_t>(buf) % 16 != 0)
+    return cudaErrorInvalidValue;
   read_sweep_kernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(buf),
                                                  static_cast<int64_t>(bytes / 16),
                                                  static_cast<uint32_t*>(sink));

@@ -82,9 +82,10 @@ cudaError_t launch_skinny_stream(const uint16_t* w, int64_t n, int64_t k, const 
                                  int* counters, cudaStream_t stream, int rows_per_warp);
 
 // Reads bytes / 16 words of a zeroed, 16-byte aligned device buffer and writes nothing (sink: 4
-// device bytes it would write only for other contents): evicts what L2 held with clean lines,
-// where a memset would leave dirty ones whose write-backs slow whatever runs next. The GEMM
-// timing's L2 flush (gemm.cpp).
-cudaError_t launch_read_sweep(const void* buf, size_t bytes, void* sink, cudaStream_t stream);
+// device bytes it would write only for other contents), with 4 blocks per SM of `sms`: evicts
+// what L2 held with clean lines, where a memset would leave dirty ones whose write-backs slow
+// whatever runs next. The GEMM timing's L2 flush (gemm.cpp).
+cudaError_t launch_read_sweep(const void* buf, size_t bytes, void* sink, int sms,
+                              cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail
