@@ -18,7 +18,8 @@ namespace cisa::cuda::detail {
 struct AttentionArgs {
   const uint16_t* k;        // [num_pages][num_kv_heads][16][head_dim] bf16
   const uint16_t* v;        // same
-  const uint16_t* q;        // [rows][num_q_heads][head_dim] bf16
+  const uint16_t* q;        // [rows][num_q_heads][head_dim] bf16, or null with q_f32
+  const float* q_f32;       // the same in f32 (8-byte aligned), rounded to bf16 on load; or null
   const ListDesc* lists;    // [num_lists]
   const AttnTask* tasks;    // [num_tasks]
   const MergeTask* merges;  // [num_merges]

@@ -20,20 +20,36 @@ constexpr float kAttnLn2 = 0.6931471805599453f;
 
 // Query rows of one thread: rows r = row_base + gr + 8h (h = 0, 1) of the task's tile (rows past
 // `rows` repeat its last row and are never written), their absolute positions, and Q as the
-// bf16 A fragments of the 16-channel k-steps (the same registers serve mma.sync and wgmma).
+// bf16 A fragments of the 16-channel k-steps (the same registers serve mma.sync and wgmma). From
+// a.q (bf16), or from a.q_f32 where set, rounded here as f32_to_bf16 rounds (the same registers).
 template <int D>
 __device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDesc& L, int row0,
                                             int row_base, int rows, int gr, int tq,
                                             int32_t (&pos)[2], uint32_t (&qf)[D / 16][4]) {
   const int hg = a.num_q_heads / a.num_kv_heads;
-  const uint16_t* qp[2];
+  int64_t qo[2];  // element offsets of the two rows
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = min(row_base + gr + 8 * h, rows - 1);
     const int lr = row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
     pos[h] = L.first_pos + p;
-    qp[h] = a.q + ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(D);
+    qo[h] = ((L.q_row + p) * a.num_q_heads + head) * static_cast<int64_t>(D);
   }
+  if (a.q_f32) {
+    const auto word = [&](int h, int c) {  // channels c, c + 1 of row h as one bf16 pair
+      const float2 v = *reinterpret_cast<const float2*>(a.q_f32 + qo[h] + c);
+      return uint32_t{dev::f32_to_bf16(v.x)} | uint32_t{dev::f32_to_bf16(v.y)} << 16;
+    };
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qf[kk][0] = word(0, kk * 16 + tq * 2);
+      qf[kk][1] = word(1, kk * 16 + tq * 2);
+      qf[kk][2] = word(0, kk * 16 + 8 + tq * 2);
+      qf[kk][3] = word(1, kk * 16 + 8 + tq * 2);
+    }
+    return;
+  }
+  const uint16_t* qp[2] = {a.q + qo[0], a.q + qo[1]};
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     qf[kk][0] = *reinterpret_cast<const uint32_t*>(qp[0] + kk * 16 + tq * 2);

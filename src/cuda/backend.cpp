@@ -179,8 +179,9 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                              P.d_lists, static_cast<int64_t>(P.lists.size()), P.max_fixed,
                              P.block_pages, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
                          "cuda: page-list assembly");
-    case SelectStage::kScore:
+    case SelectStage::kScore: {
       if (P.sel.empty()) return Status::Ok();
+      const float* own_index_q = nullptr;  // set where the scoring kernel computes q̄ itself
       if (!index_q)
         return invalid_argument("cuda: null index query pointer for a plan that selects");
       if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
@@ -192,12 +193,15 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                         P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, keep,
                                         P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
             "cuda: selection reuse decision"));
-      else
+      else if (P.fused_cluster > 0 ||
+               !detail::score_takes_index_queries(P.max_stream_lists, index_q))
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_index_queries(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
                                          index_q, P.num_kv_heads, P.head_dim, P.d_qbar.as<float>(),
                                          P.d_qsplit.as<uint16_t>(), s),
             "cuda: index queries"));
+      else  // the few-list scoring kernel computes q̄ from index_q itself (one launch fewer)
+        own_index_q = index_q;
       if (P.fused_cluster > 0)  // scores and the selected part of every list (kTopK: unions only)
         return cuda_status(
             detail::launch_select_fused(P.d_streams, static_cast<int64_t>(P.streams.size()),
@@ -206,12 +210,13 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                         P.head_dim, P.d_scores.as<float>(), P.d_pages.as<int32_t>(),
                                         P.d_chunks.as<int32_t>(), s),
             "cuda: fused scoring and top-k");
-      return cuda_status(detail::launch_score(P.d_streams, static_cast<int64_t>(P.streams.size()),
-                                              P.max_score_span, P.max_stream_lists, P.d_lists,
-                                              P.block_pages, layer.reps, P.d_qbar.as<float>(),
-                                              P.d_qsplit.as<uint16_t>(), P.num_kv_heads, P.head_dim,
-                                              P.quest, P.d_scores.as<float>(), keep, s),
+      return cuda_status(detail::launch_score(
+                             P.d_streams, static_cast<int64_t>(P.streams.size()), P.max_score_span,
+                             P.max_stream_lists, P.d_lists, P.block_pages, layer.reps,
+                             P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), own_index_q,
+                             P.num_kv_heads, P.head_dim, P.quest, P.d_scores.as<float>(), keep, s),
                          "cuda: scoring");
+    }
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
       if (P.fused_cluster == 0)
@@ -246,16 +251,22 @@ Status run_select(const Plan& plan, const DeviceLayer& layer, const float* index
   return run_select_stage(plan, layer, index_q, SelectStage::kTopK, stream, reuse);
 }
 
-Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale,
-                     float* out, float* lse, void* stream) {
+namespace {
+
+// run_attention on bf16 queries (q) or f32 ones (q_f32, rounded by the kernels as they load them).
+Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t* q,
+                      const float* q_f32, float scale, float* out, float* lse, void* stream) {
   const auto& P = *plan.impl();
-  if (!q || !out) return invalid_argument("cuda: null query or output pointer");
+  if ((!q && !q_f32) || !out) return invalid_argument("cuda: null query or output pointer");
+  if (q_f32 && reinterpret_cast<uintptr_t>(q_f32) % 8 != 0)
+    return invalid_argument("cuda: f32 queries must be 8-byte aligned");
   if (layer.num_kv_heads != P.num_kv_heads || layer.head_dim != P.head_dim || !layer.k || !layer.v)
     return invalid_argument("cuda: the layer does not have the shape the plan was built for");
   detail::AttentionArgs a{};
   a.k = layer.k;
   a.v = layer.v;
   a.q = q;
+  a.q_f32 = q_f32;
   a.lists = P.d_lists;
   a.tasks = P.d_tasks;
   a.merges = P.d_merges;
@@ -287,6 +298,18 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
   return cuda_status(
       detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
       "cuda: split-KV merge");
+}
+
+}  // namespace
+
+Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale,
+                     float* out, float* lse, void* stream) {
+  return attend_queries(plan, layer, q, nullptr, scale, out, lse, stream);
+}
+
+Status run_attention(const Plan& plan, const DeviceLayer& layer, const float* q, float scale,
+                     float* out, float* lse, void* stream) {
+  return attend_queries(plan, layer, nullptr, q, scale, out, lse, stream);
 }
 
 uint64_t plan_launch_key(const Plan& plan) {

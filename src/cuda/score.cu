@@ -141,8 +141,9 @@ template <int D, bool kQuest, int NL>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                      const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                     const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
-                     float* __restrict__ scores, const int32_t* __restrict__ keep) {
+                     const float* __restrict__ qbar, const float* __restrict__ index_q,
+                     int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores,
+                     const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int LPC = D / 8;         // lanes per chunk
   constexpr int CPL = 32 / LPC;      // chunks per warp-wide load
@@ -169,16 +170,39 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 #pragma unroll
   for (int l = 0; l < NL; ++l) {
     const int64_t li = S.first_list + static_cast<int64_t>(min(l, nl - 1)) * S.list_stride;
-    const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
-    const float4 a = qp[0], b = qp[1];
-    q[l][0] = a.x;
-    q[l][1] = a.y;
-    q[l][2] = a.z;
-    q[l][3] = a.w;
-    q[l][4] = b.x;
-    q[l][5] = b.y;
-    q[l][6] = b.z;
-    q[l][7] = b.w;
+    if (index_q) {  // q̄ from the index queries: write_index_query's sums, bit for bit
+      const int32_t r0 = lists[li].qbar_row0, r1 = lists[li].qbar_row1, kv = lists[li].kv;
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+      for (int32_t r = r0; r <= r1; ++r) {
+        const float4* qp = reinterpret_cast<const float4*>(
+            index_q + (static_cast<int64_t>(r) * num_kv_heads + kv) * D + sub * 8);
+        const float4 u = __ldg(qp), v = __ldg(qp + 1);
+        a = make_float4(__fadd_rn(a.x, u.x), __fadd_rn(a.y, u.y), __fadd_rn(a.z, u.z),
+                        __fadd_rn(a.w, u.w));
+        b = make_float4(__fadd_rn(b.x, v.x), __fadd_rn(b.y, v.y), __fadd_rn(b.z, v.z),
+                        __fadd_rn(b.w, v.w));
+      }
+      const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
+      q[l][0] = __fmul_rn(a.x, inv);
+      q[l][1] = __fmul_rn(a.y, inv);
+      q[l][2] = __fmul_rn(a.z, inv);
+      q[l][3] = __fmul_rn(a.w, inv);
+      q[l][4] = __fmul_rn(b.x, inv);
+      q[l][5] = __fmul_rn(b.y, inv);
+      q[l][6] = __fmul_rn(b.z, inv);
+      q[l][7] = __fmul_rn(b.w, inv);
+    } else {
+      const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
+      const float4 a = qp[0], b = qp[1];
+      q[l][0] = a.x;
+      q[l][1] = a.y;
+      q[l][2] = a.z;
+      q[l][3] = a.w;
+      q[l][4] = b.x;
+      q[l][5] = b.y;
+      q[l][6] = b.z;
+      q[l][7] = b.w;
+    }
     end[l] = l < nl ? lists[li].elig_end : 0;
     out[l] = lists[li].score_begin - lists[li].elig_begin;
   }
@@ -467,15 +491,16 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
 template <int D, bool kQuest>
 void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
                 const int32_t* block_pages, const uint16_t* reps, const float* qbar,
-                int num_kv_heads, float inv_sqrt_d, float* scores, const int32_t* keep,
-                cudaStream_t stream) {
+                const float* index_q, int num_kv_heads, float inv_sqrt_d, float* scores,
+                const int32_t* keep, cudaStream_t stream) {
   if (max_lists <= 1)
     launch_dependent(score_few_kernel<D, kQuest, 1>, grid, tiles::kScoreThreads, 0, stream, streams,
-                     lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
+                     lists, block_pages, reps, qbar, index_q, num_kv_heads, inv_sqrt_d, scores,
+                     keep);
   else
     launch_dependent(score_few_kernel<D, kQuest, tiles::kScoreFewLists>, grid, tiles::kScoreThreads,
-                     0, stream, streams, lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d,
-                     scores, keep);
+                     0, stream, streams, lists, block_pages, reps, qbar, index_q, num_kv_heads,
+                     inv_sqrt_d, scores, keep);
 }
 
 template <bool kQuest, int QA>
@@ -520,11 +545,17 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
   return cudaGetLastError();
 }
 
+bool score_takes_index_queries(int32_t max_lists, const float* index_q) {
+  return max_lists <= tiles::kScoreFewLists && index_q &&
+         reinterpret_cast<uintptr_t>(index_q) % 16 == 0;
+}
+
 cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
                          int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
                          const uint16_t* reps, const float* qbar, const uint16_t* qsplit,
-                         int num_kv_heads, int head_dim, bool quest, float* scores,
-                         const int32_t* keep, cudaStream_t stream) {
+                         const float* index_q, int num_kv_heads, int head_dim, bool quest,
+                         float* scores, const int32_t* keep, cudaStream_t stream) {
+  if (index_q && !score_takes_index_queries(max_lists, index_q)) return cudaErrorInvalidValue;
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;
@@ -532,14 +563,14 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
     const dim3 grid(
         static_cast<unsigned>((max_span + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks),
         static_cast<unsigned>(num_streams));
-#define CISA_FEW(DD)                                                                               \
-  if (head_dim == DD) {                                                                            \
-    if (quest)                                                                                     \
-      launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, num_kv_heads, \
-                           inv_sqrt_d, scores, keep, stream);                                      \
-    else                                                                                           \
-      launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar,              \
-                            num_kv_heads, inv_sqrt_d, scores, keep, stream);                       \
+#define CISA_FEW(DD)                                                                           \
+  if (head_dim == DD) {                                                                        \
+    if (quest)                                                                                 \
+      launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, index_q,  \
+                           num_kv_heads, inv_sqrt_d, scores, keep, stream);                    \
+    else                                                                                       \
+      launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar, index_q, \
+                            num_kv_heads, inv_sqrt_d, scores, keep, stream);                   \
   }
     // clang-format off
     CISA_FEW(64)

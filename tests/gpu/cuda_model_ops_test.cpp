@@ -466,6 +466,21 @@ TEST(CudaGemm, MatchesFp64Product) {
     }
   }
   EXPECT_GE(gemm->cached_shapes(), 16);
+  // describe(): a line per cached shape, naming it and what ran it; timed shapes (≤ 256 rows and
+  // more than one candidate) say how long their pick took.
+  const std::vector<std::string> lines = gemm->describe();
+  ASSERT_EQ(static_cast<int64_t>(lines.size()), gemm->cached_shapes());
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(line.find("kernel") != std::string::npos ||
+                line.find("cuBLASLt algorithm") != std::string::npos)
+        << line;
+    const bool timed = line.find(" us (median of 5") != std::string::npos;
+    EXPECT_NE(timed, line.find("untimed") != std::string::npos) << line;
+    EXPECT_FALSE(timed && line.find(", 257 rows:") != std::string::npos) << line;
+  }
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.rfind("4096 x 4096, 3 rows: ", 0) == 0;
+  }));
   // The same shape again reuses its plan.
   const int64_t cached = gemm->cached_shapes();
   DevVec<uint16_t> w(24 * 40), x(40);

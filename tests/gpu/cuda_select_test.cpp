@@ -252,9 +252,11 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
   struct Variant {
     const char* name;
     cuda::PlanOptions options;
+    bool iq_unaligned = false;  // index queries 4 bytes off 16: q̄ by the index-query kernel
   };
   const std::vector<Variant> variants = {
       {"two kernels, top-k one block per list", {}},
+      {"two kernels, q̄ from the index-query kernel", {}, true},
       {"two kernels, top-k in clusters", {.topk_cluster_min_scores = 0}},
       {"fused, planner's cluster", {.fused_select_cluster = -1}},
       {"fused, cluster 1", {.fused_select_cluster = 1}},
@@ -268,8 +270,11 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
     auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
     DeviceMirror m;
     m.build(*s.cache, 0, static_cast<int>(len.size()));
-    DevVec<float> iq;
+    DevVec<float> iq, iq_off;
     iq.upload(s.index_q);
+    std::vector<float> shifted(s.index_q.size() + 1, 7.0f);
+    std::copy(s.index_q.begin(), s.index_q.end(), shifted.begin() + 1);
+    iq_off.upload(shifted);
     PageLists first;
     std::vector<float> first_scores;
     for (const auto& v : variants) {
@@ -291,7 +296,9 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
       cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
       cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
       cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+      ASSERT_TRUE(
+          cuda::run_select(plan, m.layer, v.iq_unaligned ? iq_off.data() + 1 : iq.data(), nullptr)
+              .ok());
       CUDA_OK(cudaDeviceSynchronize());
       PageLists gpu;
       ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());

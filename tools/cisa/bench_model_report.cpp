@@ -81,6 +81,12 @@ Json run_json(const ProtocolRun& r, const Derived& d) {
   g["captured_steps"] = r.graphs.captured;
   g["replayed_steps"] = r.graphs.replayed;
   j["cuda_graphs"] = g;
+  // The kernel each matrix-product shape ran on (the per-shape timing's pick; CUDA only).
+  if (!r.gemm_choices.empty()) {
+    Json c = Json::array();
+    for (const std::string& line : r.gemm_choices) c.push_back(line);
+    j["gemm_choices"] = c;
+  }
   j["load_s"] = r.load_s;
   j["ttft_s"] = nullable(r.ttft_s);
   if (std::isnan(r.ttft_s))

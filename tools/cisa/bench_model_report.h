@@ -33,6 +33,7 @@ struct ProtocolRun {
   int64_t peak_memory = 0;  // CUDA: device memory in use (total − free); CPU: peak RSS
   std::string backend;      // Backend::description()
   StepGraphStats graphs;    // Backend::step_graph_stats() after decode
+  std::vector<std::string> gemm_choices;  // CUDA: cuda::gemm_choices after decode
   int threads = 0;
 };
 

@@ -25,6 +25,7 @@
 #include "cli_common.h"
 #ifdef CISA_WITH_CUDA_MODEL
 #include "cisa/cuda/bandwidth.h"
+#include "cisa/cuda/model_backend.h"
 #endif
 
 namespace cisa::cli {
@@ -230,6 +231,9 @@ Status run_protocol(const ProtocolArgs& a, const ModelCliOptions& mo,
   out->weight_bytes = m.backend().weight_bytes();
   out->backend = m.backend().description();
   out->graphs = m.backend().step_graph_stats();
+#ifdef CISA_WITH_CUDA_MODEL
+  if (auto g = cuda::gemm_choices(m.backend()); g.ok()) out->gemm_choices = std::move(*g);
+#endif
   out->threads = m.num_threads();
   return Status::Ok();
 }

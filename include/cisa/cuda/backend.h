@@ -190,6 +190,10 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
 // scale 0 means 1/√head_dim. Query head h belongs to KV group h / (num_q_heads / num_kv_heads).
 Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t* q, float scale,
                      float* out, float* lse, void* stream);
+// The same with f32 queries (8-byte aligned), rounded to bf16 (nearest even) as the kernels load
+// them: the results of run_attention on their bf16 copy, without a conversion pass.
+Status run_attention(const Plan& plan, const DeviceLayer& layer, const float* q, float scale,
+                     float* out, float* lse, void* stream);
 
 // Recomputes the representatives of the listed full pages (all KV heads of this layer):
 // mean of the page's keys, or per-channel min then max (quest). pages: device int32 [n].

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cisa/core/backend.h"
 #include "cisa/core/batch.h"
@@ -42,5 +44,10 @@ Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out)
 // algorithms, so results must be bit for bit the same). invalid_argument when `backend` is not a
 // CUDA model backend, failed_precondition inside a step.
 Status set_step_graphs(Backend& backend, bool on);
+
+// What a CUDA backend's GEMM chose for each matrix-product shape it has run (Gemm::describe: the
+// kernel, its median time and the runner-up's), one line per shape, for benchmark reports.
+// invalid_argument when `backend` is not a CUDA model backend.
+Result<std::vector<std::string>> gemm_choices(const Backend& backend);
 
 }  // namespace cisa::cuda

@@ -59,6 +59,7 @@ struct Candidate {
 struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   Candidate choice;
+  std::string note;  // what was chosen and how (Gemm::describe)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -80,6 +81,22 @@ struct Call {
   cudaStream_t stream;
 };
 
+// A candidate in words (Gemm::describe).
+std::string label(const Candidate& c) {
+  if (c.stream_rows > 0)
+    return "streaming kernel, " + std::to_string(c.stream_rows) + " W rows a warp, " +
+           std::to_string(c.skinny_splits) + " K slices";
+  if (c.skinny_splits > 0)
+    return "tensor-core few-row kernel, " + std::to_string(c.skinny_unroll) +
+           " k steps in flight, " + std::to_string(c.skinny_splits) + " K slices";
+  int32_t id = -1, splits = 1;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                       sizeof splits, &written);
+  return "cuBLASLt algorithm " + std::to_string(id) + ", split K " + std::to_string(splits);
+}
+
 // n tiles of the skinny kernel the counters serve (n ≤ 4 M outputs).
 constexpr int64_t kSkinnyMaxTiles = int64_t{1} << 16;
 
@@ -88,6 +105,13 @@ constexpr int64_t kSkinnyMaxTiles = int64_t{1} << 16;
 constexpr int kCandidates = 16;
 constexpr int64_t kTimedRowsMax = 256;
 constexpr int kTimedRuns = 5;  // each after an L2 flush; a candidate's time is their median
+// The timing runs each candidate alone, but in a decode step the few-row kernels overlap: they
+// issue their first weight loads before the programmatic-dependent-launch wait (pdl.cuh), so
+// those overlap the previous kernel's tail, and they let the next kernel launch early.
+// cuBLASLt's kernels do neither. So a few-row candidate within this fraction of a faster cuBLASLt
+// one is chosen: at 2 x 1M the isolated times were within 1-8 % of each other, and which side won
+// changed from process to process (docs/cuda-model.md, 2026-12-04).
+constexpr float kOwnKernelMargin = 0.10f;
 
 }  // namespace
 
@@ -198,14 +222,17 @@ struct Gemm::Impl {
           std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
           cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
     p->choice = {.algo = results[0].algo};
+    p->note = label(p->choice) + " (the heuristic's first pick, untimed)";
     if (rows <= kTimedRowsMax) {
       std::vector<Candidate> cand;
       for (int i = 0; i < found; ++i)
         if (results[i].state == CUBLAS_STATUS_SUCCESS) cand.push_back({.algo = results[i].algo});
       add_split_k_variants(*p, &cand);
       add_skinny(n, k, rows, call, &cand);
-      if (cand.size() > 1) p->choice = fastest(*p, cand, call, n, k, rows, ldy);
+      if (cand.size() > 1) fastest(*p, cand, call, n, k, rows, ldy);
     }
+    p->note = std::to_string(n) + " x " + std::to_string(k) + ", " + std::to_string(rows) +
+              " rows: " + p->note;
     if (plans.size() >= kMaxCachedShapes) plans.clear();
     return plans.emplace(key, std::move(p)).first->second.get();
   }
@@ -269,20 +296,23 @@ struct Gemm::Impl {
   // read, not a memset: a memset leaves L2 full of dirty lines, and their write-backs during the
   // timed run slowed kernels unevenly (the choices moved between loads, 2026-12-03). The first
   // candidate when the stream is being captured or timing fails.
-  Candidate fastest(const Plan& p, const std::vector<Candidate>& cand, const Call& call, int64_t n,
-                    int64_t k, int64_t rows, int64_t ldy) {
+  void fastest(Plan& p, const std::vector<Candidate>& cand, const Call& call, int64_t n, int64_t k,
+               int64_t rows, int64_t ldy) {
+    p.choice = cand[0];
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone) {
       cudaGetLastError();
-      return cand[0];
+      p.note = label(p.choice) + " (first candidate: shape first seen during a stream capture)";
+      return;
     }
     cudaEvent_t ev[2] = {nullptr, nullptr};
     if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
       cudaGetLastError();
       for (cudaEvent_t e : ev)
         if (e) cudaEventDestroy(e);
-      return cand[0];
+      p.note = label(p.choice) + " (first candidate: no timing events)";
+      return;
     }
     char* flush = static_cast<char*>(flush_buffer());
     auto run = [&](const Candidate& c) { return launch(p, c, call, n, k, rows, ldy); };
@@ -311,20 +341,41 @@ struct Gemm::Impl {
         }
         times[i].push_back(ms);
       }
-    Candidate best = cand[0];
-    float best_ms = -1.0f;
+    // Medians, fastest first.
+    std::vector<std::pair<float, size_t>> med;
     for (size_t i = 0; i < cand.size(); ++i) {
       if (!ok[i]) continue;
       std::vector<float>& t = times[i];
       std::nth_element(t.begin(), t.begin() + kTimedRuns / 2, t.end());
-      if (best_ms < 0.0f || t[kTimedRuns / 2] < best_ms) {
-        best_ms = t[kTimedRuns / 2];
-        best = cand[i];
-      }
+      med.emplace_back(t[kTimedRuns / 2], i);
     }
+    std::stable_sort(med.begin(), med.end());
     cudaEventDestroy(ev[0]);
     cudaEventDestroy(ev[1]);
-    return best;
+    if (med.empty()) {
+      p.note = label(p.choice) + " (first candidate: no candidate could be timed)";
+      return;
+    }
+    const auto us = [](float ms) { return std::to_string(static_cast<int>(ms * 1000.0f + 0.5f)); };
+    // A few-row kernel within kOwnKernelMargin of a faster cuBLASLt candidate is taken instead.
+    size_t pick = 0;
+    if (cand[med[0].second].skinny_splits == 0)
+      for (size_t i = 1; i < med.size(); ++i)
+        if (cand[med[i].second].skinny_splits > 0) {
+          if (med[i].first <= med[0].first * (1.0f + kOwnKernelMargin)) pick = i;
+          break;
+        }
+    p.choice = cand[med[pick].second];
+    p.note = label(p.choice) + ", " + us(med[pick].first) + " us (median of " +
+             std::to_string(kTimedRuns) + ", " +
+             (pick == 0 ? "fastest of " + std::to_string(med.size()) + " timed"
+                        : "within " + std::to_string(static_cast<int>(kOwnKernelMargin * 100)) +
+                              "% of the fastest of " + std::to_string(med.size()) + " timed");
+    const size_t other = pick == 0 ? 1 : 0;
+    if (med.size() > 1)
+      p.note += "; " + std::string(pick == 0 ? "next " : "fastest ") +
+                label(cand[med[other].second]) + ", " + us(med[other].first) + " us";
+    p.note += ")";
   }
 };
 
@@ -364,13 +415,29 @@ Result<std::unique_ptr<Gemm>> Gemm::create() {
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
 
-Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
-                 int64_t ldy, void* stream) {
+namespace {
+
+Status check_shape(int64_t n, int64_t k, int64_t rows, int64_t ldy) {
   if (n < 1 || k < 1 || rows < 0 || ldy < n)
     return invalid_argument("cuda gemm: bad shape n = " + std::to_string(n) +
                             ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
                             ", ldy = " + std::to_string(ldy) +
                             " (need n, k >= 1, rows >= 0, ldy >= n)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string> Gemm::describe() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::string> out;
+  for (const auto& [key, plan] : impl_->plans) out.push_back(plan->note);
+  return out;
+}
+
+Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
+                 int64_t ldy, void* stream) {
+  CISA_RETURN_IF_ERROR(check_shape(n, k, rows, ldy));
   if (rows == 0) return Status::Ok();
   if (!w || !x || !y) return invalid_argument("cuda gemm: null W, x or y pointer");
   std::lock_guard<std::mutex> lock(impl_->mu);

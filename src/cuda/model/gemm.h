@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cisa/core/status.h"
 
@@ -39,6 +41,10 @@ class Gemm {
   // pointers, internal (with the cuBLAS status name) for a cuBLASLt failure or no algorithm.
   Status run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
              int64_t ldy, void* stream);
+
+  // One line per cached shape: its n x k and rows, the chosen kernel and, for timed shapes,
+  // its median time and the runner-up's (benchmark reports: which kernels a step ran).
+  std::vector<std::string> describe() const;
 
   // Shapes whose descriptors and algorithm are cached (tests and logs).
   int64_t cached_shapes() const;

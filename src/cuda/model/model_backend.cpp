@@ -207,6 +207,14 @@ Status set_step_graphs(Backend& backend, bool on) {
   return be->set_step_graphs(on);
 }
 
+Result<std::vector<std::string>> gemm_choices(const Backend& backend) {
+  const auto* be = dynamic_cast<const CudaBackend*>(&backend);
+  if (!be)
+    return invalid_argument("gemm_choices: not a CUDA model backend (" + backend.description() +
+                            ")");
+  return be->gemm_choices();
+}
+
 // ---- memory ----
 
 Result<std::unique_ptr<BackendBuffer>> CudaBackend::allocate(int64_t bytes, const char* what) {

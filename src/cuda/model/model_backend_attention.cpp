@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -243,10 +244,18 @@ Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_h
   s->q_heads_known = true;
   known_q_heads_ = num_q_heads;
   const int64_t n = s->rows * num_q_heads * config_.head_dim;
-  CISA_ASSIGN_OR_RETURN(uint16_t * qb, bf16_scratch(n));
+  // The kernels round f32 queries to bf16 as they load them (no conversion launch), where they
+  // are 8-byte aligned (any buffer of the model's); others go through the staging buffer.
+  const bool aligned = reinterpret_cast<uintptr_t>(q) % 8 == 0;
+  uint16_t* qb = nullptr;
+  if (!aligned) {
+    CISA_ASSIGN_OR_RETURN(qb, bf16_scratch(n));
+  }
   if (graph_skip(12, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(q), arg(qb), arg(out),
                       arg(p.scale), arg(n)}))
     return Status::Ok();
+  if (aligned)
+    return run_attention(s->plan, device_layer(layer), q, p.scale, out, nullptr, stream_);
   CISA_RETURN_IF_ERROR(
       launched(detail::launch_f32_to_bf16(q, qb, n, stream_), "attend: queries to bf16"));
   return run_attention(s->plan, device_layer(layer), qb, p.scale, out, nullptr, stream_);

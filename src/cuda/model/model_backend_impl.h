@@ -147,6 +147,7 @@ class CudaBackend final : public Backend {
   Status attend(PlanSlot slot, int layer, const float* q, int num_q_heads, const AttendParams& p,
                 float* out) override;
   Status download_page_lists(PlanSlot slot, PageLists* out);
+  std::vector<std::string> gemm_choices() const { return gemm_->describe(); }
 
   // ---- selection reuse (model_backend_reuse.cpp) ----
   // Counters of the device state (a synchronous download; inside a step bracket the last
