@@ -3,8 +3,10 @@
 //
 // v3 (few lists): block r of a list's cluster owns 1/kTopkCluster of its scores. v4: a cluster
 // block reads its slice's keys once into registers instead of once per radix pass (2 x 1M
-// decode: 25.9 → 20.4 µs per layer, ncu, H200, 2026-12-03). v1/v2 ran one
-// 1024-thread block per list: 0.072 ms for the 16 lists of a decode step, 16 SMs busy and 5
+// decode: 25.9 → 20.4 µs per layer, ncu, H200, 2026-12-03). v5: such a slice is compacted from
+// the registers, by ballots and one block scan, the kept keys' page IDs read before the scan
+// (topk_radix.cuh compact_cached; 2 x 1M decode: 20.5 → 16.3 µs per layer, 2026-12-04). v1/v2 ran
+// one 1024-thread block per list: 0.072 ms for the 16 lists of a decode step, 16 SMs busy and 5
 // dependent sweeps of 65 K scores each. With many lists (prefill) the GPU is full anyway and the
 // cluster barriers only cost (v3 measured top-k 1.7x slower at 2,048 lists), so there each list
 // keeps one 1024-thread block. Decode lists of one (sequence, KV group) each are selected by

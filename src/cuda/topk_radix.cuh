@@ -35,6 +35,9 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The most keys per thread radix_topk_slice holds in registers (kCache).
+constexpr int kMaxCachedKeys = 16;
+
 // The shared memory of radix_topk_slice (declared __shared__ by the kernel).
 template <int kThreads>
 struct TopkShared {
@@ -43,7 +46,63 @@ struct TopkShared {
   int slice_hist[2][256];  // this block's histogram, double-buffered across passes
   int slice_count[2];      // keys > T and keys == T in this block's slice
   int pick_digit, pick_above;
+  // The compaction of a slice held in registers: per (key row, warp), the counts of keys == T
+  // (high 16 bits) and > T (low 16 bits), then their exclusive prefix in index order.
+  int row_counts[kMaxCachedKeys * (kThreads / 32)];
 };
+
+// The ordered compaction of a slice whose keys are in registers (key j of a thread is slice index
+// lo + j·kThreads + tid, so index order is (j, thread) order): a ballot per key row gives each
+// key's rank among its warp's keys > T and == T, one block scan over the (row, warp) counts gives
+// the keys before the warp's row, and every kept key is written at once. The kept keys' page IDs
+// are read from the block table before the scan, so that read overlaps it. (The loop below read
+// the slice's keys again from memory, 8 a thread per round, and each kept key's page ID after two
+// scans: three dependent L2 round trips per round.)
+template <int kThreads, int kRegs, class Shared>
+__device__ __forceinline__ void compact_cached(const ListDesc& L, int32_t lo, int32_t hi,
+                                               uint32_t T, int need_eq, int base, int eq_base,
+                                               const uint32_t (&cached)[kRegs],
+                                               const int32_t* __restrict__ table,
+                                               int32_t* __restrict__ pages,
+                                               int32_t* __restrict__ chunks, Shared& sh) {
+  constexpr int W = kThreads / 32;
+  static_assert(kRegs <= kMaxCachedKeys && kRegs * W <= kThreads, "one scan entry per row·warp");
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const uint32_t before = (1u << lane) - 1u;  // the lanes before this one
+  uint32_t gt_mask[kRegs], eq_mask[kRegs];
+  int32_t page[kRegs];
+#pragma unroll
+  for (int j = 0; j < kRegs; ++j) {
+    const int32_t i = lo + j * kThreads + tid;
+    const bool valid = i < hi, gt = valid && cached[j] > T, eq = valid && cached[j] == T;
+    page[j] = gt || eq ? table[L.elig_begin + i] : 0;
+    gt_mask[j] = __ballot_sync(0xffffffffu, gt);
+    eq_mask[j] = __ballot_sync(0xffffffffu, eq);
+    if (lane == 0) sh.row_counts[j * W + warp] = __popc(eq_mask[j]) << 16 | __popc(gt_mask[j]);
+  }
+  __syncthreads();
+  // At most kThreads · kCache ≤ 2^14 keys a slice: both counts fit their 16 bits.
+  int prefix;
+  cub::BlockScan<int, kThreads>(sh.scan_tmp)
+      .ExclusiveSum(tid < kRegs * W ? sh.row_counts[tid] : 0, prefix);
+  __syncthreads();
+  if (tid < kRegs * W) sh.row_counts[tid] = prefix;
+  __syncthreads();
+  const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
+  const int avail = max(0, need_eq - eq_base);  // keys == T this slice may still take
+#pragma unroll
+  for (int j = 0; j < kRegs; ++j) {
+    const int pre = sh.row_counts[j * W + warp];
+    const int gt_before = (pre & 0xffff) + __popc(gt_mask[j] & before);
+    const int eq_before = (pre >> 16) + __popc(eq_mask[j] & before);
+    const bool gt = (gt_mask[j] >> lane) & 1u, eq = (eq_mask[j] >> lane) & 1u;
+    if (gt || (eq && eq_before < avail)) {
+      const int64_t at = out0 + base + gt_before + min(eq_before, avail);
+      pages[at] = page[j];
+      chunks[at] = L.elig_begin + lo + j * kThreads + tid;
+    }
+  }
+}
 
 // Radix select over the list's keys, then the ordered compaction of this block's slice
 // [lo, hi) (indices relative to L.elig_begin) into the list's selected part. The order key of
@@ -195,6 +254,13 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
     barrier();  // no block leaves (freeing its shared memory) while another still reads it
   }
 
+  if constexpr (kCache > 0) {
+    if (use_cache) {
+      compact_cached<kThreads, kRegs>(L, lo, hi, T, need_eq, base, eq_base, cached, table, pages,
+                                      chunks, sh);
+      return;
+    }
+  }
   for (int32_t i0 = lo; i0 < hi; i0 += kThreads * kItems) {
     const int32_t first = i0 + tid * kItems;
     uint32_t key[kItems];
