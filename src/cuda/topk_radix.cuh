@@ -58,13 +58,11 @@ struct TopkShared {
 // are read from the block table before the scan, so that read overlaps it. (The loop below read
 // the slice's keys again from memory, 8 a thread per round, and each kept key's page ID after two
 // scans: three dependent L2 round trips per round.)
-template <int kThreads, int kRegs, class Shared>
-__device__ __forceinline__ void compact_cached(const ListDesc& L, int32_t lo, int32_t hi,
-                                               uint32_t T, int need_eq, int base, int eq_base,
-                                               const uint32_t (&cached)[kRegs],
-                                               const int32_t* __restrict__ table,
-                                               int32_t* __restrict__ pages,
-                                               int32_t* __restrict__ chunks, Shared& sh) {
+template <int kThreads, int kRegs>
+__device__ __forceinline__ void compact_cached(
+    const ListDesc& L, int32_t lo, int32_t hi, uint32_t T, int need_eq, int base, int eq_base,
+    const uint32_t (&cached)[kRegs], const int32_t* __restrict__ table, int32_t* __restrict__ pages,
+    int32_t* __restrict__ chunks, TopkShared<kThreads>& sh) {
   constexpr int W = kThreads / 32;
   static_assert(kRegs <= kMaxCachedKeys && kRegs * W <= kThreads, "one scan entry per row·warp");
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;

@@ -415,19 +415,6 @@ Result<std::unique_ptr<Gemm>> Gemm::create() {
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
 
-namespace {
-
-Status check_shape(int64_t n, int64_t k, int64_t rows, int64_t ldy) {
-  if (n < 1 || k < 1 || rows < 0 || ldy < n)
-    return invalid_argument("cuda gemm: bad shape n = " + std::to_string(n) +
-                            ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
-                            ", ldy = " + std::to_string(ldy) +
-                            " (need n, k >= 1, rows >= 0, ldy >= n)");
-  return Status::Ok();
-}
-
-}  // namespace
-
 std::vector<std::string> Gemm::describe() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<std::string> out;
@@ -437,7 +424,11 @@ std::vector<std::string> Gemm::describe() const {
 
 Status Gemm::run(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t rows, float* y,
                  int64_t ldy, void* stream) {
-  CISA_RETURN_IF_ERROR(check_shape(n, k, rows, ldy));
+  if (n < 1 || k < 1 || rows < 0 || ldy < n)
+    return invalid_argument("cuda gemm: bad shape n = " + std::to_string(n) +
+                            ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
+                            ", ldy = " + std::to_string(ldy) +
+                            " (need n, k >= 1, rows >= 0, ldy >= n)");
   if (rows == 0) return Status::Ok();
   if (!w || !x || !y) return invalid_argument("cuda gemm: null W, x or y pointer");
   std::lock_guard<std::mutex> lock(impl_->mu);
