@@ -13,7 +13,10 @@
 # On the device (carry .devbin):
 #   CISA_COMMIT=<label> REPS=2 bash bench/scripts/gpu_prebuilt_session.sh
 # Environment: BINS (default .devbin/bins.tar.xz), BASE_XZ (default .devbin/base/cisa.xz; absent:
-# no A/B), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per row, default 32),
+# no A/B), BASE_ARGS (options of the base rows; with BASE_SAME=1 the base is the new binary
+# itself with these options, e.g. BASE_SAME=1 BASE_ARGS="--early-selection off": an A/B of one
+# option in one binary), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per row,
+# default 32),
 # NO_NCU=1, NO_LAYER=1, TESTS (names under
 # tests/ in the tarball; default: every cuda_*_test in it). Used for
 # bench/results/model_h200_2026-12-03_topk/.
@@ -26,10 +29,12 @@ rm -rf "$B" "$R" && mkdir -p "$B" "$R"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
 tar -C "$B" -xJf "${BINS:-.devbin/bins.tar.xz}" || { log "no binaries"; exit 1; }
 NEW=$B/cisa BASE=
-if [ -f "${BASE_XZ:-.devbin/base/cisa.xz}" ]; then
+if [ -n "${BASE_SAME:-}" ]; then
+  BASE=$NEW
+elif [ -f "${BASE_XZ:-.devbin/base/cisa.xz}" ]; then
   xz -dc "${BASE_XZ:-.devbin/base/cisa.xz}" >"$B/cisa_base" && chmod +x "$B/cisa_base" && BASE=$B/cisa_base
 fi
-log "commit ${CISA_COMMIT:-unknown}; base binary: ${BASE:-none}"
+log "commit ${CISA_COMMIT:-unknown}; base binary: ${BASE:-none} ${BASE_ARGS:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/session.log"
 
 for t in ${TESTS:-$(cd "$B/tests" && ls cuda_*_test)}; do
@@ -46,9 +51,9 @@ for rep in $(seq "${REPS:-2}"); do
     args=(bench model --synthetic qwen2.5-7b --backend cuda --attention cisa --batch "$batch"
           --context "$ctx" --fill random --budget "$k" --window 128 --tokens "${TOKENS:-32}" --json)
     for which in new base; do
-      X=$NEW; [ "$which" = base ] && X=$BASE
+      X=$NEW extra=(); [ "$which" = base ] && X=$BASE && read -r -a extra <<<"${BASE_ARGS:-}"
       [ -n "$X" ] || continue
-      timeout 150 "$X" "${args[@]}" >"$R/bench_${which}_${name}_r$rep.json" 2>"$R/bench_${which}_${name}_r$rep.log"
+      timeout 150 "$X" "${args[@]}" "${extra[@]}" >"$R/bench_${which}_${name}_r$rep.json" 2>"$R/bench_${which}_${name}_r$rep.log"
       log "bench $which $name rep $rep rc=$?"
       summary "$R/bench_${which}_${name}_r$rep.json"
     done

@@ -173,7 +173,12 @@ void write_page_list(std::span<const int32_t> table, int page_size, const Select
   out->num_selected[static_cast<size_t>(list)] = static_cast<int32_t>(selected.size());
 }
 
-Status validate_batch(const PageTable& table, int layer, std::span<const BatchEntry> batch) {
+namespace {
+
+// validate_batch's checks, with the last `unwritten` query positions of every entry allowed to
+// have no K/V yet.
+Status check_batch(const PageTable& table, int layer, std::span<const BatchEntry> batch,
+                   int64_t unwritten) {
   if (layer < 0 || layer >= table.num_layers())
     return out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
                         std::to_string(table.num_layers()) + ")");
@@ -188,13 +193,24 @@ Status validate_batch(const PageTable& table, int layer, std::span<const BatchEn
       return invalid_argument(where() + "query count must be positive (got " +
                               std::to_string(b.count) + ")");
     const int64_t written = *table.tokens(layer, b.seq);
-    if (b.first > written - b.count)
+    if (b.first > written - b.count + unwritten)
       return out_of_range(where() + "queries up to position " +
                           std::to_string(b.first + b.count - 1) + " but only " +
                           std::to_string(written) + " tokens of layer " + std::to_string(layer) +
                           " are written");
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status validate_batch(const PageTable& table, int layer, std::span<const BatchEntry> batch) {
+  return check_batch(table, layer, batch, 0);
+}
+
+Status validate_selection_batch(const PageTable& table, int layer,
+                                std::span<const BatchEntry> batch) {
+  return check_batch(table, layer, batch, 1);
 }
 
 Status plan_dense(const PageTable& table, int num_kv_heads, int layer,

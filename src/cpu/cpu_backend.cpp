@@ -141,6 +141,19 @@ class CpuBackend final : public Backend {
                         .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
                         .data = reinterpret_cast<const uint8_t*>(p)});
   }
+  Status read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
+                          float* host_out) override {
+    CISA_ASSIGN_OR_RETURN(const WeightView* w, view(m, "read_matrix_rows"));
+    if (first_row < 0 || rows < 0 || first_row > w->n_rows - rows)
+      return out_of_range("read_matrix_rows: rows [" + std::to_string(first_row) + ", " +
+                          std::to_string(first_row + rows) + ") outside the matrix's " +
+                          std::to_string(w->n_rows));
+    if (rows > 0 && !host_out) return invalid_argument("read_matrix_rows: null output");
+    for (int64_t r = 0; r < rows; ++r)
+      CISA_RETURN_IF_ERROR(
+          dequantize_row(w->type, w->row(first_row + r), host_out + r * w->n_cols, w->n_cols));
+    return Status::Ok();
+  }
   Result<const float*> bind_vector(std::span<const float> v) override {
     owned_.emplace_back(v.begin(), v.end());
     owned_bytes_ += static_cast<int64_t>(v.size() * sizeof(float));

@@ -236,7 +236,8 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
                     const float* index_q, const SelectionParams& p, ThreadPool* pool,
                     PageLists* out, SelectionWorkspace* ws, SelectionReuse* reuse) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
-  CISA_RETURN_IF_ERROR(validate_batch(cache, layer, batch));
+  // The last query of an entry may not be written yet (decode rows selected before their append).
+  CISA_RETURN_IF_ERROR(validate_selection_batch(cache.pages(), layer, batch));
   if (reuse) CISA_RETURN_IF_ERROR(validate_reuse_rows(batch, p));
   if (!cache.has_reps(layer))
     return failed_precondition("layer " + std::to_string(layer) + " keeps no representatives");

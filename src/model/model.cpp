@@ -207,8 +207,9 @@ Status Model::Impl::setup_attention_and_cache() {
           "only: each CISA layer is planned with its own budget, and the CUDA backend plans one "
           "CISA slot per step");
   }
-  index_w.assign(static_cast<size_t>(h.n_layer),
-                 std::vector<BackendMatrix>(static_cast<size_t>(h.n_head_kv)));
+  std::vector<std::vector<const IndexProjection*>> supplied(
+      static_cast<size_t>(h.n_layer),
+      std::vector<const IndexProjection*>(static_cast<size_t>(h.n_head_kv), nullptr));
   for (const IndexProjection& p : ao.index) {
     if (p.layer < 0 || p.layer >= h.n_layer || p.kv_group < 0 || p.kv_group >= h.n_head_kv)
       return invalid_argument("index projection for layer " + std::to_string(p.layer) +
@@ -227,18 +228,14 @@ Status Model::Impl::setup_attention_and_cache() {
       return invalid_argument("index projection given for layer " + std::to_string(p.layer) +
                               ", which does not run CISA (sliding-window, or dense mode)");
     }
-    BackendMatrix& slot = index_w[static_cast<size_t>(p.layer)][static_cast<size_t>(p.kv_group)];
-    if (slot.id >= 0)
+    const IndexProjection*& slot =
+        supplied[static_cast<size_t>(p.layer)][static_cast<size_t>(p.kv_group)];
+    if (slot)
       return invalid_argument("two index projections for layer " + std::to_string(p.layer) +
                               ", KV group " + std::to_string(p.kv_group));
-    // Bound from this model's copy of the options (the CPU backend keeps the view).
-    CISA_ASSIGN_OR_RETURN(
-        slot, be->bind_matrix({.type = GgmlType::F32,
-                               .n_rows = h.head_dim,
-                               .n_cols = h.n_embd,
-                               .row_bytes = static_cast<uint64_t>(h.n_embd) * sizeof(float),
-                               .data = reinterpret_cast<const uint8_t*>(p.weight.data())}));
+    slot = &p;
   }
+  CISA_RETURN_IF_ERROR(bind_index_projections(supplied));
 
   KvCacheConfig kc;
   kc.num_layers = h.n_layer;
@@ -250,6 +247,50 @@ Status Model::Impl::setup_attention_and_cache() {
   kc.rep = opt.rep;
   kc.rep_layers = layer_cisa;
   return be->create_cache(kc);
+}
+
+Status Model::Impl::bind_index_projections(
+    const std::vector<std::vector<const IndexProjection*>>& supplied) {
+  const int d = hp.head_dim, hq = hp.n_head, hkv = hp.n_head_kv;
+  const int64_t E = hp.n_embd;
+  const int hg = hq / hkv;
+  const float inv = 1.0f / static_cast<float>(hg);
+  index_m.assign(static_cast<size_t>(hp.n_layer), BackendMatrix{});
+  index_host.clear();
+  std::vector<float> wq;  // the layer's W_q as the backend multiplies by it, read on first need
+  for (int l = 0; l < hp.n_layer; ++l) {
+    if (!layer_cisa[static_cast<size_t>(l)]) continue;
+    std::vector<float>& m =
+        index_host.emplace_back(static_cast<size_t>(int64_t{hkv} * d * E));  // moves keep data
+    wq.clear();
+    for (int g = 0; g < hkv; ++g) {
+      float* out = m.data() + int64_t{g} * d * E;
+      if (const IndexProjection* p = supplied[static_cast<size_t>(l)][static_cast<size_t>(g)]) {
+        std::copy(p->weight.begin(), p->weight.end(), out);
+        continue;
+      }
+      // W̃_g = the mean of the group's query-head blocks of W_q, so that W̃_g x is the mean of
+      // the group's projected query heads (summed in head order, then scaled, as mean_heads).
+      if (wq.empty()) {
+        const BackendMatrix& w_q = w.layers[static_cast<size_t>(l)].wq;
+        wq.resize(static_cast<size_t>(w_q.n_rows * w_q.n_cols));
+        CISA_RETURN_IF_ERROR(be->read_matrix_rows(w_q, 0, w_q.n_rows, wq.data()));
+      }
+      for (int64_t i = 0; i < int64_t{d} * E; ++i) {
+        float sum = 0.0f;
+        for (int h = 0; h < hg; ++h)
+          sum += wq[static_cast<size_t>(int64_t{g * hg + h} * d * E + i)];
+        out[i] = sum * inv;
+      }
+    }
+    CISA_ASSIGN_OR_RETURN(index_m[static_cast<size_t>(l)],
+                          be->bind_matrix({.type = GgmlType::F32,
+                                           .n_rows = int64_t{hkv} * d,
+                                           .n_cols = E,
+                                           .row_bytes = static_cast<uint64_t>(E) * sizeof(float),
+                                           .data = reinterpret_cast<const uint8_t*>(m.data())}));
+  }
+  return Status::Ok();
 }
 
 Result<SeqId> Model::add_sequence() {

@@ -53,34 +53,83 @@ Status Model::Impl::attention(int layer) {
   float* const iq = st.index_q->f32();
   const float* const xn = st.xn->f32();
 
+  const float* cs = st.rope_cos[table]->f32();
+  const float* sn = st.rope_sin[table]->f32();
+  const BackendMatrix& index_proj = index_m[static_cast<size_t>(layer)];
+  const PlanSlot slot = swa ? PlanSlot::kSliding : cisa ? PlanSlot::kCisa : PlanSlot::kGlobal;
+
+  // CISA index queries, before the model's query post-processing: the layer's stacked index
+  // projections W̃ x (index_m), or, in a layer without them (a tapped dense layer), the mean of
+  // each group's projected query heads.
+  auto index_queries_from_projection = [&]() -> Status {
+    return be->matmul(index_proj, xn, iq, rows);
+  };
+  // The selection of this layer's pages: CISA's own top-k of index scores, or the selector the
+  // options supply (the eval's oracle); either way attention reads exactly the listed pages.
+  double select_seconds = 0;
+  auto select_pages = [&]() -> Status {
+    const auto t_sel = std::chrono::steady_clock::now();
+    if (own_budget)
+      CISA_RETURN_IF_ERROR(
+          be->plan(slot, st.batch, {.kind = PlanKind::kCisa, .selection = selection}));
+    if (opt.attention.selector) {
+      CISA_RETURN_IF_ERROR(opt.attention.selector({.layer = layer,
+                                                   .batch = st.batch,
+                                                   .q = q,
+                                                   .num_q_heads = Hq,
+                                                   .scale = hp.attn_scale,
+                                                   .index_q = iq,
+                                                   .selection = &selection,
+                                                   .cache = be->cpu_cache(),
+                                                   .pool = be->cpu_pool()},
+                                                  &st.selector_lists));
+      CISA_RETURN_IF_ERROR(check_selector_lists(st.selector_lists, Hkv));
+      CISA_RETURN_IF_ERROR(be->set_page_lists(slot, st.selector_lists));
+    } else {
+      // (Selection reuse's counters are read around the whole step, model.cpp: on the GPU they
+      // live on the device.)
+      CISA_RETURN_IF_ERROR(be->select(slot, layer, iq));
+    }
+    select_seconds += seconds_since(t_sel);
+    return Status::Ok();
+  };
+
+  // Early selection: in a decode step (one query row per sequence) every eligible chunk was
+  // written before this step (validate_selection_batch), so the index queries come from the
+  // layer's input alone and the pages are chosen before q, k and v exist. A backend may then run
+  // the selection's tail beside the q/k/v products, RoPE and the cache append (the CUDA backend
+  // runs top-k on a second stream). Not with a selector or a tap, which read q or the cache.
+  const bool early = cisa && opt.attention.early_selection && index_proj.id >= 0 &&
+                     !opt.attention.selector && !tapped &&
+                     rows == static_cast<int64_t>(st.batch.size());
+  if (early) {
+    CISA_RETURN_IF_ERROR(index_queries_from_projection());
+    if (hp.qk_norm) CISA_RETURN_IF_ERROR(be->rms_norm(iq, L.q_norm, iq, rows * Hkv, d, hp.rms_eps));
+    CISA_RETURN_IF_ERROR(be->rope(iq, rows, Hkv, d, cs, sn, hp.rope_style));
+    CISA_RETURN_IF_ERROR(select_pages());
+  }
+  const bool late_index = want_index && !early;
+
   const BackendMatrix qkv_w[3] = {L.wq, L.wk, L.wv};
   float* const qkv_y[3] = {q, k, v};
   CISA_RETURN_IF_ERROR(be->matmul_many(qkv_w, xn, qkv_y, rows));
-
-  // CISA index queries, before the model's query post-processing: a supplied projection W̃ x,
-  // or the mean of the group's projected query heads (= (mean of their W_q rows) x).
-  if (want_index) {
-    const std::vector<BackendMatrix>& iw = index_w[static_cast<size_t>(layer)];
-    if (std::any_of(iw.begin(), iw.end(), [](const BackendMatrix& m) { return m.id < 0; }))
+  if (late_index) {
+    if (index_proj.id >= 0)
+      CISA_RETURN_IF_ERROR(index_queries_from_projection());
+    else
       CISA_RETURN_IF_ERROR(be->mean_heads(q, rows, Hq, Hkv, d, iq));
-    for (int g = 0; g < Hkv; ++g)
-      if (iw[static_cast<size_t>(g)].id >= 0)
-        CISA_RETURN_IF_ERROR(
-            be->matmul(iw[static_cast<size_t>(g)], xn, iq + g * d, rows, int64_t{Hkv} * d));
   }
 
   // q/k RMSNorm per head (Gemma), then RoPE at each row's position.
-  const float* cs = st.rope_cos[table]->f32();
-  const float* sn = st.rope_sin[table]->f32();
   if (hp.qk_norm) {
     CISA_RETURN_IF_ERROR(be->rms_norm(q, L.q_norm, q, rows * Hq, d, hp.rms_eps));
     CISA_RETURN_IF_ERROR(be->rms_norm(k, L.k_norm, k, rows * Hkv, d, hp.rms_eps));
-    if (want_index) CISA_RETURN_IF_ERROR(be->rms_norm(iq, L.q_norm, iq, rows * Hkv, d, hp.rms_eps));
+    if (late_index) CISA_RETURN_IF_ERROR(be->rms_norm(iq, L.q_norm, iq, rows * Hkv, d, hp.rms_eps));
   }
   // One rotation of q, k and the index queries (the same positions).
   float* const rotated[3] = {q, k, iq};
   const int rotated_heads[3] = {Hq, Hkv, Hkv};
-  const size_t n_rotated = want_index ? 3 : 2;
+  const size_t n_rotated = late_index ? 3 : 2;
   CISA_RETURN_IF_ERROR(be->rope_many({rotated, n_rotated}, {rotated_heads, n_rotated}, rows, d, cs,
                                      sn, hp.rope_style));
   if (opt.round_kv_f16) {
@@ -105,33 +154,7 @@ Status Model::Impl::attention(int layer) {
                               .cache = be->cpu_cache()}));
     tap_seconds = seconds_since(t_tap);
   }
-
-  const PlanSlot slot = swa ? PlanSlot::kSliding : cisa ? PlanSlot::kCisa : PlanSlot::kGlobal;
-  if (own_budget)
-    CISA_RETURN_IF_ERROR(
-        be->plan(slot, st.batch, {.kind = PlanKind::kCisa, .selection = selection}));
-  if (cisa) {
-    // Planning: CISA's own top-k of index scores, or the selector the options supply (the
-    // eval's oracle); either way attention below reads exactly the listed pages.
-    if (opt.attention.selector) {
-      CISA_RETURN_IF_ERROR(opt.attention.selector({.layer = layer,
-                                                   .batch = st.batch,
-                                                   .q = q,
-                                                   .num_q_heads = Hq,
-                                                   .scale = hp.attn_scale,
-                                                   .index_q = iq,
-                                                   .selection = &selection,
-                                                   .cache = be->cpu_cache(),
-                                                   .pool = be->cpu_pool()},
-                                                  &st.selector_lists));
-      CISA_RETURN_IF_ERROR(check_selector_lists(st.selector_lists, Hkv));
-      CISA_RETURN_IF_ERROR(be->set_page_lists(slot, st.selector_lists));
-    } else {
-      // (Selection reuse's counters are read around the whole step, model.cpp: on the GPU they
-      // live on the device.)
-      CISA_RETURN_IF_ERROR(be->select(slot, layer, iq));
-    }
-  }
+  if (cisa && !early) CISA_RETURN_IF_ERROR(select_pages());
   // llama.cpp's Gemma graphs multiply the queries by the attention scale before attention (and
   // then attend with scale 1); its Llama graphs scale the q·k products.
   const AttendParams ap{.scale = hp.attn_scale,
@@ -161,7 +184,8 @@ Status Model::Impl::attention(int layer) {
     stats.global_pages_dense += dense_pages * Hkv;
     stats.global_pages_read += read_pages * Hkv;
   }
-  const double dt = seconds_since(t0) - tap_seconds;
+  // (An early selection's time counts as attention too; the late one is inside [t0, now).)
+  const double dt = seconds_since(t0) - tap_seconds + (early ? select_seconds : 0.0);
   stats.seconds_attention += dt;
   if (!swa) stats.seconds_global_attention += dt;
 

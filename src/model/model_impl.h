@@ -100,12 +100,18 @@ struct Model::Impl {
   std::vector<int64_t> layer_budgets;             // this step's per-layer budgets (empty: uniform)
   const StepAttention* call_attention = nullptr;  // forward()'s override, during the call
   AttentionTap tap;                               // calibration/diagnostics observer
-  std::vector<std::vector<BackendMatrix>> index_w;  // [layer][kv group]; id −1: mean of heads
+  // Per layer: the index projections of its KV groups stacked, [num_kv_heads · head_dim] rows
+  // of n_embd (group g: the calibrated W̃_g, else the mean of the group's W_q head blocks); id −1
+  // where the layer runs no CISA (a tap's index queries there are the mean of the query heads).
+  std::vector<BackendMatrix> index_m;
+  std::vector<std::vector<float>> index_host;  // their host values (the CPU backend keeps views)
 
   // model.cpp: the backend the options ask for, checked against what the options need of it.
   Status make_backend();
   // model.cpp: which layers run CISA, the supplied index projections, and the KV cache.
   Status setup_attention_and_cache();
+  // model.cpp: index_m from the supplied projections (checked by the caller) and the weights.
+  Status bind_index_projections(const std::vector<std::vector<const IndexProjection*>>& supplied);
   // One step over st.batch (rows already embedded into st.x); model.cpp.
   Status run_layers();
   // st.xn → st.o: q/k/v projections, (q/k norm), RoPE, cache append, plan or selection,

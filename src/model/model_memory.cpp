@@ -40,6 +40,10 @@ Status admit_model_memory(const ModelHparams& h, const ModelOptions& o, int64_t 
     weight_bytes = 2.0 * matrix_elements(h);
   else if (o.weights_f32 || o.bf16_matmul || !weights_in_file)
     weight_bytes = 4.0 * matrix_elements(h) * (o.weights_f32 && o.bf16_matmul ? 2 : 1);
+  // CISA's index projections (Model::Impl::index_m): one n_head_kv · head_dim × n_embd matrix per
+  // layer at most, f32 on the CPU, bf16 on CUDA (counted for every layer: an upper bound).
+  if (o.attention.mode == AttentionMode::kCisa)
+    weight_bytes += (cpu ? 4.0 : 2.0) * h.n_layer * h.n_head_kv * h.head_dim * double(h.n_embd);
   // KV cache: every layer's K and V pools plus the representatives of CISA layers, at full
   // context for max_sequences sequences (as setup_attention_and_cache sizes it).
   const double pages = double((context + 15) / 16) * o.max_sequences;

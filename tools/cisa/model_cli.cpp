@@ -46,6 +46,9 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
                "CISA with --reuse-steps > 1: re-select early when a chunk leaving the window "
                "outranks a kept one (new-chunks, default) or never (none)");
   p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
+  p.add_choice("--early-selection", &o->early_selection, {"on", "off"},
+               "CISA: decode steps select pages before the layer's q/k/v products, from its "
+               "input (default on; the same pages; CUDA overlaps top-k with those products)");
   p.add_int("--dense-layers", &o->dense_layers, "CISA: keep the first n layers dense (default 0)");
   p.add_string(
       "--indexer", &o->indexer,
@@ -137,6 +140,7 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
         "--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");
   CISA_ASSIGN_OR_RETURN(m.rep, parse_rep_kind(o.rep));
   m.attention.mode = o.attention == "cisa" ? AttentionMode::kCisa : AttentionMode::kDense;
+  m.attention.early_selection = o.early_selection == "on";
   if (o.budget != ModelCliOptions::kUnset) m.attention.selection.budget = o.budget;
   if (o.window != ModelCliOptions::kUnset) m.attention.selection.window = o.window;
   m.attention.selection.qshare = o.qshare;

@@ -33,6 +33,9 @@ struct ModelCliOptions {
   // "on": the CUDA backend records decode steps in CUDA graphs and replays them
   // (BackendOptions::step_graphs); "off": every kernel launched one by one.
   std::string cuda_graphs = "on";
+  // "on": decode steps select CISA pages before the layer's q/k/v (AttentionOptions::
+  // early_selection); "off": after the cache append (A/B runs).
+  std::string early_selection = "on";
   // "auto": f32 on the CPU backend, bf16 on CUDA (the only type its kernels take).
   std::string kv_dtype = "auto";
   // A synthetic model (Model::load_synthetic, synthetic_model_names()) instead of a GGUF file:

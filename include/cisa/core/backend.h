@@ -150,6 +150,12 @@ class Backend {
   virtual Result<std::vector<BackendMatrix>> random_matrices(std::span<const int64_t> rows,
                                                              int64_t cols, uint64_t first_seed,
                                                              float scale);
+  // Rows [first_row, first_row + rows) of a bound matrix as the backend multiplies by them (CPU:
+  // the stored blocks dequantised, or the bf16-rounded copy under bf16_matmul; CUDA: the bf16
+  // values), widened to f32 into host memory: out [rows][m.n_cols]. Model builds matrices from
+  // the weights with it (the index projections of CISA layers without calibration).
+  virtual Status read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
+                                  float* host_out) = 0;
   // A vector (norm gains) copied into backend memory; the pointer lives as long as the backend.
   virtual Result<const float*> bind_vector(std::span<const float> host_values) = 0;
   virtual int64_t weight_bytes() const = 0;

@@ -141,6 +141,13 @@ void write_page_list(std::span<const int32_t> table, int page_size, const Select
 // Errors name the entry and the value.
 Status validate_batch(const PageTable& table, int layer, std::span<const BatchEntry> batch);
 
+// validate_batch for a selection: every chunk eligible for a query at position a ends before a
+// (E_a = { j : j < c(a) − W }, section 3 of the spec), so the selection of an entry needs its K/V
+// written only before its last query position (t < tokens(layer, seq) for t < first + count − 1).
+// A decode row may so be selected before its own K/V are appended (Model's early selection).
+Status validate_selection_batch(const PageTable& table, int layer,
+                                std::span<const BatchEntry> batch);
+
 // Dense plan: one group per entry attending to every page of its sequence up to the page of its
 // last query, or, with sliding_window > 0, only the pages that hold positions within the window
 // of some query of the entry (t − window < s ≤ t).

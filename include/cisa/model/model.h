@@ -125,9 +125,14 @@ struct AttentionOptions {
   // (split_layer_budgets). CPU backend only (a CUDA model refuses it at load).
   std::vector<double> layer_budget_weights;
   // Supplied index projections (an indexer file, issue 4). A (layer, KV group) without one uses
-  // the element-wise mean of the group's query-head projections (a SPEC §6 candidate), computed
-  // as the mean of the heads' projected queries (identical by linearity).
+  // the element-wise mean of the group's query-head projections (a SPEC §6 candidate): the mean
+  // of the group's W_q head blocks, built at load.
   std::vector<IndexProjection> index;
+  // Decode steps (one query row per sequence) select a CISA layer's pages before its q/k/v
+  // products and cache append, from the layer's input (docs/models-runtime.md "Early
+  // selection"): the same pages, and the CUDA backend overlaps the selection's top-k with that
+  // work. false: after the append, as prefill does (A/B runs; `--early-selection off`).
+  bool early_selection = true;
   // Replaces select_pages (top-k of the index scores) on CISA layers, e.g. with the oracle top-k by
   // true dense mass (eval.h, oracle_page_selector) for the upper bound of an evaluation. Empty:
   // select_pages. Only consulted in AttentionMode::kCisa.
@@ -248,8 +253,9 @@ struct AttentionTapData {
   std::span<const BatchEntry> batch;   // the step's rows: sequences in order
   std::span<const int64_t> positions;  // [rows] absolute positions
   const float* q = nullptr;            // [rows][n_head][head_dim] after q-norm and RoPE
-  // [rows][n_head_kv][head_dim] after the model's query post-processing: the supplied index
-  // projection of a CISA layer, else the mean of the group's query heads before post-processing.
+  // [rows][n_head_kv][head_dim] after the model's query post-processing: a CISA layer's index
+  // projection (the supplied one, else the mean of the group's W_q head blocks), else the mean of
+  // the group's query heads before post-processing.
   const float* index_q = nullptr;
   const PagedKvCache* cache = nullptr;
 };

@@ -168,6 +168,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
   // A blocking stream: it stays ordered with the legacy default stream on which the attention
   // planner (cuda/backend.h) uploads its metadata.
   CISA_RETURN_IF_ERROR(check_cuda(cudaStreamCreate(&be->stream_), "cuda: creating the stream"));
+  CISA_RETURN_IF_ERROR(
+      check_cuda(cudaStreamCreate(&be->side_), "cuda: creating the selection stream"));
+  CISA_RETURN_IF_ERROR(
+      check_cuda(cudaEventCreateWithFlags(&be->forked_, cudaEventDisableTiming), "cuda: event"));
+  CISA_RETURN_IF_ERROR(
+      check_cuda(cudaEventCreateWithFlags(&be->side_done_, cudaEventDisableTiming), "cuda: event"));
   be->description_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) +
                      std::to_string(prop.minor) + ")";
   CISA_ASSIGN_OR_RETURN(be->gemm_, Gemm::create());
@@ -175,6 +181,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
 }
 
 CudaBackend::~CudaBackend() {
+  if (side_) {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+  }
+  for (cudaEvent_t e : {forked_, side_done_})
+    if (e) cudaEventDestroy(e);
   if (stream_) {
     cudaStreamSynchronize(stream_);  // nothing queued may outlive the memory freed below
     cudaStreamDestroy(stream_);
@@ -226,6 +238,7 @@ Status CudaBackend::upload(void* dst, const void* host_src, int64_t bytes) {
   if (bytes < 0) return invalid_argument("cuda upload: negative size");
   if (bytes == 0) return Status::Ok();
   if (!dst || !host_src) return invalid_argument("cuda upload: null pointer");
+  CISA_RETURN_IF_ERROR(join_side());
   ++op_count_;  // may overwrite an input matmul converted
   // From pageable memory the copy returns once the source is staged: the caller may reuse it.
   return check_cuda(
@@ -237,6 +250,7 @@ Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
   if (bytes < 0) return invalid_argument("cuda download: negative size");
   if (bytes == 0) return synchronize();
   if (!host_dst || !src) return invalid_argument("cuda download: null pointer");
+  CISA_RETURN_IF_ERROR(join_side());
   if (bytes < kPinnedDownloadMin) {
     CISA_RETURN_IF_ERROR(check_cuda(
         cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
@@ -274,7 +288,24 @@ Status CudaBackend::download(void* host_dst, const void* src, int64_t bytes) {
 }
 
 Status CudaBackend::synchronize() {
+  CISA_RETURN_IF_ERROR(join_side());
   return check_cuda(cudaStreamSynchronize(stream_), "cuda: stream synchronize");
+}
+
+Status CudaBackend::fork_side() {
+  CISA_RETURN_IF_ERROR(join_side());  // side_'s earlier work is ordered before this fork anyway
+  CISA_RETURN_IF_ERROR(check_cuda(cudaEventRecord(forked_, stream_), "cuda: fork event"));
+  CISA_RETURN_IF_ERROR(
+      check_cuda(cudaStreamWaitEvent(side_, forked_, 0), "cuda: selection stream wait"));
+  side_pending_ = true;
+  return Status::Ok();
+}
+
+Status CudaBackend::join_side() {
+  if (!side_pending_) return Status::Ok();
+  side_pending_ = false;
+  CISA_RETURN_IF_ERROR(check_cuda(cudaEventRecord(side_done_, side_), "cuda: join event"));
+  return check_cuda(cudaStreamWaitEvent(stream_, side_done_, 0), "cuda: join wait");
 }
 
 int64_t CudaBackend::free_memory() const {

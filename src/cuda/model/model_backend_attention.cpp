@@ -84,6 +84,7 @@ Status CudaBackend::check_plan_current(const Slot& s, const char* op) const {
 
 Status CudaBackend::plan(PlanSlot slot, std::span<const BatchEntry> batch, const PlanSpec& spec) {
   CISA_RETURN_IF_ERROR(require_cache("plan"));
+  CISA_RETURN_IF_ERROR(join_side());  // the plan's lists may still be written on side_
   Slot* s = find_slot(slot);
   if (!s) return invalid_argument("cuda plan: unknown slot");
   s->planned = false;
@@ -139,26 +140,21 @@ const std::vector<QueryGroup>& CudaBackend::plan_groups(PlanSlot slot) const {
   return s && s->planned ? s->plan.groups() : kNone;
 }
 
-Status CudaBackend::check_written(const Slot& s, int layer, const char* op) const {
-  if (layer < 0 || layer >= config_.num_layers)
-    return out_of_range(std::string("cuda ") + op + ": layer " + std::to_string(layer) +
-                        " outside [0, " + std::to_string(config_.num_layers) + ")");
-  for (const BatchEntry& b : s.batch) {
-    CISA_ASSIGN_OR_RETURN(const int64_t written, table_.tokens(layer, b.seq));
-    if (b.first + b.count > written)
-      return failed_precondition(
-          std::string("cuda ") + op + ": position " + std::to_string(b.first + b.count - 1) +
-          " of sequence " + std::to_string(b.seq) + " has no K/V in layer " +
-          std::to_string(layer) + " (" + std::to_string(written) + " tokens written)");
-  }
-  return Status::Ok();
+Status CudaBackend::check_written(const Slot& s, int layer, const char* op, bool selection) const {
+  // The core's rule (plan.h): attention needs every query's K/V, a selection only the K/V before
+  // each entry's last query.
+  const Status st = selection ? validate_selection_batch(table_, layer, s.batch)
+                              : validate_batch(table_, layer, s.batch);
+  if (st.ok()) return st;
+  return Status(st.code(), std::string("cuda ") + op + ": " + st.message());
 }
 
 Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
+  CISA_RETURN_IF_ERROR(join_side());
   Slot* s = find_slot(slot);
   if (!s || !s->planned || s->spec.kind != PlanKind::kCisa)
     return failed_precondition("cuda select: the slot has no CISA plan for this step");
-  CISA_RETURN_IF_ERROR(check_written(*s, layer, "select"));
+  CISA_RETURN_IF_ERROR(check_written(*s, layer, "select", /*selection=*/true));
   if (!layer_has_reps(layer))
     return failed_precondition("cuda select: layer " + std::to_string(layer) +
                                " keeps no representatives (KvCacheConfig::rep_layers)");
@@ -175,8 +171,12 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
                        arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot})})) {
     CISA_RETURN_IF_ERROR(
         run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kScore, stream_, rs));
-    CISA_RETURN_IF_ERROR(
-        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kTopK, stream_, rs));
+    // A decode step's top-k (and the reuse state's update) on the selection stream: what the
+    // caller enqueues next, up to the attend() that joins it, runs beside it (side_, above).
+    const bool decode = s->rows == static_cast<int64_t>(s->batch.size());
+    if (decode && selects) CISA_RETURN_IF_ERROR(fork_side());
+    CISA_RETURN_IF_ERROR(run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kTopK,
+                                          side_pending_ ? side_ : stream_, rs));
   }
   if (selects && !s->q_heads_known) {
     // Kept for the re-plan of the first attend (see the top of this file).
@@ -203,6 +203,7 @@ Status CudaBackend::set_page_lists(PlanSlot slot, const PageLists& lists) {
 
 Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_heads,
                            const AttendParams& p, float* out) {
+  CISA_RETURN_IF_ERROR(join_side());  // the selection's top-k (select())
   Slot* s = find_slot(slot);
   if (!s || !s->planned)
     return failed_precondition("cuda attend: the slot is not planned for this step");
@@ -210,7 +211,7 @@ Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_h
     return unimplemented(
         "cuda attend: AttentionNumerics::kLlamaCpp (llama.cpp's f16 rounding order) runs on the "
         "CPU backend only");
-  CISA_RETURN_IF_ERROR(check_written(*s, layer, "attend"));
+  CISA_RETURN_IF_ERROR(check_written(*s, layer, "attend", /*selection=*/false));
   CISA_RETURN_IF_ERROR(check_plan_current(*s, "attend"));
   const int hkv = config_.num_kv_heads;
   if (num_q_heads <= 0 || num_q_heads % hkv != 0)

@@ -169,7 +169,7 @@ Status CudaBackend::end_step(bool run) {
   step_ready_ = false;
   if (mode == StepMode::kNone)
     return failed_precondition("cuda end_step: no step is open (begin_step)");
-  if (mode == StepMode::kEager) return Status::Ok();
+  if (mode == StepMode::kEager) return join_side();
   if (mode == StepMode::kReplay) {
     if (!run) return Status::Ok();
     StepGraph& g = graphs_[replay_index_];
@@ -185,7 +185,8 @@ Status CudaBackend::end_step(bool run) {
     ++graph_stats_.replayed;
     return check_cuda(cudaGraphLaunch(g.exec, stream_), "cuda: step graph replay");
   }
-  // Capture.
+  // Capture. The selection stream's work joins the capture's origin before it ends.
+  const Status joined = join_side();
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   if (!run) {
@@ -193,6 +194,7 @@ Status CudaBackend::end_step(bool run) {
     cudaGetLastError();
     return Status::Ok();
   }
+  CISA_RETURN_IF_ERROR(joined);
   CISA_RETURN_IF_ERROR(check_cuda(ended, "cuda: step capture"));
   cudaGraphExec_t exec = nullptr;
   const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);

@@ -99,6 +99,8 @@ class CudaBackend final : public Backend {
   Result<std::vector<BackendMatrix>> bind_matrices(std::span<const WeightView> ws) override;
   Result<std::vector<BackendMatrix>> random_matrices(std::span<const int64_t> rows, int64_t cols,
                                                      uint64_t first_seed, float scale) override;
+  Status read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
+                          float* host_out) override;
   Result<const float*> bind_vector(std::span<const float> host_values) override;
   int64_t weight_bytes() const override { return weight_bytes_; }
 
@@ -272,11 +274,22 @@ class CudaBackend final : public Backend {
   const Slot* find_slot(PlanSlot slot) const;
   Status build_plan(Slot& s, int q_heads);
   Status check_plan_current(const Slot& s, const char* op) const;
-  // Every query position of the slot's batch has its K/V written in `layer`.
-  Status check_written(const Slot& s, int layer, const char* op) const;
+  // The K/V of the slot's batch are written in `layer`: every query position's (attention), or
+  // every one before each entry's last query (selection: validate_selection_batch).
+  Status check_written(const Slot& s, int layer, const char* op, bool selection) const;
+
+  // A decode step's top-k runs on side_ (select(): forked after the scores on stream_, joined
+  // back before anything that reads the page lists): with Model's early selection it overlaps
+  // the layer's q/k/v products, RoPE and the cache append. join_side() makes stream_ wait for
+  // what side_ holds; every operation that could read its results calls it first.
+  Status fork_side();
+  Status join_side();
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t forked_ = nullptr, side_done_ = nullptr;
+  bool side_pending_ = false;  // side_ holds work stream_ has not waited for
   std::string description_;
   std::unique_ptr<Gemm> gemm_;
 

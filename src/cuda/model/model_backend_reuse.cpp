@@ -63,6 +63,7 @@ ReuseState CudaBackend::reuse_state_for(int layer, bool repeat) const {
 }
 
 Status CudaBackend::reset_reuse(SeqId seq) {
+  CISA_RETURN_IF_ERROR(join_side());  // the state's last update may be on the selection stream
   if (seq < 0) {
     reuse_info_ = DeviceMemory();
     reuse_chunks_ = DeviceMemory();
@@ -79,7 +80,9 @@ Status CudaBackend::reset_reuse(SeqId seq) {
 SelectionReuseStats CudaBackend::selection_reuse_stats() const {
   if (!reuse_.stats || step_mode_ != StepMode::kNone) return reuse_stats_seen_;
   int64_t n[4] = {};
-  if (cudaMemcpyAsync(n, reuse_.stats, sizeof(n), cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
+  // The counters' last update may still be on the selection stream (select(), side_).
+  if (cudaStreamSynchronize(side_) != cudaSuccess ||
+      cudaMemcpyAsync(n, reuse_.stats, sizeof(n), cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
       cudaStreamSynchronize(stream_) != cudaSuccess) {
     cudaGetLastError();
     return reuse_stats_seen_;

@@ -134,6 +134,22 @@ Result<std::vector<BackendMatrix>> CudaBackend::random_matrices(std::span<const 
   return add_stack(std::move(mem), rows, cols);
 }
 
+Status CudaBackend::read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
+                                     float* host_out) {
+  CISA_ASSIGN_OR_RETURN(const DeviceMatrix* d, find_matrix(m, "read_matrix_rows"));
+  if (first_row < 0 || rows < 0 || first_row > d->n_rows - rows)
+    return out_of_range("cuda read_matrix_rows: rows [" + std::to_string(first_row) + ", " +
+                        std::to_string(first_row + rows) + ") outside the matrix's " +
+                        std::to_string(d->n_rows));
+  if (rows == 0) return Status::Ok();
+  if (!host_out) return invalid_argument("cuda read_matrix_rows: null output");
+  std::vector<uint16_t> bf(static_cast<size_t>(rows * d->n_cols));
+  CISA_RETURN_IF_ERROR(download(bf.data(), d->data() + first_row * d->n_cols,
+                                static_cast<int64_t>(bf.size() * sizeof(uint16_t))));
+  for (size_t i = 0; i < bf.size(); ++i) host_out[i] = bf16_to_f32(bf[i]);
+  return Status::Ok();
+}
+
 Result<const float*> CudaBackend::bind_vector(std::span<const float> host_values) {
   if (host_values.empty()) return invalid_argument("cuda bind_vector: empty vector");
   const auto bytes = static_cast<int64_t>(host_values.size_bytes());

@@ -1,0 +1,234 @@
+// Memory-side probe for decode scoring (issue 12's 2 x 1M step, issue 15's decode goal): the
+// decode score kernel (src/cuda/score.cu, score_few_kernel) reads the representatives at
+// 3.2-3.5 TB/s where a plain read reaches ~4.2. This program runs copies of its memory pattern
+// (page IDs of a block's chunks staged first, 16-byte loads, D/8 lanes per chunk, one f32 dot
+// product per chunk and KV head, scores written) in variants that change one thing at a time:
+//   base   the kernel's shape: grid (chunk blocks, streams), a stream being one (sequence, KV head)
+//   swap   grid (streams, chunk blocks): the KV heads of one page range run side by side
+//   pipe   base, with the next round's loads issued before the current round's arithmetic
+//   allkv  one block per (sequence, chunk block) scores every KV head: each page's
+//          representatives (H x 256 bytes, adjacent in the [page][kv][d] layout) read at once
+//   allkv+pipe, and block sizes of 512 / 1024 / 2048 chunks
+// plus `read`, a grid-stride read of the same number of contiguous bytes (the ceiling).
+//
+// Build: nvcc -O3 -std=c++17 -arch=sm_90a -cudart static bench/cuda/score_read_probe.cu \
+//          -o score_read_probe       (or the CMake target score_read_probe)
+// Run:   ./score_read_probe           prints one line per case and variant: median ms of 9 timed
+//        runs (L2 emptied before each) and TB/s on the representative bytes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+constexpr int kD = 128, kLanesPerChunk = kD / 8, kThreads = 256;
+
+#define CHECK(x)                                                                               \
+  do {                                                                                         \
+    const cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__device__ __forceinline__ float dot8(const uint4& w, const float* q) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  float acc = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    acc = fmaf(q[2 * h], __uint_as_float(ws[h] << 16), acc);
+    acc = fmaf(q[2 * h + 1], __uint_as_float(ws[h] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+// Segments of one block: ALLKV: (chunk, kv) pairs, kv fastest, over H KV heads; else one KV head
+// (`kv0`). A warp-wide load covers 2 segments (D = 128); lane group grp = lane / 16 takes segment
+// 2j + grp of load slot j. U slots per round, PIPE: the next round's slots loaded before the
+// current round's arithmetic.
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE>
+__global__ void __launch_bounds__(kThreads)
+    score_probe_kernel(const uint16_t* __restrict__ reps, const int32_t* __restrict__ tables,
+                       int64_t pages_per_seq, const float* __restrict__ qs,
+                       float* __restrict__ scores) {
+  constexpr int U = 8, WARPS = kThreads / 32, CPL = 32 / kLanesPerChunk;
+  constexpr int KVS = ALLKV ? H : 1;  // KV heads a block scores
+  constexpr int SEGS = NCB * KVS;
+  constexpr int PER_ROUND = WARPS * U * CPL;
+  static_assert(SEGS % PER_ROUND == 0, "whole rounds");
+  constexpr int QN = ALLKV ? (H >= CPL ? H / CPL : 1) : 1;  // queries a lane holds
+  __shared__ int32_t page_s[NCB];
+  const int cb = SWAP ? blockIdx.y : blockIdx.x, st = SWAP ? blockIdx.x : blockIdx.y;
+  const int seq = ALLKV ? st : st / H, kv0 = ALLKV ? 0 : st % H;
+  const int64_t c0 = static_cast<int64_t>(cb) * NCB;
+  const int32_t* table = tables + seq * pages_per_seq + c0;
+  for (int i = threadIdx.x; i < NCB; i += kThreads) page_s[i] = table[i];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % kLanesPerChunk,
+            grp = lane / kLanesPerChunk;
+  float q[QN][8];
+#pragma unroll
+  for (int m = 0; m < QN; ++m) {
+    const int kv = ALLKV ? (grp + m * CPL) % H : kv0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[m][i] = qs[(seq * H + kv) * kD + sub * 8 + i];
+  }
+  __syncthreads();
+  auto seg_of = [&](int r0, int u) { return r0 + (warp * U + u) * CPL + grp; };
+  auto load = [&](uint4* buf, int r0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int e = seg_of(r0, u);
+      const int c = e / KVS, kv = ALLKV ? e % KVS : kv0;
+      buf[u] = __ldg(reinterpret_cast<const uint4*>(
+          reps + (static_cast<int64_t>(page_s[c]) * H + kv) * kD + sub * 8));
+    }
+  };
+  auto consume = [&](const uint4* buf, int r0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int e = seg_of(r0, u);
+      const int c = e / KVS, kv = ALLKV ? e % KVS : kv0;
+      // kv = (2u + grp) % H = grp + 2m: query m of the lane
+      float acc = dot8(buf[u], q[ALLKV && H >= CPL ? ((u * CPL) % H) / CPL : 0]);
+#pragma unroll
+      for (int o = kLanesPerChunk / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if (sub == 0) scores[(static_cast<int64_t>(seq) * H + kv) * pages_per_seq + c0 + c] = acc;
+    }
+  };
+  uint4 a[U], b[U];
+  load(a, 0);
+  for (int r0 = 0; r0 < SEGS; r0 += PER_ROUND) {
+    if (PIPE) {
+      if (r0 + PER_ROUND < SEGS) load(b, r0 + PER_ROUND);
+      consume(a, r0);
+#pragma unroll
+      for (int u = 0; u < U; ++u) a[u] = b[u];
+    } else {
+      if (r0 != 0) load(a, r0);
+      consume(a, r0);
+    }
+  }
+}
+
+__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+struct Case {
+  const char* name;
+  int seqs, heads;
+  bool random_tables;
+};
+
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE>
+void launch(const Case& c, int64_t pages, const uint16_t* reps, const int32_t* tables,
+            const float* q, float* scores) {
+  const int cbs = static_cast<int>(pages / NCB), streams = ALLKV ? c.seqs : c.seqs * H;
+  const dim3 grid = SWAP ? dim3(streams, cbs) : dim3(cbs, streams);
+  score_probe_kernel<NCB, H, ALLKV, SWAP, PIPE><<<grid, kThreads>>>(reps, tables, pages, q, scores);
+}
+
+template <int H>
+void run_case(const Case& c) {
+  const int64_t pages = int64_t{1} << 16;  // 1,048,576 tokens a sequence
+  const int64_t pool = pages * c.seqs;
+  const size_t rep_bytes = static_cast<size_t>(pool) * H * kD * 2;
+  uint16_t* reps;
+  int32_t* tables;
+  float *q, *scores;
+  uint32_t* sink;
+  char* flush;
+  const size_t flush_bytes = size_t{512} << 20;
+  CHECK(cudaMalloc(&reps, rep_bytes));
+  CHECK(cudaMalloc(&tables, pool * 4));
+  CHECK(cudaMalloc(&q, static_cast<size_t>(c.seqs) * H * kD * 4));
+  CHECK(cudaMalloc(&scores, static_cast<size_t>(pool) * H * 4));
+  CHECK(cudaMalloc(&sink, 4));
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  CHECK(cudaMemset(reps, 0x3f, rep_bytes));
+  CHECK(cudaMemset(q, 0, static_cast<size_t>(c.seqs) * H * kD * 4));
+  std::vector<int32_t> perm(static_cast<size_t>(pool));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (c.random_tables) std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+  CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaMemset(flush, 1, flush_bytes));
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  const auto time = [&](const char* variant, auto&& fn) {
+    std::vector<float> ms;
+    for (int it = 0; it < 11; ++it) {
+      // L2 emptied of the representatives by reading other bytes (clean lines: a memset here
+      // would leave ~50 MB of dirty lines whose write-back the timed kernel would pay for).
+      read_kernel<<<4 * sms, 512>>>(reinterpret_cast<const uint4*>(flush),
+                                    static_cast<int64_t>(flush_bytes / 16), sink);
+      CHECK(cudaEventRecord(e0));
+      fn();
+      CHECK(cudaEventRecord(e1));
+      CHECK(cudaEventSynchronize(e1));
+      CHECK(cudaGetLastError());
+      float t = 0;
+      CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (it >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double m = ms[ms.size() / 2];
+    std::printf("%-26s %-16s %8.4f ms %6.2f TB/s\n", c.name, variant, m, rep_bytes / m / 1e9);
+  };
+  time("read", [&] {
+    read_kernel<<<4 * sms, 512>>>(reinterpret_cast<const uint4*>(reps),
+                                  static_cast<int64_t>(rep_bytes / 16), sink);
+  });
+  time("base 512", [&] { launch<512, H, false, false, false>(c, pages, reps, tables, q, scores); });
+  time("swap 512", [&] { launch<512, H, false, true, false>(c, pages, reps, tables, q, scores); });
+  time("pipe 512", [&] { launch<512, H, false, false, true>(c, pages, reps, tables, q, scores); });
+  time("pipe 2048", [&] { launch<2048, H, false, false, true>(c, pages, reps, tables, q, scores); });
+  time("swap+pipe 512",
+       [&] { launch<512, H, false, true, true>(c, pages, reps, tables, q, scores); });
+  if constexpr (H > 1) {
+    time("allkv 512", [&] { launch<512, H, true, false, false>(c, pages, reps, tables, q, scores); });
+    time("allkv+pipe 512",
+         [&] { launch<512, H, true, false, true>(c, pages, reps, tables, q, scores); });
+    time("allkv+pipe 256",
+         [&] { launch<256, H, true, false, true>(c, pages, reps, tables, q, scores); });
+    time("allkv+pipe 1024",
+         [&] { launch<1024, H, true, false, true>(c, pages, reps, tables, q, scores); });
+  }
+  CHECK(cudaFree(reps));
+  CHECK(cudaFree(tables));
+  CHECK(cudaFree(q));
+  CHECK(cudaFree(scores));
+  CHECK(cudaFree(sink));
+  CHECK(cudaFree(flush));
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp p{};
+  CHECK(cudaGetDeviceProperties(&p, 0));
+  std::printf("%s, %d SMs; 65,536 pages (1M tokens) a sequence, d = 128\n", p.name,
+              p.multiProcessorCount);
+  run_case<4>({"2 seq x 4 KV, pool order", 2, 4, false});
+  run_case<4>({"2 seq x 4 KV, random pages", 2, 4, true});
+  run_case<1>({"16 seq x 1 KV, random pages", 16, 1, true});
+  run_case<1>({"16 seq x 1 KV, pool order", 16, 1, false});
+  run_case<2>({"16 seq x 2 KV, random pages", 16, 2, true});
+  return 0;
+}
