@@ -29,13 +29,13 @@ namespace {
 
 constexpr int kD = 128, kLanesPerChunk = kD / 8, kThreads = 256;
 
-#define CHECK(x)                                                                               \
-  do {                                                                                         \
-    const cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                                   \
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    const cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 __device__ __forceinline__ float dot8(const uint4& w, const float* q) {
@@ -198,11 +198,13 @@ void run_case(const Case& c) {
   time("base 512", [&] { launch<512, H, false, false, false>(c, pages, reps, tables, q, scores); });
   time("swap 512", [&] { launch<512, H, false, true, false>(c, pages, reps, tables, q, scores); });
   time("pipe 512", [&] { launch<512, H, false, false, true>(c, pages, reps, tables, q, scores); });
-  time("pipe 2048", [&] { launch<2048, H, false, false, true>(c, pages, reps, tables, q, scores); });
+  time("pipe 2048",
+       [&] { launch<2048, H, false, false, true>(c, pages, reps, tables, q, scores); });
   time("swap+pipe 512",
        [&] { launch<512, H, false, true, true>(c, pages, reps, tables, q, scores); });
   if constexpr (H > 1) {
-    time("allkv 512", [&] { launch<512, H, true, false, false>(c, pages, reps, tables, q, scores); });
+    time("allkv 512",
+         [&] { launch<512, H, true, false, false>(c, pages, reps, tables, q, scores); });
     time("allkv+pipe 512",
          [&] { launch<512, H, true, false, true>(c, pages, reps, tables, q, scores); });
     time("allkv+pipe 256",

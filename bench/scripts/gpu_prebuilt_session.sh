@@ -13,13 +13,11 @@
 # On the device (carry .devbin):
 #   CISA_COMMIT=<label> REPS=2 bash bench/scripts/gpu_prebuilt_session.sh
 # Environment: BINS (default .devbin/bins.tar.xz), BASE_XZ (default .devbin/base/cisa.xz; absent:
-# no A/B), BASE_ARGS (options of the base rows; with BASE_SAME=1 the base is the new binary
-# itself with these options, e.g. BASE_SAME=1 BASE_ARGS="--early-selection off": an A/B of one
-# option in one binary), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per row,
-# default 32),
-# NO_NCU=1, NO_LAYER=1, TESTS (names under
-# tests/ in the tarball; default: every cuda_*_test in it). Used for
-# bench/results/model_h200_2026-12-03_topk/.
+# no A/B), NEW_ARGS and BASE_ARGS (options added to the new and the base rows; BASE_SAME=1 makes
+# the base the new binary itself, e.g. BASE_SAME=1 BASE_ARGS="--early-selection off": an A/B of
+# one option in one binary), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per
+# row, default 32), NO_NCU=1, NO_LAYER=1, TESTS (names under tests/ in the tarball; default:
+# every cuda_*_test in it). Used for bench/results/model_h200_2026-12-03_topk/ and later folders.
 set -u
 OUT=${OUT:-$PWD/gpu-prebuilt-out}
 mkdir -p "$OUT"
@@ -34,7 +32,7 @@ if [ -n "${BASE_SAME:-}" ]; then
 elif [ -f "${BASE_XZ:-.devbin/base/cisa.xz}" ]; then
   xz -dc "${BASE_XZ:-.devbin/base/cisa.xz}" >"$B/cisa_base" && chmod +x "$B/cisa_base" && BASE=$B/cisa_base
 fi
-log "commit ${CISA_COMMIT:-unknown}; base binary: ${BASE:-none} ${BASE_ARGS:-}"
+log "commit ${CISA_COMMIT:-unknown}; new options: ${NEW_ARGS:-none}; base binary: ${BASE:-none} ${BASE_ARGS:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/session.log"
 
 for t in ${TESTS:-$(cd "$B/tests" && ls cuda_*_test)}; do
@@ -51,7 +49,8 @@ for rep in $(seq "${REPS:-2}"); do
     args=(bench model --synthetic qwen2.5-7b --backend cuda --attention cisa --batch "$batch"
           --context "$ctx" --fill random --budget "$k" --window 128 --tokens "${TOKENS:-32}" --json)
     for which in new base; do
-      X=$NEW extra=(); [ "$which" = base ] && X=$BASE && read -r -a extra <<<"${BASE_ARGS:-}"
+      X=$NEW extra=()
+      if [ "$which" = base ]; then X=$BASE; read -r -a extra <<<"${BASE_ARGS:-}"; else read -r -a extra <<<"${NEW_ARGS:-}"; fi
       [ -n "$X" ] || continue
       timeout 150 "$X" "${args[@]}" "${extra[@]}" >"$R/bench_${which}_${name}_r$rep.json" 2>"$R/bench_${which}_${name}_r$rep.log"
       log "bench $which $name rep $rep rc=$?"

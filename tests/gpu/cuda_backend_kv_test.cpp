@@ -293,6 +293,58 @@ TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
   }
 }
 
+// A decode step selected before its K/V are appended (Model's early selection): the CUDA backend
+// scores, forks top-k onto its selection stream, appends this step's K/V beside it and joins in
+// attend(); the CPU backend selects in the same order. Lists as select_pages picks them, and the
+// same attention.
+TEST(CudaBackendKv, DecodeSelectedBeforeItsAppendMatchesTheCpuBackend) {
+  CISA_REQUIRE_GPU();
+  const Shape s{4, 16, 128};
+  KvWorld w;
+  ASSERT_TRUE(w.init(s, 1, {true}, {600, 150, 1200}));
+  const SelectionParams sel{.budget = 8, .window = 2, .qshare = 4};
+  const std::vector<BatchEntry> step = {{0, 600, 1}, {1, 150, 1}, {2, 1200, 1}};
+  const auto n = static_cast<size_t>(3 * s.hkv * s.d);
+  const auto q = bf16_exact(random_vec(w.rng, static_cast<size_t>(3 * s.hq * s.d), 2.0f));
+  const auto iq = random_vec(w.rng, n), k = random_vec(w.rng, n), v = random_vec(w.rng, n);
+  std::vector<float> out[2];
+  Backend* bes[2] = {w.b.cpu.get(), w.b.gpu.get()};
+  for (int b = 0; b < 2; ++b) {
+    Backend& be = *bes[b];
+    for (const auto& e : step) ASSERT_TRUE(be.reserve(e.seq, 1).ok());
+    auto iqb = upload_f32(be, iq), kb = upload_f32(be, k), vb = upload_f32(be, v);
+    auto qb = upload_f32(be, q);
+    auto ob = upload_f32(be, std::vector<float>(q.size(), std::nanf("")));
+    ASSERT_TRUE(be.plan(PlanSlot::kCisa, step, {.kind = PlanKind::kCisa, .selection = sel}).ok());
+    const Status st = be.select(PlanSlot::kCisa, 0, iqb->f32());
+    ASSERT_TRUE(st.ok()) << be.description() << ": " << st.to_string();
+    // Attention needs this step's K/V first.
+    EXPECT_EQ(be.attend(PlanSlot::kCisa, 0, qb->f32(), s.hq, {}, ob->f32()).code(),
+              StatusCode::kOutOfRange)
+        << be.description();
+    ASSERT_TRUE(be.append_kv(0, step, kb->f32(), vb->f32()).ok());
+    ASSERT_TRUE(be.attend(PlanSlot::kCisa, 0, qb->f32(), s.hq, {}, ob->f32()).ok());
+    out[b] = download_f32(be, *ob, static_cast<int64_t>(q.size()));
+  }
+  for (const auto& e : step) w.len[static_cast<size_t>(e.seq)] += 1;
+  PageLists gpu, cpu;
+  ASSERT_TRUE(cuda::download_slot_page_lists(*w.b.gpu, PlanSlot::kCisa, &gpu).ok());
+  ASSERT_TRUE(
+      select_pages(*w.b.cpu->cpu_cache(), 0, step, iq.data(), sel, w.b.cpu->cpu_pool(), &cpu).ok());
+  int64_t swaps = 0;
+  expect_lists_match(*w.b.cpu->cpu_cache(), step, iq, sel, cpu, gpu, &swaps);
+  if (swaps == 0) expect_attention_close(out[0], out[1]);
+  // Two positions ahead of the written K/V is refused by both.
+  const std::vector<BatchEntry> ahead = {{0, 602, 1}};
+  for (Backend* be : bes) {
+    ASSERT_TRUE(be->reserve(0, 2).ok());
+    ASSERT_TRUE(be->plan(PlanSlot::kCisa, ahead, {.kind = PlanKind::kCisa, .selection = sel}).ok());
+    auto iqb = upload_f32(*be, std::vector<float>(iq.begin(), iq.begin() + s.hkv * s.d));
+    EXPECT_EQ(be->select(PlanSlot::kCisa, 0, iqb->f32()).code(), StatusCode::kOutOfRange)
+        << be->description();
+  }
+}
+
 // Sequences, reservations and a full pool: the same page IDs as the CPU, clear errors, nothing
 // changed by a failing call.
 TEST(CudaBackendKv, FullCacheAndFailedAppendsChangeNothing) {
@@ -324,11 +376,12 @@ TEST(CudaBackendKv, FullCacheAndFailedAppendsChangeNothing) {
   EXPECT_EQ(*g.pages().tokens(0, s0), 16);
   EXPECT_EQ(*g.pages().tokens(0, s1), 48);
   EXPECT_EQ(*g.pages().tokens(1, s1), 0);
-  // Attention of layer 1 before its K/V exist, and the CPU-only paths, are clear errors.
+  // Attention of layer 1 before its K/V exist (kOutOfRange, the core's validate_batch, as on the
+  // CPU backend), and the CPU-only paths, are clear errors.
   const std::vector<BatchEntry> q1 = {{s1, 47, 1}};
   ASSERT_TRUE(g.plan(PlanSlot::kGlobal, q1, {.kind = PlanKind::kDense}).ok());
   EXPECT_EQ(g.attend(PlanSlot::kGlobal, 1, k->f32(), 1, {}, k->f32()).code(),
-            StatusCode::kFailedPrecondition);
+            StatusCode::kOutOfRange);
   EXPECT_EQ(g.attend(PlanSlot::kGlobal, 0, k->f32(), 1, {.numerics = AttentionNumerics::kLlamaCpp},
                      k->f32())
                 .code(),

@@ -84,7 +84,8 @@ TEST(ModelEarlySelection, IndexQueryIsTheMeanOfTheGroupsQueryHeads) {
 }
 
 TEST(ModelEarlySelection, DecodeSelectsBeforeTheAppendTheSamePagesAsAfter) {
-  const std::vector<int32_t> prompt = random_tokens(300, 256, 7), decode = random_tokens(40, 256, 8);
+  const std::vector<int32_t> prompt = random_tokens(300, 256, 7),
+                             decode = random_tokens(40, 256, 8);
   auto early = Model::load_synthetic("tiny-llama", cisa_options());
   ASSERT_TRUE(early.ok());
   const std::vector<float> a = prefill_and_decode(**early, prompt, decode);
