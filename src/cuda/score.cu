@@ -170,27 +170,8 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 #pragma unroll
   for (int l = 0; l < NL; ++l) {
     const int64_t li = S.first_list + static_cast<int64_t>(min(l, nl - 1)) * S.list_stride;
-    if (index_q) {  // q̄ from the index queries: write_index_query's sums, bit for bit
-      const int32_t r0 = lists[li].qbar_row0, r1 = lists[li].qbar_row1, kv = lists[li].kv;
-      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-      for (int32_t r = r0; r <= r1; ++r) {
-        const float4* qp = reinterpret_cast<const float4*>(
-            index_q + (static_cast<int64_t>(r) * num_kv_heads + kv) * D + sub * 8);
-        const float4 u = __ldg(qp), v = __ldg(qp + 1);
-        a = make_float4(__fadd_rn(a.x, u.x), __fadd_rn(a.y, u.y), __fadd_rn(a.z, u.z),
-                        __fadd_rn(a.w, u.w));
-        b = make_float4(__fadd_rn(b.x, v.x), __fadd_rn(b.y, v.y), __fadd_rn(b.z, v.z),
-                        __fadd_rn(b.w, v.w));
-      }
-      const float inv = 1.0f / static_cast<float>(r1 - r0 + 1);
-      q[l][0] = __fmul_rn(a.x, inv);
-      q[l][1] = __fmul_rn(a.y, inv);
-      q[l][2] = __fmul_rn(a.z, inv);
-      q[l][3] = __fmul_rn(a.w, inv);
-      q[l][4] = __fmul_rn(b.x, inv);
-      q[l][5] = __fmul_rn(b.y, inv);
-      q[l][6] = __fmul_rn(b.z, inv);
-      q[l][7] = __fmul_rn(b.w, inv);
+    if (index_q) {  // q̄ from the index queries, as write_index_query computes it
+      index_query_channels<8>(lists[li], index_q, num_kv_heads, D, sub * 8, q[l]);
     } else {
       const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
       const float4 a = qp[0], b = qp[1];
