@@ -328,6 +328,13 @@ void CudaBackend::note_bf16_copy(const float* x, const uint16_t* xb, int64_t n) 
   conv_op_ = op_count_;
 }
 
+void CudaBackend::keep_bf16_copy(std::span<float* const> written, std::span<const int64_t> sizes) {
+  if (!conv_x_ || conv_op_ != op_count_ - 1) return;
+  for (size_t i = 0; i < written.size(); ++i)
+    if (written[i] < conv_x_ + conv_n_ && conv_x_ < written[i] + sizes[i]) return;
+  conv_op_ = op_count_;
+}
+
 Result<float*> CudaBackend::f32_scratch(int64_t n) {
   CISA_RETURN_IF_ERROR(scratch_f32_.reserve(n * 4, "f32 staging buffer", stream_));
   return scratch_f32_.as<float>();
@@ -516,9 +523,14 @@ Status CudaBackend::rope_many(std::span<float* const> xs, std::span<const int> h
     ++parts.count;
     hash = hash * 0x100000001b3ull + arg(xs[i]) + static_cast<uint64_t>(heads[i]);
   }
-  if (graph_skip(14, {hash, arg(rows), arg(int64_t{d}), arg(cos), arg(sin),
-                      arg(int64_t{style == RopeStyle::kNeox})}))
-    return Status::Ok();
+  const bool skip = graph_skip(14, {hash, arg(rows), arg(int64_t{d}), arg(cos), arg(sin),
+                                    arg(int64_t{style == RopeStyle::kNeox})});
+  // (The early selection's RoPE of the index queries leaves the layer input's bf16 copy for the
+  // q/k/v product.)
+  int64_t sizes[detail::kMaxRopeParts] = {};
+  for (size_t i = 0; i < xs.size(); ++i) sizes[i] = std::max<int64_t>(rows, 0) * heads[i] * d;
+  keep_bf16_copy(xs, {sizes, xs.size()});
+  if (skip) return Status::Ok();
   return launched(
       detail::launch_rope_many(parts, rows, d, cos, sin, style == RopeStyle::kNeox, stream_),
       "rope");

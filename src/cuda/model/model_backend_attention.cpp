@@ -167,8 +167,11 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   const bool reusing = s->plan.reuse_candidates() > 0;
   const ReuseState reuse = reuse_state_for(layer, /*repeat=*/false);
   const ReuseState* rs = reusing ? &reuse : nullptr;
-  if (!graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
-                       arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot})})) {
+  const bool skip =
+      graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
+                      arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot})});
+  keep_bf16_copy({}, {});  // writes no activations (the early selection's q/k/v product follows)
+  if (!skip) {
     CISA_RETURN_IF_ERROR(
         run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kScore, stream_, rs));
     // A decode step's top-k (and the reuse state's update) on the selection stream: what the

@@ -197,6 +197,9 @@ class CudaBackend final : public Backend {
   // Records that the staging buffer holds xb = bf16(x[0..n)), written by the operation just
   // counted: the next operation, if it is a matmul of x, skips the conversion.
   void note_bf16_copy(const float* x, const uint16_t* xb, int64_t n);
+  // Called by an operation that writes only written[i][0..sizes[i]) and not the staging buffer,
+  // after its graph_skip: a copy the operation before it left stays valid for the next one.
+  void keep_bf16_copy(std::span<float* const> written, std::span<const int64_t> sizes);
   // Whether the previous operation left xb = bf16(x[0..n)) (note_bf16_copy).
   bool holds_bf16_copy(const float* x, const uint16_t* xb, int64_t n) const;
   // rms_norm (o null) and add_rms_norm (x += o first): one kernel, y's bf16 copy noted for the
