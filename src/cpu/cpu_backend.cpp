@@ -141,6 +141,22 @@ class CpuBackend final : public Backend {
                         .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
                         .data = reinterpret_cast<const uint8_t*>(p)});
   }
+  Result<BackendMatrix> bind_owned_matrix(std::vector<float> values, int64_t n_rows,
+                                          int64_t n_cols) override {
+    if (n_rows <= 0 || n_cols <= 0 || values.size() != static_cast<size_t>(n_rows * n_cols))
+      return invalid_argument("bind_owned_matrix: " + std::to_string(values.size()) +
+                              " values for a " + std::to_string(n_rows) + " x " +
+                              std::to_string(n_cols) + " matrix");
+    const WeightView w{.type = GgmlType::F32,
+                       .n_rows = n_rows,
+                       .n_cols = n_cols,
+                       .row_bytes = static_cast<uint64_t>(n_cols) * sizeof(float),
+                       .data = reinterpret_cast<const uint8_t*>(values.data())};
+    if (bf16_matmul_) return bind_rounded(w);  // a rounded copy; `values` go with this call
+    owned_.push_back(std::move(values));       // the buffer moves, the view stays valid
+    owned_bytes_ += n_rows * n_cols * static_cast<int64_t>(sizeof(float));
+    return bind_matrix(w);
+  }
   Status read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
                           float* host_out) override {
     CISA_ASSIGN_OR_RETURN(const WeightView* w, view(m, "read_matrix_rows"));

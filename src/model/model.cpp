@@ -256,12 +256,10 @@ Status Model::Impl::bind_index_projections(
   const int hg = hq / hkv;
   const float inv = 1.0f / static_cast<float>(hg);
   index_m.assign(static_cast<size_t>(hp.n_layer), BackendMatrix{});
-  index_host.clear();
   std::vector<float> wq;  // the layer's W_q as the backend multiplies by it, read on first need
   for (int l = 0; l < hp.n_layer; ++l) {
     if (!layer_cisa[static_cast<size_t>(l)]) continue;
-    std::vector<float>& m =
-        index_host.emplace_back(static_cast<size_t>(int64_t{hkv} * d * E));  // moves keep data
+    std::vector<float> m(static_cast<size_t>(int64_t{hkv} * d * E));
     wq.clear();
     for (int g = 0; g < hkv; ++g) {
       float* out = m.data() + int64_t{g} * d * E;
@@ -284,11 +282,7 @@ Status Model::Impl::bind_index_projections(
       }
     }
     CISA_ASSIGN_OR_RETURN(index_m[static_cast<size_t>(l)],
-                          be->bind_matrix({.type = GgmlType::F32,
-                                           .n_rows = int64_t{hkv} * d,
-                                           .n_cols = E,
-                                           .row_bytes = static_cast<uint64_t>(E) * sizeof(float),
-                                           .data = reinterpret_cast<const uint8_t*>(m.data())}));
+                          be->bind_owned_matrix(std::move(m), int64_t{hkv} * d, E));
   }
   return Status::Ok();
 }

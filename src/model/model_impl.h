@@ -103,8 +103,7 @@ struct Model::Impl {
   // Per layer: the index projections of its KV groups stacked, [num_kv_heads · head_dim] rows
   // of n_embd (group g: the calibrated W̃_g, else the mean of the group's W_q head blocks); id −1
   // where the layer runs no CISA (a tap's index queries there are the mean of the query heads).
-  std::vector<BackendMatrix> index_m;
-  std::vector<std::vector<float>> index_host;  // their host values (the CPU backend keeps views)
+  std::vector<BackendMatrix> index_m;  // bound with bind_owned_matrix: the backend keeps them
 
   // model.cpp: the backend the options ask for, checked against what the options need of it.
   Status make_backend();

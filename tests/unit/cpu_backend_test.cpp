@@ -216,6 +216,36 @@ TEST_F(CpuBackendTest, RandomMatrixIsSeededAndNormalWithTheGivenScale) {
   EXPECT_FALSE(be->random_matrix(0, 4, 1, 1.0f).ok());
 }
 
+// bind_owned_matrix: the backend keeps the values it is handed (the caller's vector is gone once
+// the call returns); read_matrix_rows gives back what matmul multiplies by; bad sizes are errors.
+TEST_F(CpuBackendTest, OwnedMatricesAndReadRows) {
+  std::mt19937 rng(3);
+  const std::vector<float> w = randn(rng, 24 * 40);
+  auto m = be->bind_owned_matrix(std::vector<float>(w), 24, 40);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  std::vector<float> back(24 * 40);
+  ASSERT_TRUE(be->read_matrix_rows(*m, 0, 24, back.data()).ok());
+  EXPECT_EQ(back, w);
+  std::vector<float> rows(3 * 40);
+  ASSERT_TRUE(be->read_matrix_rows(*m, 21, 3, rows.data()).ok());
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), w.begin() + 21 * 40));
+  const std::vector<float> xv = randn(rng, 2 * 40);
+  auto x = buf(xv);
+  auto y = *be->allocate(2 * 24 * 4, "y");
+  ASSERT_TRUE(be->matmul(*m, x->f32(), y->f32(), 2).ok());
+  const auto yv = get(*y, 2 * 24);
+  for (int r = 0; r < 2; ++r)
+    for (int o = 0; o < 24; ++o) {
+      double want = 0;
+      for (int c = 0; c < 40; ++c) want += double(w[o * 40 + c]) * xv[r * 40 + c];
+      EXPECT_NEAR(yv[r * 24 + o], want, 1e-4) << r << " " << o;
+    }
+  EXPECT_EQ(be->bind_owned_matrix(std::vector<float>(10), 3, 4).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->read_matrix_rows(*m, 22, 3, rows.data()).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(be->read_matrix_rows(*m, -1, 1, rows.data()).code(), StatusCode::kOutOfRange);
+}
+
 TEST_F(CpuBackendTest, EmbedNormRopeActivationAddRoundMeanGatherMatchReferences) {
   std::mt19937 rng(5);
   const int64_t rows = 11, E = 32, V = 9;

@@ -209,6 +209,9 @@ class DisguisedBackend final : public Backend {
   Result<BackendMatrix> random_matrix(int64_t r, int64_t c, uint64_t seed, float sc) override {
     return in_->random_matrix(r, c, seed, sc);
   }
+  Result<BackendMatrix> bind_owned_matrix(std::vector<float> v, int64_t r, int64_t c) override {
+    return in_->bind_owned_matrix(std::move(v), r, c);
+  }
   Status read_matrix_rows(const BackendMatrix& m, int64_t r0, int64_t rows, float* o) override {
     return in_->read_matrix_rows(m, r0, rows, o);
   }

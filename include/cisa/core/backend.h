@@ -150,6 +150,12 @@ class Backend {
   virtual Result<std::vector<BackendMatrix>> random_matrices(std::span<const int64_t> rows,
                                                              int64_t cols, uint64_t first_seed,
                                                              float scale);
+  // A matrix the backend owns from now on: `values` [n_rows][n_cols] f32 (n_rows · n_cols of
+  // them), bound as bind_matrix binds an F32 view (CPU: kept, or its bf16-rounded copy under
+  // bf16_matmul; CUDA: uploaded as bf16, the host values then freed). Model binds the index
+  // projections it builds with it.
+  virtual Result<BackendMatrix> bind_owned_matrix(std::vector<float> values, int64_t n_rows,
+                                                  int64_t n_cols) = 0;
   // Rows [first_row, first_row + rows) of a bound matrix as the backend multiplies by them (CPU:
   // the stored blocks dequantised, or the bf16-rounded copy under bf16_matmul; CUDA: the bf16
   // values), widened to f32 into host memory: out [rows][m.n_cols]. Model builds matrices from

@@ -99,6 +99,8 @@ class CudaBackend final : public Backend {
   Result<std::vector<BackendMatrix>> bind_matrices(std::span<const WeightView> ws) override;
   Result<std::vector<BackendMatrix>> random_matrices(std::span<const int64_t> rows, int64_t cols,
                                                      uint64_t first_seed, float scale) override;
+  Result<BackendMatrix> bind_owned_matrix(std::vector<float> values, int64_t n_rows,
+                                          int64_t n_cols) override;
   Status read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
                           float* host_out) override;
   Result<const float*> bind_vector(std::span<const float> host_values) override;

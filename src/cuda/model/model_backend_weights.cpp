@@ -134,6 +134,20 @@ Result<std::vector<BackendMatrix>> CudaBackend::random_matrices(std::span<const 
   return add_stack(std::move(mem), rows, cols);
 }
 
+Result<BackendMatrix> CudaBackend::bind_owned_matrix(std::vector<float> values, int64_t n_rows,
+                                                     int64_t n_cols) {
+  if (n_rows <= 0 || n_cols <= 0 || values.size() != static_cast<size_t>(n_rows * n_cols))
+    return invalid_argument("cuda bind_owned_matrix: " + std::to_string(values.size()) +
+                            " values for a " + std::to_string(n_rows) + " x " +
+                            std::to_string(n_cols) + " matrix");
+  // Uploaded (bind_matrix waits for the copies); the host values are freed on return.
+  return bind_matrix({.type = GgmlType::F32,
+                      .n_rows = n_rows,
+                      .n_cols = n_cols,
+                      .row_bytes = static_cast<uint64_t>(n_cols) * sizeof(float),
+                      .data = reinterpret_cast<const uint8_t*>(values.data())});
+}
+
 Status CudaBackend::read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
                                      float* host_out) {
   CISA_ASSIGN_OR_RETURN(const DeviceMatrix* d, find_matrix(m, "read_matrix_rows"));
