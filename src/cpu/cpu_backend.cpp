@@ -135,11 +135,7 @@ class CpuBackend final : public Backend {
         p[r * cols + c] = random_value(seed, static_cast<uint64_t>(r * cols + c), scale);
     });
     owned_bytes_ += bytes;
-    return bind_matrix({.type = GgmlType::F32,
-                        .n_rows = rows,
-                        .n_cols = cols,
-                        .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
-                        .data = reinterpret_cast<const uint8_t*>(p)});
+    return bind_matrix(WeightView::f32(p, rows, cols));
   }
   Result<BackendMatrix> bind_owned_matrix(std::vector<float> values, int64_t n_rows,
                                           int64_t n_cols) override {
@@ -147,11 +143,7 @@ class CpuBackend final : public Backend {
       return invalid_argument("bind_owned_matrix: " + std::to_string(values.size()) +
                               " values for a " + std::to_string(n_rows) + " x " +
                               std::to_string(n_cols) + " matrix");
-    const WeightView w{.type = GgmlType::F32,
-                       .n_rows = n_rows,
-                       .n_cols = n_cols,
-                       .row_bytes = static_cast<uint64_t>(n_cols) * sizeof(float),
-                       .data = reinterpret_cast<const uint8_t*>(values.data())};
+    const WeightView w = WeightView::f32(values.data(), n_rows, n_cols);
     if (bf16_matmul_) return bind_rounded(w);  // a rounded copy; `values` go with this call
     owned_.push_back(std::move(values));       // the buffer moves, the view stays valid
     owned_bytes_ += n_rows * n_cols * static_cast<int64_t>(sizeof(float));
@@ -416,11 +408,7 @@ class CpuBackend final : public Backend {
       for (int64_t c = 0; c < w.n_cols; ++c) row[c] = bf16_to_f32(f32_to_bf16(row[c]));
     }
     owned_bytes_ += bytes;
-    views_.push_back({.type = GgmlType::F32,
-                      .n_rows = w.n_rows,
-                      .n_cols = w.n_cols,
-                      .row_bytes = static_cast<uint64_t>(w.n_cols) * sizeof(float),
-                      .data = reinterpret_cast<const uint8_t*>(p)});
+    views_.push_back(WeightView::f32(p, w.n_rows, w.n_cols));
     return BackendMatrix{w.n_rows, w.n_cols, static_cast<int>(views_.size() - 1)};
   }
   Result<const WeightView*> view(const BackendMatrix& m, const char* what) const {

@@ -31,11 +31,7 @@ Result<WeightView> matrix_view(const GgufFile& f, const std::string& name, int64
   std::vector<float>& buf = store->emplace_back(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     CISA_RETURN_IF_ERROR(dequantize_row(w.type, w.row(r), buf.data() + r * cols, cols));
-  return WeightView{.type = GgmlType::F32,
-                    .n_rows = rows,
-                    .n_cols = cols,
-                    .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
-                    .data = reinterpret_cast<const uint8_t*>(buf.data())};
+  return WeightView::f32(buf.data(), rows, cols);
 }
 
 Result<BackendMatrix> matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,

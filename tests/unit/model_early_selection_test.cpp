@@ -10,22 +10,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "cisa/core/plan.h"
 #include "cisa/cpu/selection.h"
 #include "cisa/model/model.h"
+#include "test_util.h"
 
 namespace cisa {
 namespace {
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-  return t;
-}
+using test::random_tokens;
 
 ModelOptions cisa_options() {
   ModelOptions o{.threads = 2, .context = 1024, .max_sequences = 1, .prefill_block = 128};

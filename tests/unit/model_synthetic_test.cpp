@@ -13,6 +13,7 @@
 #include "cisa/model/gguf.h"
 #include "cisa/model/model.h"
 #include "cisa/model/tokenizer.h"
+#include "test_util.h"
 
 namespace cisa {
 namespace {
@@ -85,12 +86,7 @@ TEST(ModelSynthetic, ShapesOfThePublicModels) {
   EXPECT_EQ((*one)->hparams().n_layer, 1);
 }
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-  return t;
-}
+using test::random_tokens;
 
 // Logits of every row of `tokens` in a fresh sequence.
 std::vector<float> run(Model& m, const std::vector<int32_t>& tokens) {

@@ -51,6 +51,14 @@ struct WeightView {
   // Views a tensor of 1 to 4 dimensions as [ne1*ne2*ne3] rows of ne0; fails for a type
   // matmul cannot multiply.
   static Result<WeightView> of(const GgufTensor& t);
+  // Views rows × cols f32 values, row-major (owned by the caller).
+  static WeightView f32(const float* values, int64_t rows, int64_t cols) {
+    return {.type = GgmlType::F32,
+            .n_rows = rows,
+            .n_cols = cols,
+            .row_bytes = static_cast<uint64_t>(cols) * sizeof(float),
+            .data = reinterpret_cast<const uint8_t*>(values)};
+  }
 };
 
 // Reusable buffers for matmul (the quantised activations); keeping one per caller avoids a

@@ -141,11 +141,7 @@ Result<BackendMatrix> CudaBackend::bind_owned_matrix(std::vector<float> values, 
                             " values for a " + std::to_string(n_rows) + " x " +
                             std::to_string(n_cols) + " matrix");
   // Uploaded (bind_matrix waits for the copies); the host values are freed on return.
-  return bind_matrix({.type = GgmlType::F32,
-                      .n_rows = n_rows,
-                      .n_cols = n_cols,
-                      .row_bytes = static_cast<uint64_t>(n_cols) * sizeof(float),
-                      .data = reinterpret_cast<const uint8_t*>(values.data())});
+  return bind_matrix(WeightView::f32(values.data(), n_rows, n_cols));
 }
 
 Status CudaBackend::read_matrix_rows(const BackendMatrix& m, int64_t first_row, int64_t rows,
