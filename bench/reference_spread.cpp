@@ -7,7 +7,10 @@
 // any pair of engines can agree to on this model: the GPU golden test's bars (top-1 >= 99% / 98%,
 // mean KL < 0.01 / 0.02) can be read against it (docs/cuda-model.md). Runs on the CPU only.
 //
-//   reference_spread [model]          (default smollm2-135m; CISA_MODELS_DIR or models/)
+//   reference_spread [model] [defaults]   (default smollm2-135m; CISA_MODELS_DIR or models/)
+//
+// `defaults`: CISA only, with the CLI's default selection (k = n/256, W = n/1024, G = 16; README)
+// instead of the golden test's 4x smaller k and W.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -81,9 +84,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "reference_spread: %s\n", probe.status().to_string().c_str());
     return 1;
   }
-  const SelectionParams selection = golden_cisa_selection((*probe)->hparams().n_ctx_train);
+  const int64_t n_ctx = (*probe)->hparams().n_ctx_train;
+  const bool cli_defaults = argc > 2 && std::string(argv[2]) == "defaults";
+  const SelectionParams selection =
+      cli_defaults ? SelectionParams{.budget = std::max<int64_t>(16, n_ctx / 256),
+                                     .window = std::max<int64_t>(4, n_ctx / 1024),
+                                     .qshare = 16}
+                   : golden_cisa_selection(n_ctx);
+  std::printf("CISA selection: k = %lld, W = %lld, G = %lld (%s)\n",
+              static_cast<long long>(selection.budget), static_cast<long long>(selection.window),
+              static_cast<long long>(selection.qshare),
+              cli_defaults ? "the CLI's defaults" : "the golden test's");
   probe->reset();
   for (bool cisa_mode : {false, true}) {
+    if (cli_defaults && !cisa_mode) continue;
     auto rounded = load(*path, longest, cisa_mode ? &selection : nullptr, true);
     auto exact = load(*path, longest, cisa_mode ? &selection : nullptr, false);
     if (!rounded || !exact) return 1;

@@ -32,7 +32,10 @@ Status plan_attention(Plan::Impl& P) {
   int64_t max_rows = 0;
   for (const auto& g : P.groups)
     max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
-  P.warps = max_rows > 64 ? 8 : 4;
+  // PlanOptions::batch_invariant: one tile size, page-split warps and unions off, and splits by
+  // the list's own length, so that nothing depends on the batch's other entries.
+  const bool invariant = P.options.batch_invariant;
+  P.warps = max_rows > 64 || invariant ? 8 : 4;
   const int64_t tile = 16 * P.warps;
   // Unions of 2 … kUnionGroups consecutive small selecting groups of one entry (per KV group).
   P.unions.clear();
@@ -43,7 +46,7 @@ Status plan_attention(Plan::Impl& P) {
   const auto list_size = [](const detail::ListDesc& d) {
     return static_cast<int64_t>(d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
   };
-  if (P.group_unions && P.head_dim <= tiles::kUnionMaxHeadDim) {
+  if (P.group_unions && !invariant && P.head_dim <= tiles::kUnionMaxHeadDim) {
     const size_t ng = P.groups.size();
     const auto small = [&](size_t g) {
       const auto& q = P.groups[g];
@@ -85,7 +88,7 @@ Status plan_attention(Plan::Impl& P) {
     }
   }
   P.page_warps = 1;
-  if (P.unions.empty() && P.warps == 4 && P.head_dim <= tiles::kPageSplitMaxHeadDim)
+  if (P.unions.empty() && P.warps == 4 && !invariant && P.head_dim <= tiles::kPageSplitMaxHeadDim)
     P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
   // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements).
   P.wgmma = detail::wgmma_attention_applies(P.head_dim, P.page_warps, !P.unions.empty()) &&
@@ -134,6 +137,8 @@ Status plan_attention(Plan::Impl& P) {
                      : P.page_warps > 1 ? target / pairs
                                         : (target + pairs - 1) / pairs;
     splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
+    if (invariant)
+      splits = g.last == g.first ? std::max<int64_t>(1, n / tiles::kInvariantSplitPages) : 1;
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
       const int64_t base = P.partial_rows;

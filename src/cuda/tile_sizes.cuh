@@ -43,6 +43,9 @@ constexpr int kMinSplitPages = 64;
 // 0.156 ms, 32:1 0.322, 32:2 0.297; 4 → 0.161 / 0.334 / 0.304; 6 and 8 slower still. v5 rounded
 // splits up (32 lists × 17 = 544 tasks on 264 slots: a third wave of 16 tasks).
 constexpr int kDecodeBlocksPerSm = 2;
+// PlanOptions::batch_invariant: a list of one query position splits into one task per this many
+// pages (whatever else the batch holds); lists of more positions never split.
+constexpr int kInvariantSplitPages = 128;
 
 // ---- attention on warpgroup MMA (attention_wgmma.cu, v4) ----
 // Full row tiles (64 or 128 rows, no unions, no page-split warps) at d = 128 run Q·Kᵀ and P·V as

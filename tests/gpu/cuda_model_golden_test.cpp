@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -65,7 +66,7 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
   }
 
   enum class Engine { kGpu, kCpuBf16Products, kCpuExactF32 };
-  std::unique_ptr<Model> load(Engine e, int64_t context) {
+  std::unique_ptr<Model> load(Engine e, int64_t context, bool batch_invariant = false) {
     ModelOptions o;
     o.context = (context + 255) / 256 * 256;
     o.max_sequences = 3;
@@ -74,6 +75,7 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
     // of the keys (a near-tie between two pages' scores can otherwise flip a selection).
     o.kv_dtype = KvDtype::kBF16;
     if (e == Engine::kGpu) o.backend = cuda::make_model_backend;
+    o.batch_invariant = batch_invariant;
     if (e == Engine::kCpuBf16Products) o.bf16_matmul = true;
     if (e == Engine::kCpuExactF32) o.weights_f32 = true;
     if (GetParam().cisa) {
@@ -86,6 +88,51 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
     auto m = Model::load(path_, o);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  // Greedy decoding on the GPU of the batch test's prompts `which`, all in one batch: prefill,
+  // then kSteps steps of one forward call holding a row of every sequence.
+  static constexpr int kSteps = 12;
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;             // [sequence][step]
+    std::vector<std::vector<std::vector<float>>> logits;  // [sequence][step][V]
+  };
+  std::vector<std::vector<int32_t>> batch_prompts() const {
+    const FixturePrompt& a = fixture_.prompts[0];
+    const FixturePrompt& b = fixture_.prompts[1];
+    return {a.ids,
+            {b.ids.begin(), b.ids.begin() + std::min<size_t>(b.ids.size(), 700)},
+            {a.ids.begin(), a.ids.begin() + 9}};
+  }
+  static Run greedy(Model& gpu, const std::vector<std::vector<int32_t>>& prompts,
+                    const std::vector<size_t>& which) {
+    const int V = gpu.hparams().n_vocab;
+    Run run;
+    run.tokens.resize(which.size());
+    run.logits.resize(which.size());
+    std::vector<SeqId> seqs;
+    std::vector<std::vector<int32_t>> next(which.size());
+    for (size_t i = 0; i < which.size(); ++i) {
+      seqs.push_back(*gpu.add_sequence());
+      next[i] = prompts[which[i]];
+    }
+    for (int step = 0; step <= kSteps; ++step) {
+      std::vector<SequenceInput> in;
+      for (size_t i = 0; i < which.size(); ++i) in.push_back({.seq = seqs[i], .tokens = next[i]});
+      std::vector<float> logits;
+      const Status s = gpu.forward(in, &logits);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      if (!s.ok()) break;
+      for (size_t i = 0; i < which.size(); ++i) {
+        std::vector<float> row(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+        const int32_t t = argmax(row);
+        run.tokens[i].push_back(t);
+        run.logits[i].push_back(std::move(row));
+        next[i] = {t};
+      }
+    }
+    for (SeqId s : seqs) EXPECT_TRUE(gpu.release_sequence(s).ok());
+    return run;
   }
 
   std::string path_;
@@ -154,51 +201,13 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
 TEST_P(CudaModelGolden, BatchedGreedyEqualsSeparateRuns) {
   if (GetParam().cisa) GTEST_SKIP() << "run once per model (dense)";
   ASSERT_GE(fixture_.prompts.size(), 2u);
-  const FixturePrompt& a = fixture_.prompts[0];
-  const FixturePrompt& b = fixture_.prompts[1];
-  const std::vector<std::vector<int32_t>> prompts = {
-      a.ids,
-      {b.ids.begin(), b.ids.begin() + std::min<size_t>(b.ids.size(), 700)},
-      {a.ids.begin(), a.ids.begin() + 9}};
-  constexpr int kSteps = 12;
+  const auto prompts = batch_prompts();
   auto gpu = load(Engine::kGpu, 1024);
   ASSERT_TRUE(gpu);
   const int V = gpu->hparams().n_vocab;
-  struct Run {
-    std::vector<std::vector<int32_t>> tokens;             // [sequence][step]
-    std::vector<std::vector<std::vector<float>>> logits;  // [sequence][step][V]
-  };
-  auto greedy = [&](std::vector<size_t> which) {
-    Run run;
-    run.tokens.resize(which.size());
-    run.logits.resize(which.size());
-    std::vector<SeqId> seqs;
-    std::vector<std::vector<int32_t>> next(which.size());
-    for (size_t i = 0; i < which.size(); ++i) {
-      seqs.push_back(*gpu->add_sequence());
-      next[i] = prompts[which[i]];
-    }
-    for (int step = 0; step <= kSteps; ++step) {
-      std::vector<SequenceInput> in;
-      for (size_t i = 0; i < which.size(); ++i) in.push_back({.seq = seqs[i], .tokens = next[i]});
-      std::vector<float> logits;
-      const Status s = gpu->forward(in, &logits);
-      EXPECT_TRUE(s.ok()) << s.to_string();
-      if (!s.ok()) break;
-      for (size_t i = 0; i < which.size(); ++i) {
-        std::vector<float> row(logits.begin() + i * V, logits.begin() + (i + 1) * V);
-        const int32_t t = argmax(row);
-        run.tokens[i].push_back(t);
-        run.logits[i].push_back(std::move(row));
-        next[i] = {t};
-      }
-    }
-    for (SeqId s : seqs) EXPECT_TRUE(gpu->release_sequence(s).ok());
-    return run;
-  };
-  const Run together = greedy({0, 1, 2});
+  const Run together = greedy(*gpu, prompts, {0, 1, 2});
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const Run alone = greedy({i});
+    const Run alone = greedy(*gpu, prompts, {i});
     ASSERT_EQ(together.tokens[i].size(), alone.tokens[0].size());
     for (size_t step = 0; step < alone.tokens[0].size(); ++step) {
       const std::vector<float>& x = together.logits[i][step];
@@ -224,6 +233,31 @@ TEST_P(CudaModelGolden, BatchedGreedyEqualsSeparateRuns) {
         // above.)
         break;  // the continuations may part after a near-tie
       }
+    }
+  }
+}
+
+// The same with ModelOptions::batch_invariant, dense and CISA: every sequence's logits in the
+// batch are the same bits as alone at every step, so its greedy tokens are the same.
+TEST_P(CudaModelGolden, BatchInvariantGreedyIsBitIdentical) {
+  ASSERT_GE(fixture_.prompts.size(), 2u);
+  const auto prompts = batch_prompts();
+  auto gpu = load(Engine::kGpu, 1024, /*batch_invariant=*/true);
+  ASSERT_TRUE(gpu);
+  const Run together = greedy(*gpu, prompts, {0, 1, 2});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Run alone = greedy(*gpu, prompts, {i});
+    ASSERT_EQ(together.tokens[i].size(), alone.tokens[0].size());
+    EXPECT_EQ(together.tokens[i], alone.tokens[0]) << "sequence " << i << ": greedy tokens";
+    for (size_t step = 0; step < alone.tokens[0].size(); ++step) {
+      const std::vector<float>& x = together.logits[i][step];
+      const std::vector<float>& y = alone.logits[0][step];
+      ASSERT_EQ(x.size(), y.size());
+      size_t differ = 0;
+      for (size_t v = 0; v < x.size(); ++v) differ += std::memcmp(&x[v], &y[v], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "sequence " << i << " step " << step << ": " << differ
+                            << " logits are other bits in the batch than alone";
+      if (together.tokens[i][step] != alone.tokens[0][step]) break;
     }
   }
 }

@@ -80,12 +80,6 @@ struct Placed {
   }
 };
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
-  return h;
-}
-
 TEST(CudaModelOps, EmbedMatchesTableTimesScale) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(1);

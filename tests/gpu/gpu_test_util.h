@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cisa/core/bf16.h"
 #include "cisa/cpu/kv_cache.h"
 #include "cisa/cuda/backend.h"
 
@@ -27,6 +28,13 @@ namespace cisa::test {
   } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ(cudaSuccess, (expr)) << cudaGetErrorString(cudaGetLastError())
+
+// Each value rounded to bf16 (round to nearest even).
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
+  return h;
+}
 
 template <class T>
 class DevVec {

@@ -75,6 +75,21 @@ TEST(CliModelOptions, KvDtypeAutoAndCudaRefusals) {
   EXPECT_FALSE(to_model_options(f).ok());
 }
 
+// --batch-invariant is a --backend cuda mode: refused on the CPU with a reason, off by default.
+TEST(CliModelOptions, BatchInvariantNeedsCuda) {
+  ModelCliOptions o;
+  ASSERT_EQ(parse({}, &o), -1);
+  EXPECT_FALSE(o.batch_invariant);
+  ModelCliOptions b;
+  ASSERT_EQ(parse({"--batch-invariant"}, &b), -1);
+  EXPECT_TRUE(b.batch_invariant);
+  scale_cisa_defaults(&b, 4096);
+  auto m = to_model_options(b);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("--backend cuda"), std::string::npos) << m.status().message();
+}
+
 TEST(CliModelOptions, SelectionReuseOptions) {
   ModelCliOptions o;
   ASSERT_EQ(parse({"--attention", "cisa", "--reuse-steps", "4", "--reuse-check", "none"}, &o), -1);

@@ -310,5 +310,14 @@ TEST(ModelSynthetic, AnotherBackendGivesTheSameLogitsAndRefusesCpuOnlyFeatures) 
   EXPECT_EQ(Model::load_synthetic("tiny-llama", num).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Batch invariance is a CUDA backend mode (BackendOptions::batch_invariant); the CPU backend
+// refuses it with a reason rather than run without it.
+TEST(ModelSynthetic, CpuBackendRefusesBatchInvariance) {
+  auto m = Model::load_synthetic("tiny-llama", {.context = 256, .batch_invariant = true});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("CUDA backend"), std::string::npos) << m.status().message();
+}
+
 }  // namespace
 }  // namespace cisa

@@ -27,6 +27,9 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
                "where the model runs: cpu (default) or cuda (an sm_90 GPU; builds with CUDA)");
   p.add_choice("--cuda-graphs", &o->cuda_graphs, {"on", "off"},
                "--backend cuda: replay decode steps from CUDA graphs (default on)");
+  p.add_flag("--batch-invariant", &o->batch_invariant,
+             "--backend cuda: every sequence gets the same bits alone or in any batch (one GEMM "
+             "algorithm and attention split per sequence; slower)");
   p.add_choice("--kv-dtype", &o->kv_dtype, {"auto", "f32", "bf16"},
                "KV cache element type (default: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},
@@ -135,6 +138,11 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (cuda && m.kv_dtype != KvDtype::kBF16)
     return invalid_argument("--backend cuda keeps its KV cache in bf16: drop --kv-dtype " +
                             o.kv_dtype + " or use --kv-dtype bf16");
+  if (!cuda && o.batch_invariant)
+    return invalid_argument(
+        "--batch-invariant is a --backend cuda mode (the CPU backend's results depend on the "
+        "batch through its attention splits and 8-bit activations)");
+  m.batch_invariant = o.batch_invariant;
   if (cuda && o.llamacpp_numerics)
     return invalid_argument(
         "--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");

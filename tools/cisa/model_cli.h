@@ -36,6 +36,9 @@ struct ModelCliOptions {
   // "on": decode steps select CISA pages before the layer's q/k/v (AttentionOptions::
   // early_selection); "off": after the cache append (A/B runs).
   std::string early_selection = "on";
+  // --batch-invariant: ModelOptions::batch_invariant (CUDA: a sequence's tokens do not depend on
+  // the rest of its batch; slower).
+  bool batch_invariant = false;
   // "auto": f32 on the CPU backend, bf16 on CUDA (the only type its kernels take).
   std::string kv_dtype = "auto";
   // A synthetic model (Model::load_synthetic, synthetic_model_names()) instead of a GGUF file:

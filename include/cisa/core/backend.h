@@ -109,6 +109,13 @@ struct BackendOptions {
   // rounded to bf16 before it is multiplied (products and sums in f32). The CUDA backend always
   // multiplies so and ignores it.
   bool bf16_matmul = false;
+  // CUDA: batch invariance. A sequence's results are the same bits whatever else its step holds
+  // (one GEMM algorithm per matrix for every row count, cuda::GemmOptions::batch_invariant; and
+  // attention work split by each list's own length, cuda::PlanOptions::batch_invariant), so
+  // greedy tokens in a batch equal those of the sequence alone. Slower: docs/cuda-model.md. The
+  // CPU backend has no such mode (its attention splits and 8-bit activations depend on the step)
+  // and refuses it.
+  bool batch_invariant = false;
 };
 
 // What a backend did with the steps begin_step() bracketed (step_graph_stats()).

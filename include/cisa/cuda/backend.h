@@ -128,6 +128,12 @@ struct PlanOptions {
   // keeps no state and always selects. Needed by plan_sparse when reuse_steps > 1 (the plan
   // copies it); ignored otherwise.
   std::span<const int32_t> reuse_slots;
+  // Batch invariance: every list's attention runs the same arithmetic whatever else the batch
+  // holds, so a sequence alone and in a batch gets the same bits. The row tile is 128 rows with
+  // one warp per 16 rows (no page-split warps), no unions, and a list splits by its own length
+  // only (decode lists: one task per tile_sizes.cuh's kInvariantSplitPages pages; prefill lists:
+  // never). Costs speed where the batch-dependent decomposition would fill the GPU better.
+  bool batch_invariant = false;
   // Where the plan's launch metadata goes to the device: a cudaStream_t, on which one copy from
   // page-locked staging is enqueued (no host synchronisation; the staging is reused once that
   // copy is done). nullptr: a synchronous copy (the legacy default stream).

@@ -163,6 +163,9 @@ struct ModelOptions {
   // rounded to bf16 at load, every matrix product's input rounded to bf16, f32 accumulation. The
   // CPU reference for the GPU tests (tests/gpu/cuda_model_golden_test.cpp); CPU backend only.
   bool bf16_matmul = false;
+  // The backend's batch-invariant mode (BackendOptions::batch_invariant): a sequence's logits do
+  // not depend on the other sequences of its steps. CUDA backend only; slower.
+  bool batch_invariant = false;
   // How the GGUF comes into memory (gguf.h): kMap (the default) maps it; kRead reads it whole, like
   // llama.cpp's --no-mmap, so that a file truncated or rewritten while the model runs cannot crash
   // it (costs the file's size in memory). With kMap, forward() re-checks the file's size first

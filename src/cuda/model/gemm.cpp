@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <string>
@@ -112,10 +113,21 @@ constexpr int kTimedRuns = 5;  // each after an L2 flush; a candidate's time is 
 // one is chosen: at 2 x 1M the isolated times were within 1-8 % of each other, and which side won
 // changed from process to process (docs/cuda-model.md, 2026-12-04).
 constexpr float kOwnKernelMargin = 0.10f;
+// GemmOptions::batch_invariant: a shape's one algorithm is the heuristic's first pick for this many
+// rows (the model's prefill block) that runs with K unsplit, and every row count runs it. Its
+// alignment preference is capped at 16 bytes, so that the pick serves every operand offset the
+// model passes (rows of bf16 or f32 matrices whose widths are multiples of 8).
+constexpr int64_t kInvariantRows = 512;
+constexpr uint32_t kInvariantAlign = 16;
 
 }  // namespace
 
+// n, k, ldy and the alignments (capped at kInvariantAlign) of a batch-invariant algorithm.
+using InvariantKey = std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+
 struct Gemm::Impl {
+  GemmOptions options;
+  std::map<InvariantKey, cublasLtMatmulAlgo_t> invariant;  // batch_invariant: algorithm per shape
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;  // TN, f32 compute and scale: the same for every shape
   void* workspace = nullptr;            // device, kWorkspaceBytes (also the skinny partials)
@@ -196,31 +208,24 @@ struct Gemm::Impl {
     CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uk, ur, k), "layout of x");
     CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, un, ur, ldy), "layout of y");
 
-    cublasLtMatmulPreference_t pref = nullptr;
-    CISA_BLAS_OK(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    const uint64_t ws = kWorkspaceBytes;
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    const uint32_t aligns[4] = {align_w, align_x, align_y, align_y};
-    const cublasLtMatmulPreferenceAttributes_t which[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; ++i)
-      s = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]);
+    if (options.batch_invariant) {
+      CISA_ASSIGN_OR_RETURN(p->choice.algo, invariant_algo(n, k, ldy, align_w, align_x, align_y));
+      cublasLtMatmulHeuristicResult_t check{};
+      const cublasStatus_t s =
+          cublasLtMatmulAlgoCheck(handle, desc, p->a, p->b, p->c, p->c, &p->choice.algo, &check);
+      if (s != CUBLAS_STATUS_SUCCESS || check.workspaceSize > kWorkspaceBytes)
+        return internal_error("cuda gemm: the batch-invariant algorithm of n = " +
+                              std::to_string(n) + ", k = " + std::to_string(k) + " does not run " +
+                              std::to_string(rows) + " rows (" + cublasLtGetStatusName(s) + ")");
+      p->note = std::to_string(n) + " x " + std::to_string(k) + ", " + std::to_string(rows) +
+                " rows: " + label(p->choice) + " (batch-invariant: one algorithm, every row count)";
+      if (plans.size() >= kMaxCachedShapes) plans.clear();
+      return plans.emplace(key, std::move(p)).first->second.get();
+    }
     cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(handle, desc, p->a, p->b, p->c, p->c, pref, kCandidates,
-                                         results, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS) return blas_error(s, "algorithm heuristic");
-    if (found < 1 || results[0].state != CUBLAS_STATUS_SUCCESS)
-      return internal_error(
-          "cuda gemm: cuBLASLt has no bf16 → f32 algorithm for n = " + std::to_string(n) +
-          ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
-          ", ldy = " + std::to_string(ldy) + " (alignments " + std::to_string(align_w) + "/" +
-          std::to_string(align_x) + "/" + std::to_string(align_y) + " bytes): " +
-          cublasLtGetStatusName(found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
+    CISA_RETURN_IF_ERROR(
+        heuristic(*p, {align_w, align_x, align_y}, results, &found, n, k, rows, ldy));
     p->choice = {.algo = results[0].algo};
     p->note = label(p->choice) + " (the heuristic's first pick, untimed)";
     if (rows <= kTimedRowsMax) {
@@ -235,6 +240,85 @@ struct Gemm::Impl {
               " rows: " + p->note;
     if (plans.size() >= kMaxCachedShapes) plans.clear();
     return plans.emplace(key, std::move(p)).first->second.get();
+  }
+
+  // Up to kCandidates algorithms of the heuristic for the plan's layouts, whose operands are
+  // aligned to `aligns` (W, x, y) bytes; an error when it has none.
+  Status heuristic(const Plan& p, const std::array<uint32_t, 3>& aligns,
+                   cublasLtMatmulHeuristicResult_t* results, int* found, int64_t n, int64_t k,
+                   int64_t rows, int64_t ldy) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    CISA_BLAS_OK(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t ws = kWorkspaceBytes;
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    const uint32_t al[4] = {aligns[0], aligns[1], aligns[2], aligns[2]};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; ++i)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+    *found = 0;
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulAlgoGetHeuristic(handle, desc, p.a, p.b, p.c, p.c, pref, kCandidates,
+                                         results, found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS) return blas_error(s, "algorithm heuristic");
+    if (*found < 1 || results[0].state != CUBLAS_STATUS_SUCCESS)
+      return internal_error(
+          "cuda gemm: cuBLASLt has no bf16 → f32 algorithm for n = " + std::to_string(n) +
+          ", k = " + std::to_string(k) + ", rows = " + std::to_string(rows) +
+          ", ldy = " + std::to_string(ldy) + " (alignments " + std::to_string(aligns[0]) + "/" +
+          std::to_string(aligns[1]) + "/" + std::to_string(aligns[2]) + " bytes): " +
+          cublasLtGetStatusName(*found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : results[0].state));
+    return Status::Ok();
+  }
+
+  // GemmOptions::batch_invariant: the one algorithm of a shape, made on first use: the first of
+  // the heuristic's picks for kInvariantRows rows that runs with K unsplit (its split count set to
+  // 1 where it had more).
+  Result<cublasLtMatmulAlgo_t> invariant_algo(int64_t n, int64_t k, int64_t ldy, uint32_t align_w,
+                                              uint32_t align_x, uint32_t align_y) {
+    const std::array<uint32_t, 3> al = {std::min(align_w, kInvariantAlign),
+                                        std::min(align_x, kInvariantAlign),
+                                        std::min(align_y, kInvariantAlign)};
+    const InvariantKey key{n, k, ldy, al[0], al[1], al[2]};
+    if (auto it = invariant.find(key); it != invariant.end()) return it->second;
+    Plan ref;
+    const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k),
+               ur = static_cast<uint64_t>(kInvariantRows);
+    CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&ref.a, CUDA_R_16BF, uk, un, k), "layout of W");
+    CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&ref.b, CUDA_R_16BF, uk, ur, k), "layout of x");
+    CISA_BLAS_OK(cublasLtMatrixLayoutCreate(&ref.c, CUDA_R_32F, un, ur, ldy), "layout of y");
+    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+    int found = 0;
+    CISA_RETURN_IF_ERROR(heuristic(ref, al, results, &found, n, k, kInvariantRows, ldy));
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      cublasLtMatmulAlgo_t a = results[i].algo;
+      int32_t splits = 1;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                               sizeof splits, &written) != CUBLAS_STATUS_SUCCESS)
+        continue;
+      if (splits > 1) {
+        const int32_t one = 1;
+        const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                                 sizeof one) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                                 sizeof none) != CUBLAS_STATUS_SUCCESS)
+          continue;
+      }
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle, desc, ref.a, ref.b, ref.c, ref.c, &a, &check) !=
+              CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize > kWorkspaceBytes)
+        continue;
+      return invariant.emplace(key, a).first->second;
+    }
+    return internal_error("cuda gemm: no cuBLASLt algorithm runs n = " + std::to_string(n) +
+                          ", k = " + std::to_string(k) + " with K unsplit (batch-invariant)");
   }
 
   // Copies of the heuristic's candidates that split K over 2-16 slices, where the algorithm
@@ -382,8 +466,9 @@ struct Gemm::Impl {
 Gemm::Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gemm::~Gemm() = default;
 
-Result<std::unique_ptr<Gemm>> Gemm::create() {
+Result<std::unique_ptr<Gemm>> Gemm::create(const GemmOptions& options) {
   auto impl = std::make_unique<Impl>();
+  impl->options = options;
   CISA_BLAS_OK(cublasLtCreate(&impl->handle), "cublasLtCreate");
   CISA_BLAS_OK(cublasLtMatmulDescCreate(&impl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "matmul description");

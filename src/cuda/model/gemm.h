@@ -11,6 +11,11 @@
 // use from several streams: the workspace is shared (calls are serialised on the host by a mutex,
 // but two streams could still overlap on the device).
 //
+// GemmOptions::batch_invariant trades speed for one reduction order per matrix: every row count
+// of a shape (n x k, ldy) runs the same cuBLASLt algorithm with K unsplit, so row r of y is the
+// same bits whether x holds 1 row or 4,000 (a sequence alone and in a batch give the same logits).
+// Without it, the algorithm, K split and few-row kernel are chosen per row count.
+//
 //   auto gemm = *cisa::cuda::Gemm::create();
 //   // W: device bf16 [n][k]; x: device bf16 [rows][k]; y: device f32 [rows][ldy], ldy ≥ n
 //   CISA_RETURN_IF_ERROR(gemm->run(w, n, k, x, rows, y, /*ldy=*/n, stream));
@@ -27,10 +32,15 @@
 
 namespace cisa::cuda {
 
+struct GemmOptions {
+  // One algorithm per shape for every row count, K never split (see above).
+  bool batch_invariant = false;
+};
+
 class Gemm {
  public:
   // Creates the cuBLASLt handle and the workspace on the current device.
-  static Result<std::unique_ptr<Gemm>> create();
+  static Result<std::unique_ptr<Gemm>> create(const GemmOptions& options = {});
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;

@@ -176,7 +176,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
       check_cuda(cudaEventCreateWithFlags(&be->side_done_, cudaEventDisableTiming), "cuda: event"));
   be->description_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) +
                      std::to_string(prop.minor) + ")";
-  CISA_ASSIGN_OR_RETURN(be->gemm_, Gemm::create());
+  be->batch_invariant_ = options.batch_invariant;
+  CISA_ASSIGN_OR_RETURN(be->gemm_, Gemm::create({.batch_invariant = options.batch_invariant}));
   return be;
 }
 
