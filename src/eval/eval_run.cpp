@@ -80,6 +80,7 @@ class ModelCache {
     o.prefill_block = plan_.prefill_block;
     o.kv_dtype = plan_.kv_dtype;
     o.backend = plan_.backend;
+    o.batch_invariant = plan_.batch_invariant;
     CISA_ASSIGN_OR_RETURN(o.attention, config_attention(c, length, page_size, &o.rep));
     if (c.calibrated) {
       auto it = plan_.index.find(c.indexer_label);
@@ -201,6 +202,7 @@ Status run_eval(const EvalPlan& plan) {
     if (!plan.indexer_path.empty()) meta["indexer"] = plan.indexer_path;
     if (plan.backend_name != "cpu") meta["backend"] = plan.backend_name;
     if (plan.batch > 1) meta["batch"] = plan.batch;
+    if (plan.batch_invariant) meta["batch_invariant"] = true;
     if (plan.doc_rows != 64) meta["doc_rows"] = plan.doc_rows;
     meta["examples"] = plan.examples;
     meta["seed"] = static_cast<int64_t>(plan.seed);

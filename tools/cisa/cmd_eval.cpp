@@ -63,7 +63,7 @@ int cmd_eval(int argc, char** argv) {
   std::vector<std::string> task_args, length_args, config_args;
   int64_t examples = 4, seed = 1, threads = 0, prefill_block = 512, bootstrap = 2000, batch = 1,
           doc_rows = 64;
-  bool resume = false, summary_only = false, json = false;
+  bool resume = false, summary_only = false, json = false, batch_invariant = false;
   p.add_string("--model", &model_arg, "model name (gemma3-270m, smollm2-135m) or GGUF path");
   p.alias("-m", "--model");
   p.add_strings("--tasks", &task_args,
@@ -97,6 +97,8 @@ int cmd_eval(int argc, char** argv) {
   p.add_choice("--kv-dtype", &kv, {"auto", "f32", "bf16"},
                "KV cache storage (default auto: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--backend", &backend, {"cpu", "cuda"}, "where the models run (default cpu)");
+  p.add_flag("--batch-invariant", &batch_invariant,
+             "--backend cuda: results that do not depend on --batch (slower)");
   p.add_int("--bootstrap", &bootstrap, "bootstrap resamples for the intervals (default 2000)");
   std::vector<std::string> layer_budget_args;
   p.add_strings("--layer-budgets", &layer_budget_args,
@@ -166,6 +168,9 @@ int cmd_eval(int argc, char** argv) {
       return fail("--backend cuda keeps K/V in bf16: drop --kv-dtype f32");
     plan.kv_dtype =
         kv == "bf16" || (kv == "auto" && backend == "cuda") ? KvDtype::kBF16 : KvDtype::kF32;
+    if (batch_invariant && backend != "cuda")
+      return fail("--batch-invariant is a --backend cuda mode");
+    plan.batch_invariant = batch_invariant;
     auto factory = cli::backend_factory(backend);
     if (!factory.ok()) return fail(factory.status().message());
     plan.backend = *factory;

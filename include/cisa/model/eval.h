@@ -255,8 +255,12 @@ struct EvalPlan {
   int prefill_block = 512;
   // Prompts of one (length, configuration) generated side by side (ModelOptions::max_sequences);
   // 1 runs them one at a time. Greedy tokens do not depend on it on the CPU; on CUDA a GEMM may
-  // pick other tiles for other row counts, so bf16-level differences can change a near tie.
+  // pick other tiles for other row counts, so bf16-level differences can change a near tie, unless
+  // batch_invariant.
   int batch = 1;
+  // ModelOptions::batch_invariant for every model of the run (CUDA only): results that do not
+  // depend on `batch` or on which prompts share a step.
+  bool batch_invariant = false;
   // Rows of a document's scored tail per forward call (score_document); 1: decode steps.
   int64_t doc_rows = 64;
   KvDtype kv_dtype = KvDtype::kF32;
