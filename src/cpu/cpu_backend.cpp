@@ -358,6 +358,14 @@ class CpuBackend final : public Backend {
     sl.lists_layer = -2;
     return Status::Ok();
   }
+  Status page_lists(PlanSlot s, PageLists* out) override {
+    if (!out) return invalid_argument("page_lists: null output");
+    const Slot& sl = slot(s);
+    if (!sl.planned || !sl.has_lists)
+      return failed_precondition("page_lists: the slot has no page lists for this step");
+    *out = sl.lists;
+    return Status::Ok();
+  }
   Status attend(PlanSlot s, int layer, const float* q, int num_q_heads, const AttendParams& p,
                 float* out) override {
     Slot& sl = slot(s);

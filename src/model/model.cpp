@@ -571,7 +571,7 @@ Status Model::forward(std::span<const SequenceInput> inputs, const ForwardOutput
     // plans, so a backend may replay a recording of it (Backend::begin_step).
     uint64_t graph_key = 0;
     if (all_rows && no == static_cast<int64_t>(st.batch.size()) && !m.tap && !direct &&
-        !m.opt.attention.selector) {
+        !m.opt.attention.selector && !m.opt.attention.page_list_observer) {
       graph_key = 0x9E3779B97F4A7C15ull;
       const auto mix = [&](uint64_t v) { graph_key = (graph_key ^ v) * 0x100000001b3ull; };
       mix(static_cast<uint64_t>(rows));

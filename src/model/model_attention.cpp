@@ -91,6 +91,10 @@ Status Model::Impl::attention(int layer) {
       CISA_RETURN_IF_ERROR(be->select(slot, layer, iq));
     }
     select_seconds += seconds_since(t_sel);
+    if (opt.attention.page_list_observer) {
+      CISA_RETURN_IF_ERROR(be->page_lists(slot, &st.selector_lists));
+      CISA_RETURN_IF_ERROR(opt.attention.page_list_observer(layer, st.selector_lists));
+    }
     return Status::Ok();
   };
 

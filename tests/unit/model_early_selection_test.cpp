@@ -6,7 +6,8 @@
 //    ones cisa::select_pages picks after the append (a PageSelector calling it forces that
 //    order), so every logit of a prefill plus decode run is the same bit for bit;
 //  - validate_selection_batch (plan.h) lets exactly the last query position of an entry be
-//    unwritten.
+//    unwritten;
+//  - AttentionOptions::page_list_observer sees the lists attention reads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -101,6 +102,45 @@ TEST(ModelEarlySelection, DecodeSelectsBeforeTheAppendTheSamePagesAsAfter) {
   EXPECT_EQ(a, b);
   // And the selection is sparse there: fewer pages read than dense.
   EXPECT_LT((*early)->stats().global_pages_read, (*early)->stats().global_pages_dense / 2);
+}
+
+// AttentionOptions::page_list_observer sees, for every CISA layer of every step, the lists
+// attention reads: the same as select_pages chooses (here recorded from a selector calling it in
+// a second model), chunks and pages alike, and watching changes no logit.
+TEST(ModelEarlySelection, PageListObserverSeesTheListsAttentionReads) {
+  const std::vector<int32_t> prompt = random_tokens(300, 256, 9),
+                             decode = random_tokens(12, 256, 10);
+  std::vector<std::pair<int, PageLists>> seen, chosen;
+  ModelOptions watched = cisa_options();
+  watched.attention.page_list_observer = [&](int layer, const PageLists& l) {
+    seen.emplace_back(layer, l);
+    return Status::Ok();
+  };
+  auto a = Model::load_synthetic("tiny-llama", watched);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  const std::vector<float> la = prefill_and_decode(**a, prompt, decode);
+
+  ModelOptions selected = cisa_options();
+  selected.attention.selector = [&](const PageSelectorInput& in, PageLists* out) {
+    const Status st =
+        select_pages(*in.cache, in.layer, in.batch, in.index_q, *in.selection, in.pool, out);
+    chosen.emplace_back(in.layer, *out);
+    return st;
+  };
+  auto b = Model::load_synthetic("tiny-llama", selected);
+  ASSERT_TRUE(b.ok());
+  const std::vector<float> lb = prefill_and_decode(**b, prompt, decode);
+  EXPECT_EQ(la, lb);
+  // 300 prompt tokens in blocks of 128 (3 steps) and 12 decode steps, 2 CISA layers each.
+  ASSERT_EQ(seen.size(), size_t{(3 + 12) * 2});
+  ASSERT_EQ(seen.size(), chosen.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].first, chosen[i].first) << i;
+    EXPECT_EQ(seen[i].second.offsets, chosen[i].second.offsets) << i;
+    EXPECT_EQ(seen[i].second.pages, chosen[i].second.pages) << i;
+    EXPECT_EQ(seen[i].second.chunks, chosen[i].second.chunks) << i;
+    EXPECT_EQ(seen[i].second.num_selected, chosen[i].second.num_selected) << i;
+  }
 }
 
 TEST(ModelEarlySelection, SelectionNeedsTheKvBeforeEachEntrysLastQuery) {

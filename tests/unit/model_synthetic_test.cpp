@@ -262,6 +262,7 @@ class DisguisedBackend final : public Backend {
     return in_->plan_groups(s);
   }
   Status select(PlanSlot s, int l, const float* iq) override { return in_->select(s, l, iq); }
+  Status page_lists(PlanSlot s, PageLists* l) override { return in_->page_lists(s, l); }
   Status set_page_lists(PlanSlot s, const PageLists& l) override {
     return in_->set_page_lists(s, l);
   }

@@ -250,6 +250,10 @@ class Backend {
   // Replaces the slot's page lists with host lists made elsewhere (a PageSelector), laid out as
   // select() lays them out. The CPU backend only.
   virtual Status set_page_lists(PlanSlot slot, const PageLists& lists) = 0;
+  // A host copy of the slot's page lists as the last select() or set_page_lists() left them, with
+  // the logical chunk of every page (a GPU backend waits for its work first). Tests and
+  // AttentionOptions::page_list_observer; failed_precondition when the slot has none.
+  virtual Status page_lists(PlanSlot slot, PageLists* out) = 0;
   // out[r][h] = softmax attention of q[r][h] over the slot's pages of `layer`.
   // q, out: [rows][num_q_heads][head_dim].
   virtual Status attend(PlanSlot slot, int layer, const float* q, int num_q_heads,

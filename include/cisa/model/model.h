@@ -108,6 +108,10 @@ struct PageSelectorInput {
 // exactly those pages. A selector holds whatever state it needs itself (nothing global); an error
 // stops forward() with that error.
 using PageSelector = std::function<Status(const PageSelectorInput&, PageLists* out)>;
+// Sees the page lists a CISA layer's attention reads, after its selection (Backend::page_lists:
+// physical pages of the model's own cache and their logical chunks), in every forward step.
+// Tests and diagnostics: on a GPU backend each call waits for the device and downloads the lists.
+using PageListObserver = std::function<Status(int layer, const PageLists& lists)>;
 
 // Per-layer attention choice. CISA applies to global layers only (SPEC §7); sliding-window
 // layers, the first `dense_layers` layers, the last `dense_last_layers` layers and the layers of
@@ -137,6 +141,9 @@ struct AttentionOptions {
   // true dense mass (eval.h, oracle_page_selector) for the upper bound of an evaluation. Empty:
   // select_pages. Only consulted in AttentionMode::kCisa.
   PageSelector selector;
+  // Called with each CISA layer's page lists once they are chosen (by top-k or the selector), on
+  // any backend. Empty: none.
+  PageListObserver page_list_observer;
 };
 
 // The per-layer budgets of AttentionOptions::layer_budget_weights: the CISA layers (`cisa[l]`)

@@ -148,6 +148,9 @@ class CudaBackend final : public Backend {
   const std::vector<QueryGroup>& plan_groups(PlanSlot slot) const override;
   Status select(PlanSlot slot, int layer, const float* index_q) override;
   Status set_page_lists(PlanSlot slot, const PageLists& lists) override;
+  Status page_lists(PlanSlot slot, PageLists* out) override {
+    return download_page_lists(slot, out);
+  }
   Status attend(PlanSlot slot, int layer, const float* q, int num_q_heads, const AttendParams& p,
                 float* out) override;
   Status download_page_lists(PlanSlot slot, PageLists* out);
