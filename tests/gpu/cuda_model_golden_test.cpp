@@ -210,6 +210,44 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
   EXPECT_LT(kl, kl_bar);
 }
 
+// For the chunks of a GPU list `gc` that the CPU's own list `oc` lacks (group `grp`, KV group
+// `kv`): how far the CPU scores them below its k-th selected score, in standard deviations of the
+// group's eligible scores, appended to `gaps`. The CPU's index query of the group as
+// select_pages forms it (the mean, or the last, of the group's rows).
+void near_tie_gaps(const PageSelectorInput& in, const QueryGroup& grp, int kv,
+                   std::span<const int32_t> table, std::span<const int32_t> gc,
+                   std::span<const int32_t> oc, std::vector<double>* gaps) {
+  const SelectionParams& p = *in.selection;
+  const ListLayout lay = list_layout(grp, in.cache->page_size(), p);
+  const int64_t n = lay.eligible_end - lay.eligible_begin;
+  if (lay.selected <= 0 || n <= lay.selected) return;
+  const int d = in.cache->head_dim(), H = in.cache->num_kv_heads();
+  std::vector<float> qbar(static_cast<size_t>(d), 0.0f);
+  const int64_t first = p.qshare_query == QShareQuery::kLast ? grp.last : grp.first;
+  const int64_t rows = grp.last - first + 1;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int i = 0; i < d; ++i)
+      qbar[static_cast<size_t>(i)] +=
+          in.index_q[((grp.row + (first - grp.first) + t) * H + kv) * d + i] /
+          static_cast<float>(rows);
+  std::vector<float> sc(static_cast<size_t>(n));
+  score_chunks(*in.cache, in.layer, table, kv, qbar.data(), lay.eligible_begin, n, sc.data());
+  std::vector<float> sorted = sc;
+  std::nth_element(sorted.begin(), sorted.begin() + (lay.selected - 1), sorted.end(),
+                   std::greater<float>());
+  const double kth = sorted[static_cast<size_t>(lay.selected - 1)];
+  double mean = 0, var = 0;
+  for (float x : sc) mean += x;
+  mean /= static_cast<double>(n);
+  for (float x : sc) var += (x - mean) * (x - mean);
+  const double sd = std::sqrt(var / static_cast<double>(n));
+  if (!(sd > 0)) return;
+  for (const int32_t c : gc)
+    if (c >= lay.eligible_begin && c < lay.eligible_end &&
+        !std::binary_search(oc.begin(), oc.end(), c))
+      gaps->push_back((kth - sc[static_cast<size_t>(c - lay.eligible_begin)]) / sd);
+}
+
 // CISA's two halves apart. The GPU's forward against the CPU engine (bf16 products) attending
 // exactly the pages the GPU selected: AttentionOptions::page_list_observer records the GPU's
 // lists of every step and CISA layer, and a PageSelector replays them on the CPU, each chunk
@@ -217,8 +255,9 @@ TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
 // pages, held to the CISA bars (top-1 >= 98%, mean KL < 0.02); the selection itself is
 // checked apart: the replayed lists have the layout of the CPU's own (same groups and list sizes),
 // and the share of lists whose chunks equal the CPU's own top-k on its own index queries is
-// printed (they part only at near-tied scores, whose order a bf16-level difference upstream can
-// swap: AgreesWithTheCpuEngine above, docs/cuda-model.md).
+// printed, with how near a tie each chunk the two choose differently is under the CPU's scores
+// (a bf16-level difference upstream can swap near-tied pages: AgreesWithTheCpuEngine above,
+// docs/cuda-model.md).
 TEST_P(CudaModelGolden, CisaOnTheGpusPagesAgreesWithTheCpuEngine) {
   if (!GetParam().cisa) GTEST_SKIP() << "CISA only";
   int64_t longest = 0;
@@ -227,6 +266,9 @@ TEST_P(CudaModelGolden, CisaOnTheGpusPagesAgreesWithTheCpuEngine) {
   std::vector<std::pair<int, PageLists>> recorded;  // (layer, lists) of one prompt, in order
   size_t next = 0;
   int64_t lists = 0, lists_same = 0;
+  // For every chunk the GPU selected and the CPU did not: how far its CPU score falls below the
+  // CPU's k-th score, in standard deviations of the list's eligible scores (how near a tie it is).
+  std::vector<double> gaps;
   auto gpu = load(Engine::kGpu, longest, false, [&](ModelOptions* o) {
     o->attention.page_list_observer = [&](int layer, const PageLists& l) -> Status {
       recorded.emplace_back(layer, l);
@@ -256,7 +298,9 @@ TEST_P(CudaModelGolden, CisaOnTheGpusPagesAgreesWithTheCpuEngine) {
           const auto gc = g.list_chunks(static_cast<int64_t>(gi), kv);
           const auto oc = own.list_chunks(static_cast<int64_t>(gi), kv);
           ++lists;
-          lists_same += std::equal(gc.begin(), gc.end(), oc.begin(), oc.end());
+          const bool same = std::equal(gc.begin(), gc.end(), oc.begin(), oc.end());
+          lists_same += same;
+          if (!same) near_tie_gaps(in, g.groups[gi], kv, table, gc, oc, &gaps);
           const int64_t at = g.offsets[gi * static_cast<size_t>(g.num_kv_heads) + kv];
           for (size_t j = 0; j < gc.size(); ++j) {
             if (gc[j] < 0 || static_cast<size_t>(gc[j]) >= table.size())
@@ -303,6 +347,18 @@ TEST_P(CudaModelGolden, CisaOnTheGpusPagesAgreesWithTheCpuEngine) {
       "%.2e (bar 0.02); %lld of %lld lists (%.2f%%) equal the CPU's own top-k\n",
       GetParam().model, 100 * all.top1(), all.kl_mean(), static_cast<long long>(lists_same),
       static_cast<long long>(lists), lists ? 100.0 * lists_same / lists : 0.0);
+  if (!gaps.empty()) {
+    std::sort(gaps.begin(), gaps.end());
+    const auto at = [&](double q) { return gaps[static_cast<size_t>(q * (gaps.size() - 1))]; };
+    std::printf(
+        "[ gpu-pages] %s: %zu chunks selected by the GPU and not by the CPU; their CPU score below "
+        "the CPU's k-th, in standard deviations of the list's scores: median %.3f, 90%% %.3f, "
+        "99%% %.3f, max %.3f\n",
+        GetParam().model, gaps.size(), at(0.5), at(0.9), at(0.99), gaps.back());
+    // (SmolLM2, 2026-12-04: median 0.005, max 0.083 standard deviations: near ties only. Not
+    // asserted until Gemma's distribution is measured too; the selection's own correctness is
+    // asserted by cuda_backend_kv_test and cuda_select_test against select_pages.)
+  }
   EXPECT_GT(lists, 0);
   EXPECT_GE(all.top1(), 0.98);
   EXPECT_LT(all.kl_mean(), 0.02);
