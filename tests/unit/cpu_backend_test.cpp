@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cisa/core/backend.h"
+#include "cisa/cpu/selection.h"
 #include "cisa/model/model.h"
 #include "cisa/model/quant.h"
 #include "cisa/model/sampling.h"
@@ -470,6 +471,9 @@ TEST_F(CpuBackendTest, CachePlansAndAttentionMatchBruteForce) {
   // CISA: attend needs this layer's select(); a budget covering the context equals dense.
   EXPECT_EQ(be->attend(PlanSlot::kCisa, 0, qb->f32(), hq, {}, ob->f32()).code(),
             StatusCode::kFailedPrecondition);
+  PageLists seen;  // page_lists: nothing before select(), and a null output is refused
+  EXPECT_EQ(be->page_lists(PlanSlot::kCisa, &seen).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(be->page_lists(PlanSlot::kCisa, nullptr).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(be->select(PlanSlot::kCisa, 0, iq->f32()).ok());
   ASSERT_TRUE(be->attend(PlanSlot::kCisa, 0, qb->f32(), hq, {}, ob->f32()).ok());
   const auto cisa_full = get(*ob, q.size());
@@ -492,11 +496,21 @@ TEST_F(CpuBackendTest, CachePlansAndAttentionMatchBruteForce) {
   }
   EXPECT_LT(read, dense);
   EXPECT_GT(be->plan_groups(PlanSlot::kCisa).size(), 1u);  // dense prefix, then QShare groups
+  // page_lists: the lists attention just read, as select_pages makes them.
+  PageLists want;
+  ASSERT_TRUE(select_pages(*be->cpu_cache(), 0, batch, iq->f32(), sparse, nullptr, &want).ok());
+  ASSERT_TRUE(be->page_lists(PlanSlot::kCisa, &seen).ok());
+  EXPECT_EQ(seen.offsets, want.offsets);
+  EXPECT_EQ(seen.pages, want.pages);
+  EXPECT_EQ(seen.chunks, want.chunks);
+  EXPECT_EQ(seen.num_selected, want.num_selected);
   ASSERT_TRUE(be->append_kv(1, batch, kb->f32(), vb->f32()).ok());
   EXPECT_FALSE(be->attend(PlanSlot::kCisa, 1, qb->f32(), hq, {}, ob->f32()).ok());
   // Host lists set from outside replace the selection.
   ASSERT_TRUE(be->set_page_lists(PlanSlot::kCisa, PageLists{}).ok());
   EXPECT_FALSE(be->attend(PlanSlot::kCisa, 1, qb->f32(), hq, {}, ob->f32()).ok());  // empty lists
+  ASSERT_TRUE(be->page_lists(PlanSlot::kCisa, &seen).ok());
+  EXPECT_TRUE(seen.pages.empty() && seen.groups.empty());
 
   ASSERT_TRUE(be->release_sequence(s).ok());
   EXPECT_FALSE(be->pages().has_sequence(s));
