@@ -270,7 +270,7 @@ TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
       out[k] = w.attend(be, PlanSlot::kCisa, 0, q, s.hq, {});
     }
     PageLists gpu, cpu;
-    ASSERT_TRUE(cuda::download_slot_page_lists(*w.b.gpu, PlanSlot::kCisa, &gpu).ok());
+    ASSERT_TRUE(w.b.gpu->page_lists(PlanSlot::kCisa, &gpu).ok());
     ASSERT_TRUE(
         select_pages(*w.b.cpu->cpu_cache(), 0, step, iq.data(), sel, w.b.cpu->cpu_pool(), &cpu)
             .ok());
@@ -328,7 +328,7 @@ TEST(CudaBackendKv, DecodeSelectedBeforeItsAppendMatchesTheCpuBackend) {
   }
   for (const auto& e : step) w.len[static_cast<size_t>(e.seq)] += 1;
   PageLists gpu, cpu;
-  ASSERT_TRUE(cuda::download_slot_page_lists(*w.b.gpu, PlanSlot::kCisa, &gpu).ok());
+  ASSERT_TRUE(w.b.gpu->page_lists(PlanSlot::kCisa, &gpu).ok());
   ASSERT_TRUE(
       select_pages(*w.b.cpu->cpu_cache(), 0, step, iq.data(), sel, w.b.cpu->cpu_pool(), &cpu).ok());
   int64_t swaps = 0;

@@ -428,7 +428,7 @@ TEST(CudaBackendOps, ErrorsAreStatusesAndLeaveTheBackendUsable) {
   auto x = upload_f32(g, {0.5f, 0.25f});
   ASSERT_TRUE(g.add(y->f32(), x->f32(), 2).ok());
   EXPECT_EQ(download_f32(g, *y, 2), (std::vector<float>{1.5f, 2.25f}));
-  EXPECT_FALSE(cuda::download_slot_page_lists(*b.cpu, PlanSlot::kGlobal, nullptr).ok());
+  EXPECT_EQ(g.page_lists(PlanSlot::kGlobal, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 // argmax_rows on the GPU gives the CPU backend's indices exactly: rows of a vocabulary's width

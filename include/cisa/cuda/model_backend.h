@@ -13,7 +13,7 @@
 //                                          .num_pages = 4096, .dtype = cisa::KvDtype::kBF16}));
 //   ... the model drives *be as it drives the CPU backend ...
 //   cisa::PageLists lists;                                  // tests: what select() chose
-//   CISA_RETURN_IF_ERROR(cisa::cuda::download_slot_page_lists(*be, cisa::PlanSlot::kCisa, &lists));
+//   CISA_RETURN_IF_ERROR(be->page_lists(cisa::PlanSlot::kCisa, &lists));
 //
 // Limits (each a clear Status): bf16 K/V only, page size 16, head_dim 64/128/256; the llama.cpp
 // attention numerics and host page lists (Backend::set_page_lists) are CPU-only.
@@ -32,12 +32,6 @@ namespace cisa::cuda {
 // A backend on device `options.device` (unavailable without a usable device of compute
 // capability 9.0 or later; `options.threads` is unused).
 Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& options);
-
-// The page lists of one planned slot of a CUDA backend as the GPU holds them (after select() for
-// a kCisa slot), with the batch's own sequence IDs' physical pages: the form of cisa::PageLists,
-// so tests compare them with the CPU's select_pages. Synchronous. invalid_argument when `backend`
-// is not a CUDA model backend, failed_precondition when the slot is not planned.
-Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out);
 
 // Turns a CUDA backend's step graphs (BackendOptions::step_graphs) on or off from its next step;
 // off also drops the graphs it holds. Tests compare both ways on one backend (same GEMM

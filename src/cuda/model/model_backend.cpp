@@ -204,14 +204,6 @@ Result<std::unique_ptr<Backend>> make_model_backend(const BackendOptions& option
   return std::unique_ptr<Backend>(std::move(be));
 }
 
-Status download_slot_page_lists(Backend& backend, PlanSlot slot, PageLists* out) {
-  auto* be = dynamic_cast<CudaBackend*>(&backend);
-  if (!be)
-    return invalid_argument("download_slot_page_lists: not a CUDA model backend (" +
-                            backend.description() + ")");
-  return be->download_page_lists(slot, out);
-}
-
 Status set_step_graphs(Backend& backend, bool on) {
   auto* be = dynamic_cast<CudaBackend*>(&backend);
   if (!be)

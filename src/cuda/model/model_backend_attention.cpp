@@ -266,11 +266,10 @@ Status CudaBackend::attend(PlanSlot slot, int layer, const float* q, int num_q_h
   return run_attention(s->plan, device_layer(layer), qb, p.scale, out, nullptr, stream_);
 }
 
-Status CudaBackend::download_page_lists(PlanSlot slot, PageLists* out) {
-  if (!out) return invalid_argument("download_slot_page_lists: null output");
+Status CudaBackend::page_lists(PlanSlot slot, PageLists* out) {
+  if (!out) return invalid_argument("cuda page_lists: null output");
   const Slot* s = find_slot(slot);
-  if (!s || !s->planned)
-    return failed_precondition("download_slot_page_lists: the slot is not planned");
+  if (!s || !s->planned) return failed_precondition("cuda page_lists: the slot is not planned");
   CISA_RETURN_IF_ERROR(synchronize());
   return cuda::download_page_lists(s->plan, out);
 }

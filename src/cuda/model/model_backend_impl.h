@@ -148,12 +148,11 @@ class CudaBackend final : public Backend {
   const std::vector<QueryGroup>& plan_groups(PlanSlot slot) const override;
   Status select(PlanSlot slot, int layer, const float* index_q) override;
   Status set_page_lists(PlanSlot slot, const PageLists& lists) override;
-  Status page_lists(PlanSlot slot, PageLists* out) override {
-    return download_page_lists(slot, out);
-  }
+  // The slot's lists as the GPU holds them (after select() for a kCisa slot), downloaded after a
+  // synchronize(); failed_precondition when the slot is not planned.
+  Status page_lists(PlanSlot slot, PageLists* out) override;
   Status attend(PlanSlot slot, int layer, const float* q, int num_q_heads, const AttendParams& p,
                 float* out) override;
-  Status download_page_lists(PlanSlot slot, PageLists* out);
   std::vector<std::string> gemm_choices() const { return gemm_->describe(); }
 
   // ---- selection reuse (model_backend_reuse.cpp) ----
