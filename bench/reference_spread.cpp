@@ -50,14 +50,9 @@ std::unique_ptr<Model> load(const std::string& path, int64_t context,
 }
 
 bool logits_at(Model* m, const FixturePrompt& p, std::vector<float>* out) {
-  auto seq = m->add_sequence();
-  if (!seq.ok()) return false;
-  std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
-  SequenceInput in{
-      .seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
-  const Status s = m->forward({&in, 1}, out);
+  const Status s = fixture_logits(*m, p, out);
   if (!s.ok()) std::fprintf(stderr, "reference_spread: %s\n", s.to_string().c_str());
-  return s.ok() && m->release_sequence(*seq).ok();
+  return s.ok();
 }
 
 }  // namespace

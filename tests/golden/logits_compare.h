@@ -1,6 +1,7 @@
 // Two engines' next-token distributions compared row by row: top-1 agreement and KL(ref ‖ got)
-// over the whole vocabulary, in double, and the CISA settings those comparisons run. Shared by the
-// GPU golden test and bench/reference_spread.cpp.
+// over the whole vocabulary, in double, the CISA settings those comparisons run, and a model's
+// logits at a fixture prompt's positions. Shared by the GPU golden test and
+// bench/reference_spread.cpp.
 #pragma once
 
 #include <algorithm>
@@ -9,7 +10,9 @@
 #include <span>
 
 #include "cisa/core/plan.h"
+#include "cisa/model/model.h"
 #include "cisa/model/sampling.h"
+#include "golden/logits_fixture.h"
 
 namespace cisa {
 
@@ -56,6 +59,18 @@ inline void compare_rows(const float* ref, const float* got, int V, LogitsCompar
                   argmax(std::span<const float>(got, static_cast<size_t>(V)));
   c->kl_sum += kl;
   c->kl_max = std::max(c->kl_max, kl);
+}
+
+// The logits `m` gives at the stored positions of fixture prompt `p`, [positions][n_vocab], from
+// a sequence added for the prompt and released after it.
+inline Status fixture_logits(Model& m, const FixturePrompt& p, std::vector<float>* out) {
+  CISA_ASSIGN_OR_RETURN(SeqId seq, m.add_sequence());
+  const std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
+  SequenceInput in{
+      .seq = seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
+  const Status s = m.forward({&in, 1}, out);
+  const Status released = m.release_sequence(seq);
+  return s.ok() ? released : s;
 }
 
 }  // namespace cisa

@@ -141,38 +141,38 @@ class CudaModelGolden : public ::testing::TestWithParam<Case> {
     return run;
   }
 
+  int64_t longest_prompt() const {
+    int64_t longest = 0;
+    for (const auto& p : fixture_.prompts)
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+    return longest;
+  }
+
   std::string path_;
   Fixture fixture_;
 };
 
 TEST_P(CudaModelGolden, AgreesWithTheCpuEngine) {
-  int64_t longest = 0;
-  for (const auto& p : fixture_.prompts)
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+  const int64_t longest = longest_prompt();
   auto gpu = load(Engine::kGpu, longest), rounded = load(Engine::kCpuBf16Products, longest),
        exact = load(Engine::kCpuExactF32, longest);
   ASSERT_TRUE(gpu && rounded && exact);
   const int V = gpu->hparams().n_vocab;
   LogitsCompare all, all_exact, spread;
   for (const FixturePrompt& p : fixture_.prompts) {
-    std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
+    const size_t positions = p.positions.size();
     std::vector<float> logits[3];
     Model* models[3] = {gpu.get(), rounded.get(), exact.get()};
     for (int i = 0; i < 3; ++i) {
-      auto seq = models[i]->add_sequence();
-      ASSERT_TRUE(seq.ok());
-      SequenceInput in{
-          .seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
-      const Status s = models[i]->forward({&in, 1}, &logits[i]);
+      const Status s = fixture_logits(*models[i], p, &logits[i]);
       ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_TRUE(models[i]->release_sequence(*seq).ok());
     }
     const std::vector<float>& got = logits[0];
     ASSERT_EQ(logits[1].size(), got.size());
     ASSERT_EQ(logits[2].size(), got.size());
     for (float x : got) ASSERT_TRUE(std::isfinite(x)) << "non-finite GPU logit";
     LogitsCompare c, ce, cs;
-    for (size_t j = 0; j < pos.size(); ++j) {
+    for (size_t j = 0; j < positions; ++j) {
       compare_rows(logits[1].data() + j * V, got.data() + j * V, V, &c);
       compare_rows(logits[2].data() + j * V, got.data() + j * V, V, &ce);
       compare_rows(logits[1].data() + j * V, logits[2].data() + j * V, V, &cs);
@@ -260,9 +260,7 @@ void near_tie_gaps(const PageSelectorInput& in, const QueryGroup& grp, int kv,
 // docs/cuda-model.md).
 TEST_P(CudaModelGolden, CisaOnTheGpusPagesAgreesWithTheCpuEngine) {
   if (!GetParam().cisa) GTEST_SKIP() << "CISA only";
-  int64_t longest = 0;
-  for (const auto& p : fixture_.prompts)
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+  const int64_t longest = longest_prompt();
   std::vector<std::pair<int, PageLists>> recorded;  // (layer, lists) of one prompt, in order
   size_t next = 0;
   int64_t lists = 0, lists_same = 0;
@@ -316,24 +314,18 @@ TEST_P(CudaModelGolden, CisaOnTheGpusPagesAgreesWithTheCpuEngine) {
   const int V = gpu->hparams().n_vocab;
   LogitsCompare all;
   for (const FixturePrompt& p : fixture_.prompts) {
-    std::vector<int64_t> pos(p.positions.begin(), p.positions.end());
     std::vector<float> logits[2];
     recorded.clear();
     next = 0;
     Model* models[2] = {gpu.get(), cpu.get()};
     for (int i = 0; i < 2; ++i) {
-      auto seq = models[i]->add_sequence();
-      ASSERT_TRUE(seq.ok());
-      SequenceInput in{
-          .seq = *seq, .tokens = p.ids, .outputs = OutputMode::kPositions, .positions = pos};
-      const Status s = models[i]->forward({&in, 1}, &logits[i]);
+      const Status s = fixture_logits(*models[i], p, &logits[i]);
       ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_TRUE(models[i]->release_sequence(*seq).ok());
     }
     EXPECT_EQ(next, recorded.size()) << "the CPU replayed fewer CISA layers than the GPU ran";
     ASSERT_EQ(logits[1].size(), logits[0].size());
     LogitsCompare c;
-    for (size_t j = 0; j < pos.size(); ++j)
+    for (size_t j = 0; j < p.positions.size(); ++j)
       compare_rows(logits[1].data() + j * V, logits[0].data() + j * V, V, &c);
     std::printf(
         "[ gpu-pages] %s %s: %zu tokens, %zu CISA layer steps: top-1 %.2f%%, mean KL %.2e, max KL "
