@@ -217,24 +217,22 @@ struct Gemm::Impl {
         return internal_error("cuda gemm: the batch-invariant algorithm of n = " +
                               std::to_string(n) + ", k = " + std::to_string(k) + " does not run " +
                               std::to_string(rows) + " rows (" + cublasLtGetStatusName(s) + ")");
-      p->note = std::to_string(n) + " x " + std::to_string(k) + ", " + std::to_string(rows) +
-                " rows: " + label(p->choice) + " (batch-invariant: one algorithm, every row count)";
-      if (plans.size() >= kMaxCachedShapes) plans.clear();
-      return plans.emplace(key, std::move(p)).first->second.get();
-    }
-    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
-    int found = 0;
-    CISA_RETURN_IF_ERROR(
-        heuristic(*p, {align_w, align_x, align_y}, results, &found, n, k, rows, ldy));
-    p->choice = {.algo = results[0].algo};
-    p->note = label(p->choice) + " (the heuristic's first pick, untimed)";
-    if (rows <= kTimedRowsMax) {
-      std::vector<Candidate> cand;
-      for (int i = 0; i < found; ++i)
-        if (results[i].state == CUBLAS_STATUS_SUCCESS) cand.push_back({.algo = results[i].algo});
-      add_split_k_variants(*p, &cand);
-      add_skinny(n, k, rows, call, &cand);
-      if (cand.size() > 1) fastest(*p, cand, call, n, k, rows, ldy);
+      p->note = label(p->choice) + " (batch-invariant: one algorithm, every row count)";
+    } else {
+      cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+      int found = 0;
+      CISA_RETURN_IF_ERROR(
+          heuristic(*p, {align_w, align_x, align_y}, results, &found, n, k, rows, ldy));
+      p->choice = {.algo = results[0].algo};
+      p->note = label(p->choice) + " (the heuristic's first pick, untimed)";
+      if (rows <= kTimedRowsMax) {
+        std::vector<Candidate> cand;
+        for (int i = 0; i < found; ++i)
+          if (results[i].state == CUBLAS_STATUS_SUCCESS) cand.push_back({.algo = results[i].algo});
+        add_split_k_variants(*p, &cand);
+        add_skinny(n, k, rows, call, &cand);
+        if (cand.size() > 1) fastest(*p, cand, call, n, k, rows, ldy);
+      }
     }
     p->note = std::to_string(n) + " x " + std::to_string(k) + ", " + std::to_string(rows) +
               " rows: " + p->note;
