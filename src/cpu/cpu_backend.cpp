@@ -554,6 +554,10 @@ Result<BackendKind> parse_backend_kind(const std::string& s) {
 Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options) {
   if (options.threads < 0)
     return invalid_argument("threads must be >= 0 (got " + std::to_string(options.threads) + ")");
+  if (options.batch_invariant)
+    return invalid_argument(
+        "batch_invariant (--batch-invariant) is a CUDA backend mode: the CPU backend's attention "
+        "splits and 8-bit activations depend on the step's other sequences");
   return std::unique_ptr<Backend>(new CpuBackend(options.threads, options.bf16_matmul));
 }
 

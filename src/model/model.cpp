@@ -142,10 +142,6 @@ Status Model::Impl::make_backend() {
                           .batch_invariant = opt.batch_invariant};
   CISA_ASSIGN_OR_RETURN(be, opt.backend ? opt.backend(bo) : make_cpu_backend(bo));
   if (!be) return invalid_argument("ModelOptions::backend returned no backend");
-  if (opt.batch_invariant && be->kind() == BackendKind::kCpu)
-    return invalid_argument(
-        "ModelOptions::batch_invariant (--batch-invariant) is a CUDA backend mode: the CPU "
-        "backend's attention splits and 8-bit activations depend on the step's other sequences");
   if (be->kind() != BackendKind::kCpu) {
     const std::string on =
         std::string(" needs the CPU backend (this model runs on ") + be->description() + ")";
