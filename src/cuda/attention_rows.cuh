@@ -61,9 +61,10 @@ __device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDe
 
 // One online-softmax step over a tile of NT scores per row (raw q·k in s[NT / 2], pages of
 // kPageSize tokens whose first positions are cstart[page]; INT_MAX / 2 marks a page past the
-// task). Masks by absolute position (causal, optional window), folds the positive scale into
-// the exponent (sl2 = scale · log2 e: one FFMA + EX2 per score), updates the running maximum m
-// (log2 units, scaled) and sum l, leaves the weights P (f32) in s and O's factor in corr.
+// task or, in a union task, a page the warp's member did not choose). Masks by absolute position
+// (causal, optional window), folds the positive scale into the exponent (sl2 = scale · log2 e: one
+// FFMA + EX2 per score), updates the running maximum m (log2 units, scaled) and sum l, leaves the
+// weights P (f32) in s and O's factor in corr.
 template <int NT, int B>
 __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_t (&cstart)[NT / B],
                                                 const int32_t (&pos)[2], int32_t window, float sl2,
@@ -71,7 +72,12 @@ __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_
                                                 float (&corr)[2]) {
   constexpr int NP = NT / B;
   float mx[2] = {-INFINITY, -INFINITY};
-  const bool all_visible = window == 0 && cstart[NP - 1] + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
+  // Pages ascend, so the last start is the largest, except where a union task masked a page
+  // (INT_MAX / 2) in the middle of the tile: hence the maximum over all of them.
+  int32_t clast = cstart[0];
+#pragma unroll
+  for (int p = 1; p < NP; ++p) clast = max(clast, cstart[p]);
+  const bool all_visible = window == 0 && clast + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
   if (all_visible) {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);

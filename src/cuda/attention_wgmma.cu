@@ -227,21 +227,27 @@ cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t
 
 }  // namespace
 
-bool wgmma_attention_applies(int head_dim, int page_warps, bool unions) {
-  return tiles::kWgmmaAttention && head_dim == kD && page_warps == 1 && !unions;
+bool wgmma_attention_applies(int head_dim, int page_warps, bool unions, int warps, bool v5_tiles) {
+  // Union tasks run only on the warp-specialised kernel's paired (64-row) tiles.
+  const bool unions_ok =
+      !unions || (warps == 4 && !v5_tiles && tiles::kWgmmaWarpSpecialized && tiles::kWsPairedTiles);
+  return tiles::kWgmmaAttention && head_dim == kD && page_warps == 1 && unions_ok;
 }
 
 cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps,
-                                   bool v5_tiles, int ws_copy_warps, cudaStream_t stream) {
+                                   bool v5_tiles, int ws_copy_warps, bool unions,
+                                   cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
+  if (unions && !wgmma_attention_applies(kD, 1, true, warps, v5_tiles))
+    return cudaErrorInvalidValue;
   // v5_tiles (AttentionKernel::kWgmmaV5) keeps every tile on the v4/v5 kernel (A/B runs).
   if (warps == 8)
     return tiles::kWgmmaWarpSpecialized && !v5_tiles
-               ? launch_attention_wgmma_ws(a, num_tasks, false, ws_copy_warps, stream)
+               ? launch_attention_wgmma_ws(a, num_tasks, false, ws_copy_warps, false, stream)
                : launch_typed<2>(a, num_tasks, stream);
   return tiles::kWsPairedTiles && !v5_tiles
-             ? launch_attention_wgmma_ws(a, num_tasks, true, 0, stream)
+             ? launch_attention_wgmma_ws(a, num_tasks, true, 0, unions, stream)
              : launch_typed<1>(a, num_tasks, stream);
 }
 

@@ -16,8 +16,14 @@
 // its exponentials (docs/cuda-notes.md, v4g–v4j), so the softmax overlapped nothing.
 // Two tasks of up to 64 rows per block (PAIR = true, 64-key tiles): warpgroup g takes task
 // 2b + g with its own ring and two of the copy warps; no turns (the tasks end at different tiles).
+// Union tasks (UNI, paired only): a task reads the union of up to 4 adjacent small QShare groups'
+// lists once, and warp w of its warpgroup takes member w's rows (all of them: ≤ 16); a page that
+// member w did not choose is masked for that warp like a future page. The warpgroup's MMAs still
+// cover all 64 rows of every page (wgmma is issued per warpgroup), as mma.sync's union tasks did
+// per warp; what the union saves is the reads (docs/cuda-notes.md, v10).
 //
-//   launch_attention_wgmma_ws(args, num_tasks, /*paired=*/rows_per_tile <= 64, stream);
+//   launch_attention_wgmma_ws(args, num_tasks, /*paired=*/rows_per_tile <= 64, copy_warps,
+//                             /*unions=*/plan has union tasks, stream);
 #include <climits>
 
 #include "attention_rows.cuh"
@@ -44,6 +50,10 @@ constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 constexpr int kConsumerRegs = 224;
 constexpr int kProducerRegs = 56;
 static_assert(ST >= 3, "tiles j, j + 1 are read while later ones land");
+// Union tasks (UNI) carry each page's member mask in the low bits of its first position.
+constexpr int32_t kMaskBits = B - 1;
+constexpr int32_t kAllMembers = (1 << tiles::kUnionGroups) - 1;
+static_assert(kAllMembers <= kMaskBits, "a page's member mask fits below its first position");
 
 // PAIR = false: one task of up to 128 rows per block, 128-key tiles (S = m64n128), one ring of
 // stages read by both consumer warpgroups, which take turns on the tensor cores. PAIR = true:
@@ -105,11 +115,13 @@ __device__ __forceinline__ void named_arrive(int id) {
 }
 
 // CW: producer warps that copy; RW = CW / RINGS of them fill a ring, each NP / RW pages of every
-// tile. num_tasks: tasks of the launch (PAIR: the last block may hold one).
-template <int CW, bool PAIR>
+// tile. num_tasks: tasks of the launch (PAIR: the last block may hold one). UNI: the launch holds
+// union tasks (paired tiles only).
+template <int CW, bool PAIR, bool UNI>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_ws_kernel(const AttentionArgs a, int64_t num_tasks) {
   dev::dependent_start();
+  static_assert(!UNI || PAIR, "union tasks are 16-row lists: paired tiles");
   using S = WsShape<PAIR>;
   constexpr int NT = S::NT, NP = S::NP, kTileBytes = S::kTileBytes, kMeta = S::kMeta;
   constexpr uint32_t kHalfBytes = S::kHalfBytes;
@@ -169,17 +181,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (PAIR) {
       if (!setup(pw / RW)) return;
     }
-    const int32_t tmax = L.first_pos + (t.row0 + t.rows - 1) / hg;
+    // A union task reads its union's list; its last query is its last member's.
+    const bool uni = UNI && t.members > 0;
+    const int32_t tmax = uni ? a.lists[t.list + (t.members - 1) * t.stride].last_pos
+                             : L.first_pos + (t.row0 + t.rows - 1) / hg;
     const int sub = CW == 1 ? 0 : pw % RW;  // this warp's share of the ring's tiles
     // ---- producer warps ----
-    const int64_t n_pages = t.page1 - t.page0;
+    const int64_t n_pages = uni ? a.ucounts[t.union_id] : t.page1 - t.page0;
     const int64_t n_tiles = (n_pages + NP - 1) / NP;
     // Lane l holds page wbase + l of the current window (physical ID, first position or
-    // INT_MAX / 2 past the task) and the same of the next window, loaded one window ahead.
+    // INT_MAX / 2 past the task) and the same of the next window, loaded one window ahead. UNI:
+    // the first position's low 4 bits (zero: B = 16) carry the page's member mask (all four for
+    // a task that is not a union), and INT_MAX marks a page past the task. (The producer has 56
+    // registers: the mask in registers of its own spilled.)
     auto load_ids = [&](int64_t first, int32_t& pid, int32_t& cs) {
-      const int64_t pi = first + lane;
-      pid = pi < n_pages ? a.pages[t.page0 + pi] : 0;
-      cs = pi < n_pages ? a.chunks[t.page0 + pi] * B : INT_MAX / 2;
+      const int64_t pi = first + lane, e = t.page0 + pi;
+      if (UNI && uni) {
+        pid = pi < n_pages ? a.upages[e] : 0;
+        cs = pi < n_pages ? a.uchunks[e] * B | a.umask[e] : INT_MAX;
+      } else {
+        pid = pi < n_pages ? a.pages[e] : 0;
+        cs = pi < n_pages ? a.chunks[e] * B | (UNI ? kAllMembers : 0) : UNI ? INT_MAX : INT_MAX / 2;
+      }
     };
     int64_t wbase = 0;
     int32_t pid_c, cs_c, pid_n, cs_n;
@@ -203,7 +226,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int sl = static_cast<int>(p0 - wbase);
       // Pages ascend: a tile that starts after the task's last query ends the task.
-      const bool valid = j < n_tiles && __shfl_sync(0xffffffffu, cs_c, sl) <= tmax;
+      const bool valid =
+          j < n_tiles && (__shfl_sync(0xffffffffu, cs_c, sl) & (UNI ? ~kMaskBits : ~0)) <= tmax;
       int32_t* mt = meta + stage * kMeta;
       if (valid) {
 #pragma unroll
@@ -221,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         const int32_t cs = __shfl_sync(0xffffffffu, cs_c, sl + (lane % NP));
-        if (sub == 0 && lane < NP) mt[lane] = cs;
+        if (sub == 0 && lane < NP) mt[lane] = cs;  // (UNI: with its member mask)
       }
       if (sub == 0 && lane == 0) mt[NP] = valid ? 1 : 0;
       __syncwarp();
@@ -243,10 +267,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!PAIR && wg >= n_wg) return;
   const bool pingpong = !PAIR && n_wg == 2;
   const int gr = lane >> 2, tq = lane & 3;
-  const int row_base = (PAIR ? 0 : wg * 64) + (warp % 4) * 16;
+  // Union task: warp w takes all rows of member w (warps past the members mask every page and
+  // write nothing); else rows 16w … 16w + 15 of the task's tile.
+  const int mw = warp % 4;
+  const bool uni = UNI && t.members > 0;
+  const bool writes = !uni || mw < t.members;  // warps past a union's members write nothing
+  if (uni) L = a.lists[t.list + min(mw, t.members - 1) * t.stride];
+  const int row_base = uni ? 0 : (PAIR ? 0 : wg * 64) + mw * 16;
+  const int rows = uni ? (L.last_pos - L.first_pos + 1) * hg : t.rows;
   int32_t pos[2];  // the two rows of this thread and Q as the register A operand
   uint32_t qf[kD / 16][4];
-  load_q_rows<kD>(a, L, t.row0, row_base, t.rows, gr, tq, pos, qf);
+  load_q_rows<kD>(a, L, t.row0, row_base, rows, gr, tq, pos, qf);
   float o[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
@@ -265,7 +296,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto softmax = [&](int j) {
     int32_t cstart[NP];
 #pragma unroll
-    for (int p = 0; p < NP; ++p) cstart[p] = meta[(j % ST) * kMeta + p];
+    for (int p = 0; p < NP; ++p) {
+      cstart[p] = meta[(j % ST) * kMeta + p];
+      if constexpr (UNI)  // a page this warp's member did not choose is masked like a future one
+        cstart[p] = (cstart[p] >> mw) & 1 ? cstart[p] & ~kMaskBits : INT_MAX / 2;
+    }
     wg_softmax_step<NT, B>(s, cstart, pos, a.window, sl2, tq, m, l, corr);
   };
   auto release = [&](int j) {  // this warp's MMAs no longer read the stage of tile j
@@ -327,29 +362,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     dev::fence_regs(o);
     release(j);
   }
-  store_rows<kD>(a, L, static_cast<int>(task), t.row0, row_base, t.rows, gr, tq, o, m, l);
+  if (!writes) return;
+  store_rows<kD>(a, L, static_cast<int>(task), t.row0, row_base, rows, gr, tq, o, m, l);
 }
 
-template <int CW, bool PAIR>
+template <int CW, bool PAIR, bool UNI = false>
 cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = ws_smem_bytes<PAIR>();
   cudaError_t err =
-      cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW, PAIR>,
+      cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW, PAIR, UNI>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const int64_t blocks = PAIR ? (num_tasks + 1) / 2 : num_tasks;
-  launch_dependent(attention_wgmma_ws_kernel<CW, PAIR>, static_cast<unsigned>(blocks), kThreads,
-                   smem, stream, a, num_tasks);
+  launch_dependent(attention_wgmma_ws_kernel<CW, PAIR, UNI>, static_cast<unsigned>(blocks),
+                   kThreads, smem, stream, a, num_tasks);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
-                                      int copy_warps, cudaStream_t stream) {
+                                      int copy_warps, bool unions, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
-  if (a.head_dim != kD) return cudaErrorInvalidValue;
-  if (paired) return launch_cw<4, true>(a, num_tasks, stream);
+  if (a.head_dim != kD || (unions && !paired)) return cudaErrorInvalidValue;
+  if (paired)
+    return unions ? launch_cw<4, true, true>(a, num_tasks, stream)
+                  : launch_cw<4, true>(a, num_tasks, stream);
   // copy_warps = 1 copies with one producer warp (A/B runs of kWsCopyWarps).
   return copy_warps == 1 ? launch_cw<1, false>(a, num_tasks, stream)
                          : launch_cw<tiles::kWsCopyWarps, false>(a, num_tasks, stream);

@@ -292,7 +292,7 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
       P.wgmma && a.scale > 0.0f
           ? detail::launch_attention_wgmma(a, n_tasks, P.warps,
                                            P.options.attention_kernel == AttentionKernel::kWgmmaV5,
-                                           P.options.ws_copy_warps, s)
+                                           P.options.ws_copy_warps, !P.unions.empty(), s)
           : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
   return cuda_status(

@@ -90,9 +90,13 @@ Status plan_attention(Plan::Impl& P) {
   P.page_warps = 1;
   if (P.unions.empty() && P.warps == 4 && !invariant && P.head_dim <= tiles::kPageSplitMaxHeadDim)
     P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
-  // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements).
-  P.wgmma = detail::wgmma_attention_applies(P.head_dim, P.page_warps, !P.unions.empty()) &&
-            P.options.attention_kernel != AttentionKernel::kMma;
+  // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements); union
+  // tasks go to wgmma only with PlanOptions::wgmma_unions (until it is measured).
+  const bool unions = !P.unions.empty();
+  P.wgmma =
+      detail::wgmma_attention_applies(P.head_dim, P.page_warps, unions, P.warps,
+                                      P.options.attention_kernel == AttentionKernel::kWgmmaV5) &&
+      P.options.attention_kernel != AttentionKernel::kMma && (!unions || P.options.wgmma_unions);
   int64_t pairs = static_cast<int64_t>(P.unions.size());
   for (size_t L = 0; L < P.lists.size(); ++L) {
     if (union_at[L] != -1) continue;

@@ -184,18 +184,22 @@ TEST(CudaAttention, SparseMatchesCpu) {
       DevVec<float> diq;
       diq.upload(iq);
       // Lists of at most 16 rows are attended in unions of groups (KV-outer) unless switched off;
-      // both paths must match the CPU on the same lists.
+      // every path must match the CPU on the same lists. Union tasks run on mma.sync by default
+      // and, with PlanOptions::wgmma_unions at d = 128, on the wgmma kernel's paired tiles
+      // (beside the plain tasks of the same launch).
       const bool small = G * (sh.hq / sh.hkv) <= 16 && sh.d <= cuda::tiles::kUnionMaxHeadDim;
-      for (bool unions : {true, false}) {
-        if (!unions && !small) continue;
-        SCOPED_TRACE(unions ? "unions on" : "unions off");
+      const bool ws_unions = cuda::tiles::kWgmmaWarpSpecialized && cuda::tiles::kWsPairedTiles;
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool unions = variant < 2, on_wgmma = variant == 1;
+        if ((!unions || on_wgmma) && !small) continue;
+        SCOPED_TRACE(!unions ? "unions off" : on_wgmma ? "unions on wgmma" : "unions on");
         cuda::Plan plan;
         ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
-                                      {.group_unions = unions})
+                                      {.group_unions = unions, .wgmma_unions = on_wgmma})
                         .ok());
         EXPECT_EQ(!plan.impl()->unions.empty(), unions && small);
-        EXPECT_EQ(plan.impl()->wgmma,
-                  cuda::tiles::kWgmmaAttention && sh.d == 128 && !(unions && small));
+        EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128 &&
+                                          (!(unions && small) || (on_wgmma && ws_unions)));
         auto* P = plan.impl();
         cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
         cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());

@@ -44,6 +44,7 @@ struct Options {
   // Planner switches for A/B runs (cuda::PlanOptions).
   std::string attention_kernel = "auto";
   int64_t blocks_per_sm = 0, ws_copy_warps = 0;
+  bool wgmma_unions = false;
   cuda::PlanOptions plan_options() const {
     cuda::PlanOptions p;
     p.attention_kernel = attention_kernel == "mma"        ? cuda::AttentionKernel::kMma
@@ -51,6 +52,7 @@ struct Options {
                                                           : cuda::AttentionKernel::kAuto;
     p.blocks_per_sm = static_cast<int>(blocks_per_sm);
     p.ws_copy_warps = static_cast<int>(ws_copy_warps);
+    p.wgmma_unions = wgmma_unions;
     return p;
   }
 };
@@ -248,6 +250,9 @@ int bench_layer(int argc, char** argv) {
   a.add_choice("--attention-kernel", &o.attention_kernel, {"auto", "mma", "wgmma-v5"},
                "attention mainloop: auto (wgmma for full prefill tiles at d = 128), mma (mma.sync "
                "everywhere) or wgmma-v5 (the v4/v5 kernel instead of the warp-specialised one)");
+  a.add_flag("--wgmma-unions", &o.wgmma_unions,
+             "union tasks (4:1, G = 4) on the warp-specialised wgmma kernel instead of mma.sync "
+             "(PlanOptions::wgmma_unions; off until measured)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--ws-copy-warps", &o.ws_copy_warps,
@@ -313,22 +318,23 @@ int bench_layer(int argc, char** argv) {
   doc["block_tables"] =
       o.contiguous ? "pool order (--contiguous-pages)" : "random permutation of the pool";
   doc["kernels"] =
-      "v6: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer "
-      "unions, "
-      "wgmma for 64-row prefill tiles) + warp-specialised wgmma kernel for 128-row tiles (producer "
-      "warps, "
-      "mbarriers, ping-pong consumer warpgroups), one-wave decode splits, warp-per-row split-KV "
-      "merge";
+      "v10: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer "
+      "unions) + warp-specialised wgmma kernel (producer warps, mbarriers; 128-row tiles with "
+      "ping-pong consumer warpgroups, <= 64-row tiles and union tasks two per block), one-wave "
+      "decode splits, warp-per-row split-KV merge";
   const cuda::PlanOptions popt = o.plan_options();
   doc["attention_mainloop"] =
       popt.attention_kernel == cuda::AttentionKernel::kMma
           ? "mma.sync everywhere (--attention-kernel mma)"
       : popt.attention_kernel == cuda::AttentionKernel::kWgmmaV5
           ? "v4/v5 wgmma kernel for full prefill tiles (--attention-kernel wgmma-v5)"
-          : "wgmma for full prefill tiles at d = 128 (128-row tiles warp-specialised), mma.sync "
-            "elsewhere";
+      : popt.wgmma_unions ? "wgmma for prefill tiles and union tasks at d = 128 "
+                            "(warp-specialised), mma.sync elsewhere (--wgmma-unions)"
+                          : "wgmma for full prefill tiles at d = 128 (warp-specialised), "
+                            "mma.sync elsewhere (union tasks included)";
   if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
+  doc["wgmma_unions"] = popt.wgmma_unions;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();

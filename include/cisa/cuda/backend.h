@@ -103,6 +103,11 @@ struct PlanOptions {
   // union read once (KV-outer). Off: one block per list, pages re-read by every group.
   // plan_sparse only (dense plans have no unions).
   bool group_unions = true;
+  // Union tasks at head dim 128 on the warp-specialised wgmma kernel's 64-row tile pairs (a warp
+  // per member, the warpgroup's MMAs over every page of the union) instead of mma.sync. Off by
+  // default until it is measured on the device: it was written in a session that had none
+  // (docs/cuda-notes.md, v10). kAuto only; tests run it against the CPU engine.
+  bool wgmma_unions = false;
   AttentionKernel attention_kernel = AttentionKernel::kAuto;
   // Target blocks per SM of the split-KV work decomposition; 0: tile_sizes.cuh's
   // (kBlocksPerSmTarget, kDecodeBlocksPerSm for page-split decode). At most 1024.
