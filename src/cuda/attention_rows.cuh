@@ -64,8 +64,8 @@ __device__ __forceinline__ void load_q_rows(const AttentionArgs& a, const ListDe
 // task or, in a union task, a page the warp's member did not choose). Masks by absolute position
 // (causal, optional window), folds the positive scale into the exponent (sl2 = scale · log2 e: one
 // FFMA + EX2 per score), updates the running maximum m (log2 units, scaled) and sum l, leaves the
-// weights P (f32) in s and O's factor in corr.
-template <int NT, int B>
+// weights P (f32) in s and O's factor in corr. MASKED: pages may be masked mid-tile (union tasks).
+template <int NT, int B, bool MASKED = false>
 __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_t (&cstart)[NT / B],
                                                 const int32_t (&pos)[2], int32_t window, float sl2,
                                                 int tq, float (&m)[2], float (&l)[2],
@@ -73,10 +73,12 @@ __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_
   constexpr int NP = NT / B;
   float mx[2] = {-INFINITY, -INFINITY};
   // Pages ascend, so the last start is the largest, except where a union task masked a page
-  // (INT_MAX / 2) in the middle of the tile: hence the maximum over all of them.
-  int32_t clast = cstart[0];
+  // (INT_MAX / 2) in the middle of the tile: there, the maximum over all of them.
+  int32_t clast = cstart[NP - 1];
+  if constexpr (MASKED) {
 #pragma unroll
-  for (int p = 1; p < NP; ++p) clast = max(clast, cstart[p]);
+    for (int p = 0; p < NP - 1; ++p) clast = max(clast, cstart[p]);
+  }
   const bool all_visible = window == 0 && clast + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
   if (all_visible) {
 #pragma unroll

@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (UNI)  // a page this warp's member did not choose is masked like a future one
         cstart[p] = (cstart[p] >> mw) & 1 ? cstart[p] & ~kMaskBits : INT_MAX / 2;
     }
-    wg_softmax_step<NT, B>(s, cstart, pos, a.window, sl2, tq, m, l, corr);
+    wg_softmax_step<NT, B, UNI>(s, cstart, pos, a.window, sl2, tq, m, l, corr);
   };
   auto release = [&](int j) {  // this warp's MMAs no longer read the stage of tile j
     __syncwarp();
