@@ -17,7 +17,9 @@
 # the base the new binary itself, e.g. BASE_SAME=1 BASE_ARGS="--early-selection off": an A/B of
 # one option in one binary), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per
 # row, default 32), NO_NCU=1, NO_LAYER=1, TESTS (names under tests/ in the tarball; default:
-# every cuda_*_test in it). Used for bench/results/model_h200_2026-12-03_topk/ and later folders.
+# every cuda_*_test in it), LAYER_AB_ARGS (a second `bench layer` of the new binary with these
+# options, e.g. "--wgmma-unions --phase prefill --geometry 4:1"; its rows go to layer_ab.json/.log).
+# Used for bench/results/model_h200_2026-12-03_topk/ and later folders.
 set -u
 OUT=${OUT:-$PWD/gpu-prebuilt-out}
 mkdir -p "$OUT"
@@ -80,6 +82,12 @@ if [ -z "${NO_LAYER:-}" ]; then
     >"$R/layer_cisa.json" 2>"$R/layer_cisa.log"
   log "layer ours rc=$?"
   tail -25 "$R/layer_cisa.log" | tee -a "$OUT/session.log"
+  if [ -n "${LAYER_AB_ARGS:-}" ]; then
+    read -r -a ab <<<"$LAYER_AB_ARGS"
+    timeout 150 "$NEW" bench layer --backend cuda --json "${ab[@]}" >"$R/layer_ab.json" 2>"$R/layer_ab.log"
+    log "layer ours with $LAYER_AB_ARGS rc=$?"
+    tail -12 "$R/layer_ab.log" | tee -a "$OUT/session.log"
+  fi
   if [ -n "$BASE" ]; then
     timeout 150 "$BASE" bench layer --backend cuda --json >"$R/layer_cisa_base.json" 2>"$R/layer_cisa_base.log"
     log "layer base rc=$?"
