@@ -2,7 +2,9 @@
 // attention, scoring, top-k, setup and other, and their GPU-busy sum, for dense and CISA, in the
 // three geometries of the paper (4:1 × 16 sequences, 32:1 × 32, 32:2 × 16; d = 128) at a
 // 1,048,576-token history, terminal prefill (512 queries per sequence) and steady decode.
-// Each stage is timed alone with CUDA events: median of --iters runs after warm-up. Every run
+// Each stage is timed alone with CUDA events: median of --iters runs after warm-up; busy_ms is
+// their sum. step_ms is the whole step (selection stages, attention, merge) captured as one CUDA
+// graph and replayed, timed the same way: no launch gaps between stages. Every run
 // reads far more than the 60 MB L2 (K/V of ≥ 0.55 GB per step), so no run is served from the
 // previous one's cache. The PyTorch anchors (cuDNN, FlashAttention, gather+FA, FlexAttention)
 // are measured by bench/python/anchors_layer.py from the page lists this writes with --dump-lists.
@@ -88,6 +90,50 @@ double median_ms(F&& launch, const Options& o) {
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+// The whole step that `enqueue` launches on its stream (selection stages, attention, merge),
+// captured once as a CUDA graph and replayed: median ms of a replay. Unlike busy_ms, a sum of
+// stages timed one by one, it has no launch gap between stages and lets a kernel's programmatic
+// dependent launch overlap the previous one's tail, as a caller's captured step does. −1 where
+// capture fails (the table says so; nothing else depends on it).
+template <class F>
+double graph_ms(F&& enqueue, const Options& o) {
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return -1;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  double ms = -1;
+  const bool captured =
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess &&
+      (enqueue(s), cudaStreamEndCapture(s, &g) == cudaSuccess) &&
+      cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+  if (captured) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int64_t i = 0; i < o.warmup; ++i) cudaGraphLaunch(ge, s);
+    cudaStreamSynchronize(s);
+    std::vector<double> t;
+    for (int64_t i = 0; i < o.iters; ++i) {
+      cudaEventRecord(a, s);
+      cudaGraphLaunch(ge, s);
+      cudaEventRecord(b, s);
+      cudaEventSynchronize(b);
+      float e = 0;
+      cudaEventElapsedTime(&e, a, b);
+      t.push_back(e);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    ms = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  }
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  cudaGetLastError();  // a failed capture leaves its error here, not in the next stage
+  return ms;
 }
 
 void must(const Status& s, const char* what) {
@@ -391,6 +437,12 @@ int bench_layer(int argc, char** argv) {
       const double d_attn = median_ms(
           [&] { (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); },
           o);
+      const double d_step = graph_ms(
+          [&](cudaStream_t s) {
+            (void)cuda::run_select(dense, layer, nullptr, s);
+            (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, s);
+          },
+          o);
       if (!cuda_ok(cudaGetLastError(), "dense run")) return 1;
       const double dense_bytes = static_cast<double>(dense.total_pages()) * page_bytes;
       Json dj = Json::object();
@@ -401,6 +453,7 @@ int bench_layer(int argc, char** argv) {
       dj["setup_ms"] = d_setup;
       dj["attention_ms"] = d_attn;
       dj["busy_ms"] = d_setup + d_attn;
+      if (d_step > 0) dj["step_ms"] = d_step;
       dj["host_plan_ms"] = dense_plan_host_ms;
       dj["kv_bytes"] = dense_bytes;
       dj["attention_tb_s"] = dense_bytes / (d_attn * 1e-3) / 1e12;
@@ -433,6 +486,12 @@ int bench_layer(int argc, char** argv) {
         const double topk = median_ms([&] { stage(cuda::SelectStage::kTopK); }, o);
         const double attn = median_ms(
             [&] { (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); },
+            o);
+        const double step = graph_ms(
+            [&](cudaStream_t s) {
+              (void)cuda::run_select(plan, layer, buf.index_q, s);
+              (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
+            },
             o);
         if (!cuda_ok(cudaGetLastError(), "sparse run")) return 1;
         PageLists lists;
@@ -483,6 +542,7 @@ int bench_layer(int argc, char** argv) {
         j["attention_ms"] = attn;
         j["other_ms"] = other;
         j["busy_ms"] = busy;
+        if (step > 0) j["step_ms"] = step + other;  // one graph replay (+ the reps' share)
         j["host_plan_ms"] = host_ms;
         j["lists"] = lists.num_lists();
         j["list_pages"] = plan.total_pages();
@@ -501,11 +561,12 @@ int bench_layer(int argc, char** argv) {
         std::fprintf(
             table_out,
             "%-5s %-7s cisa G=%-3lld attention %9s ms  setup %7s  score %7s  topk %7s  other %7s  "
-            "busy %8s"
+            "busy %8s  step %8s"
             "  %6.2f TB/s %6.1f TFLOP/s  %5.2fx own dense  overlap %.2f  no-union attn %s\n",
             geo.name.c_str(), phase.c_str(), static_cast<long long>(G), fmt(attn).c_str(),
             fmt(setup).c_str(), fmt(score).c_str(), fmt(topk).c_str(), fmt(other).c_str(),
-            fmt(busy).c_str(), read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12,
+            fmt(busy).c_str(), step > 0 ? fmt(step + other).c_str() : "failed",
+            read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12,
             (d_setup + d_attn) / busy, adjacent_overlap(lists, o.budget),
             fmt(attn_no_unions).c_str());
         if (!prefill)
