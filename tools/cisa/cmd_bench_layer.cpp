@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda_timing.h"
 #include "cisa/core/json.h"
 #include "cisa/cuda/backend.h"
 #include "cli_args.h"
@@ -71,69 +72,11 @@ bool cuda_ok(cudaError_t e, const char* what) {
 // Median over `iters` runs of `launch` (after warm-up), timed with events around each run.
 template <class F>
 double median_ms(F&& launch, const Options& o) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int64_t i = 0; i < o.warmup; ++i) launch();
-  cudaDeviceSynchronize();
-  std::vector<double> t;
-  for (int64_t i = 0; i < o.iters; ++i) {
-    cudaEventRecord(a);
-    launch();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  return bench_timing::median_ms(launch, o.warmup, o.iters);
 }
-
-// The whole step that `enqueue` launches on its stream (selection stages, attention, merge),
-// captured once as a CUDA graph and replayed: median ms of a replay. Unlike busy_ms, a sum of
-// stages timed one by one, it has no launch gap between stages and lets a kernel's programmatic
-// dependent launch overlap the previous one's tail, as a caller's captured step does. −1 where
-// capture fails (the table says so; nothing else depends on it).
 template <class F>
 double graph_ms(F&& enqueue, const Options& o) {
-  cudaStream_t s = nullptr;
-  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return -1;
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t ge = nullptr;
-  double ms = -1;
-  const bool captured =
-      cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess &&
-      (enqueue(s), cudaStreamEndCapture(s, &g) == cudaSuccess) &&
-      cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-  if (captured) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    for (int64_t i = 0; i < o.warmup; ++i) cudaGraphLaunch(ge, s);
-    cudaStreamSynchronize(s);
-    std::vector<double> t;
-    for (int64_t i = 0; i < o.iters; ++i) {
-      cudaEventRecord(a, s);
-      cudaGraphLaunch(ge, s);
-      cudaEventRecord(b, s);
-      cudaEventSynchronize(b);
-      float e = 0;
-      cudaEventElapsedTime(&e, a, b);
-      t.push_back(e);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(t.begin(), t.end());
-    ms = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-  }
-  if (ge) cudaGraphExecDestroy(ge);
-  if (g) cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  cudaGetLastError();  // a failed capture leaves its error here, not in the next stage
-  return ms;
+  return bench_timing::graph_ms(enqueue, o.warmup, o.iters);
 }
 
 void must(const Status& s, const char* what) {
@@ -264,6 +207,201 @@ void reuse_rows(const Options& o, const Geometry& geo, const cuda::DeviceLayer& 
                  geo.name.c_str(), static_cast<long long>(r), fmt(fresh).c_str(), fmt(kept).c_str(),
                  fmt(busy).c_str(), dense_ms / busy);
   }
+}
+
+// One geometry and phase of the run: what its dense and CISA rows share.
+struct PhaseRun {
+  const Options& o;
+  const Geometry& geo;
+  const cuda::DeviceLayer& layer;
+  const cuda::DeviceBlockTables& tables;
+  const std::vector<BatchEntry>& batch;
+  const Buffers& buf;
+  const cuda::PlanOptions& popt;
+  bool prefill;
+  int64_t count;  // queries per sequence
+  Json* results;
+  FILE* table_out;
+  std::string phase() const { return prefill ? "prefill" : "decode"; }
+  double page_bytes() const { return 2.0 * kB * kD * 2; }  // K + V of one page of one KV head
+  Json row(const char* method) const {                     // a result row's identifying fields
+    Json j = Json::object();
+    j["geometry"] = geo.name;
+    j["seqs"] = geo.seqs;
+    j["phase"] = phase();
+    j["method"] = method;
+    return j;
+  }
+};
+
+// Index queries: adjacent positions of a sequence point the same way (as real ones do).
+void upload_index_queries(const Geometry& geo, int64_t count, float* index_q, std::mt19937& rng) {
+  const int64_t rows = geo.seqs * count;
+  std::vector<float> iq(static_cast<size_t>(rows * geo.hkv * kD));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int s = 0; s < geo.seqs; ++s)
+    for (int g = 0; g < geo.hkv; ++g) {
+      std::vector<float> base(kD);
+      for (auto& x : base) x = nd(rng);
+      for (int64_t r = 0; r < count; ++r)
+        for (int i = 0; i < kD; ++i)
+          iq[static_cast<size_t>(((s * count + r) * geo.hkv + g) * kD + i)] =
+              base[static_cast<size_t>(i)] + 0.3f * nd(rng);
+    }
+  cudaMemcpy(index_q, iq.data(), iq.size() * 4, cudaMemcpyHostToDevice);
+}
+
+struct DenseTimes {
+  double setup = 0, attn = 0;
+};
+
+// Dense through the same kernels: one row. False on a CUDA error (reported).
+bool dense_row(const PhaseRun& r, DenseTimes* times) {
+  const Options& o = r.o;
+  const Geometry& geo = r.geo;
+  const std::string phase = r.phase();
+  const double dense_flop =
+      4.0 * static_cast<double>(geo.seqs * r.count) * geo.hq * static_cast<double>(o.context) * kD;
+  cuda::Plan dense;
+  Stopwatch clock;
+  must(cuda::plan_dense(r.layer, r.tables, r.batch, geo.hq, 0, &dense, r.popt), "dense plan");
+  const double dense_plan_host_ms = clock.ms();
+  const double d_setup =
+      median_ms([&] { (void)cuda::run_select(dense, r.layer, nullptr, nullptr); }, o);
+  const double d_attn = median_ms(
+      [&] {
+        (void)cuda::run_attention(dense, r.layer, r.buf.q, 0.0f, r.buf.out, r.buf.lse, nullptr);
+      },
+      o);
+  const double d_step = graph_ms(
+      [&](cudaStream_t s) {
+        (void)cuda::run_select(dense, r.layer, nullptr, s);
+        (void)cuda::run_attention(dense, r.layer, r.buf.q, 0.0f, r.buf.out, r.buf.lse, s);
+      },
+      o);
+  if (!cuda_ok(cudaGetLastError(), "dense run")) return false;
+  const double dense_bytes = static_cast<double>(dense.total_pages()) * r.page_bytes();
+  Json dj = r.row("dense");
+  dj["setup_ms"] = d_setup;
+  dj["attention_ms"] = d_attn;
+  dj["busy_ms"] = d_setup + d_attn;
+  if (d_step > 0) dj["step_ms"] = d_step;
+  dj["host_plan_ms"] = dense_plan_host_ms;
+  dj["kv_bytes"] = dense_bytes;
+  dj["attention_tb_s"] = dense_bytes / (d_attn * 1e-3) / 1e12;
+  dj["attention_tflop_s"] = dense_flop / (d_attn * 1e-3) / 1e12;
+  r.results->push_back(dj);
+  std::fprintf(
+      r.table_out,
+      "%-5s %-7s dense       attention %9s ms  setup %7s  busy %9s  %6.2f TB/s %6.1f TFLOP/s\n",
+      geo.name.c_str(), phase.c_str(), fmt(d_attn).c_str(), fmt(d_setup).c_str(),
+      fmt(d_setup + d_attn).c_str(), dense_bytes / (d_attn * 1e-3) / 1e12,
+      dense_flop / (d_attn * 1e-3) / 1e12);
+  *times = {d_setup, d_attn};
+  return true;
+}
+
+// One CISA row at QShare size G (and, in decode, its selection-reuse rows). other: the
+// representatives' update per step. False on a CUDA error (reported).
+bool sparse_row(const PhaseRun& r, int64_t G, double other, const DenseTimes& d) {
+  const Options& o = r.o;
+  const Geometry& geo = r.geo;
+  const cuda::DeviceLayer& layer = r.layer;
+  const Buffers& buf = r.buf;
+  const std::string phase = r.phase();
+  const double page_bytes = r.page_bytes();
+  const int64_t pages_per_seq = o.context / kB;
+  const double d_setup = d.setup, d_attn = d.attn;
+  Stopwatch clock;
+  SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = G};
+  cuda::Plan plan;
+  must(cuda::plan_sparse(layer, r.tables, r.batch, geo.hq, sp, &plan, r.popt), "sparse plan");
+  const double host_ms = clock.ms();
+  auto stage = [&](cuda::SelectStage st) {
+    (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr);
+  };
+  const double setup = median_ms([&] { stage(cuda::SelectStage::kSetup); }, o);
+  const double score = median_ms([&] { stage(cuda::SelectStage::kScore); }, o);
+  const double topk = median_ms([&] { stage(cuda::SelectStage::kTopK); }, o);
+  const double attn = median_ms(
+      [&] { (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+  const double step = graph_ms(
+      [&](cudaStream_t s) {
+        (void)cuda::run_select(plan, layer, buf.index_q, s);
+        (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
+      },
+      o);
+  if (!cuda_ok(cudaGetLastError(), "sparse run")) return false;
+  PageLists lists;
+  must(cuda::download_page_lists(plan, &lists), "download lists");
+  const double busy = setup + score + topk + attn + other;
+  const double bytes = static_cast<double>(plan.total_pages()) * page_bytes;
+  int64_t read_pages = 0;
+  must(cuda::count_read_pages(plan, &read_pages), "count read pages");
+  const double read_bytes = static_cast<double>(read_pages) * page_bytes;
+  // Ablation: the same lists attended one block per list (no KV-outer unions).
+  double attn_no_unions = attn;
+  if (plan.num_unions() > 0) {
+    cuda::Plan flat;
+    cuda::PlanOptions flat_options = r.popt;
+    flat_options.group_unions = false;
+    must(cuda::plan_sparse(layer, r.tables, r.batch, geo.hq, sp, &flat, flat_options), "flat plan");
+    must(cuda::run_select(flat, layer, buf.index_q, nullptr), "flat select");
+    attn_no_unions = median_ms(
+        [&] { (void)cuda::run_attention(flat, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
+  }
+  const double rep_bytes =
+      static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) * kD * 2;
+  double tokens = 0;  // attended tokens summed over query rows
+  for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
+    const auto& g = lists.groups[gi];
+    tokens += static_cast<double>(lists.list_pages(static_cast<int64_t>(gi), 0).size()) * kB *
+              static_cast<double>(g.last - g.first + 1) * geo.hq;
+  }
+  const double flop = 4.0 * tokens * kD;
+  const std::string tag = geo.name.substr(0, geo.name.find(':')) + "x" +
+                          geo.name.substr(geo.name.find(':') + 1) + "_" + phase + "_G" +
+                          std::to_string(G);
+  if (!o.dump_dir.empty()) dump_lists(o.dump_dir + "/" + tag + ".bin", lists);
+  Json j = r.row("cisa");
+  j["G"] = G;
+  j["tag"] = tag;
+  j["setup_ms"] = setup;
+  j["scoring_ms"] = score;
+  j["topk_ms"] = topk;
+  j["attention_ms"] = attn;
+  j["other_ms"] = other;
+  j["busy_ms"] = busy;
+  if (step > 0) j["step_ms"] = step + other;  // one graph replay (+ the reps' share)
+  j["host_plan_ms"] = host_ms;
+  j["lists"] = lists.num_lists();
+  j["list_pages"] = plan.total_pages();
+  j["kv_bytes"] = bytes;
+  j["read_bytes"] = read_bytes;
+  j["unions"] = plan.num_unions();
+  j["attention_ms_no_unions"] = attn_no_unions;
+  j["rep_bytes"] = rep_bytes;
+  j["attention_tb_s"] = read_bytes / (attn * 1e-3) / 1e12;
+  j["attention_list_tb_s"] = bytes / (attn * 1e-3) / 1e12;
+  j["attention_tflop_s"] = flop / (attn * 1e-3) / 1e12;
+  j["scoring_tb_s"] = rep_bytes / (score * 1e-3) / 1e12;
+  j["speedup_vs_own_dense"] = (d_setup + d_attn) / busy;
+  j["adjacent_group_overlap"] = adjacent_overlap(lists, o.budget);
+  r.results->push_back(j);
+  std::fprintf(
+      r.table_out,
+      "%-5s %-7s cisa G=%-3lld attention %9s ms  setup %7s  score %7s  topk %7s  other %7s  "
+      "busy %8s  step %8s"
+      "  %6.2f TB/s %6.1f TFLOP/s  %5.2fx own dense  overlap %.2f  no-union attn %s\n",
+      geo.name.c_str(), phase.c_str(), static_cast<long long>(G), fmt(attn).c_str(),
+      fmt(setup).c_str(), fmt(score).c_str(), fmt(topk).c_str(), fmt(other).c_str(),
+      fmt(busy).c_str(), step > 0 ? fmt(step + other).c_str() : "failed",
+      read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12, (d_setup + d_attn) / busy,
+      adjacent_overlap(lists, o.budget), fmt(attn_no_unions).c_str());
+  if (!r.prefill)
+    reuse_rows(o, geo, layer, r.tables, r.batch, buf.index_q, r.popt, setup + attn + other,
+               d_setup + d_attn, r.results, r.table_out);
+  return true;
 }
 
 }  // namespace
@@ -409,170 +547,19 @@ int bench_layer(int argc, char** argv) {
       std::vector<BatchEntry> batch;
       for (int s = 0; s < geo.seqs; ++s)
         batch.push_back({s, o.context - count, static_cast<int32_t>(count)});
-      const int64_t rows = geo.seqs * count;
-      // Index queries: adjacent positions of a sequence point the same way (as real ones do).
-      std::vector<float> iq(static_cast<size_t>(rows * geo.hkv * kD));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (int s = 0; s < geo.seqs; ++s)
-        for (int g = 0; g < geo.hkv; ++g) {
-          std::vector<float> base(kD);
-          for (auto& x : base) x = nd(rng);
-          for (int64_t r = 0; r < count; ++r)
-            for (int i = 0; i < kD; ++i)
-              iq[static_cast<size_t>(((s * count + r) * geo.hkv + g) * kD + i)] =
-                  base[static_cast<size_t>(i)] + 0.3f * nd(rng);
-        }
-      cudaMemcpy(buf.index_q, iq.data(), iq.size() * 4, cudaMemcpyHostToDevice);
-      const std::string phase = prefill ? "prefill" : "decode";
-      const double dense_flop = 4.0 * rows * geo.hq * static_cast<double>(o.context) * kD;
-      const double page_bytes = 2.0 * kB * kD * 2;  // K + V of one page of one KV head
-
-      // Dense through the same kernels.
-      cuda::Plan dense;
-      Stopwatch clock;
-      must(cuda::plan_dense(layer, tables, batch, geo.hq, 0, &dense, popt), "dense plan");
-      const double dense_plan_host_ms = clock.ms();
-      const double d_setup =
-          median_ms([&] { (void)cuda::run_select(dense, layer, nullptr, nullptr); }, o);
-      const double d_attn = median_ms(
-          [&] { (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); },
-          o);
-      const double d_step = graph_ms(
-          [&](cudaStream_t s) {
-            (void)cuda::run_select(dense, layer, nullptr, s);
-            (void)cuda::run_attention(dense, layer, buf.q, 0.0f, buf.out, buf.lse, s);
-          },
-          o);
-      if (!cuda_ok(cudaGetLastError(), "dense run")) return 1;
-      const double dense_bytes = static_cast<double>(dense.total_pages()) * page_bytes;
-      Json dj = Json::object();
-      dj["geometry"] = geo.name;
-      dj["seqs"] = geo.seqs;
-      dj["phase"] = phase;
-      dj["method"] = "dense";
-      dj["setup_ms"] = d_setup;
-      dj["attention_ms"] = d_attn;
-      dj["busy_ms"] = d_setup + d_attn;
-      if (d_step > 0) dj["step_ms"] = d_step;
-      dj["host_plan_ms"] = dense_plan_host_ms;
-      dj["kv_bytes"] = dense_bytes;
-      dj["attention_tb_s"] = dense_bytes / (d_attn * 1e-3) / 1e12;
-      dj["attention_tflop_s"] = dense_flop / (d_attn * 1e-3) / 1e12;
-      results.push_back(dj);
-      std::fprintf(
-          table_out,
-          "%-5s %-7s dense       attention %9s ms  setup %7s  busy %9s  %6.2f TB/s %6.1f TFLOP/s\n",
-          geo.name.c_str(), phase.c_str(), fmt(d_attn).c_str(), fmt(d_setup).c_str(),
-          fmt(d_setup + d_attn).c_str(), dense_bytes / (d_attn * 1e-3) / 1e12,
-          dense_flop / (d_attn * 1e-3) / 1e12);
-
+      upload_index_queries(geo, count, buf.index_q, rng);
+      const PhaseRun run{o,    geo,     layer, tables,   batch,    buf,
+                         popt, prefill, count, &results, table_out};
+      DenseTimes dense;
+      if (!dense_row(run, &dense)) return 1;
       // Pages this step fills: prefill 512/16 per sequence; decode one every 16 steps.
       const int64_t fill_pages = prefill ? geo.seqs * (count / kB) : geo.seqs;
       const double other =
           median_ms([&] { (void)cuda::run_update_reps(layer, buf.rep_pages, fill_pages, nullptr); },
                     o) *
           (prefill ? 1.0 : 1.0 / kB);
-      for (int64_t G : prefill ? geo.prefill_g : std::vector<int64_t>{1}) {
-        SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = G};
-        cuda::Plan plan;
-        clock.restart();
-        must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &plan, popt), "sparse plan");
-        const double host_ms = clock.ms();
-        auto stage = [&](cuda::SelectStage st) {
-          (void)cuda::run_select_stage(plan, layer, buf.index_q, st, nullptr);
-        };
-        const double setup = median_ms([&] { stage(cuda::SelectStage::kSetup); }, o);
-        const double score = median_ms([&] { stage(cuda::SelectStage::kScore); }, o);
-        const double topk = median_ms([&] { stage(cuda::SelectStage::kTopK); }, o);
-        const double attn = median_ms(
-            [&] { (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); },
-            o);
-        const double step = graph_ms(
-            [&](cudaStream_t s) {
-              (void)cuda::run_select(plan, layer, buf.index_q, s);
-              (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
-            },
-            o);
-        if (!cuda_ok(cudaGetLastError(), "sparse run")) return 1;
-        PageLists lists;
-        must(cuda::download_page_lists(plan, &lists), "download lists");
-        const double busy = setup + score + topk + attn + other;
-        const double bytes = static_cast<double>(plan.total_pages()) * page_bytes;
-        int64_t read_pages = 0;
-        must(cuda::count_read_pages(plan, &read_pages), "count read pages");
-        const double read_bytes = static_cast<double>(read_pages) * page_bytes;
-        // Ablation: the same lists attended one block per list (no KV-outer unions).
-        double attn_no_unions = attn;
-        if (plan.num_unions() > 0) {
-          cuda::Plan flat;
-          cuda::PlanOptions flat_options = popt;
-          flat_options.group_unions = false;
-          must(cuda::plan_sparse(layer, tables, batch, geo.hq, sp, &flat, flat_options),
-               "flat plan");
-          must(cuda::run_select(flat, layer, buf.index_q, nullptr), "flat select");
-          attn_no_unions = median_ms(
-              [&] {
-                (void)cuda::run_attention(flat, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr);
-              },
-              o);
-        }
-        const double rep_bytes =
-            static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) * kD * 2;
-        double tokens = 0;  // attended tokens summed over query rows
-        for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
-          const auto& g = lists.groups[gi];
-          tokens += static_cast<double>(lists.list_pages(static_cast<int64_t>(gi), 0).size()) * kB *
-                    static_cast<double>(g.last - g.first + 1) * geo.hq;
-        }
-        const double flop = 4.0 * tokens * kD;
-        const std::string tag = geo.name.substr(0, geo.name.find(':')) + "x" +
-                                geo.name.substr(geo.name.find(':') + 1) + "_" + phase + "_G" +
-                                std::to_string(G);
-        if (!o.dump_dir.empty()) dump_lists(o.dump_dir + "/" + tag + ".bin", lists);
-        Json j = Json::object();
-        j["geometry"] = geo.name;
-        j["seqs"] = geo.seqs;
-        j["phase"] = phase;
-        j["method"] = "cisa";
-        j["G"] = G;
-        j["tag"] = tag;
-        j["setup_ms"] = setup;
-        j["scoring_ms"] = score;
-        j["topk_ms"] = topk;
-        j["attention_ms"] = attn;
-        j["other_ms"] = other;
-        j["busy_ms"] = busy;
-        if (step > 0) j["step_ms"] = step + other;  // one graph replay (+ the reps' share)
-        j["host_plan_ms"] = host_ms;
-        j["lists"] = lists.num_lists();
-        j["list_pages"] = plan.total_pages();
-        j["kv_bytes"] = bytes;
-        j["read_bytes"] = read_bytes;
-        j["unions"] = plan.num_unions();
-        j["attention_ms_no_unions"] = attn_no_unions;
-        j["rep_bytes"] = rep_bytes;
-        j["attention_tb_s"] = read_bytes / (attn * 1e-3) / 1e12;
-        j["attention_list_tb_s"] = bytes / (attn * 1e-3) / 1e12;
-        j["attention_tflop_s"] = flop / (attn * 1e-3) / 1e12;
-        j["scoring_tb_s"] = rep_bytes / (score * 1e-3) / 1e12;
-        j["speedup_vs_own_dense"] = (d_setup + d_attn) / busy;
-        j["adjacent_group_overlap"] = adjacent_overlap(lists, o.budget);
-        results.push_back(j);
-        std::fprintf(
-            table_out,
-            "%-5s %-7s cisa G=%-3lld attention %9s ms  setup %7s  score %7s  topk %7s  other %7s  "
-            "busy %8s  step %8s"
-            "  %6.2f TB/s %6.1f TFLOP/s  %5.2fx own dense  overlap %.2f  no-union attn %s\n",
-            geo.name.c_str(), phase.c_str(), static_cast<long long>(G), fmt(attn).c_str(),
-            fmt(setup).c_str(), fmt(score).c_str(), fmt(topk).c_str(), fmt(other).c_str(),
-            fmt(busy).c_str(), step > 0 ? fmt(step + other).c_str() : "failed",
-            read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12,
-            (d_setup + d_attn) / busy, adjacent_overlap(lists, o.budget),
-            fmt(attn_no_unions).c_str());
-        if (!prefill)
-          reuse_rows(o, geo, layer, tables, batch, buf.index_q, popt, setup + attn + other,
-                     d_setup + d_attn, &results, table_out);
-      }
+      for (int64_t G : prefill ? geo.prefill_g : std::vector<int64_t>{1})
+        if (!sparse_row(run, G, other, dense)) return 1;
     }
   }
   doc["results"] = results;
