@@ -62,6 +62,8 @@ std::string dense_layers_text(const EvalConfig& c) {
   return out.empty() ? "—" : out;
 }
 
+const std::string kDense = "dense";
+
 // A run's results as the summary reads them. `by` points into `recs`: a Run is built in place.
 struct Run {
   std::vector<Record> recs;
@@ -72,12 +74,15 @@ struct Run {
   // (task, length, index, config) → record.
   std::map<std::tuple<std::string, int64_t, int64_t, std::string>, const Record*> by;
   bool any_doc = false;
+  // The dense result on r's prompt, or null.
+  const Record* dense_of(const Record& r) const {
+    const auto d = by.find({r.task, r.length, r.index, kDense});
+    return d == by.end() ? nullptr : d->second;
+  }
   Run() = default;
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
 };
-
-const std::string kDense = "dense";
 
 // The results of results.jsonl; lines cut by an interrupted write, or no result at all, are
 // skipped. `lines`: the non-empty lines read.
@@ -280,10 +285,9 @@ void write_generated_length(const Run& run, std::ostringstream& md) {
       int n = 0;
       for (const auto& r : run.recs) {
         if (r.doc || r.config != c || r.length != L) continue;
-        auto d = run.by.find({r.task, L, r.index, kDense});
-        if (d == run.by.end()) continue;
-        g += r.gen_tokens, gd += d->second->gen_tokens, pr += r.pages_read, pd += r.pages_dense,
-            ++n;
+        const Record* d = run.dense_of(r);
+        if (!d) continue;
+        g += r.gen_tokens, gd += d->gen_tokens, pr += r.pages_read, pd += r.pages_dense, ++n;
       }
       if (!n) continue;
       md << "| " << c << " | " << L << " | " << f2(g / n, "%.2f") << " | "
@@ -309,12 +313,12 @@ void write_document_likelihood(const Run& run, int iters, std::ostringstream& md
       std::vector<double> kl_doc;
       for (const auto& r : run.recs) {
         if (!r.doc || r.config != c || r.length != L) continue;
-        auto d = run.by.find({r.task, L, r.index, kDense});
-        if (d == run.by.end() || d->second->nll.size() != r.nll.size()) continue;
+        const Record* d = run.dense_of(r);
+        if (!d || d->nll.size() != r.nll.size()) continue;
         ++docs;
         double k = 0;
         for (size_t i = 0; i < r.nll.size(); ++i) {
-          nll += r.nll[i], nll_d += d->second->nll[i], ++pos;
+          nll += r.nll[i], nll_d += d->nll[i], ++pos;
           if (i < r.kl.size()) k += r.kl[i];
           if (i < r.agree.size()) agree += r.agree[i];
         }
