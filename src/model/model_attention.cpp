@@ -30,6 +30,31 @@ Status check_selector_lists(const PageLists& l, int num_kv_heads) {
 
 }  // namespace
 
+// Traffic per query position (SPEC §8) of a global layer's step, into the step's stats and each
+// sequence's totals: dense reads pages 0 … c(t); a CISA group's positions each read their group's
+// list up to c(t) (later pages are masked and skipped).
+void Model::Impl::count_traffic(PlanSlot slot, bool cisa, const SelectionParams& selection) {
+  const int B = be->cache_config().page_size;
+  const int64_t Hkv = hp.n_head_kv;
+  int64_t dense_pages = 0, read_pages = 0;
+  SequenceTraffic* t = nullptr;  // the current entry's (an entry's groups are adjacent)
+  int32_t t_entry = -1;
+  for (const QueryGroup& g : be->plan_groups(slot)) {
+    const int64_t dense = pages_read_dense(g, B);
+    const int64_t read = cisa ? pages_read(g, B, selection) : dense;
+    dense_pages += dense;
+    read_pages += read;
+    if (g.entry != t_entry) {
+      t = &seq_traffic[st.batch[static_cast<size_t>(g.entry)].seq];
+      t_entry = g.entry;
+    }
+    t->global_pages_dense += dense * Hkv;
+    t->global_pages_read += read * Hkv;
+  }
+  stats.global_pages_dense += dense_pages * Hkv;
+  stats.global_pages_read += read_pages * Hkv;
+}
+
 Status Model::Impl::attention(int layer) {
   const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
   const int64_t rows = st.rows;
@@ -166,28 +191,7 @@ Status Model::Impl::attention(int layer) {
                         .numerics = opt.attention_numerics,
                         .scale_queries = llamacpp_numerics && hp.arch == ModelArch::kGemma3};
   CISA_RETURN_IF_ERROR(be->attend(slot, layer, q, Hq, ap, st.att->f32()));
-  if (!swa) {
-    // Traffic per query position (SPEC §8): dense reads pages 0 … c(t); a CISA group's positions
-    // each read their group's list up to c(t) (later pages are masked and skipped).
-    const int B = be->cache_config().page_size;
-    int64_t dense_pages = 0, read_pages = 0;
-    SequenceTraffic* t = nullptr;  // the current entry's (an entry's groups are adjacent)
-    int32_t t_entry = -1;
-    for (const QueryGroup& g : be->plan_groups(slot)) {
-      const int64_t dense = pages_read_dense(g, B);
-      const int64_t read = cisa ? pages_read(g, B, selection) : dense;
-      dense_pages += dense;
-      read_pages += read;
-      if (g.entry != t_entry) {
-        t = &seq_traffic[st.batch[static_cast<size_t>(g.entry)].seq];
-        t_entry = g.entry;
-      }
-      t->global_pages_dense += dense * Hkv;
-      t->global_pages_read += read * Hkv;
-    }
-    stats.global_pages_dense += dense_pages * Hkv;
-    stats.global_pages_read += read_pages * Hkv;
-  }
+  if (!swa) count_traffic(slot, cisa, selection);
   // (An early selection's time counts as attention too; the late one is inside [t0, now).)
   const double dt = seconds_since(t0) - tap_seconds + (early ? select_seconds : 0.0);
   stats.seconds_attention += dt;

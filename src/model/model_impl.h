@@ -116,6 +116,9 @@ struct Model::Impl {
   // st.xn → st.o: q/k/v projections, (q/k norm), RoPE, cache append, plan or selection,
   // attention, output projection; model_attention.cpp.
   Status attention(int layer);
+  // A global layer's pages read and dense pages for this step (SPEC §8), into stats and
+  // seq_traffic.
+  void count_traffic(PlanSlot slot, bool cisa, const SelectionParams& selection);
   // st.xn → st.o: gated MLP; model_attention.cpp.
   Status mlp(int layer);
   // The architecture's layer, reading and updating st.x; model_gemma3.cpp, model_llama.cpp.
