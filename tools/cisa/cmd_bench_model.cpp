@@ -149,6 +149,181 @@ double share_decode(const Measurement& m) {
   return t > 0 ? (m.total.seconds_global_attention - m.prefill.seconds_global_attention) / t : 0.0;
 }
 
+// llama.cpp's numbers for the same file and settings, through bench/python/llamacpp_bench.py, run
+// after ours (never concurrently). `note` says why there are none.
+struct Anchor {
+  Json doc = Json::object();
+  double prefill_tok_s = NAN, decode_tok_s = NAN;
+  std::string note;
+};
+
+Anchor run_llamacpp_anchor(const std::string& path, int64_t context, int64_t n_decode, int threads,
+                           int batch, int64_t repeat, const std::string& flash_attn) {
+  Anchor a;
+  auto src = find_source_dir();
+  const std::string script = src.ok() ? *src + "/bench/python/llamacpp_bench.py" : "";
+  if (script.empty() || std::system(("test -f '" + script + "'").c_str()) != 0) {
+    a.note = "bench/python/llamacpp_bench.py not found";
+    return a;
+  }
+  if (std::system("python3 -c 'import llama_cpp' >/dev/null 2>&1") != 0) {
+    a.note =
+        "llama_cpp is not importable (pip install llama-cpp-python; see "
+        "bench/python/llamacpp_bench.py)";
+    return a;
+  }
+  const std::string cmd = "python3 '" + script + "' -m '" + path + "' --context " +
+                          std::to_string(context) + " --decode " + std::to_string(n_decode) +
+                          " --threads " + std::to_string(threads) + " --batch " +
+                          std::to_string(batch) + " --repeat " + std::to_string(repeat) +
+                          " --flash-attn " + flash_attn + " --json";
+  std::fprintf(stderr, "running llama.cpp: %s\n", cmd.c_str());
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    const int rc = pclose(f);
+    if (rc != 0) a.note = "llamacpp_bench.py failed (exit " + std::to_string(rc) + ")";
+  } else {
+    a.note = "could not start python3";
+  }
+  // One document: {"llama_cpp_python": ..., "results": [{"prefill_tok_s": ...}, ...]}.
+  const auto doc = json_parse(out);
+  const Json none;
+  const Json& ll = doc.ok() ? *doc : none;
+  const Json* results = json_member(ll, "results");
+  const Json& first = results && results->is_array() && !results->empty() ? (*results)[0] : none;
+  a.prefill_tok_s = json_number(first, "prefill_tok_s", NAN);
+  a.decode_tok_s = json_number(first, "decode_tok_s", NAN);
+  if (a.note.empty() && (std::isnan(a.prefill_tok_s) || std::isnan(a.decode_tok_s)))
+    a.note = "could not read its JSON";
+  if (a.note.empty()) {
+    a.doc["llama_cpp_python"] = json_string(ll, "llama_cpp_python");
+    a.doc["kv_type"] = json_string(ll, "kv_type");
+    a.doc["flash_attn"] = json_string(ll, "flash_attn");
+    a.doc["command"] = cmd;
+    a.doc["system_info"] = json_string(ll, "system_info");
+    a.doc["prefill_tok_s"] = a.prefill_tok_s;
+    a.doc["decode_tok_s"] = a.decode_tok_s;
+  }
+  return a;
+}
+
+// The llama.cpp-anchored benchmark's measurements, for its JSON document and its table.
+struct LlamaStyleRun {
+  const std::string& model_arg;
+  const std::string& path;
+  int64_t context, n_decode, repeat;
+  bool cisa;  // --attention cisa: m is CISA's, dense_m dense's (same invocation)
+  const Measurement& m;
+  const Measurement& dense_m;
+  const Anchor& anchor;
+  double our_pre() const { return median(m.prefill_tok_s); }
+  double our_dec() const { return median(m.decode_tok_s); }
+  double dense_pre() const { return cisa ? median(dense_m.prefill_tok_s) : NAN; }
+  double dense_dec() const { return cisa ? median(dense_m.decode_tok_s) : NAN; }
+  // Amdahl ceilings 1 / (1 − s) from dense's share s of time in global attention (what the
+  // speedup would be if that attention cost nothing).
+  double ceil_pre() const { return 1.0 / (1.0 - share_prefill(dense_m)); }
+  double ceil_dec() const { return 1.0 / (1.0 - share_decode(dense_m)); }
+};
+
+Json measurement_json(const Measurement& x) {
+  Json o = Json::object();
+  o["prefill_tok_s"] = median(x.prefill_tok_s);
+  o["decode_tok_s"] = median(x.decode_tok_s);
+  o["prefill_tok_s_runs"] = Json::array();
+  o["decode_tok_s_runs"] = Json::array();
+  for (double v : x.prefill_tok_s) o["prefill_tok_s_runs"].push_back(v);
+  for (double v : x.decode_tok_s) o["decode_tok_s_runs"].push_back(v);
+  o["attention"] = x.attention;
+  o["global_attention_share_prefill"] = share_prefill(x);
+  o["global_attention_share_decode"] = share_decode(x);
+  return o;
+}
+
+Json llama_style_json(const LlamaStyleRun& r) {
+  const Measurement& m = r.m;
+  Json j = Json::object();
+  j["benchmark"] = "model";
+  j["model"] = r.path;
+  j["architecture"] = model_arch_name(m.arch);
+  j["context"] = r.context;
+  j["decode_tokens"] = r.n_decode;
+  j["repeat"] = r.repeat;
+  j["threads"] = m.threads;
+  j["batch"] = m.batch;
+  j["kv_dtype"] = kv_dtype_name(m.kv_dtype);
+  j["matmul_isa"] = matmul_isa();
+  j["cpu"] = cpu_name();
+  {
+    utsname u{};
+    if (uname(&u) == 0) j["host"] = std::string(u.nodename) + " " + u.sysname + " " + u.release;
+    char date[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    j["date"] = date;
+  }
+  j["cisa"] = measurement_json(m);
+  // CISA against dense: measured speedups and the Amdahl ceilings.
+  if (r.cisa) {
+    j["dense"] = measurement_json(r.dense_m);
+    const double sp_pre = r.our_pre() / r.dense_pre(), sp_dec = r.our_dec() / r.dense_dec();
+    Json v = Json::object();
+    v["prefill_speedup"] = sp_pre;
+    v["decode_speedup"] = sp_dec;
+    v["amdahl_ceiling_prefill"] = r.ceil_pre();
+    v["amdahl_ceiling_decode"] = r.ceil_dec();
+    v["fraction_of_ceiling_prefill"] = (sp_pre - 1) / (r.ceil_pre() - 1);
+    v["fraction_of_ceiling_decode"] = (sp_dec - 1) / (r.ceil_dec() - 1);
+    v["speedup_over_ceiling_prefill"] = sp_pre / r.ceil_pre();
+    v["speedup_over_ceiling_decode"] = sp_dec / r.ceil_dec();
+    j["cisa_vs_dense"] = v;
+  }
+  Json anchor = r.anchor.doc;
+  if (!r.anchor.note.empty()) anchor["note"] = r.anchor.note;
+  j["llama_cpp"] = anchor;
+  if (r.anchor.note.empty()) {  // the requested attention (CISA with --attention cisa) vs llama.cpp
+    j["prefill_ratio"] = r.our_pre() / r.anchor.prefill_tok_s;
+    j["decode_ratio"] = r.our_dec() / r.anchor.decode_tok_s;
+    if (r.cisa) {
+      j["dense_prefill_ratio"] = r.dense_pre() / r.anchor.prefill_tok_s;
+      j["dense_decode_ratio"] = r.dense_dec() / r.anchor.decode_tok_s;
+    }
+  }
+  return j;
+}
+
+void print_llama_style_table(const LlamaStyleRun& r) {
+  const Measurement& m = r.m;
+  const double our_pre = r.our_pre(), our_dec = r.our_dec();
+  std::printf("%s, context %lld, %d threads, batch %d, KV %s\n", r.model_arg.c_str(),
+              static_cast<long long>(r.context), m.threads, m.batch, kv_dtype_name(m.kv_dtype));
+  std::printf("%-16s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
+  if (r.cisa) std::printf("%-16s %14.1f %14.2f\n", "cisa dense", r.dense_pre(), r.dense_dec());
+  std::printf("%-16s %14.1f %14.2f\n", r.cisa ? "cisa cisa" : "cisa", our_pre, our_dec);
+  if (r.cisa) {
+    const double sp_pre = our_pre / r.dense_pre(), sp_dec = our_dec / r.dense_dec();
+    std::printf("%-16s %13.2fx %13.2fx\n", "cisa / dense", sp_pre, sp_dec);
+    std::printf(
+        "%-16s %13.2fx %13.2fx   (1 / (1 - s), s = dense share in global attention: "
+        "%.1f%% prefill, %.1f%% decode)\n",
+        "Amdahl ceiling", r.ceil_pre(), r.ceil_dec(), 100 * share_prefill(r.dense_m),
+        100 * share_decode(r.dense_m));
+    std::printf("%-16s %13.2f  %13.2f    (speedup / ceiling)\n", "of ceiling",
+                sp_pre / r.ceil_pre(), sp_dec / r.ceil_dec());
+  }
+  if (r.anchor.note.empty()) {
+    std::printf("%-16s %14.1f %14.2f\n", "llama.cpp", r.anchor.prefill_tok_s,
+                r.anchor.decode_tok_s);
+    std::printf("%-16s %13.2fx %13.2fx\n", "cisa / llama.cpp", our_pre / r.anchor.prefill_tok_s,
+                our_dec / r.anchor.decode_tok_s);
+  } else {
+    std::printf("llama.cpp: %s\n", r.anchor.note.c_str());
+  }
+}
+
 }  // namespace
 
 int bench_model(int argc, char** argv) {
@@ -262,156 +437,23 @@ int bench_model(int argc, char** argv) {
   }
   if (Status st = measure(*path, mo, index, context, n_decode, repeat, &m); !st.ok())
     return fail(st.message());
-  const std::vector<double>& pre = m.prefill_tok_s;
-  const std::vector<double>& dec = m.decode_tok_s;
-  const int batch = m.batch;
-  const double our_pre = median(pre), our_dec = median(dec);
-  const double dense_pre = cisa ? median(dense_m.prefill_tok_s) : NAN;
-  const double dense_dec = cisa ? median(dense_m.decode_tok_s) : NAN;
-
-  // The anchor: llama.cpp through bench/python/llamacpp_bench.py, after our runs (never
-  // concurrently).
-  Json anchor = Json::object();
-  double ll_pre = NAN, ll_dec = NAN;
-  std::string anchor_note;
-  auto src = find_source_dir();
-  const std::string script = src.ok() ? *src + "/bench/python/llamacpp_bench.py" : "";
-  if (no_anchor) {
-    anchor_note = "not run (--no-anchor)";
-  } else if (script.empty() || std::system(("test -f '" + script + "'").c_str()) != 0) {
-    anchor_note = "bench/python/llamacpp_bench.py not found";
-  } else if (std::system("python3 -c 'import llama_cpp' >/dev/null 2>&1") != 0) {
-    anchor_note =
-        "llama_cpp is not importable (pip install llama-cpp-python; see "
-        "bench/python/llamacpp_bench.py)";
-  } else {
-    const std::string cmd = "python3 '" + script + "' -m '" + *path + "' --context " +
-                            std::to_string(context) + " --decode " + std::to_string(n_decode) +
-                            " --threads " + std::to_string(m.threads) + " --batch " +
-                            std::to_string(batch) + " --repeat " + std::to_string(repeat) +
-                            " --flash-attn " + anchor_fa + " --json";
-    std::fprintf(stderr, "running llama.cpp: %s\n", cmd.c_str());
-    std::string out;
-    if (FILE* f = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-      const int rc = pclose(f);
-      if (rc != 0) anchor_note = "llamacpp_bench.py failed (exit " + std::to_string(rc) + ")";
-    } else {
-      anchor_note = "could not start python3";
-    }
-    // One document: {"llama_cpp_python": ..., "results": [{"prefill_tok_s": ...}, ...]}.
-    const auto doc = json_parse(out);
-    const Json none;
-    const Json& ll = doc.ok() ? *doc : none;
-    const Json* results = json_member(ll, "results");
-    const Json& first = results && results->is_array() && !results->empty() ? (*results)[0] : none;
-    ll_pre = json_number(first, "prefill_tok_s", NAN);
-    ll_dec = json_number(first, "decode_tok_s", NAN);
-    if (anchor_note.empty() && (std::isnan(ll_pre) || std::isnan(ll_dec)))
-      anchor_note = "could not read its JSON";
-    if (anchor_note.empty()) {
-      anchor["llama_cpp_python"] = json_string(ll, "llama_cpp_python");
-      anchor["kv_type"] = json_string(ll, "kv_type");
-      anchor["flash_attn"] = json_string(ll, "flash_attn");
-      anchor["command"] = cmd;
-      anchor["system_info"] = json_string(ll, "system_info");
-      anchor["prefill_tok_s"] = ll_pre;
-      anchor["decode_tok_s"] = ll_dec;
-    }
-  }
-  if (!anchor_note.empty()) anchor["note"] = anchor_note;
-
-  const bool have_anchor = anchor_note.empty();
-  Json j = Json::object();
-  j["benchmark"] = "model";
-  j["model"] = *path;
-  j["architecture"] = model_arch_name(m.arch);
-  j["context"] = context;
-  j["decode_tokens"] = n_decode;
-  j["repeat"] = repeat;
-  j["threads"] = m.threads;
-  j["batch"] = batch;
-  j["kv_dtype"] = kv_dtype_name(m.kv_dtype);
-  j["matmul_isa"] = matmul_isa();
-  j["cpu"] = cpu_name();
-  {
-    utsname u{};
-    if (uname(&u) == 0) j["host"] = std::string(u.nodename) + " " + u.sysname + " " + u.release;
-    char date[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-    j["date"] = date;
-  }
-  auto part = [](const Measurement& x) {
-    Json o = Json::object();
-    o["prefill_tok_s"] = median(x.prefill_tok_s);
-    o["decode_tok_s"] = median(x.decode_tok_s);
-    o["prefill_tok_s_runs"] = Json::array();
-    o["decode_tok_s_runs"] = Json::array();
-    for (double v : x.prefill_tok_s) o["prefill_tok_s_runs"].push_back(v);
-    for (double v : x.decode_tok_s) o["decode_tok_s_runs"].push_back(v);
-    o["attention"] = x.attention;
-    o["global_attention_share_prefill"] = share_prefill(x);
-    o["global_attention_share_decode"] = share_decode(x);
-    return o;
-  };
-  j["cisa"] = part(m);
-  // CISA against dense: measured speedups and the Amdahl ceilings 1 / (1 − s) from dense's share
-  // s of time in global attention (what the speedup would be if that attention cost nothing).
-  double sp_pre = NAN, sp_dec = NAN, ceil_pre = NAN, ceil_dec = NAN;
-  if (cisa) {
-    j["dense"] = part(dense_m);
-    sp_pre = our_pre / dense_pre;
-    sp_dec = our_dec / dense_dec;
-    ceil_pre = 1.0 / (1.0 - share_prefill(dense_m));
-    ceil_dec = 1.0 / (1.0 - share_decode(dense_m));
-    Json v = Json::object();
-    v["prefill_speedup"] = sp_pre;
-    v["decode_speedup"] = sp_dec;
-    v["amdahl_ceiling_prefill"] = ceil_pre;
-    v["amdahl_ceiling_decode"] = ceil_dec;
-    v["fraction_of_ceiling_prefill"] = (sp_pre - 1) / (ceil_pre - 1);
-    v["fraction_of_ceiling_decode"] = (sp_dec - 1) / (ceil_dec - 1);
-    v["speedup_over_ceiling_prefill"] = sp_pre / ceil_pre;
-    v["speedup_over_ceiling_decode"] = sp_dec / ceil_dec;
-    j["cisa_vs_dense"] = v;
-  }
-  j["llama_cpp"] = anchor;
-  if (have_anchor) {  // the requested attention (CISA with --attention cisa) against llama.cpp
-    j["prefill_ratio"] = our_pre / ll_pre;
-    j["decode_ratio"] = our_dec / ll_dec;
-    if (cisa) {
-      j["dense_prefill_ratio"] = dense_pre / ll_pre;
-      j["dense_decode_ratio"] = dense_dec / ll_dec;
-    }
-  }
+  const Anchor anchor = no_anchor ? Anchor{.note = "not run (--no-anchor)"}
+                                  : run_llamacpp_anchor(*path, context, n_decode, m.threads,
+                                                        m.batch, repeat, anchor_fa);
+  const LlamaStyleRun run{.model_arg = model_arg,
+                          .path = *path,
+                          .context = context,
+                          .n_decode = n_decode,
+                          .repeat = repeat,
+                          .cisa = cisa,
+                          .m = m,
+                          .dense_m = dense_m,
+                          .anchor = anchor};
   if (json) {
-    print_json(j);
+    print_json(llama_style_json(run));
     return 0;
   }
-  std::printf("%s, context %lld, %d threads, batch %d, KV %s\n", model_arg.c_str(),
-              static_cast<long long>(context), m.threads, batch, kv_dtype_name(m.kv_dtype));
-  std::printf("%-16s %14s %14s\n", "", "prefill tok/s", "decode tok/s");
-  if (cisa) std::printf("%-16s %14.1f %14.2f\n", "cisa dense", dense_pre, dense_dec);
-  std::printf("%-16s %14.1f %14.2f\n", cisa ? "cisa cisa" : "cisa", our_pre, our_dec);
-  if (cisa) {
-    std::printf("%-16s %13.2fx %13.2fx\n", "cisa / dense", sp_pre, sp_dec);
-    std::printf(
-        "%-16s %13.2fx %13.2fx   (1 / (1 - s), s = dense share in global attention: "
-        "%.1f%% prefill, %.1f%% decode)\n",
-        "Amdahl ceiling", ceil_pre, ceil_dec, 100 * share_prefill(dense_m),
-        100 * share_decode(dense_m));
-    std::printf("%-16s %13.2f  %13.2f    (speedup / ceiling)\n", "of ceiling", sp_pre / ceil_pre,
-                sp_dec / ceil_dec);
-  }
-  if (have_anchor) {
-    std::printf("%-16s %14.1f %14.2f\n", "llama.cpp", ll_pre, ll_dec);
-    std::printf("%-16s %13.2fx %13.2fx\n", "cisa / llama.cpp", our_pre / ll_pre, our_dec / ll_dec);
-  } else {
-    std::printf("llama.cpp: %s\n", anchor_note.c_str());
-  }
+  print_llama_style_table(run);
   return 0;
 }
 
