@@ -101,10 +101,8 @@ struct Fragment {
   size_t start, len;
 };
 
-}  // namespace
-
-Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
-  auto impl = std::make_shared<Impl>();
+// The vocabulary's sizes agree and its pre-tokenizer is one this engine implements.
+Status check_spec(const TokenizerSpec& spec) {
   const size_t n = spec.tokens.size();
   if (n == 0) return invalid_argument("tokenizer: empty vocabulary");
   if (n > static_cast<size_t>(INT32_MAX))
@@ -117,37 +115,42 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
     return invalid_argument("tokenizer: " + std::to_string(spec.types.size()) +
                             " token types for " + std::to_string(n) + " tokens");
   }
-  impl->kind = spec.kind;
-  if (spec.kind == TokenizerKind::kByteBpe) {
-    if (spec.pre == "smollm") {
-      impl->split_digits = true;
-    } else if (spec.pre != "gpt2" && spec.pre != "gpt-2") {
-      return unimplemented("tokenizer: BPE pre-tokenizer '" + spec.pre +
-                           "' is not supported (supported: smollm, gpt2)");
-    }
-  }
+  if (spec.kind == TokenizerKind::kByteBpe && spec.pre != "smollm" && spec.pre != "gpt2" &&
+      spec.pre != "gpt-2")
+    return unimplemented("tokenizer: BPE pre-tokenizer '" + spec.pre +
+                         "' is not supported (supported: smollm, gpt2)");
+  return Status::Ok();
+}
 
-  impl->text = std::move(spec.tokens);
-  impl->score.assign(n, 0.0f);
-  impl->type.assign(n, TokenType::kNormal);
-  impl->attr.assign(n, kAttrNormal);
+// Texts, scores, types and attributes of every token, and the text → id map (texts unique).
+Status load_vocabulary(TokenizerSpec& spec, Tokenizer::Impl& t) {
+  const size_t n = spec.tokens.size();
+  t.text = std::move(spec.tokens);
+  t.score.assign(n, 0.0f);
+  t.type.assign(n, TokenType::kNormal);
+  t.attr.assign(n, kAttrNormal);
   for (size_t i = 0; i < n; ++i) {
-    if (!spec.scores.empty()) impl->score[i] = spec.scores[i];
+    if (!spec.scores.empty()) t.score[i] = spec.scores[i];
     if (!spec.types.empty()) {
-      impl->type[i] = spec.types[i];
-      impl->attr[i] = attr_of(spec.types[i]);
+      t.type[i] = spec.types[i];
+      t.attr[i] = attr_of(spec.types[i]);
     }
-    if (impl->text[i].empty()) impl->text[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
+    if (t.text[i].empty()) t.text[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
   }
-  impl->by_text.reserve(n);
+  t.by_text.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    auto [it, inserted] = impl->by_text.emplace(impl->text[i], static_cast<int32_t>(i));
+    auto [it, inserted] = t.by_text.emplace(t.text[i], static_cast<int32_t>(i));
     if (!inserted) {
       return invalid_argument("tokenizer: token " + std::to_string(i) +
                               " repeats the text of token " + std::to_string(it->second));
     }
   }
+  return Status::Ok();
+}
 
+// The special ids the file stores (each -1 or inside the vocabulary) and the add-BOS/EOS flags.
+Status set_special_ids(const TokenizerSpec& spec, Tokenizer::Impl& t) {
+  const size_t n = t.text.size();
   auto check_id = [&](int32_t id, const char* what) -> Status {
     if (id < -1 || (id >= 0 && static_cast<size_t>(id) >= n)) {
       return invalid_argument(std::string("tokenizer: ") + what + " id " + std::to_string(id) +
@@ -165,37 +168,44 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
     return invalid_argument("tokenizer: add_bos is set but there is no BOS id");
   if (spec.add_eos && spec.eos_id < 0)
     return invalid_argument("tokenizer: add_eos is set but there is no EOS id");
-  impl->bos = spec.bos_id;
-  impl->eos = spec.eos_id;
-  impl->eom = spec.eom_id;
-  impl->unk = spec.unk_id;
-  impl->pad = spec.pad_id;
-  impl->add_bos = spec.add_bos;
-  impl->add_eos = spec.add_eos;
-  impl->add_space_prefix = spec.add_space_prefix;
+  t.bos = spec.bos_id;
+  t.eos = spec.eos_id;
+  t.eom = spec.eom_id;
+  t.unk = spec.unk_id;
+  t.pad = spec.pad_id;
+  t.add_bos = spec.add_bos;
+  t.add_eos = spec.add_eos;
+  t.add_space_prefix = spec.add_space_prefix;
+  t.eot = spec.eot_id;
+  return Status::Ok();
+}
 
+// As llama.cpp does from the texts: the end-of-turn token when the file names none, unused
+// control tokens, fill-in-the-middle and end-of-generation tokens (control), and the special
+// tokens longest first for matching.
+void mark_special_tokens(Tokenizer::Impl& t) {
+  const size_t n = t.text.size();
   // End of turn: the stored id, else the first known end-of-turn text; it is treated as control.
-  impl->eot = spec.eot_id;
-  if (impl->eot < 0) {
-    for (std::string_view t : kEotTexts) {
-      if (int32_t id = impl->lookup(t); id >= 0) {
-        impl->eot = id;
-        impl->attr[id] |= kAttrControl;
+  if (t.eot < 0) {
+    for (std::string_view s : kEotTexts) {
+      if (int32_t id = t.lookup(s); id >= 0) {
+        t.eot = id;
+        t.attr[id] |= kAttrControl;
         break;
       }
     }
   }
   // Control tokens named "unused..." are unused (they still count as special for matching).
   for (size_t i = 0; i < n; ++i) {
-    if ((impl->attr[i] & kAttrControl) && impl->text[i].find("unused") != std::string::npos) {
-      impl->attr[i] |= kAttrUnused;
+    if ((t.attr[i] & kAttrControl) && t.text[i].find("unused") != std::string::npos) {
+      t.attr[i] |= kAttrUnused;
     }
   }
-  impl->eog.assign(n, 0);
+  t.eog.assign(n, 0);
   // The first token (in list order) of each fill-in-the-middle kind; -1 when none.
   auto find_first = [&](std::span<const std::string_view> texts) -> int32_t {
-    for (std::string_view t : texts) {
-      if (int32_t id = impl->lookup(t); id >= 0) return id;
+    for (std::string_view s : texts) {
+      if (int32_t id = t.lookup(s); id >= 0) return id;
     }
     return -1;
   };
@@ -208,55 +218,71 @@ Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
         std::span<const std::string_view>(kFimSepTexts)}) {
     const int32_t id = find_first(texts);
     if (id < 0) continue;
-    impl->attr[id] |= kAttrControl;
+    t.attr[id] |= kAttrControl;
     const bool ends = texts.data() == kFimPadTexts || texts.data() == kFimRepoTexts ||
                       texts.data() == kFimSepTexts;
-    if (ends) impl->eog[id] = 1;
+    if (ends) t.eog[id] = 1;
   }
-  for (std::string_view t : kEogTexts) {
-    if (int32_t id = impl->lookup(t); id >= 0) {
-      impl->eog[id] = 1;
-      impl->attr[id] |= kAttrControl;
+  for (std::string_view s : kEogTexts) {
+    if (int32_t id = t.lookup(s); id >= 0) {
+      t.eog[id] = 1;
+      t.attr[id] |= kAttrControl;
     }
   }
-  for (int32_t id : {impl->eos, impl->eot, impl->eom}) {
-    if (id >= 0) impl->eog[id] = 1;
+  for (int32_t id : {t.eos, t.eot, t.eom}) {
+    if (id >= 0) t.eog[id] = 1;
   }
-
   for (size_t i = 0; i < n; ++i) {
-    if (impl->attr[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) {
-      impl->special_by_length.push_back(static_cast<int32_t>(i));
+    if (t.attr[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) {
+      t.special_by_length.push_back(static_cast<int32_t>(i));
     }
   }
-  std::stable_sort(
-      impl->special_by_length.begin(), impl->special_by_length.end(),
-      [&](int32_t a, int32_t b) { return impl->text[a].size() > impl->text[b].size(); });
+  std::stable_sort(t.special_by_length.begin(), t.special_by_length.end(),
+                   [&](int32_t a, int32_t b) { return t.text[a].size() > t.text[b].size(); });
+}
 
+// SentencePiece: the byte-fallback tokens <0xXX>. Byte-level BPE: the byte units and the merge
+// ranks (a merge's two halves keyed "left\xFFright").
+Status build_byte_tokens_and_merges(const TokenizerSpec& spec, Tokenizer::Impl& t) {
   if (spec.kind == TokenizerKind::kSentencePiece) {
     for (int b = 0; b < 256; ++b) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "<0x%02X>", b);
-      int32_t id = impl->lookup(hex);
-      if (id < 0 && b != 0) id = impl->lookup(std::string(1, static_cast<char>(b)));
-      impl->byte_token[b] = id;
+      int32_t id = t.lookup(hex);
+      if (id < 0 && b != 0) id = t.lookup(std::string(1, static_cast<char>(b)));
+      t.byte_token[b] = id;
     }
-  } else {
-    impl->byte_token.fill(-1);
-    build_byte_units(*impl);
-    if (spec.merges.empty()) return invalid_argument("tokenizer: a BPE vocabulary needs merges");
-    impl->merge_rank.reserve(spec.merges.size());
-    for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
-      const std::string& m = spec.merges[rank];
-      // Split at the first space after the first character, so that a merge may start with ' '.
-      const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-      std::string key;
-      if (sp != std::string::npos)
-        key = m.substr(0, sp) + '\xFF' + m.substr(sp + 1);
-      else
-        key = std::string(1, '\xFF');  // malformed: an unreachable ("", "") pair, as llama.cpp
-      impl->merge_rank.try_emplace(std::move(key), static_cast<int32_t>(rank));
-    }
+    return Status::Ok();
   }
+  t.byte_token.fill(-1);
+  build_byte_units(t);
+  if (spec.merges.empty()) return invalid_argument("tokenizer: a BPE vocabulary needs merges");
+  t.merge_rank.reserve(spec.merges.size());
+  for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+    const std::string& m = spec.merges[rank];
+    // Split at the first space after the first character, so that a merge may start with ' '.
+    const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+    std::string key;
+    if (sp != std::string::npos)
+      key = m.substr(0, sp) + '\xFF' + m.substr(sp + 1);
+    else
+      key = std::string(1, '\xFF');  // malformed: an unreachable ("", "") pair, as llama.cpp
+    t.merge_rank.try_emplace(std::move(key), static_cast<int32_t>(rank));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Tokenizer> Tokenizer::from_spec(TokenizerSpec spec) {
+  CISA_RETURN_IF_ERROR(check_spec(spec));
+  auto impl = std::make_shared<Impl>();
+  impl->kind = spec.kind;
+  impl->split_digits = spec.kind == TokenizerKind::kByteBpe && spec.pre == "smollm";
+  CISA_RETURN_IF_ERROR(load_vocabulary(spec, *impl));
+  CISA_RETURN_IF_ERROR(set_special_ids(spec, *impl));
+  mark_special_tokens(*impl);
+  CISA_RETURN_IF_ERROR(build_byte_tokens_and_merges(spec, *impl));
   return Tokenizer(std::move(impl));
 }
 
