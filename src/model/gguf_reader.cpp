@@ -175,6 +175,49 @@ Status read_value(Cursor& c, GgufKv* kv) {
   return Status::Ok();
 }
 
+// One entry of the tensor table at the cursor: name, shape, type and data offset (a multiple of
+// `alignment`), with its element count and byte size checked against overflow.
+Status read_tensor_info(Cursor& c, uint64_t alignment, GgufTensor* t) {
+  CISA_RETURN_IF_ERROR(c.read_string(&t->name, "tensor name"));
+  const std::string name(t->name);
+  uint32_t n_dims = 0;
+  CISA_RETURN_IF_ERROR(c.read(&n_dims, "tensor rank"));
+  if (n_dims == 0 || n_dims > kMaxDims)
+    return data_loss("tensor '" + name + "' has " + std::to_string(n_dims) +
+                     " dimensions (1 to 4 allowed)");
+  t->n_dims = static_cast<int>(n_dims);
+  uint64_t count = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    uint64_t ne = 0;
+    CISA_RETURN_IF_ERROR(c.read(&ne, "tensor dimension"));
+    // An empty dimension would make a tensor with rows of data but no bytes; no model has one.
+    if (ne == 0)
+      return data_loss("tensor '" + name + "' has an empty dimension " + std::to_string(d));
+    if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        (ne != 0 && count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / ne))
+      return data_loss("tensor '" + name + "': element count overflows");
+    t->ne[d] = static_cast<int64_t>(ne);
+    count *= ne;
+  }
+  t->n_elements = static_cast<int64_t>(count);
+  uint32_t type = 0;
+  CISA_RETURN_IF_ERROR(c.read(&type, "tensor type"));
+  if (!ggml_type_is_known(type))
+    return data_loss("tensor '" + name + "' has unknown type " + std::to_string(type));
+  t->type = static_cast<GgmlType>(type);
+  CISA_RETURN_IF_ERROR(c.read(&t->offset, "tensor offset"));
+  auto rb = ggml_row_bytes(t->type, t->ne[0]);
+  if (!rb.ok()) return data_loss("tensor '" + name + "': " + rb.status().message());
+  const uint64_t rows = t->ne[0] ? count / static_cast<uint64_t>(t->ne[0]) : 0;
+  if (rows != 0 && *rb > std::numeric_limits<uint64_t>::max() / rows)
+    return data_loss("tensor '" + name + "': byte size overflows");
+  t->n_bytes = *rb * rows;
+  if (t->offset % alignment != 0)
+    return data_loss("tensor '" + name + "': offset " + std::to_string(t->offset) +
+                     " is not a multiple of the alignment " + std::to_string(alignment));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status GgufFile::parse_into(GgufFile& f) {
@@ -237,45 +280,9 @@ Status GgufFile::parse_into(GgufFile& f) {
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GgufTensor& t = f.tensors_[k];
     const uint64_t start = c.pos();
-    CISA_RETURN_IF_ERROR(c.read_string(&t.name, "tensor name"));
-    const std::string name(t.name);
-    uint32_t n_dims = 0;
-    CISA_RETURN_IF_ERROR(c.read(&n_dims, "tensor rank"));
-    if (n_dims == 0 || n_dims > kMaxDims)
-      return data_loss("tensor '" + name + "' has " + std::to_string(n_dims) +
-                       " dimensions (1 to 4 allowed)");
-    t.n_dims = static_cast<int>(n_dims);
-    uint64_t count = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      uint64_t ne = 0;
-      CISA_RETURN_IF_ERROR(c.read(&ne, "tensor dimension"));
-      // An empty dimension would make a tensor with rows of data but no bytes; no model has one.
-      if (ne == 0)
-        return data_loss("tensor '" + name + "' has an empty dimension " + std::to_string(d));
-      if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (ne != 0 && count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / ne))
-        return data_loss("tensor '" + name + "': element count overflows");
-      t.ne[d] = static_cast<int64_t>(ne);
-      count *= ne;
-    }
-    t.n_elements = static_cast<int64_t>(count);
-    uint32_t type = 0;
-    CISA_RETURN_IF_ERROR(c.read(&type, "tensor type"));
-    if (!ggml_type_is_known(type))
-      return data_loss("tensor '" + name + "' has unknown type " + std::to_string(type));
-    t.type = static_cast<GgmlType>(type);
-    CISA_RETURN_IF_ERROR(c.read(&t.offset, "tensor offset"));
-    auto rb = ggml_row_bytes(t.type, t.ne[0]);
-    if (!rb.ok()) return data_loss("tensor '" + name + "': " + rb.status().message());
-    const uint64_t rows = t.ne[0] ? count / static_cast<uint64_t>(t.ne[0]) : 0;
-    if (rows != 0 && *rb > std::numeric_limits<uint64_t>::max() / rows)
-      return data_loss("tensor '" + name + "': byte size overflows");
-    t.n_bytes = *rb * rows;
-    if (t.offset % f.alignment_ != 0)
-      return data_loss("tensor '" + name + "': offset " + std::to_string(t.offset) +
-                       " is not a multiple of the alignment " + std::to_string(f.alignment_));
+    CISA_RETURN_IF_ERROR(read_tensor_info(c, f.alignment_, &t));
     if (!f.tensor_index_.emplace(t.name, k).second)
-      return data_loss("duplicate tensor name '" + name + "'" + at(start));
+      return data_loss("duplicate tensor name '" + std::string(t.name) + "'" + at(start));
   }
 
   // ---- data section: starts at the next multiple of the alignment
