@@ -45,6 +45,98 @@ Result<std::map<std::string, std::string>> labelled_files(const std::vector<std:
   return out;
 }
 
+// --tasks (default: every generation task, then doc).
+Status add_tasks(const std::vector<std::string>& args, eval::EvalPlan* plan) {
+  std::vector<std::string> tasks = split_list(args);
+  if (tasks.empty()) {
+    for (auto t : eval::all_generation_tasks()) tasks.push_back(eval::task_name(t));
+    tasks.push_back("doc");
+  }
+  for (const auto& t : tasks) {
+    CISA_ASSIGN_OR_RETURN(eval::TaskKind k, eval::parse_task(t));
+    plan->tasks.push_back(k);
+  }
+  return Status::Ok();
+}
+
+// --lengths (default 4K, 8K, 16K, 32K), each an integer >= 64.
+Status add_lengths(const std::vector<std::string>& args, eval::EvalPlan* plan) {
+  std::vector<std::string> lengths = split_list(args);
+  if (lengths.empty()) lengths = {"4096", "8192", "16384", "32768"};
+  for (const auto& l : lengths) {
+    char* end = nullptr;
+    const long long v = std::strtoll(l.c_str(), &end, 10);
+    if (end != l.c_str() + l.size() || v < 64)
+      return invalid_argument("bad length '" + l + "' (an integer >= 64)");
+    plan->lengths.push_back(v);
+  }
+  return Status::Ok();
+}
+
+// --configs (default: the comparison set), with dense first (added when missing) and written
+// "dense".
+Status add_configs(const std::vector<std::string>& args, eval::EvalPlan* plan) {
+  std::vector<std::string> configs = split_list(args);
+  if (configs.empty())
+    configs = {"dense",      "cisa:x8:g4",  "cisa:x8:g4:last", "cisa:x8:g16",
+               "cisa:x4:g4", "cisa:x16:g4", "quest:x8:g4",     "recency:x8"};
+  if (configs[0] != "dense") configs.insert(configs.begin(), "dense");
+  for (const auto& c : configs) {
+    CISA_ASSIGN_OR_RETURN(eval::EvalConfig cfg, eval::parse_config(c));
+    if (cfg.kind == eval::ConfigKind::kDense && c != "dense")
+      return invalid_argument("write the dense configuration as 'dense'");
+    if (c == "dense" && !plan->configs.empty()) continue;  // again after the implicit first one
+    plan->configs.push_back(std::move(cfg));
+  }
+  return Status::Ok();
+}
+
+// Every 'calLABEL' configuration has its --indexer file.
+Status check_indexer_labels(const std::map<std::string, std::string>& indexers,
+                            const eval::EvalPlan& plan) {
+  for (const auto& c : plan.configs)
+    if (c.calibrated && !indexers.count(c.indexer_label))
+      return invalid_argument("configuration '" + c.name + "' uses 'cal" + c.indexer_label +
+                              "': give --indexer " +
+                              (c.indexer_label.empty() ? "" : c.indexer_label + "=") + "FILE");
+  return Status::Ok();
+}
+
+// --layer-budgets: each 'lbLABEL' configuration gets its file's per-layer weights.
+Status add_layer_budgets(const std::vector<std::string>& args, eval::EvalPlan* plan) {
+  CISA_ASSIGN_OR_RETURN(auto files, labelled_files(args, "--layer-budgets"));
+  std::map<std::string, std::vector<double>> weights;  // label → weights
+  for (const auto& [label, file] : files) {
+    CISA_ASSIGN_OR_RETURN(auto w, eval::read_layer_budget_weights(file));
+    weights.emplace(label, std::move(w));
+  }
+  for (auto& c : plan->configs) {
+    if (!c.layer_budgets) continue;
+    auto it = weights.find(c.layer_budgets_label);
+    if (it == weights.end())
+      return invalid_argument(
+          "configuration '" + c.name + "' uses per-layer budgets: give --layer-budgets " +
+          (c.layer_budgets_label.empty() ? "" : c.layer_budgets_label + "=") + "FILE");
+    c.layer_budget_weights = it->second;
+  }
+  return Status::Ok();
+}
+
+// The --indexer files' projections, for every global layer (a configuration's dense layers
+// simply do not use theirs).
+Status load_indexers(const std::map<std::string, std::string>& indexers,
+                     const std::string& indexer_path, eval::EvalPlan* plan) {
+  if (indexers.empty()) return Status::Ok();
+  CISA_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(plan->model_path));
+  CISA_ASSIGN_OR_RETURN(auto hp, read_model_hparams(f));
+  for (const auto& [label, file] : indexers) {
+    CISA_ASSIGN_OR_RETURN(auto proj, load_index_projections(file, f, hp, /*dense_layers=*/0));
+    plan->index[label] = std::move(proj);
+  }
+  plan->indexer_path = indexer_path;
+  return Status::Ok();
+}
+
 }  // namespace
 
 int cmd_eval(int argc, char** argv) {
@@ -121,39 +213,9 @@ int cmd_eval(int argc, char** argv) {
       texts_dir = *src + "/.cache/eval_texts";
     }
     plan.texts_dir = texts_dir;
-    std::vector<std::string> tasks = split_list(task_args);
-    if (tasks.empty()) {
-      for (auto t : eval::all_generation_tasks()) tasks.push_back(eval::task_name(t));
-      tasks.push_back("doc");
-    }
-    for (const auto& t : tasks) {
-      auto k = eval::parse_task(t);
-      if (!k.ok()) return fail(k.status().message());
-      plan.tasks.push_back(*k);
-    }
-    std::vector<std::string> lengths = split_list(length_args);
-    if (lengths.empty()) lengths = {"4096", "8192", "16384", "32768"};
-    for (const auto& l : lengths) {
-      char* end = nullptr;
-      const long long v = std::strtoll(l.c_str(), &end, 10);
-      if (end != l.c_str() + l.size() || v < 64)
-        return fail("bad length '" + l + "' (an integer >= 64)");
-      plan.lengths.push_back(v);
-    }
-    std::vector<std::string> configs = split_list(config_args);
-    if (configs.empty())
-      configs = {"dense",      "cisa:x8:g4",  "cisa:x8:g4:last", "cisa:x8:g16",
-                 "cisa:x4:g4", "cisa:x16:g4", "quest:x8:g4",     "recency:x8"};
-    if (configs[0] != "dense") configs.insert(configs.begin(), "dense");
-    for (const auto& c : configs) {
-      auto cfg = eval::parse_config(c);
-      if (!cfg.ok()) return fail(cfg.status().message());
-      if (cfg->kind == eval::ConfigKind::kDense && c != "dense")
-        return fail("write the dense configuration as 'dense'");
-      if (c == "dense" && !plan.configs.empty())
-        continue;  // listed again after the implicit first one
-      plan.configs.push_back(*cfg);
-    }
+    if (Status s = add_tasks(task_args, &plan); !s.ok()) return fail(s.message());
+    if (Status s = add_lengths(length_args, &plan); !s.ok()) return fail(s.message());
+    if (Status s = add_configs(config_args, &plan); !s.ok()) return fail(s.message());
     plan.examples = examples;
     plan.seed = static_cast<uint64_t>(seed);
     plan.run_dir = out_dir;
@@ -175,43 +237,11 @@ int cmd_eval(int argc, char** argv) {
     if (!factory.ok()) return fail(factory.status().message());
     plan.backend = *factory;
     plan.backend_name = backend;
-    auto indexer_files = labelled_files({indexer_path}, "--indexer");
-    if (!indexer_files.ok()) return fail(indexer_files.status().message());
-    const std::map<std::string, std::string>& indexers = *indexer_files;
-    for (const auto& c : plan.configs)
-      if (c.calibrated && !indexers.count(c.indexer_label))
-        return fail("configuration '" + c.name + "' uses 'cal" + c.indexer_label +
-                    "': give --indexer " + (c.indexer_label.empty() ? "" : c.indexer_label + "=") +
-                    "FILE");
-    auto budget_files = labelled_files(layer_budget_args, "--layer-budgets");
-    if (!budget_files.ok()) return fail(budget_files.status().message());
-    std::map<std::string, std::vector<double>> layer_budgets;  // label → weights
-    for (const auto& [label, file] : *budget_files) {
-      auto w = eval::read_layer_budget_weights(file);
-      if (!w.ok()) return fail(w.status().message());
-      layer_budgets.emplace(label, std::move(*w));
-    }
-    for (auto& c : plan.configs) {
-      if (!c.layer_budgets) continue;
-      auto it = layer_budgets.find(c.layer_budgets_label);
-      if (it == layer_budgets.end())
-        return fail("configuration '" + c.name + "' uses per-layer budgets: give --layer-budgets " +
-                    (c.layer_budgets_label.empty() ? "" : c.layer_budgets_label + "=") + "FILE");
-      c.layer_budget_weights = it->second;
-    }
-    if (!indexers.empty()) {
-      // Projections for every global layer; a config's dense layers simply do not use theirs.
-      auto f = GgufFile::open(plan.model_path);
-      if (!f.ok()) return fail(f.status().message());
-      auto hp = read_model_hparams(*f);
-      if (!hp.ok()) return fail(hp.status().message());
-      for (const auto& [label, file] : indexers) {
-        auto proj = load_index_projections(file, *f, *hp, /*dense_layers=*/0);
-        if (!proj.ok()) return fail(proj.status().message());
-        plan.index[label] = std::move(*proj);
-      }
-      plan.indexer_path = indexer_path;
-    }
+    auto indexers = labelled_files({indexer_path}, "--indexer");
+    if (!indexers.ok()) return fail(indexers.status().message());
+    if (Status s = check_indexer_labels(*indexers, plan); !s.ok()) return fail(s.message());
+    if (Status s = add_layer_budgets(layer_budget_args, &plan); !s.ok()) return fail(s.message());
+    if (Status s = load_indexers(*indexers, indexer_path, &plan); !s.ok()) return fail(s.message());
     std::string cmd = "cisa";
     for (int i = 0; i < argc; ++i) cmd += std::string(" ") + argv[i];
     plan.command_line = cmd;
