@@ -146,6 +146,123 @@ int64_t available_memory_bytes() {
   return -1;
 }
 
+// The runs of one invocation: a K/V cache of random values per geometry, then dense and CISA
+// for each phase on the same lists' inputs. One random stream for all of it.
+struct Bench {
+  const Options& o;
+  ThreadPool& pool;
+  CacheFlusher& flusher;
+  std::mt19937 rng{1234};
+  std::normal_distribution<float> nd{0.0f, 1.0f};
+  AttentionWorkspace ws;
+  PageLists lists;
+
+  void progress(const std::string& what) { std::fprintf(stderr, "  %s\n", what.c_str()); }
+
+  // Appends the rows of geometry `geo` (every phase asked for).
+  Status geometry(const Geometry& geo, KvDtype dtype, const SelectionParams& sp,
+                  std::vector<Row>* rows) {
+    const int d = static_cast<int>(o.head_dim);
+    const std::string gname = std::to_string(geo.hq) + ":" + std::to_string(geo.hkv);
+    progress("[" + gname + "] filling " + std::to_string(o.context) + " tokens of random K/V");
+    CISA_ASSIGN_OR_RETURN(auto cache, PagedKvCache::create(cache_config(o, geo, dtype)));
+    const SeqId seq = *cache->add_sequence();
+    const int64_t chunk = 4096;
+    std::vector<float> k(static_cast<size_t>(chunk * geo.hkv * d)), v(k.size());
+    for (int64_t done = 0; done < o.context; done += chunk) {
+      const int64_t n = std::min(chunk, o.context - done);
+      for (auto& x : k) x = nd(rng);
+      for (auto& x : v) x = nd(rng);
+      CISA_RETURN_IF_ERROR(cache->reserve(seq, n));
+      CISA_RETURN_IF_ERROR(cache->append(0, seq, n, k.data(), v.data()));
+    }
+    for (const char* phase : {"decode", "prefill"}) {
+      if (o.phase != "all" && o.phase != phase) continue;
+      CISA_ASSIGN_OR_RETURN(Row r, measure_phase(*cache, seq, geo, gname, phase, sp));
+      rows->push_back(std::move(r));
+    }
+    return Status::Ok();
+  }
+
+  // Dense and CISA attention of one phase: decode at the last position, or the terminal prefill
+  // block; medians after a warm-up, caches flushed before each run.
+  Result<Row> measure_phase(const PagedKvCache& cache, SeqId seq, const Geometry& geo,
+                            const std::string& gname, const char* phase,
+                            const SelectionParams& sp) {
+    const int d = static_cast<int>(o.head_dim);
+    const bool decode = std::string(phase) == "decode";
+    const int32_t nq = decode ? 1 : static_cast<int32_t>(o.prefill);
+    std::vector<BatchEntry> batch = {{seq, o.context - nq, nq}};
+    std::vector<float> q(static_cast<size_t>(nq) * geo.hq * d),
+        iq(static_cast<size_t>(nq) * geo.hkv * d);
+    for (auto& x : q) x = nd(rng);
+    for (auto& x : iq) x = nd(rng);
+    std::vector<float> out(q.size()), lse(static_cast<size_t>(nq) * geo.hq);
+    SelectionParams p = sp;
+    if (decode) p.qshare = 1;
+    const int64_t reps_dense = decode ? o.repeats : std::max<int64_t>(3, o.repeats / 3);
+
+    auto run = [&](bool cisa, int64_t reps, Timing* t, Work* w) -> Status {
+      std::vector<double> total, sel;
+      for (int64_t r = 0; r <= reps; ++r) {  // r = 0 is the warm-up
+        flusher.flush(pool);
+        const Stopwatch clock;
+        if (cisa)
+          CISA_RETURN_IF_ERROR(select_pages(cache, 0, batch, iq.data(), p, &pool, &lists));
+        else
+          CISA_RETURN_IF_ERROR(plan_dense(cache, 0, batch, 0, &lists));
+        const double select_ms = clock.ms();
+        CISA_RETURN_IF_ERROR(attend(cache, 0, batch, lists, q.data(), geo.hq, {}, out.data(),
+                                    lse.data(), pool, &ws));
+        const double total_ms = clock.ms();
+        if (r > 0) {
+          total.push_back(total_ms);
+          sel.push_back(select_ms);
+        }
+      }
+      t->median_ms = median(total);
+      t->min_ms = *std::min_element(total.begin(), total.end());
+      t->select_ms = median(sel);
+      int64_t scored = 0;
+      for (const auto& g : lists.groups)
+        if (!g.dense) scored += eligible_count(g.first, 16, p) * geo.hkv;
+      *w = count_work(cache, lists, geo.hq, scored);
+      return Status::Ok();
+    };
+    Row row{gname, phase, nq, {}, {}, {}, {}};
+    progress("[" + gname + "] " + phase + ": dense x" + std::to_string(reps_dense));
+    CISA_RETURN_IF_ERROR(run(false, reps_dense, &row.dense, &row.dense_work));
+    progress("[" + gname + "] " + phase + ": CISA x" + std::to_string(o.repeats));
+    CISA_RETURN_IF_ERROR(run(true, o.repeats, &row.cisa, &row.cisa_work));
+    return row;
+  }
+};
+
+void print_table(const Options& o, int threads, double bw, const std::vector<Row>& rows) {
+  std::printf(
+      "CPU attention, one layer: N=%lld  k=%lld  W=%lld  G=%lld  d=%lld  %s K/V  %d threads\n",
+      (long long)o.context, (long long)o.budget, (long long)o.window, (long long)o.qshare,
+      (long long)o.head_dim, o.dtype.c_str(), threads);
+  std::printf("measured memory read bandwidth: %.2f GB/s\n\n", bw);
+  std::printf("%-6s %-8s %10s %10s %8s %11s %8s %10s %10s %10s %9s\n", "heads", "phase", "dense ms",
+              "CISA ms", "speedup", "dense GB/s", "% of BW", "CISA GB/s", "dense GF/s", "CISA GF/s",
+              "select ms");
+  for (const auto& r : rows) {
+    const double dg = r.dense_work.bytes / r.dense.median_ms / 1e6,
+                 cg = r.cisa_work.bytes / r.cisa.median_ms / 1e6;
+    std::printf("%-6s %-8s %10.3f %10.3f %7.2fx %11.2f %7.1f%% %10.2f %10.2f %10.2f %9.3f\n",
+                r.geometry.c_str(), r.phase.c_str(), r.dense.median_ms, r.cisa.median_ms,
+                r.dense.median_ms / r.cisa.median_ms, dg, 100 * dg / bw, cg,
+                r.dense_work.flops / r.dense.median_ms / 1e6,
+                r.cisa_work.flops / r.cisa.median_ms / 1e6, r.cisa.select_ms);
+  }
+  std::printf(
+      "\nms: median after a warm-up, caches flushed before each run; GB/s counts the K/V bytes "
+      "the\n"
+      "queries' page lists make visible plus the representatives scored; speedup = dense / "
+      "CISA.\n");
+}
+
 }  // namespace
 
 int bench_attention(int argc, char** argv) {
@@ -210,93 +327,14 @@ int bench_attention(int argc, char** argv) {
       return fail("--out: " + s.message(), 2);
     }
   ThreadPool pool(static_cast<int>(o.threads));
-  auto progress = [&](const std::string& what) { std::fprintf(stderr, "  %s\n", what.c_str()); };
-
-  progress("measuring memory read bandwidth (1 GiB, best of 5)");
+  std::fprintf(stderr, "  measuring memory read bandwidth (1 GiB, best of 5)\n");
   const double bw = measure_read_bandwidth(pool, kBandwidthBytes, 5);
   CacheFlusher flusher;
 
   std::vector<Row> rows;
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const Geometry& geo : geos) {
-    const int d = static_cast<int>(o.head_dim);
-    const std::string gname = std::to_string(geo.hq) + ":" + std::to_string(geo.hkv);
-    progress("[" + gname + "] filling " + std::to_string(o.context) + " tokens of random K/V");
-    auto cache_r = PagedKvCache::create(cache_config(o, geo, dtype));
-    if (!cache_r.ok()) {
-      return fail(cache_r.status().to_string());
-    }
-    auto cache = std::move(cache_r).value();
-    const SeqId seq = *cache->add_sequence();
-    {
-      const int64_t chunk = 4096;
-      std::vector<float> k(static_cast<size_t>(chunk * geo.hkv * d)), v(k.size());
-      for (int64_t done = 0; done < o.context; done += chunk) {
-        const int64_t n = std::min(chunk, o.context - done);
-        for (auto& x : k) x = nd(rng);
-        for (auto& x : v) x = nd(rng);
-        if (Status s = cache->reserve(seq, n); !s.ok())
-          return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
-        if (Status s = cache->append(0, seq, n, k.data(), v.data()); !s.ok())
-          return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
-      }
-    }
-    AttentionWorkspace ws;
-    PageLists lists;
-    for (const char* phase : {"decode", "prefill"}) {
-      const bool decode = std::string(phase) == "decode";
-      if (o.phase != "all" && o.phase != phase) continue;
-      const int32_t nq = decode ? 1 : static_cast<int32_t>(o.prefill);
-      std::vector<BatchEntry> batch = {{seq, o.context - nq, nq}};
-      std::vector<float> q(static_cast<size_t>(nq) * geo.hq * d),
-          iq(static_cast<size_t>(nq) * geo.hkv * d);
-      for (auto& x : q) x = nd(rng);
-      for (auto& x : iq) x = nd(rng);
-      std::vector<float> out(q.size()), lse(static_cast<size_t>(nq) * geo.hq);
-      SelectionParams p = sp;
-      if (decode) p.qshare = 1;
-      const int64_t reps_dense = decode ? o.repeats : std::max<int64_t>(3, o.repeats / 3);
-
-      auto run = [&](bool cisa, int64_t reps, Timing* t, Work* w) -> Status {
-        std::vector<double> total, sel;
-        for (int64_t r = 0; r <= reps; ++r) {  // r = 0 is the warm-up
-          flusher.flush(pool);
-          const Stopwatch clock;
-          if (cisa)
-            CISA_RETURN_IF_ERROR(select_pages(*cache, 0, batch, iq.data(), p, &pool, &lists));
-          else
-            CISA_RETURN_IF_ERROR(plan_dense(*cache, 0, batch, 0, &lists));
-          const double select_ms = clock.ms();
-          CISA_RETURN_IF_ERROR(attend(*cache, 0, batch, lists, q.data(), geo.hq, {}, out.data(),
-                                      lse.data(), pool, &ws));
-          const double total_ms = clock.ms();
-          if (r > 0) {
-            total.push_back(total_ms);
-            sel.push_back(select_ms);
-          }
-        }
-        t->median_ms = median(total);
-        t->min_ms = *std::min_element(total.begin(), total.end());
-        t->select_ms = median(sel);
-        int64_t scored = 0;
-        for (const auto& g : lists.groups)
-          if (!g.dense) scored += eligible_count(g.first, 16, p) * geo.hkv;
-        *w = count_work(*cache, lists, geo.hq, scored);
-        return Status::Ok();
-      };
-      Timing td, tc;
-      Work wd, wc;
-      progress("[" + gname + "] " + phase + ": dense x" + std::to_string(reps_dense));
-      if (Status s = run(false, reps_dense, &td, &wd); !s.ok())
-        return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
-      progress("[" + gname + "] " + phase + ": CISA x" + std::to_string(o.repeats));
-      if (Status s = run(true, o.repeats, &tc, &wc); !s.ok())
-        return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
-
-      rows.push_back({gname, phase, nq, td, tc, wd, wc});
-    }
-  }
+  Bench bench{o, pool, flusher};
+  for (const Geometry& geo : geos)
+    if (Status st = bench.geometry(geo, dtype, sp, &rows); !st.ok()) return fail(st.to_string());
 
   Json doc = Json::object();
   doc["benchmark"] = "attention";
@@ -326,28 +364,7 @@ int bench_attention(int argc, char** argv) {
     print_json(doc);
     return 0;
   }
-  std::printf(
-      "CPU attention, one layer: N=%lld  k=%lld  W=%lld  G=%lld  d=%lld  %s K/V  %d threads\n",
-      (long long)o.context, (long long)o.budget, (long long)o.window, (long long)o.qshare,
-      (long long)o.head_dim, o.dtype.c_str(), pool.num_threads());
-  std::printf("measured memory read bandwidth: %.2f GB/s\n\n", bw);
-  std::printf("%-6s %-8s %10s %10s %8s %11s %8s %10s %10s %10s %9s\n", "heads", "phase", "dense ms",
-              "CISA ms", "speedup", "dense GB/s", "% of BW", "CISA GB/s", "dense GF/s", "CISA GF/s",
-              "select ms");
-  for (const auto& r : rows) {
-    const double dg = r.dense_work.bytes / r.dense.median_ms / 1e6,
-                 cg = r.cisa_work.bytes / r.cisa.median_ms / 1e6;
-    std::printf("%-6s %-8s %10.3f %10.3f %7.2fx %11.2f %7.1f%% %10.2f %10.2f %10.2f %9.3f\n",
-                r.geometry.c_str(), r.phase.c_str(), r.dense.median_ms, r.cisa.median_ms,
-                r.dense.median_ms / r.cisa.median_ms, dg, 100 * dg / bw, cg,
-                r.dense_work.flops / r.dense.median_ms / 1e6,
-                r.cisa_work.flops / r.cisa.median_ms / 1e6, r.cisa.select_ms);
-  }
-  std::printf(
-      "\nms: median after a warm-up, caches flushed before each run; GB/s counts the K/V bytes "
-      "the\n"
-      "queries' page lists make visible plus the representatives scored; speedup = dense / "
-      "CISA.\n");
+  print_table(o, pool.num_threads(), bw, rows);
   return 0;
 }
 
