@@ -37,13 +37,6 @@ std::string commit_id() {
   return out.empty() ? "unknown" : out;
 }
 
-std::string utc_now() {
-  char date[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return date;
-}
-
 Json nullable(double v) {
   return std::isnan(v) ? Json() : Json(v);
 }

@@ -9,10 +9,14 @@
 //   const double tok_s = n / sw.seconds();
 //
 //   print_json(doc);                                      // json_dump(doc, 2) and a newline
+//
+//   doc["date"] = utc_now();  doc["cpu"] = cpu_model_name();   // what a benchmark ran on, when
 #pragma once
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <string>
 
 #include "cisa/core/json.h"
@@ -47,6 +51,23 @@ class Stopwatch {
 // A subcommand's --json document on stdout: json_dump(j, 2) and a newline.
 inline void print_json(const Json& j) {
   std::printf("%s\n", json_dump(j, 2).c_str());
+}
+
+// The current time in UTC, ISO 8601 to the second ("2026-12-04T21:38:02Z").
+inline std::string utc_now() {
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return date;
+}
+
+// The processor's name from the first "model name" line of /proc/cpuinfo; "" where there is none.
+inline std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "";
 }
 
 }  // namespace cisa::cli

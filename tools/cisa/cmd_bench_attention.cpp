@@ -107,22 +107,6 @@ Work count_work(const PagedKvCache& c, const PageLists& lists, int hq, int64_t e
   return w;
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-// The processor's name as /proc/cpuinfo gives it ("unknown" elsewhere).
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 constexpr int64_t kBandwidthBytes = int64_t{1} << 30;  // the read-bandwidth buffer
 
 KvCacheConfig cache_config(const Options& o, const Geometry& g, KvDtype dtype) {
@@ -342,7 +326,8 @@ int bench_attention(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command += std::string(" ") + argv[i];
   doc["command"] = command;
   doc["date_utc"] = utc_now();
-  doc["cpu"] = cpu_model();
+  const std::string cpu = cpu_model_name();
+  doc["cpu"] = cpu.empty() ? "unknown" : cpu;
   doc["backend"] = "cpu";
   doc["context"] = o.context;
   doc["budget"] = o.budget;

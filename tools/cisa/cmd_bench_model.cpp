@@ -47,23 +47,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string cpu_name() {
-  FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (!f) return "";
-  char line[512];
-  std::string name;
-  while (std::fgets(line, sizeof line, f)) {
-    std::string s(line);
-    if (s.rfind("model name", 0) == 0) {
-      name = s.substr(s.find(':') + 2);
-      if (!name.empty() && name.back() == '\n') name.pop_back();
-      break;
-    }
-  }
-  std::fclose(f);
-  return name;
-}
-
 struct Measurement {
   std::vector<double> prefill_tok_s, decode_tok_s;  // one per timed run
   ForwardStats prefill, total;                      // counters of the last timed run
@@ -256,15 +239,10 @@ Json llama_style_json(const LlamaStyleRun& r) {
   j["batch"] = m.batch;
   j["kv_dtype"] = kv_dtype_name(m.kv_dtype);
   j["matmul_isa"] = matmul_isa();
-  j["cpu"] = cpu_name();
-  {
-    utsname u{};
-    if (uname(&u) == 0) j["host"] = std::string(u.nodename) + " " + u.sysname + " " + u.release;
-    char date[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-    j["date"] = date;
-  }
+  j["cpu"] = cpu_model_name();
+  if (utsname u{}; uname(&u) == 0)
+    j["host"] = std::string(u.nodename) + " " + u.sysname + " " + u.release;
+  j["date"] = utc_now();
   j["cisa"] = measurement_json(m);
   // CISA against dense: measured speedups and the Amdahl ceilings.
   if (r.cisa) {
