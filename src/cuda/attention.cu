@@ -79,17 +79,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
   // (d = 256 has no registers to spare for it: the planner forms no unions there.)
   constexpr bool kUnions = UNI && D <= tiles::kUnionMaxHeadDim && PW == 1;
   const bool uni = kUnions && t.members > 0;
-  const ListDesc L = a.lists[t.list + (uni ? min(warp, t.members - 1) * t.stride : 0)];
+  const ListDesc L = a.lists[t.list + (uni ? union_member_offset(t, warp) : 0)];
   const int row_base = uni ? 0 : rt * 16;
-  const int rows_w = uni ? (L.last_pos - L.first_pos + 1) * hg : t.rows;
+  const int rows_w = task_rows(t, L, uni, hg);
 
   // The two rows of this thread and their Q fragments (attention_rows.cuh).
   int32_t pos[2];
   uint32_t qf[D / 16][4];
   load_q_rows<D>(a, L, t.row0, row_base, rows_w, gr, tq, pos, qf);
-  // Last query position of the block (members ascend, so the last member's last query).
-  const int32_t tmax = uni ? a.lists[t.list + (t.members - 1) * t.stride].last_pos
-                           : L.first_pos + (t.row0 + t.rows - 1) / hg;
+  const int32_t tmax = task_last_pos(a, t, L, uni, hg);  // of the block
   bool warp_active = uni ? warp < t.members : rt * 16 < t.rows;
 
   // Page IDs and logical chunks of the task are staged in shared memory, kSegPages at a time

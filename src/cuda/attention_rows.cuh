@@ -18,6 +18,24 @@ namespace cisa::cuda::detail {
 constexpr float kAttnLog2e = 1.4426950408889634f;
 constexpr float kAttnLn2 = 0.6931471805599453f;
 
+// Union tasks (AttnTask::members > 0), as both union kernels read them (attention.cu's mma.sync
+// kernel and attention_wgmma_ws.cu's paired tiles). Warp w takes member w's list, t.list + this
+// offset; a warp past the last member takes the last member's, masks every page and writes nothing.
+__device__ __forceinline__ int union_member_offset(const AttnTask& t, int w) {
+  return min(w, t.members - 1) * t.stride;
+}
+// The rows a warp attends: all of its member's in a union task (≤ 16), else the task's row tile.
+__device__ __forceinline__ int task_rows(const AttnTask& t, const ListDesc& L, bool uni, int hg) {
+  return uni ? (L.last_pos - L.first_pos + 1) * hg : t.rows;
+}
+// The last query position of a task: a union's last member's last one (members ascend), else the
+// last row of the task's tile in its list L. Pages that start after it serve no row.
+__device__ __forceinline__ int32_t task_last_pos(const AttentionArgs& a, const AttnTask& t,
+                                                 const ListDesc& L, bool uni, int hg) {
+  return uni ? a.lists[t.list + union_member_offset(t, t.members - 1)].last_pos
+             : L.first_pos + (t.row0 + t.rows - 1) / hg;
+}
+
 // Query rows of one thread: rows r = row_base + gr + 8h (h = 0, 1) of the task's tile (rows past
 // `rows` repeat its last row and are never written), their absolute positions, and Q as the
 // bf16 A fragments of the 16-channel k-steps (the same registers serve mma.sync and wgmma). From

@@ -183,8 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // A union task reads its union's list; its last query is its last member's.
     const bool uni = UNI && t.members > 0;
-    const int32_t tmax = uni ? a.lists[t.list + (t.members - 1) * t.stride].last_pos
-                             : L.first_pos + (t.row0 + t.rows - 1) / hg;
+    const int32_t tmax = task_last_pos(a, t, L, uni, hg);
     const int sub = CW == 1 ? 0 : pw % RW;  // this warp's share of the ring's tiles
     // ---- producer warps ----
     const int64_t n_pages = uni ? a.ucounts[t.union_id] : t.page1 - t.page0;
@@ -272,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int mw = warp % 4;
   const bool uni = UNI && t.members > 0;
   const bool writes = !uni || mw < t.members;  // warps past a union's members write nothing
-  if (uni) L = a.lists[t.list + min(mw, t.members - 1) * t.stride];
+  if (uni) L = a.lists[t.list + union_member_offset(t, mw)];
   const int row_base = uni ? 0 : (PAIR ? 0 : wg * 64) + mw * 16;
-  const int rows = uni ? (L.last_pos - L.first_pos + 1) * hg : t.rows;
+  const int rows = task_rows(t, L, uni, hg);
   int32_t pos[2];  // the two rows of this thread and Q as the register A operand
   uint32_t qf[kD / 16][4];
   load_q_rows<kD>(a, L, t.row0, row_base, rows, gr, tq, pos, qf);
