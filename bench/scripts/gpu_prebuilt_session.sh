@@ -17,8 +17,9 @@
 # the base the new binary itself, e.g. BASE_SAME=1 BASE_ARGS="--early-selection off": an A/B of
 # one option in one binary), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per
 # row, default 32), NO_NCU=1, NO_LAYER=1, TESTS (names under tests/ in the tarball; default:
-# every cuda_*_test in it), LAYER_AB_ARGS (a second `bench layer` of the new binary with these
-# options, e.g. "--wgmma-unions --phase prefill --geometry 4:1"; its rows go to layer_ab.json/.log).
+# every cuda_*_test in it), LAYER_AB_ARGS (more `bench layer` runs of the new binary, one per
+# ';'-separated set of options, e.g. "--wgmma-unions --phase prefill --geometry 4:1;
+# --topk-smem-cluster -1 --phase prefill"; run i's rows go to layer_ab<i>.json/.log).
 # Used for bench/results/model_h200_2026-12-03_topk/ and later folders.
 set -u
 OUT=${OUT:-$PWD/gpu-prebuilt-out}
@@ -83,10 +84,13 @@ if [ -z "${NO_LAYER:-}" ]; then
   log "layer ours rc=$?"
   tail -25 "$R/layer_cisa.log" | tee -a "$OUT/session.log"
   if [ -n "${LAYER_AB_ARGS:-}" ]; then
-    read -r -a ab <<<"$LAYER_AB_ARGS"
-    timeout 150 "$NEW" bench layer --backend cuda --json "${ab[@]}" >"$R/layer_ab.json" 2>"$R/layer_ab.log"
-    log "layer ours with $LAYER_AB_ARGS rc=$?"
-    tail -12 "$R/layer_ab.log" | tee -a "$OUT/session.log"
+    IFS=';' read -r -a sets <<<"$LAYER_AB_ARGS"
+    for i in "${!sets[@]}"; do
+      read -r -a ab <<<"${sets[$i]}"
+      timeout 150 "$NEW" bench layer --backend cuda --json "${ab[@]}" >"$R/layer_ab$i.json" 2>"$R/layer_ab$i.log"
+      log "layer ours with ${sets[$i]} rc=$?"
+      tail -16 "$R/layer_ab$i.log" | tee -a "$OUT/session.log"
+    done
   fi
   if [ -n "$BASE" ]; then
     timeout 150 "$BASE" bench layer --backend cuda --json >"$R/layer_cisa_base.json" 2>"$R/layer_cisa_base.log"

@@ -90,15 +90,30 @@ __device__ __forceinline__ void wg_softmax_step(float (&s)[NT / 2], const int32_
                                                 float (&corr)[2]) {
   constexpr int NP = NT / B;
   float mx[2] = {-INFINITY, -INFINITY};
-  // Pages ascend, so the last start is the largest, except where a union task masked a page
-  // (INT_MAX / 2) in the middle of the tile: there, the maximum over all of them.
-  int32_t clast = cstart[NP - 1];
+  // Pages ascend, so the last start is the largest. In a union task a page the member did not
+  // choose (INT_MAX / 2) can sit anywhere in the tile: where every chosen page is wholly visible
+  // (the usual case deep in the history, and most union tiles hold such a page), those pages are
+  // masked whole, one test a page, instead of position by position.
+  const int32_t clast = cstart[NP - 1];
+  bool chosen_visible = false;
   if constexpr (MASKED) {
+    int32_t cmax = INT_MIN / 2;
 #pragma unroll
-    for (int p = 0; p < NP - 1; ++p) clast = max(clast, cstart[p]);
+    for (int p = 0; p < NP; ++p) cmax = cstart[p] == INT_MAX / 2 ? cmax : max(cmax, cstart[p]);
+    chosen_visible = window == 0 && cmax + B - 1 <= pos[0];
   }
-  const bool all_visible = window == 0 && clast + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
-  if (all_visible) {
+  const bool all_visible = !MASKED && window == 0 && clast + B - 1 <= pos[0];  // pos[0] ≤ pos[1]
+  if (chosen_visible) {
+#pragma unroll
+    for (int j = 0; j < NT / 8; ++j) {
+      const bool chosen = cstart[j * 8 / B] != INT_MAX / 2;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[4 * j + e] = chosen ? s[4 * j + e] : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+      }
+    }
+  } else if (all_visible) {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
   } else {

@@ -109,6 +109,31 @@ int64_t Plan::num_unions() const {
 int64_t Plan::reuse_candidates() const {
   return impl_->reuse_candidates;
 }
+std::string Plan::kernels() const {
+  const Impl& P = *impl_;
+  std::string s = "attention ";
+  const bool ws = P.options.attention_kernel != AttentionKernel::kWgmmaV5 &&
+                  (P.warps == 8 ? tiles::kWgmmaWarpSpecialized : tiles::kWsPairedTiles);
+  s += P.wgmma ? (ws ? "wgmma (warp-specialised" : "wgmma (v4/v5") : "mma.sync (";
+  s += ", " + std::to_string(16 * P.warps) + "-row tiles";
+  if (P.page_warps > 1) s += ", pages split over " + std::to_string(P.page_warps) + " warps";
+  if (!P.unions.empty()) s += ", " + std::to_string(P.unions.size()) + " unions";
+  s += ")";
+  if (P.sel.empty()) return s + "; no selection";
+  s += "; top-k ";
+  const int min_scores = P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
+                                                               : P.options.topk_cluster_min_scores;
+  if (P.fused_cluster > 0)
+    s += "fused with scoring, clusters of " + std::to_string(P.fused_cluster);
+  else if (P.topk_smem > 0)
+    s += "from shared memory, clusters of " + std::to_string(P.topk_smem);
+  else if (static_cast<int64_t>(P.sel.size()) <= tiles::kTopkClusterMaxLists &&
+           P.max_score_span >= min_scores)
+    s += "in registers, clusters of " + std::to_string(tiles::kTopkCluster);
+  else
+    s += "one block a list";
+  return s;
+}
 
 namespace {
 
@@ -219,7 +244,14 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
     }
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
-      if (P.fused_cluster == 0)
+      if (P.topk_smem > 0)
+        CISA_RETURN_IF_ERROR(cuda_status(
+            detail::launch_topk_smem(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                     P.max_score_span, P.topk_smem, P.d_scores.as<float>(),
+                                     P.block_pages, P.d_pages.as<int32_t>(),
+                                     P.d_chunks.as<int32_t>(), keep, s),
+            "cuda: top-k (shared memory)"));
+      else if (P.fused_cluster == 0)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_topk(
                 P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.max_score_span,
@@ -342,6 +374,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.options.ws_copy_warps},
                           int64_t{P.options.topk_cluster_min_scores},
                           int64_t{P.fused_cluster},
+                          int64_t{P.topk_smem},
                           rp.budget,
                           rp.window,
                           rp.sink_pages,

@@ -11,6 +11,8 @@
 // cluster barriers only cost (v3 measured top-k 1.7x slower at 2,048 lists), so there each list
 // keeps one 1024-thread block. Decode lists of one (sequence, KV group) each are selected by
 // select_fused.cu instead, which scores and selects in one kernel.
+#include <algorithm>
+
 #include "common.cuh"
 #include "pdl.cuh"
 #include "tile_sizes.cuh"
@@ -19,6 +21,29 @@
 
 namespace cisa::cuda::detail {
 namespace {
+
+// The list of this block's cluster and the block's slice [lo, hi) of its scores s (block r of
+// kCluster owns the r-th of kCluster near-equal parts).
+struct ListSlice {
+  ListDesc L;
+  int rank;
+  int32_t lo, hi;
+  const float* s;
+};
+
+template <int kCluster>
+__device__ __forceinline__ ListSlice list_slice(const ListDesc* __restrict__ lists,
+                                                const int32_t* __restrict__ sel,
+                                                const float* __restrict__ scores) {
+  ListSlice x;
+  x.rank = kCluster > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
+  x.L = lists[sel[blockIdx.x / kCluster]];
+  const int64_t n = x.L.elig_end - x.L.elig_begin;
+  x.lo = static_cast<int32_t>(n * x.rank / kCluster);
+  x.hi = static_cast<int32_t>(n * (x.rank + 1) / kCluster);
+  x.s = scores + x.L.score_begin;
+  return x;
+}
 
 // kCluster blocks of kThreads per list (kCluster = 1: one block, no cluster barriers); kCache
 // keys per thread held in registers (topk_radix.cuh).
@@ -33,20 +58,121 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
   // A decode list that keeps its earlier selection (reuse.cuh) got its pages from the decision
   // kernel; every block of its cluster leaves before the first cluster barrier.
   if (keep && keep[sel[blockIdx.x / kCluster]]) return;
-  const int rank =
-      kCluster > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
-  const ListDesc L = lists[sel[blockIdx.x / kCluster]];
-  const int32_t n = L.elig_end - L.elig_begin;
-  const float* s = scores + L.score_begin;
-  const auto lo = static_cast<int32_t>(static_cast<int64_t>(n) * rank / kCluster);
-  const auto hi = static_cast<int32_t>(static_cast<int64_t>(n) * (rank + 1) / kCluster);
+  const ListSlice x = list_slice<kCluster>(lists, sel, scores);
+  const float* s = x.s;
   radix_topk_slice<kThreads, (kCluster > 1), kCache>(
-      L, lo, hi, rank, kCluster, [s](int32_t i) { return __float_as_uint(s[i]); },
-      [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, block_pages + L.table_begin,
+      x.L, x.lo, x.hi, x.rank, kCluster, [s](int32_t i) { return __float_as_uint(s[i]); },
+      [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, block_pages + x.L.table_begin,
       pages, chunks, sh);
 }
 
+// v6 (PlanOptions::topk_smem_cluster): block r of a list's cluster of kCluster copies its slice's
+// keys from the score array into shared memory, 8 independent reads a thread in flight, then
+// runs the radix passes and the compaction on them: the scores are read once instead of five
+// times. The shared-memory path of radix_topk_slice is the one the fused decode selection runs
+// (select_fused.cu). A kept list's blocks (selection reuse) leave before the first barrier.
+template <int kCluster>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(tiles::kTopkSmemThreads, 2)
+    topk_smem_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                     const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
+                     int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
+                     const int32_t* __restrict__ keep) {
+  constexpr int kThreads = tiles::kTopkSmemThreads, kLoads = 8;
+  dev::dependent_start();
+  extern __shared__ uint32_t keys[];  // this block's slice [lo, hi), as order keys
+  __shared__ TopkShared<kThreads> sh;
+  if (keep && keep[sel[blockIdx.x / kCluster]]) return;
+  const ListSlice x = list_slice<kCluster>(lists, sel, scores);
+  const int32_t lo = x.lo, hi = x.hi;
+  const float* s = x.s;
+  for (int32_t i0 = lo; i0 < hi; i0 += kThreads * kLoads) {
+    float v[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int32_t i = i0 + j * kThreads + static_cast<int32_t>(threadIdx.x);
+      v[j] = i < hi ? s[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int32_t i = i0 + j * kThreads + static_cast<int32_t>(threadIdx.x);
+      if (i < hi) keys[i - lo] = order_key(v[j]);
+    }
+  }
+  __syncthreads();
+  radix_topk_slice<kThreads, (kCluster > 1)>(
+      x.L, lo, hi, x.rank, kCluster, [lo](int32_t i) { return keys[i - lo]; },
+      [](uint32_t key) { return key; }, block_pages + x.L.table_begin, pages, chunks, sh);
+}
+
+template <int kCluster>
+cudaError_t launch_smem_c(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                          size_t smem, const float* scores, const int32_t* block_pages,
+                          int32_t* pages, int32_t* chunks, const int32_t* keep,
+                          cudaStream_t stream) {
+  return launch_dependent(topk_smem_kernel<kCluster>, static_cast<unsigned>(num_sel * kCluster),
+                          tiles::kTopkSmemThreads, smem, stream, lists, sel_lists, scores,
+                          block_pages, pages, chunks, keep);
+}
+
+template <int kCluster>
+cudaError_t prepare_smem_c() {
+  return cudaFuncSetAttribute(topk_smem_kernel<kCluster>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(tiles::kTopkSmemMaxSliceKeys * sizeof(uint32_t)));
+}
+
 }  // namespace
+
+cudaError_t prepare_topk_smem(int cluster) {
+  switch (cluster) {
+    case 1:
+      return prepare_smem_c<1>();
+    case 2:
+      return prepare_smem_c<2>();
+    case 4:
+      return prepare_smem_c<4>();
+    case 8:
+      return prepare_smem_c<8>();
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+int topk_smem_cluster(int64_t max_scores) {
+  for (int c = 1; c <= tiles::kTopkSmemMaxCluster; c *= 2)
+    if ((max_scores + c - 1) / c <= tiles::kTopkSmemSliceKeys) return c;
+  return 0;
+}
+
+bool topk_smem_fits(int64_t max_scores, int cluster) {
+  return cluster >= 1 && cluster <= tiles::kTopkSmemMaxCluster && (cluster & (cluster - 1)) == 0 &&
+         (max_scores + cluster - 1) / cluster <= tiles::kTopkSmemMaxSliceKeys;
+}
+
+cudaError_t launch_topk_smem(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                             int64_t max_scores, int cluster, const float* scores,
+                             const int32_t* block_pages, int32_t* pages, int32_t* chunks,
+                             const int32_t* keep, cudaStream_t stream) {
+  if (num_sel <= 0) return cudaSuccess;
+  if (!topk_smem_fits(max_scores, cluster)) return cudaErrorInvalidValue;
+  const size_t smem =
+      static_cast<size_t>(std::max<int64_t>(1, (max_scores + cluster - 1) / cluster)) *
+      sizeof(uint32_t);
+  switch (cluster) {
+    case 1:
+      return launch_smem_c<1>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
+                              keep, stream);
+    case 2:
+      return launch_smem_c<2>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
+                              keep, stream);
+    case 4:
+      return launch_smem_c<4>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
+                              keep, stream);
+    default:
+      return launch_smem_c<8>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
+                              keep, stream);
+  }
+}
 
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                         int64_t max_scores, int64_t cluster_min_scores, const float* scores,

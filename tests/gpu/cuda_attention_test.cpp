@@ -186,7 +186,9 @@ TEST(CudaAttention, SparseMatchesCpu) {
       // Lists of at most 16 rows are attended in unions of groups (KV-outer) unless switched off;
       // every path must match the CPU on the same lists. Union tasks run on mma.sync by default
       // and, with PlanOptions::wgmma_unions at d = 128, on the wgmma kernel's paired tiles
-      // (beside the plain tasks of the same launch).
+      // (beside the plain tasks of the same launch). Entry 1's dense group has 200 rows, so this
+      // batch takes 8-warp blocks and the wgmma variant falls back to mma.sync for the whole
+      // launch (UnionTasksOnWgmmaMatchCpu runs it for real).
       const bool small = G * (sh.hq / sh.hkv) <= 16 && sh.d <= cuda::tiles::kUnionMaxHeadDim;
       const bool ws_unions = cuda::tiles::kWgmmaWarpSpecialized && cuda::tiles::kWsPairedTiles;
       for (int variant = 0; variant < 3; ++variant) {
@@ -198,8 +200,9 @@ TEST(CudaAttention, SparseMatchesCpu) {
                                       {.group_unions = unions, .wgmma_unions = on_wgmma})
                         .ok());
         EXPECT_EQ(!plan.impl()->unions.empty(), unions && small);
-        EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128 &&
-                                          (!(unions && small) || (on_wgmma && ws_unions)));
+        EXPECT_EQ(plan.impl()->wgmma,
+                  cuda::tiles::kWgmmaAttention && sh.d == 128 &&
+                      (!(unions && small) || (on_wgmma && ws_unions && plan.impl()->warps == 4)));
         auto* P = plan.impl();
         cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
         cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
@@ -211,6 +214,53 @@ TEST(CudaAttention, SparseMatchesCpu) {
           EXPECT_LT(read, plan.total_pages());
         }
       }
+    }
+  }
+}
+
+// Union tasks on the warp-specialised wgmma kernel's paired 64-row tiles (v10,
+// PlanOptions::wgmma_unions), 4:1 at G = 4 and d = 128, in a batch whose groups all fit 64 rows (a
+// larger one puts the whole launch on 8-warp mma.sync blocks). The unions: six of 4 members and a
+// 3-member one whose last member has 3 queries (entry 0, 107 queries), a 3-member one whose last
+// member has 1 (entry 1, after its 64-row dense group), a 2-member one (entry 3); a plain sparse
+// task (entry 2, decode) in the same launch; at the larger budget, lists long enough for split-KV.
+// Every output row and LSE must match the CPU engine on the same page lists.
+TEST(CudaAttention, UnionTasksOnWgmmaMatchCpu) {
+  CISA_REQUIRE_GPU();
+  if (!cuda::tiles::kWgmmaAttention || !cuda::tiles::kWgmmaWarpSpecialized ||
+      !cuda::tiles::kWsPairedTiles)
+    GTEST_SKIP() << "built without the warp-specialised wgmma kernel's paired tiles";
+  std::mt19937 rng(13);
+  for (const int64_t budget : {40, 120}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    SelectionParams p{.budget = budget, .window = 8, .qshare = 4, .sink_pages = 1};
+    const int64_t split = (p.budget + p.window + p.sink_pages + 1) * 16;
+    auto w = make_world(
+        1, 4, 128, {split + 3002, split + 300, split + 64, split + 500},
+        {{0, split + 2890, 107}, {1, split - 16, 25}, {2, split + 63, 1}, {3, split + 492, 8}},
+        rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 4);
+    auto iq = random_vec(rng, static_cast<size_t>(w.rows * 128));
+    DevVec<float> diq;
+    diq.upload(iq);
+    for (const bool on_wgmma : {true, false}) {
+      SCOPED_TRACE(on_wgmma ? "unions on wgmma" : "unions on mma.sync");
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
+                                    {.wgmma_unions = on_wgmma})
+                      .ok());
+      auto* P = plan.impl();
+      ASSERT_FALSE(P->unions.empty());
+      ASSERT_EQ(P->warps, 4);
+      ASSERT_EQ(P->wgmma, on_wgmma);
+      cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
+      cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+      run_and_compare(w, m, plan, 0);
+      int64_t read = 0;
+      ASSERT_TRUE(cuda::count_read_pages(plan, &read).ok());
+      EXPECT_LT(read, plan.total_pages());
     }
   }
 }

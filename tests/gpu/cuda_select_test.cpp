@@ -179,6 +179,24 @@ void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const Pa
   ::testing::Test::RecordProperty("boundary_swaps", static_cast<int>(boundary_swaps));
 }
 
+// Runs the plan's selection with everything it writes poisoned first, then checks its lists and
+// scores with expect_lists_consistent.
+void run_and_check_lists(const Inputs& s, const SelectionParams& p, DeviceMirror& m,
+                         const DevVec<float>& iq, const cuda::Plan& plan) {
+  auto* P = plan.impl();
+  cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
+  cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
+  cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  PageLists gpu;
+  ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
+  std::vector<float> scores;
+  std::vector<int64_t> off;
+  ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
+  expect_lists_consistent(s, p, gpu, scores, off);
+}
+
 struct Case {
   int hkv, d;
   RepKind rep;
@@ -212,25 +230,52 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
         rng);
     DeviceMirror m;
     m.build(*s.cache, 0, 4);
-    cuda::Plan plan;
-    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan).ok());
     DevVec<float> iq;
     iq.upload(s.index_q);
-    // Poison everything the run writes.
-    auto* P = plan.impl();
-    cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
-    cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
-    cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
-    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
-    CUDA_OK(cudaDeviceSynchronize());
-    PageLists gpu;
-    ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
-    std::vector<float> scores;
-    std::vector<int64_t> off;
-    ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
-    EXPECT_GT(plan.selected_lists(), 0);
-    expect_lists_consistent(s, c.p, gpu, scores, off);
+    // Top-k one block per list, then from shared memory (topk.cu v6) at the plan's cluster size
+    // and at forced sizes 2 and 8 (slices of a few keys, some empty).
+    for (const int smem : {0, -1, 2, 8}) {
+      SCOPED_TRACE("topk_smem_cluster " + std::to_string(smem));
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan,
+                                    {.topk_smem_cluster = smem})
+                      .ok());
+      EXPECT_EQ(plan.impl()->topk_smem, smem < 0 ? 1 : smem);  // short lists: -1 picks 1
+      EXPECT_GT(plan.selected_lists(), 0);
+      run_and_check_lists(s, c.p, m, iq, plan);
+    }
   }
+}
+
+// Lists long enough that a block's slice takes several rounds of shared-memory staging (8 keys a
+// thread, 4,096 a block a round): a prefill batch in groups of 16 at the end of a 150,000-token
+// sequence and a decode query of an 80,000-token one, top-k from shared memory at every cluster
+// size against the spec's top-k of the GPU's scores and the CPU's selection.
+TEST(CudaSelect, TopkFromSharedMemoryOnLongLists) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const int64_t n = 150000;
+  const SelectionParams p{.budget = 600, .window = 8, .qshare = 16, .sink_pages = 2};
+  auto s = make_setup(1, 64, RepKind::kMean, {n, 80000}, {{0, n - 96, 95}, {1, 79999, 1}}, rng);
+  DeviceMirror m;
+  m.build(*s.cache, 0, 2);
+  DevVec<float> iq;
+  iq.upload(s.index_q);
+  for (const int smem : {-1, 1, 2, 4, 8}) {
+    SCOPED_TRACE("topk_smem_cluster " + std::to_string(smem));
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4, p, &plan,
+                                  {.topk_smem_cluster = smem})
+                    .ok());
+    EXPECT_EQ(plan.impl()->topk_smem, smem < 0 ? 1 : smem);  // ~9,370 chunks fit one block
+    EXPECT_EQ(plan.selected_lists(), 7);  // 6 prefill groups and the decode query
+    run_and_check_lists(s, p, m, iq, plan);
+  }
+  // A size other than -1, 0, 1, 2, 4 or 8 is refused with a message, not launched.
+  cuda::Plan plan;
+  const Status st =
+      cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4, p, &plan, {.topk_smem_cluster = 3});
+  EXPECT_FALSE(st.ok());
 }
 
 // Decode batches (one query per sequence, one list per score stream) take the few-lists score
@@ -258,6 +303,8 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
       {"two kernels, top-k one block per list", {}},
       {"two kernels, q̄ from the index-query kernel", {}, true},
       {"two kernels, top-k in clusters", {.topk_cluster_min_scores = 0}},
+      {"two kernels, top-k from shared memory (plan's size)", {.topk_smem_cluster = -1}},
+      {"two kernels, top-k from shared memory, cluster 4", {.topk_smem_cluster = 4}},
       {"fused, planner's cluster", {.fused_select_cluster = -1}},
       {"fused, cluster 1", {.fused_select_cluster = 1}},
       {"fused, cluster 4", {.fused_select_cluster = 4}},
@@ -357,18 +404,22 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   // prefill kernel, tensor cores with its f32 path for non-finite representatives), then one
   // decode query (one list).
   // The decode query also runs the fused selection (select_fused.cu).
+  // Each also takes top-k from shared memory (topk.cu v6) at cluster sizes 1 and 4.
   for (int64_t count : {64, 160, 1})
-    for (int fused : {0, -1})
+    for (const int variant : {0, -1, 1, 4})  // -1: fused selection; 1, 4: top-k's cluster size
       for (int64_t budget : {10, 97, 150}) {
+        const int fused = variant < 0 ? -1 : 0, smem = variant > 0 ? variant : 0;
         if (fused != 0 && count != 1) continue;
-        SCOPED_TRACE("queries " + std::to_string(count) + (fused ? ", fused selection" : ""));
+        SCOPED_TRACE("queries " + std::to_string(count) + (fused ? ", fused selection" : "") +
+                     (smem ? ", top-k from shared memory, cluster " + std::to_string(smem) : ""));
         s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
         SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
         cuda::Plan plan;
         ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan,
-                                      {.fused_select_cluster = fused})
+                                      {.topk_smem_cluster = smem, .fused_select_cluster = fused})
                         .ok());
         ASSERT_EQ(plan.impl()->fused_cluster > 0, fused != 0);
+        ASSERT_EQ(plan.impl()->topk_smem, smem);
         DevVec<float> iq;
         iq.upload(s.index_q);
         ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());

@@ -46,7 +46,7 @@ struct Options {
   bool contiguous = false;  // block tables in pool order instead of a random permutation
   // Planner switches for A/B runs (cuda::PlanOptions).
   std::string attention_kernel = "auto";
-  int64_t blocks_per_sm = 0, ws_copy_warps = 0;
+  int64_t blocks_per_sm = 0, ws_copy_warps = 0, topk_smem_cluster = 0;
   bool wgmma_unions = false;
   cuda::PlanOptions plan_options() const {
     cuda::PlanOptions p;
@@ -56,6 +56,7 @@ struct Options {
     p.blocks_per_sm = static_cast<int>(blocks_per_sm);
     p.ws_copy_warps = static_cast<int>(ws_copy_warps);
     p.wgmma_unions = wgmma_unions;
+    p.topk_smem_cluster = static_cast<int>(topk_smem_cluster);
     return p;
   }
 };
@@ -287,6 +288,7 @@ bool dense_row(const PhaseRun& r, DenseTimes* times) {
   dj["busy_ms"] = d_setup + d_attn;
   if (d_step > 0) dj["step_ms"] = d_step;
   dj["host_plan_ms"] = dense_plan_host_ms;
+  dj["kernels"] = dense.kernels();
   dj["kv_bytes"] = dense_bytes;
   dj["attention_tb_s"] = dense_bytes / (d_attn * 1e-3) / 1e12;
   dj["attention_tflop_s"] = dense_flop / (d_attn * 1e-3) / 1e12;
@@ -379,6 +381,7 @@ bool sparse_row(const PhaseRun& r, int64_t G, double other, const DenseTimes& d)
   j["kv_bytes"] = bytes;
   j["read_bytes"] = read_bytes;
   j["unions"] = plan.num_unions();
+  j["kernels"] = plan.kernels();
   j["attention_ms_no_unions"] = attn_no_unions;
   j["rep_bytes"] = rep_bytes;
   j["attention_tb_s"] = read_bytes / (attn * 1e-3) / 1e12;
@@ -398,6 +401,7 @@ bool sparse_row(const PhaseRun& r, int64_t G, double other, const DenseTimes& d)
       fmt(busy).c_str(), step > 0 ? fmt(step + other).c_str() : "failed",
       read_bytes / (attn * 1e-3) / 1e12, flop / (attn * 1e-3) / 1e12, (d_setup + d_attn) / busy,
       adjacent_overlap(lists, o.budget), fmt(attn_no_unions).c_str());
+  std::fprintf(r.table_out, "      kernels: %s\n", plan.kernels().c_str());
   if (!r.prefill)
     reuse_rows(o, geo, layer, r.tables, r.batch, buf.index_q, r.popt, setup + attn + other,
                d_setup + d_attn, r.results, r.table_out);
@@ -437,6 +441,11 @@ int bench_layer(int argc, char** argv) {
   a.add_flag("--wgmma-unions", &o.wgmma_unions,
              "union tasks (4:1, G = 4) on the warp-specialised wgmma kernel instead of mma.sync "
              "(PlanOptions::wgmma_unions; off until measured)");
+  a.add_int("--topk-smem-cluster", &o.topk_smem_cluster,
+            "top-k with each list's scores staged in shared memory by a cluster of blocks "
+            "(PlanOptions::topk_smem_cluster): -1 the plan's size where one block a list would "
+            "run, 1/2/4/8 that size, 0 off (default, until measured)",
+            {-1, 8});
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--ws-copy-warps", &o.ws_copy_warps,
@@ -505,7 +514,8 @@ int bench_layer(int argc, char** argv) {
       "v10: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer "
       "unions) + warp-specialised wgmma kernel (producer warps, mbarriers; 128-row tiles with "
       "ping-pong consumer warpgroups, <= 64-row tiles and union tasks two per block), one-wave "
-      "decode splits, warp-per-row split-KV merge";
+      "decode splits, warp-per-row split-KV merge; opt-in: union tasks on wgmma (--wgmma-unions), "
+      "top-k v6 from shared memory (--topk-smem-cluster)";
   const cuda::PlanOptions popt = o.plan_options();
   doc["attention_mainloop"] =
       popt.attention_kernel == cuda::AttentionKernel::kMma
@@ -519,6 +529,7 @@ int bench_layer(int argc, char** argv) {
   if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
   doc["wgmma_unions"] = popt.wgmma_unions;
+  doc["topk_smem_cluster"] = popt.topk_smem_cluster;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();

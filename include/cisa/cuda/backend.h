@@ -83,6 +83,10 @@ class Plan {
   int64_t num_rows() const;          // packed query rows of the batch
   int64_t num_unions() const;        // KV-outer unions of small lists (PlanOptions::group_unions)
   int64_t reuse_candidates() const;  // decode lists that may keep an earlier selection
+  // What a run of the plan launches, in words, for benchmark reports: the attention mainloop
+  // (wgmma or mma.sync, rows a block, unions) and the top-k path. An option that did not apply
+  // (wgmma_unions in a plan with 8-warp blocks, say) shows here as the path actually taken.
+  std::string kernels() const;
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -119,6 +123,14 @@ struct PlanOptions {
   // of at least this many eligible chunks; -1 for tile_sizes.cuh's kTopkClusterMinScores, 0 for
   // clusters at any length (tests of both paths).
   int topk_cluster_min_scores = -1;
+  // Top-k with each list's scores staged in shared memory by a cluster of blocks (v6, topk.cu):
+  // one read of the score array instead of five sweeps. 0 (default): off, until it is measured on
+  // a device (it was written in a session that had none, docs/cuda-notes.md); -1: on for plans
+  // whose top-k would run one block per list (many lists: prefill), the cluster size picked by
+  // the plan (the smallest with at most 16,384 keys a block); 1, 2, 4 or 8: that size for every
+  // top-k launch of the plan (refused where a slice would exceed 40,960 keys). Plans that select
+  // with the fused decode kernel (fused_select_cluster) are unaffected.
+  int topk_smem_cluster = 0;
   // Decode lists (each alone in its score stream: one per sequence and KV group) with mean
   // representatives can be scored and selected by one kernel, a cluster of blocks per list whose
   // keys stay in shared memory (select_fused.cu). 0 (default): off, the score kernel then the
