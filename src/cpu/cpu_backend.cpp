@@ -558,6 +558,10 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(const BackendOptions& options)
     return invalid_argument(
         "batch_invariant (--batch-invariant) is a CUDA backend mode: the CPU backend's attention "
         "splits and 8-bit activations depend on the step's other sequences");
+  if (options.mixed_tiles)
+    return invalid_argument(
+        "mixed_tiles (--mixed-tiles) is a CUDA backend option: the CPU backend has no attention "
+        "tiles");
   return std::unique_ptr<Backend>(new CpuBackend(options.threads, options.bf16_matmul));
 }
 

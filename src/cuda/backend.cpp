@@ -112,10 +112,15 @@ int64_t Plan::reuse_candidates() const {
 std::string Plan::kernels() const {
   const Impl& P = *impl_;
   std::string s = "attention ";
-  const bool ws = P.options.attention_kernel != AttentionKernel::kWgmmaV5 &&
-                  (P.warps == 8 ? tiles::kWgmmaWarpSpecialized : tiles::kWsPairedTiles);
-  s += P.wgmma ? (ws ? "wgmma (warp-specialised" : "wgmma (v4/v5") : "mma.sync (";
-  s += ", " + std::to_string(16 * P.warps) + "-row tiles";
+  const bool v5 = P.options.attention_kernel == AttentionKernel::kWgmmaV5;
+  const auto mainloop = [&](bool wgmma, int warps) -> std::string {
+    const bool ws = !v5 && (warps == 8 ? tiles::kWgmmaWarpSpecialized : tiles::kWsPairedTiles);
+    return std::string(wgmma ? (ws ? "wgmma (warp-specialised" : "wgmma (v4/v5") : "mma.sync (") +
+           ", " + std::to_string(16 * warps) + "-row tiles";
+  };
+  if (P.big_tasks > 0)
+    s += mainloop(P.wgmma_big, 8) + ", " + std::to_string(P.big_tasks) + " tasks) then ";
+  s += mainloop(P.wgmma, P.warps);
   if (P.page_warps > 1) s += ", pages split over " + std::to_string(P.page_warps) + " warps";
   if (!P.unions.empty()) s += ", " + std::to_string(P.unions.size()) + " unions";
   s += ")";
@@ -318,13 +323,22 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   a.window = P.lists.empty() ? 0 : P.lists[0].window;
   a.scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   auto s = static_cast<cudaStream_t>(stream);
-  const auto n_tasks = static_cast<int64_t>(P.tasks.size());
+  const bool v5 = P.options.attention_kernel == AttentionKernel::kWgmmaV5;
+  // A mixed plan's 128-row tasks first (PlanOptions::mixed_tiles), from the start of the array.
   // The wgmma kernel folds the scale into its exponent, which needs it positive.
+  if (P.big_tasks > 0)
+    CISA_RETURN_IF_ERROR(
+        cuda_status(P.wgmma_big && a.scale > 0.0f
+                        ? detail::launch_attention_wgmma(a, P.big_tasks, 8, v5,
+                                                         P.options.ws_copy_warps, false, s)
+                        : detail::launch_attention(a, P.big_tasks, 8, 1, false, s),
+                    "cuda: attention (128-row tiles)"));
+  a.tasks = P.d_tasks + P.big_tasks;
+  const auto n_tasks = static_cast<int64_t>(P.tasks.size()) - P.big_tasks;
   CISA_RETURN_IF_ERROR(cuda_status(
       P.wgmma && a.scale > 0.0f
-          ? detail::launch_attention_wgmma(a, n_tasks, P.warps,
-                                           P.options.attention_kernel == AttentionKernel::kWgmmaV5,
-                                           P.options.ws_copy_warps, !P.unions.empty(), s)
+          ? detail::launch_attention_wgmma(a, n_tasks, P.warps, v5, P.options.ws_copy_warps,
+                                           !P.unions.empty(), s)
           : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
   return cuda_status(
@@ -370,6 +384,8 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.warps},
                           int64_t{P.page_warps},
                           int64_t{P.wgmma},
+                          P.big_tasks,
+                          int64_t{P.wgmma_big},
                           static_cast<int64_t>(P.options.attention_kernel),
                           int64_t{P.options.ws_copy_warps},
                           int64_t{P.options.topk_cluster_min_scores},

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "attention.cuh"
@@ -29,14 +30,20 @@ Status plan_attention(Plan::Impl& P) {
   const int sms = device_sms();
   const int hg = P.num_q_heads / P.num_kv_heads;
   const int H = P.num_kv_heads;
-  int64_t max_rows = 0;
-  for (const auto& g : P.groups)
+  int64_t max_rows = 0, min_rows = INT64_MAX;
+  for (const auto& g : P.groups) {
     max_rows = std::max<int64_t>(max_rows, (g.last - g.first + 1) * hg);
+    min_rows = std::min<int64_t>(min_rows, (g.last - g.first + 1) * hg);
+  }
   // PlanOptions::batch_invariant: one tile size, page-split warps and unions off, and splits by
   // the list's own length, so that nothing depends on the batch's other entries.
   const bool invariant = P.options.batch_invariant;
-  P.warps = max_rows > 64 || invariant ? 8 : 4;
-  const int64_t tile = 16 * P.warps;
+  // PlanOptions::mixed_tiles: groups of more than 64 rows in 128-row tiles (the first launch,
+  // tasks [0, big_tasks)), the others in 64-row tiles (the second); else one size for all.
+  const bool mixed = P.options.mixed_tiles && !invariant && max_rows > 64 && min_rows <= 64;
+  P.warps = !mixed && (max_rows > 64 || invariant) ? 8 : 4;
+  const auto big = [&](const QueryGroup& g) { return mixed && (g.last - g.first + 1) * hg > 64; };
+  const auto tile_of = [&](const QueryGroup& g) -> int64_t { return big(g) ? 128 : 16 * P.warps; };
   // Unions of 2 … kUnionGroups consecutive small selecting groups of one entry (per KV group).
   P.unions.clear();
   P.union_capacity = 0;
@@ -88,7 +95,8 @@ Status plan_attention(Plan::Impl& P) {
     }
   }
   P.page_warps = 1;
-  if (P.unions.empty() && P.warps == 4 && !invariant && P.head_dim <= tiles::kPageSplitMaxHeadDim)
+  if (P.unions.empty() && P.warps == 4 && !mixed && !invariant &&
+      P.head_dim <= tiles::kPageSplitMaxHeadDim)
     P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
   // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements); union
   // tasks go to wgmma only with PlanOptions::wgmma_unions (until it is measured).
@@ -97,11 +105,16 @@ Status plan_attention(Plan::Impl& P) {
       detail::wgmma_attention_applies(P.head_dim, P.page_warps, unions, P.warps,
                                       P.options.attention_kernel == AttentionKernel::kWgmmaV5) &&
       P.options.attention_kernel != AttentionKernel::kMma && (!unions || P.options.wgmma_unions);
+  P.wgmma_big =
+      mixed &&
+      detail::wgmma_attention_applies(P.head_dim, 1, false, 8,
+                                      P.options.attention_kernel == AttentionKernel::kWgmmaV5) &&
+      P.options.attention_kernel != AttentionKernel::kMma;
   int64_t pairs = static_cast<int64_t>(P.unions.size());
   for (size_t L = 0; L < P.lists.size(); ++L) {
     if (union_at[L] != -1) continue;
     const auto& g = P.groups[L / static_cast<size_t>(H)];
-    pairs += ((g.last - g.first + 1) * hg + tile - 1) / tile;
+    pairs += ((g.last - g.first + 1) * hg + tile_of(g) - 1) / tile_of(g);
   }
   // PlanOptions::blocks_per_sm overrides the split target (A/B runs of the work decomposition).
   int64_t per_sm = P.page_warps > 1 ? tiles::kDecodeBlocksPerSm : tiles::kBlocksPerSmTarget;
@@ -111,10 +124,10 @@ Status plan_attention(Plan::Impl& P) {
   P.merges.clear();
   P.partial_rows = 0;
   P.merge_max_rows = 0;
-  for (size_t L = 0; L < P.lists.size(); ++L) {
+  const auto emit = [&](size_t L) {
     const auto& g = P.groups[L / static_cast<size_t>(H)];
     const auto& d = P.lists[L];
-    if (union_at[L] == -2) continue;
+    if (union_at[L] == -2) return;
     if (union_at[L] >= 0) {
       const auto& u = P.unions[static_cast<size_t>(union_at[L])];
       int64_t cap = 0;
@@ -131,7 +144,7 @@ Status plan_attention(Plan::Impl& P) {
       t.union_id = union_at[L];
       t.stride = u.stride;
       P.tasks.push_back(t);
-      continue;
+      return;
     }
     const int64_t rows = (g.last - g.first + 1) * hg;
     const int64_t n = list_size(d);
@@ -143,6 +156,7 @@ Status plan_attention(Plan::Impl& P) {
     splits = std::max<int64_t>(1, std::min(splits, n / tiles::kMinSplitPages));
     if (invariant)
       splits = g.last == g.first ? std::max<int64_t>(1, n / tiles::kInvariantSplitPages) : 1;
+    const int64_t tile = tile_of(g);
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const auto R = static_cast<int32_t>(std::min(tile, rows - r0));
       const int64_t base = P.partial_rows;
@@ -164,7 +178,13 @@ Status plan_attention(Plan::Impl& P) {
         P.merge_max_rows = std::max(P.merge_max_rows, static_cast<int>(R));
       }
     }
-  }
+  };
+  // Tasks of 128-row groups first (the first launch of a mixed plan), then the others.
+  for (size_t L = 0; L < P.lists.size(); ++L)
+    if (big(P.groups[L / static_cast<size_t>(H)])) emit(L);
+  P.big_tasks = static_cast<int64_t>(P.tasks.size());
+  for (size_t L = 0; L < P.lists.size(); ++L)
+    if (!big(P.groups[L / static_cast<size_t>(H)])) emit(L);
   return Status::Ok();
 }
 

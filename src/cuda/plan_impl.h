@@ -86,6 +86,11 @@ struct Plan::Impl {
   int warps = 4;
   int page_warps = 1;  // warps splitting a tile's pages (attention.cuh)
   bool wgmma = false;  // attention on the wgmma kernel (attention_wgmma.cuh)
+  // PlanOptions::mixed_tiles: tasks [0, big_tasks) are 128-row tiles of the groups over 64 rows,
+  // launched first with 8 warps (on wgmma iff wgmma_big); warps, page_warps and wgmma describe
+  // the launch of the others. 0 in every other plan: one launch.
+  int64_t big_tasks = 0;
+  bool wgmma_big = false;
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)
   int64_t max_fixed = 0;   // most fixed entries (dense range / sinks + window + tail) of a list

@@ -139,7 +139,8 @@ Status ensure_buffer(Backend& be, BufferPtr& b, int64_t bytes, const char* what)
 Status Model::Impl::make_backend() {
   const BackendOptions bo{.threads = opt.threads,
                           .bf16_matmul = opt.bf16_matmul,
-                          .batch_invariant = opt.batch_invariant};
+                          .batch_invariant = opt.batch_invariant,
+                          .mixed_tiles = opt.mixed_tiles};
   CISA_ASSIGN_OR_RETURN(be, opt.backend ? opt.backend(bo) : make_cpu_backend(bo));
   if (!be) return invalid_argument("ModelOptions::backend returned no backend");
   if (be->kind() != BackendKind::kCpu) {

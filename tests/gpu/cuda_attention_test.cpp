@@ -153,16 +153,24 @@ TEST(CudaAttention, DenseMatchesCpu) {
                         {{0, 4999, 1}, {1, 1000, 200}, {2, 3300 - 37, 33}, {3, 0, 40}}, rng);
     DeviceMirror m;
     m.build(*w.cache, 0, 4);
-    for (int64_t window : {int64_t{0}, int64_t{100}}) {
-      SCOPED_TRACE("window " + std::to_string(window));
-      cuda::Plan plan;
-      ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, window, &plan).ok());
-      // 128-row prefill tiles at d = 128 run on the wgmma kernel (attention_wgmma.cu).
-      EXPECT_EQ(plan.impl()->wgmma, cuda::tiles::kWgmmaAttention && sh.d == 128);
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
-      expect_dense_lists(w, plan, window);
-      run_and_compare(w, m, plan, window);
-    }
+    // Mixed tiles (PlanOptions::mixed_tiles): entries 1, 2 and 3 (over 64 rows in every shape)
+    // take 128-row tiles in a first launch, the decode entry (h_g rows) 64-row tiles in a second.
+    for (const bool mixed : {false, true})
+      for (int64_t window : {int64_t{0}, int64_t{100}}) {
+        SCOPED_TRACE("window " + std::to_string(window) + (mixed ? ", mixed tiles" : ""));
+        cuda::Plan plan;
+        ASSERT_TRUE(cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, window, &plan,
+                                     {.mixed_tiles = mixed})
+                        .ok());
+        // 128-row prefill tiles at d = 128 run on the wgmma kernel (attention_wgmma.cu).
+        const bool wgmma = cuda::tiles::kWgmmaAttention && sh.d == 128;
+        EXPECT_EQ(plan.impl()->wgmma, wgmma);
+        EXPECT_EQ(plan.impl()->big_tasks > 0, mixed);  // the decode entry's group has h_g rows
+        EXPECT_EQ(plan.impl()->wgmma_big, mixed && wgmma);
+        ASSERT_TRUE(cuda::run_select(plan, m.layer, nullptr, nullptr).ok());
+        expect_dense_lists(w, plan, window);
+        run_and_compare(w, m, plan, window);
+      }
   }
 }
 
@@ -187,19 +195,27 @@ TEST(CudaAttention, SparseMatchesCpu) {
       // every path must match the CPU on the same lists. Union tasks run on mma.sync by default
       // and, with PlanOptions::wgmma_unions at d = 128, on the wgmma kernel's paired tiles
       // (beside the plain tasks of the same launch). Entry 1's dense group has 200 rows, so this
-      // batch takes 8-warp blocks and the wgmma variant falls back to mma.sync for the whole
-      // launch (UnionTasksOnWgmmaMatchCpu runs it for real).
+      // batch takes 8-warp blocks for every task, and the wgmma variant falls back to mma.sync
+      // for the whole launch (UnionTasksOnWgmmaMatchCpu runs it in 64-row tiles), unless mixed
+      // tiles (PlanOptions::mixed_tiles, variants 3 and 4) give that group a launch of its own.
       const bool small = G * (sh.hq / sh.hkv) <= 16 && sh.d <= cuda::tiles::kUnionMaxHeadDim;
       const bool ws_unions = cuda::tiles::kWgmmaWarpSpecialized && cuda::tiles::kWsPairedTiles;
-      for (int variant = 0; variant < 3; ++variant) {
-        const bool unions = variant < 2, on_wgmma = variant == 1;
+      for (int variant = 0; variant < 5; ++variant) {
+        const bool unions = variant != 2, on_wgmma = variant == 1 || variant == 4,
+                   mixed = variant >= 3;
         if ((!unions || on_wgmma) && !small) continue;
-        SCOPED_TRACE(!unions ? "unions off" : on_wgmma ? "unions on wgmma" : "unions on");
+        SCOPED_TRACE(std::string(!unions    ? "unions off"
+                                 : on_wgmma ? "unions on wgmma"
+                                            : "unions on") +
+                     (mixed ? ", mixed tiles" : ""));
         cuda::Plan plan;
-        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
-                                      {.group_unions = unions, .wgmma_unions = on_wgmma})
+        ASSERT_TRUE(cuda::plan_sparse(
+                        m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
+                        {.group_unions = unions, .wgmma_unions = on_wgmma, .mixed_tiles = mixed})
                         .ok());
         EXPECT_EQ(!plan.impl()->unions.empty(), unions && small);
+        EXPECT_EQ(plan.impl()->big_tasks > 0, mixed);  // entry 2's decode group has h_g rows
+        EXPECT_EQ(plan.impl()->warps, mixed ? 4 : 8);
         EXPECT_EQ(plan.impl()->wgmma,
                   cuda::tiles::kWgmmaAttention && sh.d == 128 &&
                       (!(unions && small) || (on_wgmma && ws_unions && plan.impl()->warps == 4)));

@@ -90,6 +90,21 @@ TEST(CliModelOptions, BatchInvariantNeedsCuda) {
   EXPECT_NE(m.status().message().find("--backend cuda"), std::string::npos) << m.status().message();
 }
 
+// --mixed-tiles likewise: off by default, refused without --backend cuda.
+TEST(CliModelOptions, MixedTilesNeedCuda) {
+  ModelCliOptions o;
+  ASSERT_EQ(parse({}, &o), -1);
+  EXPECT_FALSE(o.mixed_tiles);
+  ModelCliOptions b;
+  ASSERT_EQ(parse({"--mixed-tiles"}, &b), -1);
+  EXPECT_TRUE(b.mixed_tiles);
+  scale_cisa_defaults(&b, 4096);
+  auto m = to_model_options(b);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("--backend cuda"), std::string::npos) << m.status().message();
+}
+
 TEST(CliModelOptions, SelectionReuseOptions) {
   ModelCliOptions o;
   ASSERT_EQ(parse({"--attention", "cisa", "--reuse-steps", "4", "--reuse-check", "none"}, &o), -1);

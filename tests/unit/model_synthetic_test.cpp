@@ -320,5 +320,14 @@ TEST(ModelSynthetic, CpuBackendRefusesBatchInvariance) {
   EXPECT_NE(m.status().message().find("CUDA backend"), std::string::npos) << m.status().message();
 }
 
+// Mixed tiles are a CUDA planner option (BackendOptions::mixed_tiles); the CPU backend refuses
+// them with a reason rather than silently ignore them.
+TEST(ModelSynthetic, CpuBackendRefusesMixedTiles) {
+  auto m = Model::load_synthetic("tiny-llama", {.context = 256, .mixed_tiles = true});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("CUDA backend"), std::string::npos) << m.status().message();
+}
+
 }  // namespace
 }  // namespace cisa

@@ -187,6 +187,7 @@ int print_protocol_report(const ProtocolReport& rep) {
   j["prefill_block"] = last.options.prefill_block;
   j["kv_dtype"] = kv_dtype_name(last.cache.dtype);
   j["batch_invariant"] = last.options.batch_invariant;
+  j["mixed_tiles"] = last.options.mixed_tiles;
   j["eos"] = "ignored: every request generates exactly --tokens tokens (greedy)";
   Json bw = Json::object();
   bw["gb_per_s"] = rep.bandwidth_gb_s;

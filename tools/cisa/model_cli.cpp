@@ -30,6 +30,9 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_flag("--batch-invariant", &o->batch_invariant,
              "--backend cuda: every sequence gets the same bits alone or in any batch (one GEMM "
              "algorithm and attention split per sequence; slower)");
+  p.add_flag("--mixed-tiles", &o->mixed_tiles,
+             "--backend cuda: a step's prefill chunks and decode rows attend in two launches, each "
+             "in the tile size its rows fit (off until measured on a device)");
   p.add_choice("--kv-dtype", &o->kv_dtype, {"auto", "f32", "bf16"},
                "KV cache element type (default: f32 on the CPU, bf16 on CUDA)");
   p.add_choice("--attention", &o->attention, {"dense", "cisa"},
@@ -143,6 +146,10 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
         "--batch-invariant is a --backend cuda mode (the CPU backend's results depend on the "
         "batch through its attention splits and 8-bit activations)");
   m.batch_invariant = o.batch_invariant;
+  if (!cuda && o.mixed_tiles)
+    return invalid_argument(
+        "--mixed-tiles is a --backend cuda option (the CPU backend has no attention tiles)");
+  m.mixed_tiles = o.mixed_tiles;
   if (cuda && o.llamacpp_numerics)
     return invalid_argument(
         "--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");

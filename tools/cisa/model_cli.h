@@ -39,6 +39,9 @@ struct ModelCliOptions {
   // --batch-invariant: ModelOptions::batch_invariant (CUDA: a sequence's tokens do not depend on
   // the rest of its batch; slower).
   bool batch_invariant = false;
+  // --mixed-tiles: ModelOptions::mixed_tiles (CUDA: prefill chunks and decode rows of one step
+  // attend in the tile sizes their rows fit).
+  bool mixed_tiles = false;
   // "auto": f32 on the CPU backend, bf16 on CUDA (the only type its kernels take).
   std::string kv_dtype = "auto";
   // A synthetic model (Model::load_synthetic, synthetic_model_names()) instead of a GGUF file:

@@ -116,6 +116,10 @@ struct BackendOptions {
   // CPU backend has no such mode (its attention splits and 8-bit activations depend on the step)
   // and refuses it.
   bool batch_invariant = false;
+  // CUDA: a step with a group over 64 query rows (a prefill chunk) beside smaller ones (decode
+  // rows) attends in two launches, each group in the tile it fits (cuda::PlanOptions::mixed_tiles;
+  // off until measured on a device). The CPU backend has no tiles and refuses it.
+  bool mixed_tiles = false;
 };
 
 // What a backend did with the steps begin_step() bracketed (step_graph_stats()).

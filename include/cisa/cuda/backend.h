@@ -112,6 +112,12 @@ struct PlanOptions {
   // default until it is measured on the device: it was written in a session that had none
   // (docs/cuda-notes.md, v10). kAuto only; tests run it against the CPU engine.
   bool wgmma_unions = false;
+  // A batch with a group over 64 query rows (a prefill chunk) and smaller ones (decode rows, small
+  // QShare groups) runs two attention launches: the large groups in 128-row tiles, the others in
+  // 64-row tiles (with their unions on wgmma where wgmma_unions allows). Off: every task takes
+  // 128-row tiles once any group needs them. Off by default until it is measured on a device (it
+  // was written in a session that had none, docs/cuda-notes.md).
+  bool mixed_tiles = false;
   AttentionKernel attention_kernel = AttentionKernel::kAuto;
   // Target blocks per SM of the split-KV work decomposition; 0: tile_sizes.cuh's
   // (kBlocksPerSmTarget, kDecodeBlocksPerSm for page-split decode). At most 1024.

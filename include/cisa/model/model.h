@@ -173,6 +173,9 @@ struct ModelOptions {
   // The backend's batch-invariant mode (BackendOptions::batch_invariant): a sequence's logits do
   // not depend on the other sequences of its steps. CUDA backend only; slower.
   bool batch_invariant = false;
+  // BackendOptions::mixed_tiles (CUDA backend only): prefill chunks and decode rows of one step
+  // attend in the tile sizes their rows fit.
+  bool mixed_tiles = false;
   // How the GGUF comes into memory (gguf.h): kMap (the default) maps it; kRead reads it whole, like
   // llama.cpp's --no-mmap, so that a file truncated or rewritten while the model runs cannot crash
   // it (costs the file's size in memory). With kMap, forward() re-checks the file's size first

@@ -177,6 +177,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
   be->description_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) +
                      std::to_string(prop.minor) + ")";
   be->batch_invariant_ = options.batch_invariant;
+  be->mixed_tiles_ = options.mixed_tiles;
   CISA_ASSIGN_OR_RETURN(be->gemm_, Gemm::create({.batch_invariant = options.batch_invariant}));
   return be;
 }

@@ -54,8 +54,10 @@ Status CudaBackend::build_plan(Slot& s, int q_heads) {
   if (step_mode_ == StepMode::kCapture || step_mode_ == StepMode::kReplay)
     return internal_error("cuda: a slot would be planned again inside a recorded step");
   // The launch metadata goes up on the stream from page-locked staging: no host wait.
-  const PlanOptions plan_options{
-      .reuse_slots = s.reuse_slots, .batch_invariant = batch_invariant_, .upload_stream = stream_};
+  const PlanOptions plan_options{.mixed_tiles = mixed_tiles_,
+                                 .reuse_slots = s.reuse_slots,
+                                 .batch_invariant = batch_invariant_,
+                                 .upload_stream = stream_};
   if (s.spec.kind == PlanKind::kDense) {
     CISA_RETURN_IF_ERROR(plan_dense(device_layer(0), device_tables(), s.mapped, q_heads,
                                     s.spec.sliding_window, &s.plan, plan_options));

@@ -344,6 +344,7 @@ class CudaBackend final : public Backend {
 
   bool step_graphs_ = true;       // BackendOptions::step_graphs
   bool batch_invariant_ = false;  // BackendOptions::batch_invariant
+  bool mixed_tiles_ = false;      // BackendOptions::mixed_tiles
   StepMode step_mode_ = StepMode::kNone;
   uint64_t step_key_ = 0;     // the bracket's full key (the caller's and the backend's state)
   uint64_t step_hash_ = 0;    // launch arguments of the bracket's operations so far
