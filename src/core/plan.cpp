@@ -18,13 +18,14 @@ Result<QShareQuery> parse_qshare_query(const std::string& s) {
 }
 
 const char* reuse_check_name(ReuseCheck c) {
-  return c == ReuseCheck::kNone ? "none" : "new-chunks";
+  return c == ReuseCheck::kNone ? "none" : c == ReuseCheck::kMass ? "mass" : "new-chunks";
 }
 
 Result<ReuseCheck> parse_reuse_check(const std::string& s) {
   if (s == "none") return ReuseCheck::kNone;
   if (s == "new-chunks") return ReuseCheck::kNewChunks;
-  return invalid_argument("unknown reuse check '" + s + "' (expected none or new-chunks)");
+  if (s == "mass") return ReuseCheck::kMass;
+  return invalid_argument("unknown reuse check '" + s + "' (expected none, new-chunks or mass)");
 }
 
 namespace {
@@ -49,8 +50,12 @@ Status validate_selection_params(const SelectionParams& p) {
   if (p.reuse_steps < 1 || p.reuse_steps > kMaxReuseSteps)
     return invalid_argument("reuse steps r must be in [1, " + std::to_string(kMaxReuseSteps) +
                             "] (got " + std::to_string(p.reuse_steps) + ")");
-  if (p.reuse_check != ReuseCheck::kNone && p.reuse_check != ReuseCheck::kNewChunks)
+  if (p.reuse_check != ReuseCheck::kNone && p.reuse_check != ReuseCheck::kNewChunks &&
+      p.reuse_check != ReuseCheck::kMass)
     return invalid_argument("unknown reuse check");
+  if (!(p.reuse_mass_slack >= 0.0 && p.reuse_mass_slack <= 1.0))  // NaN fails too
+    return invalid_argument("reuse mass slack must be in [0, 1] (got " +
+                            std::to_string(p.reuse_mass_slack) + ")");
   return Status::Ok();
 }
 

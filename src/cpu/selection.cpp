@@ -203,6 +203,20 @@ bool new_chunk_outranks(std::span<const float> reused_scores, std::span<const fl
   return false;
 }
 
+double exp_score_sum(std::span<const float> scores, float shift) {
+  double sum = 0;
+  for (float x : scores)
+    if (std::isfinite(x)) sum += std::exp(static_cast<double>(x) - static_cast<double>(shift));
+  return sum;
+}
+
+float max_finite_score(std::span<const float> scores) {
+  float m = -INFINITY;
+  for (float x : scores)
+    if (std::isfinite(x)) m = std::max(m, x);
+  return m;
+}
+
 std::span<ReusedSelection> SelectionReuse::states(SeqId seq, int layer, int num_kv_heads) {
   const uint64_t key = uint64_t{static_cast<uint32_t>(seq)} << 32 | static_cast<uint32_t>(layer);
   std::vector<ReusedSelection>& v = map_[key];
@@ -321,23 +335,45 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       uint8_t& act = ws->reuse_action[static_cast<size_t>(t)];
       act = kKeep;
       const ChunkRange n = newly_eligible(st->selected_at, a, cache.page_size(), p);
-      if (p.reuse_check != ReuseCheck::kNewChunks || n.end == n.begin) return;
-      // Scores of S, then of the newly eligible chunks, under this row's index query: the
-      // physical pages of both, in that order, form the table score_chunks walks.
+      const bool mass = p.reuse_check == ReuseCheck::kMass;
+      if (p.reuse_check == ReuseCheck::kNone || (!mass && n.end == n.begin)) return;
+      // Scores of S, then of the newly eligible chunks N, then (kMass) of the sample of the older
+      // eligible chunks outside S, under this row's index query: the physical pages, in that
+      // order, form the table score_chunks walks.
       auto table = *cache.block_table(batch[static_cast<size_t>(grp.entry)].seq);
       auto& s = scratch[static_cast<size_t>(thread)];
-      const size_t k = st->chunks.size(), m = k + static_cast<size_t>(n.end - n.begin);
-      s.tmp.resize(m);
-      for (size_t i = 0; i < k; ++i) s.tmp[i] = table[static_cast<size_t>(st->chunks[i])];
-      for (int64_t j = n.begin; j < n.end; ++j)
-        s.tmp[k + static_cast<size_t>(j - n.begin)] = table[static_cast<size_t>(j)];
+      const size_t k = st->chunks.size(), nn = static_cast<size_t>(n.end - n.begin);
+      s.tmp.clear();
+      for (int32_t j : st->chunks) s.tmp.push_back(table[static_cast<size_t>(j)]);
+      for (int64_t j = n.begin; j < n.end; ++j) s.tmp.push_back(table[static_cast<size_t>(j)]);
+      if (mass) {
+        const int64_t old_end = st->selected_at / B - p.window;  // E_{a0} = [sinks, old_end)
+        size_t si = 0;
+        for (int64_t j = p.sink_pages; j < old_end; ++j) {
+          if (!in_reuse_mass_sample(j, a)) continue;
+          while (si < k && st->chunks[si] < j) ++si;
+          if (si < k && st->chunks[si] == j) continue;  // in S
+          s.tmp.push_back(table[static_cast<size_t>(j)]);
+        }
+      }
+      const size_t m = s.tmp.size();
       s.qbar.resize(static_cast<size_t>(d));
       index_query(t, s.qbar.data());
       s.scores.resize(m);
       score_chunks(cache, layer, s.tmp, static_cast<int>(t % H), s.qbar.data(), 0,
                    static_cast<int64_t>(m), s.scores.data());
       const std::span<const float> sc(s.scores.data(), m);
-      act = new_chunk_outranks(sc.first(k), sc.subspan(k)) ? kCheckFailed : kKeepChecked;
+      bool fail = new_chunk_outranks(sc.first(k), sc.subspan(k, nn));
+      if (mass && !fail) {
+        const float shift = max_finite_score(sc);
+        const double in_s = exp_score_sum(sc.first(k), shift);
+        const double out =
+            exp_score_sum(sc.subspan(k, nn), shift) +
+            static_cast<double>(kReuseMassStride) * exp_score_sum(sc.subspan(k + nn), shift);
+        const double u1 = in_s + out > 0 ? out / (in_s + out) : 0.0;
+        fail = u1 > st->unselected_mass + p.reuse_mass_slack;
+      }
+      act = fail ? kCheckFailed : kKeepChecked;
     };
     if (pool)
       pool->parallel_for(num_lists, decide);
@@ -410,6 +446,14 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     for (auto& j : s.top) j += static_cast<int32_t>(first_eligible);  // to absolute chunk indices
     write_page_list(table, cache.page_size(), p, s.top, t, out);
     if (st) {  // a decode row's fresh selection: the one later rows may keep
+      if (p.reuse_check == ReuseCheck::kMass) {  // u0 (plan.h), exact over this row's E
+        const float shift = max_finite_score(scores);
+        const double all = exp_score_sum(scores, shift);
+        double in_s = 0;
+        for (int32_t j : s.top)
+          in_s += exp_score_sum(scores.subspan(static_cast<size_t>(j - first_eligible), 1), shift);
+        st->unselected_mass = all > 0 ? 1.0 - in_s / all : 0.0;
+      }
       st->chunks.assign(s.top.begin(), s.top.end());
       st->selected_at = st->last_used = grp.first;
       st->params = p;

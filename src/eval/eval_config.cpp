@@ -122,7 +122,8 @@ Result<EvalConfig> parse_config(std::string_view text) {
                               "' (kN budget, xR compression, gN QShare G, wN window, sN sinks, dN "
                               "first layers dense, eN last layers dense, dlLIST layers dense "
                               "(e.g. dl0-2+29), lb[LABEL] per-layer budgets, rN decode steps "
-                              "per selection, mean|last, cal or calLABEL)");
+                              "per selection, mN reuse check mass with slack N/1000, mean|last, "
+                              "cal or calLABEL)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -192,6 +193,13 @@ Result<EvalConfig> parse_config(std::string_view text) {
           return bad();
         c.reuse_steps = n;
         break;
+      case 'm':  // reuse check "mass" with slack n / 1000 (selections that reuse: top-k kinds)
+        if (!parse_i64(v, &n) || n < 0 || n > 1000) return bad();
+        if (c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest &&
+            c.kind != ConfigKind::kMoment)
+          return bad();
+        c.reuse_mass_milli = n;
+        break;
       case 'e':
         if (!parse_i64(v, &n) || n < 0 || n > 100000) return bad();
         c.dense_last_layers = n;
@@ -245,6 +253,10 @@ Result<AttentionOptions> config_attention(const EvalConfig& c, int64_t tokens, i
   a.selection.qshare_query = c.query;
   a.selection.sink_pages = c.sinks;
   a.selection.reuse_steps = c.reuse_steps;
+  if (c.reuse_mass_milli >= 0) {
+    a.selection.reuse_check = ReuseCheck::kMass;
+    a.selection.reuse_mass_slack = static_cast<double>(c.reuse_mass_milli) / 1000.0;
+  }
   a.dense_layers = static_cast<int>(c.dense_layers);
   a.dense_last_layers = static_cast<int>(c.dense_last_layers);
   a.dense_layer_set = c.dense_layer_set;

@@ -130,8 +130,26 @@ TEST(CliModelOptions, SelectionReuseOptions) {
         << bm.status().message();
   }
   ModelCliOptions c;
-  EXPECT_EQ(parse({"--reuse-check", "mass"}, &c), 2);  // not one of none|new-chunks
-  EXPECT_EQ(parse({"--reuse-steps", "-3"}, &c), 2);    // the parser's own range
+  EXPECT_EQ(parse({"--reuse-check", "masses"}, &c), 2);  // not one of none|new-chunks|mass
+  EXPECT_EQ(parse({"--reuse-steps", "-3"}, &c), 2);      // the parser's own range
+  EXPECT_EQ(parse({"--reuse-mass-slack", "1.5"}, &c), 2);
+  EXPECT_EQ(parse({"--reuse-mass-slack", "nan"}, &c), 2);
+  // The mass check and its slack reach SelectionParams; on the CUDA backend it is refused.
+  ModelCliOptions ms;
+  ASSERT_EQ(parse({"--attention", "cisa", "--reuse-steps", "8", "--reuse-check", "mass",
+                   "--reuse-mass-slack", "0.1"},
+                  &ms),
+            -1);
+  scale_cisa_defaults(&ms, 4096);
+  auto mm = to_model_options(ms);
+  ASSERT_TRUE(mm.ok()) << mm.status().message();
+  EXPECT_EQ(mm->attention.selection.reuse_check, ReuseCheck::kMass);
+  EXPECT_DOUBLE_EQ(mm->attention.selection.reuse_mass_slack, 0.1);
+  ms.backend = "cuda";
+  auto mc = to_model_options(ms);
+  ASSERT_FALSE(mc.ok());
+  EXPECT_NE(mc.status().message().find("CPU backend only"), std::string::npos)
+      << mc.status().message();
 }
 
 TEST(CliModelOptions, SyntheticModelLoadsWithRandomPrompt) {

@@ -182,6 +182,14 @@ TEST(EvalConfig, Parse) {
   EXPECT_TRUE(parse_config("quest:k8:r2").ok());
   for (const char* bad : {"cisa:x8:r0", "cisa:x8:r70000", "recency:x8:r2", "oracle:x8:r2"})
     EXPECT_FALSE(parse_config(bad).ok()) << bad;
+  // mN: the reuse check "mass" with slack N / 1000; without it the default check.
+  EXPECT_EQ(ra->selection.reuse_check, ReuseCheck::kNewChunks);
+  auto ma = config_attention(*parse_config("cisa:x8:g4:r8:m100"), 8192, 16, &rep);
+  ASSERT_TRUE(ma.ok());
+  EXPECT_EQ(ma->selection.reuse_check, ReuseCheck::kMass);
+  EXPECT_DOUBLE_EQ(ma->selection.reuse_mass_slack, 0.1);
+  for (const char* bad : {"cisa:x8:r8:m1001", "cisa:x8:r8:m-1", "recency:x8:m10", "cisa:x8:mx"})
+    EXPECT_FALSE(parse_config(bad).ok()) << bad;
 }
 
 TEST(EvalConfig, BudgetAndAttentionOptions) {

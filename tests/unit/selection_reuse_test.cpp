@@ -57,7 +57,16 @@ TEST(SelectionReuse, OptionsAreValidatedAndNamed) {
   EXPECT_FALSE(validate_selection_params(p).ok());
   EXPECT_EQ(*parse_reuse_check("none"), ReuseCheck::kNone);
   EXPECT_EQ(*parse_reuse_check("new-chunks"), ReuseCheck::kNewChunks);
-  EXPECT_FALSE(parse_reuse_check("mass").ok());
+  EXPECT_EQ(*parse_reuse_check("mass"), ReuseCheck::kMass);
+  EXPECT_STREQ(reuse_check_name(ReuseCheck::kMass), "mass");
+  EXPECT_FALSE(parse_reuse_check("mas").ok());
+  for (double bad : {-0.01, 1.01, std::nan("")}) {
+    SelectionParams q{.budget = 8, .window = 4, .reuse_mass_slack = bad};
+    const Status s = validate_selection_params(q);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("reuse mass slack must be in [0, 1]"), std::string::npos)
+        << s.message();
+  }
   EXPECT_STREQ(reuse_check_name(ReuseCheck::kNone), "none");
   EXPECT_STREQ(reuse_check_name(ReuseCheck::kNewChunks), "new-chunks");
   EXPECT_EQ(SelectionParams{}.reuse_steps, 1);  // today's behaviour stays the default
@@ -68,6 +77,9 @@ TEST(SelectionReuse, OptionsAreValidatedAndNamed) {
   EXPECT_FALSE(a == b);
   b = a;
   b.selection.reuse_check = ReuseCheck::kNone;
+  EXPECT_FALSE(a == b);
+  b = a;
+  b.selection.reuse_mass_slack = 0.1;
   EXPECT_FALSE(a == b);
 }
 
@@ -134,10 +146,21 @@ TEST(SelectionReuse, OneDecodeRowPerStateAndBatch) {
                   .ok());
 }
 
+// fp64 Σ e^{s_j − shift} over chunks js.
+template <class Chunks>
+double ref_exp_sum(const PagedKvCache& c, SeqId seq, int g, const float* q, const Chunks& js,
+                   double shift) {
+  double sum = 0;
+  for (int64_t j : js) sum += std::exp(ref_score(c, seq, g, q, j) - shift);
+  return sum;
+}
+
 // Two sequences decode for many steps (one skips steps, one takes a prefill block in between);
 // every decode list must be what the rule says, replayed here from fresh selections (select_pages
-// with r = 1 on the same batch: the top-k at that step) and fp64 scores for the check.
-void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
+// with r = 1 on the same batch: the top-k at that step) and fp64 scores for the check. The mass
+// check's rows draw index queries that drift around a base per sequence and KV group (a new base
+// every 9 steps), so that it both passes and fails; the other checks' are drawn afresh each step.
+void run_against_reference(ReuseCheck check, int64_t r, int hkv, double slack = 0.05) {
   std::mt19937 rng(70 + static_cast<int>(check) * 10 + static_cast<int>(r) + hkv);
   const int d = 32;
   auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
@@ -149,8 +172,14 @@ void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
   const SeqId s0 = *cache->add_sequence(), s1 = *cache->add_sequence();
   std::vector<int64_t> len = {1000, 700};
   test::append_interleaved(*cache, {s0, s1}, len, 37, rng);
-  const SelectionParams p{
-      .budget = 8, .window = 3, .sink_pages = 1, .reuse_steps = r, .reuse_check = check};
+  const SelectionParams p{.budget = 8,
+                          .window = 3,
+                          .sink_pages = 1,
+                          .reuse_steps = r,
+                          .reuse_check = check,
+                          .reuse_mass_slack = slack};
+  const bool mass = check == ReuseCheck::kMass;
+  std::map<std::pair<SeqId, int>, std::vector<float>> base;  // mass: drifting index queries
   SelectionParams fresh_p = p;
   fresh_p.reuse_steps = 1;
   ThreadPool pool(2);
@@ -159,6 +188,7 @@ void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
   struct Ref {
     std::vector<int32_t> chunks;
     int64_t a0 = -1, last = -1;
+    double u0 = 0;  // mass: the share outside the chunks at a0
   };
   std::map<std::pair<SeqId, int>, Ref> ref;
   int64_t want_selected = 0, want_reused = 0, ties = 0, fired = 0;
@@ -176,7 +206,22 @@ void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
     }
     int64_t rows = 0;
     for (const BatchEntry& e : batch) rows += e.count;
-    const std::vector<float> iq = test::random_vec(rng, static_cast<size_t>(rows * hkv * d));
+    std::vector<float> iq = test::random_vec(rng, static_cast<size_t>(rows * hkv * d));
+    if (mass) {
+      int64_t row = 0;
+      for (const BatchEntry& e : batch) {
+        for (int g = 0; g < hkv; ++g) {
+          std::vector<float>& b = base[{e.seq, g}];
+          if (b.empty() || step % 9 == 0) b = test::random_vec(rng, static_cast<size_t>(d));
+          for (int32_t i = 0; i < e.count; ++i)
+            for (int c = 0; c < d; ++c) {
+              float& x = iq[static_cast<size_t>(((row + i) * hkv + g) * d + c)];
+              x = b[static_cast<size_t>(c)] + 0.25f * x;
+            }
+        }
+        row += e.count;
+      }
+    }
     PageLists got, fresh;
     ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), p, &pool, &got, &ws, &reuse).ok());
     ASSERT_TRUE(select_pages(*cache, 0, batch, iq.data(), fresh_p, &pool, &fresh).ok());
@@ -196,18 +241,34 @@ void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
         const int64_t a = grp.first;
         bool keep = r > 1 && st.a0 >= 0 && a == st.last + 1 && a - st.a0 < r;
         bool either = false;
-        if (keep && check == ReuseCheck::kNewChunks) {
+        const float* q = iq.data() + (grp.row * hkv + g) * d;
+        if (keep && check != ReuseCheck::kNone) {
           const int64_t nb = std::max<int64_t>(p.sink_pages, st.a0 / kB - p.window);
           const int64_t ne = a / kB - p.window;
+          bool fail = false;
           if (ne > nb) {
-            const float* q = iq.data() + (grp.row * hkv + g) * d;
             double lo = INFINITY, hi = -INFINITY;
             for (int32_t j : st.chunks) lo = std::min(lo, ref_score(*cache, e.seq, g, q, j));
             for (int64_t j = nb; j < ne; ++j) hi = std::max(hi, ref_score(*cache, e.seq, g, q, j));
             if (std::abs(hi - lo) < 1e-5) either = true, ++ties;
-            keep = hi <= lo;
-            fired += keep ? 0 : 1;
+            fail = hi > lo;
           }
+          if (mass && !fail) {  // u1 from S, N and S's complement in E_{a0} on a's sample
+            std::vector<int64_t> n_chunks, sample;
+            for (int64_t j = nb; j < ne; ++j) n_chunks.push_back(j);
+            for (int64_t j = p.sink_pages; j < st.a0 / kB - p.window; ++j)
+              if (j % 16 == a % 16 &&
+                  !std::binary_search(st.chunks.begin(), st.chunks.end(), static_cast<int32_t>(j)))
+                sample.push_back(j);
+            const double in_s = ref_exp_sum(*cache, e.seq, g, q, st.chunks, 0.0);
+            const double out = ref_exp_sum(*cache, e.seq, g, q, n_chunks, 0.0) +
+                               16.0 * ref_exp_sum(*cache, e.seq, g, q, sample, 0.0);
+            const double u1 = out / (in_s + out);
+            if (std::abs(u1 - (st.u0 + slack)) < 1e-6) either = true, ++ties;
+            fail = u1 > st.u0 + slack;
+          }
+          keep = !fail;
+          fired += fail ? 1 : 0;
         }
         if (either) keep = have == st.chunks && have != want_fresh;
         if (keep) {
@@ -218,6 +279,12 @@ void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
           st.chunks = want_fresh;
           st.a0 = a;
           ++want_selected;
+          if (mass) {  // u0 over E_a, exact
+            std::vector<int64_t> all;
+            for (int64_t j = p.sink_pages; j < a / kB - p.window; ++j) all.push_back(j);
+            const double total = ref_exp_sum(*cache, e.seq, g, q, all, 0.0);
+            st.u0 = 1.0 - ref_exp_sum(*cache, e.seq, g, q, st.chunks, 0.0) / total;
+          }
         }
         st.last = a;
         // The whole list: sinks, the selected chunks, then the window and tail from a.
@@ -244,13 +311,17 @@ void run_against_reference(ReuseCheck check, int64_t r, int hkv) {
   if (ties == 0) {
     EXPECT_EQ(reuse.stats.reselected, fired);
   }
-  if (r > 1) {
+  if (r > 1 && !mass) {
     EXPECT_GT(want_reused, want_selected);  // reuse happened, and often
+  }
+  if (mass) {  // the check both kept and re-selected
+    EXPECT_GT(want_reused, 0);
+    EXPECT_GT(reuse.stats.reselected, 0);
   }
   if (check == ReuseCheck::kNone) {
     EXPECT_EQ(reuse.stats.checked, 0);
   }
-  if (check == ReuseCheck::kNewChunks && r > 1) {
+  if (check != ReuseCheck::kNone && r > 1) {
     EXPECT_GT(reuse.stats.checked, 0);
   }
   EXPECT_LE(ties, 2);
@@ -269,6 +340,11 @@ TEST(SelectionReuse, DecodeListsFollowTheRuleCheckNewChunks) {
   run_against_reference(ReuseCheck::kNewChunks, 4, 2);
   run_against_reference(ReuseCheck::kNewChunks, 8, 1);
   run_against_reference(ReuseCheck::kNewChunks, 20, 3);
+}
+TEST(SelectionReuse, DecodeListsFollowTheRuleCheckMass) {
+  run_against_reference(ReuseCheck::kMass, 8, 2, 0.05);
+  run_against_reference(ReuseCheck::kMass, 16, 1, 0.2);
+  run_against_reference(ReuseCheck::kMass, 4, 3, 0.0);
 }
 TEST(SelectionReuse, ReuseStepsOneNeverReuses) {
   run_against_reference(ReuseCheck::kNewChunks, 1, 2);

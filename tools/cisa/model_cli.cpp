@@ -47,10 +47,16 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_int("--sink-pages", &o->sink_pages, "CISA: first pages always attended (default 0)");
   p.add_int("--reuse-steps", &o->reuse_steps,
             "CISA: decode steps one selection serves, re-selecting early on the check (default 1: "
-            "select every step; CPU backend only for > 1)");
-  p.add_choice("--reuse-check", &o->reuse_check, {"none", "new-chunks"},
+            "select every step)");
+  p.add_choice("--reuse-check", &o->reuse_check, {"none", "new-chunks", "mass"},
                "CISA with --reuse-steps > 1: re-select early when a chunk leaving the window "
-               "outranks a kept one (new-chunks, default) or never (none)");
+               "outranks a kept one (new-chunks, default), also when the index query's mass "
+               "outside the kept chunks grew by more than --reuse-mass-slack (mass; CPU backend "
+               "only), or never (none)");
+  p.add_double("--reuse-mass-slack", &o->reuse_mass_slack,
+               "CISA with --reuse-check mass: growth of the mass outside the kept chunks that a "
+               "kept selection tolerates (default 0.05)",
+               {0.0, 1.0});
   p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
   p.add_choice("--early-selection", &o->early_selection, {"on", "off"},
                "CISA: decode steps select pages before the layer's q/k/v products, from its "
@@ -134,6 +140,10 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (o.prefill_block < 1 || o.prefill_block > 65536)
     return invalid_argument("--prefill-block must be in [1, 65536]");
   m.prefill_block = static_cast<int>(o.prefill_block);
+  if (o.backend == "cuda" && o.reuse_steps > 1 && o.reuse_check == "mass")
+    return invalid_argument(
+        "--reuse-check mass runs on the CPU backend only so far: use new-chunks or none with "
+        "--backend cuda");
   CISA_ASSIGN_OR_RETURN(m.backend, backend_factory(o.backend, o.cuda_graphs == "on"));
   const bool cuda = o.backend == "cuda";
   CISA_ASSIGN_OR_RETURN(
@@ -163,6 +173,7 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   CISA_ASSIGN_OR_RETURN(m.attention.selection.qshare_query, parse_qshare_query(o.qshare_query));
   m.attention.selection.reuse_steps = o.reuse_steps;
   CISA_ASSIGN_OR_RETURN(m.attention.selection.reuse_check, parse_reuse_check(o.reuse_check));
+  m.attention.selection.reuse_mass_slack = o.reuse_mass_slack;
   if (o.reuse_steps < 1 || o.reuse_steps > kMaxReuseSteps)
     return invalid_argument("--reuse-steps must be in [1, " + std::to_string(kMaxReuseSteps) +
                             "] (got " + std::to_string(o.reuse_steps) + ")");
@@ -286,6 +297,7 @@ Json attention_summary(const Model& m, const ForwardStats& prefill, const Forwar
     j["sink_pages"] = s.sink_pages;
     j["reuse_steps"] = s.reuse_steps;
     j["reuse_check"] = reuse_check_name(s.reuse_check);
+    if (s.reuse_check == ReuseCheck::kMass) j["reuse_mass_slack"] = s.reuse_mass_slack;
     j["rep"] = rep_kind_name(m.options().rep);
     j["dense_layers"] = m.options().attention.dense_layers;
     j["index_projection"] =

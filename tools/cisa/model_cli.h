@@ -58,6 +58,7 @@ struct ModelCliOptions {
   std::string qshare_query = "mean", rep = "mean";
   int64_t reuse_steps = 1;                 // CISA: decode steps one selection serves
   std::string reuse_check = "new-chunks";  // CISA: early re-selection under reuse
+  double reuse_mass_slack = 0.05;          // CISA: --reuse-mass-slack (reuse check "mass")
   std::string
       indexer;  // CISA: indexer file from `cisa calibrate` (empty: mean of each group's heads)
   bool llamacpp_numerics = false;  // attention rounded exactly as llama.cpp's CPU code (slower)

@@ -30,10 +30,12 @@ Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last
 
 // When a decode row re-selects before its reused selection ages out (docs/design.md, "Selection
 // reuse across decode steps"): kNone never; kNewChunks when a chunk that became eligible since the
-// selection outranks a reused one under the row's own index query.
-enum class ReuseCheck { kNone, kNewChunks };
-const char* reuse_check_name(ReuseCheck c);                  // "none", "new-chunks"
-Result<ReuseCheck> parse_reuse_check(const std::string& s);  // "none" | "new-chunks"
+// selection outranks a reused one under the row's own index query; kMass also when the index
+// query's softmax mass outside the reused chunks, estimated from a sample, has grown by more than
+// SelectionParams::reuse_mass_slack since the selection (reuse_mass below; CPU backend only).
+enum class ReuseCheck { kNone, kNewChunks, kMass };
+const char* reuse_check_name(ReuseCheck c);                  // "none", "new-chunks", "mass"
+Result<ReuseCheck> parse_reuse_check(const std::string& s);  // "none" | "new-chunks" | "mass"
 
 struct SelectionParams {
   int64_t budget = 0;    // k: chunks chosen by top-k
@@ -45,6 +47,8 @@ struct SelectionParams {
   // steps, the selecting step included (1: select at every step). Prefill rows always select.
   int64_t reuse_steps = 1;
   ReuseCheck reuse_check = ReuseCheck::kNewChunks;  // early re-selection (reuse_steps > 1 only)
+  // kMass: the growth of the mass outside S that a kept row tolerates, in [0, 1].
+  double reuse_mass_slack = 0.05;
 };
 
 // The largest budget, window, sink count or QShare size any backend accepts: every page list
@@ -104,6 +108,20 @@ struct ChunkRange {
   int64_t begin = 0, end = 0;
 };
 ChunkRange dense_chunk_range(const BatchEntry& e, int page_size, int64_t sliding_window);
+
+// Reuse's kMass check. u = Σ_{j ∈ X} e^{s_j} / Σ_{j ∈ E} e^{s_j}: the share of the softmax of
+// scores s (the index query's, as top-k ranks them) that falls on chunks X outside S, over the
+// eligible chunks E. A fresh selection at a0 stores u0, exact over E_{a0}. The decode row at a that
+// could keep S scores S, N = newly_eligible(a0, a) and the chunks j of E_{a0} outside S with
+// j ≡ a (mod kReuseMassStride), and estimates u1 = (Σ_N + kReuseMassStride · Σ_sample) / (Σ_S +
+// Σ_N + kReuseMassStride · Σ_sample); it re-selects iff kNewChunks' check fails or u1 > u0 +
+// reuse_mass_slack. The sample's offset turns with a, so consecutive rows look at different
+// chunks. Non-finite scores weigh nothing.
+inline constexpr int64_t kReuseMassStride = 16;
+// Whether chunk j is in the sample of the row at position a.
+inline bool in_reuse_mass_sample(int64_t j, int64_t a) {
+  return j % kReuseMassStride == a % kReuseMassStride;
+}
 
 // Reuse's kNewChunks check scores these beside S: the chunks that became eligible between the
 // selection at a0 and the row at a, [c(a0) − W, c(a) − W) (empty when no page left the window).

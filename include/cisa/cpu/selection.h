@@ -50,6 +50,7 @@ struct ReusedSelection {
   int64_t selected_at = -1;     // position a0 of the decode row whose top-k chose S
   int64_t last_used = -1;       // position of the last decode row whose list held S
   SelectionParams params;       // the parameters S was chosen under
+  double unselected_mass = 0;   // kMass: u0, the softmax mass outside S at a0 (plan.h)
 };
 class SelectionReuse {
  public:
@@ -68,6 +69,12 @@ class SelectionReuse {
 // (larger score first, ties to the smaller chunk index, NaN lowest): kNewChunks' failure. Every
 // newly eligible chunk has a larger index than every reused one, so it must score strictly higher.
 bool new_chunk_outranks(std::span<const float> reused_scores, std::span<const float> new_scores);
+
+// Σ e^{s − shift} over scores (non-finite scores weigh nothing): the sums of plan.h's kMass check,
+// all taken with one shift (the largest finite score of the check) so that they compare.
+double exp_score_sum(std::span<const float> scores, float shift);
+// The largest finite score, −inf when there is none.
+float max_finite_score(std::span<const float> scores);
 
 // Per-thread scratch of select_pages (index query, scores, top-k). Reused across calls, so a
 // steady decode loop allocates nothing; optional.

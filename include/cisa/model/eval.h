@@ -166,6 +166,9 @@ struct EvalConfig {
   bool calibrated = false;
   std::string indexer_label;
   int64_t reuse_steps = 1;  // rN: decode steps one selection serves (SelectionParams::reuse_steps)
+  // mN: reuse check "mass" with SelectionParams::reuse_mass_slack = N / 1000; −1: the default
+  // check (new-chunks).
+  int64_t reuse_mass_milli = -1;
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
 // compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), eN (last N

@@ -205,7 +205,8 @@ struct StepAttention {
            (mode == AttentionMode::kDense ||
             (a.budget == b.budget && a.window == b.window && a.qshare == b.qshare &&
              a.qshare_query == b.qshare_query && a.sink_pages == b.sink_pages &&
-             a.reuse_steps == b.reuse_steps && a.reuse_check == b.reuse_check));
+             a.reuse_steps == b.reuse_steps && a.reuse_check == b.reuse_check &&
+             a.reuse_mass_slack == b.reuse_mass_slack));
   }
 };
 
