@@ -126,14 +126,12 @@ std::string Plan::kernels() const {
   s += ")";
   if (P.sel.empty()) return s + "; no selection";
   s += "; top-k ";
-  const int min_scores = P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
-                                                               : P.options.topk_cluster_min_scores;
   if (P.fused_cluster > 0)
     s += "fused with scoring, clusters of " + std::to_string(P.fused_cluster);
   else if (P.topk_smem > 0)
     s += "from shared memory, clusters of " + std::to_string(P.topk_smem);
-  else if (static_cast<int64_t>(P.sel.size()) <= tiles::kTopkClusterMaxLists &&
-           P.max_score_span >= min_scores)
+  else if (detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
+                                          topk_cluster_min_scores(P.options)))
     s += "in registers, clusters of " + std::to_string(tiles::kTopkCluster);
   else
     s += "one block a list";
@@ -258,12 +256,10 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
             "cuda: top-k (shared memory)"));
       else if (P.fused_cluster == 0)
         CISA_RETURN_IF_ERROR(cuda_status(
-            detail::launch_topk(
-                P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.max_score_span,
-                P.options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
-                                                      : P.options.topk_cluster_min_scores,
-                P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
-                P.d_chunks.as<int32_t>(), keep, s),
+            detail::launch_topk(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                P.max_score_span, topk_cluster_min_scores(P.options),
+                                P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
+                                P.d_chunks.as<int32_t>(), keep, s),
             "cuda: top-k"));
       if (reuse)  // fresh selections of decode rows become their sequences' state
         CISA_RETURN_IF_ERROR(cuda_status(

@@ -31,6 +31,11 @@ using detail::ListDesc;
 using detail::MergeTask;
 using detail::ScoreStream;
 
+int topk_cluster_min_scores(const PlanOptions& options) {
+  return options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
+                                             : options.topk_cluster_min_scores;
+}
+
 Status validate_layer(const DeviceLayer& layer) {
   if (!layer.k || !layer.v) return invalid_argument("cuda: the layer's K or V pointer is null");
   if (layer.page_size != tiles::kPageSize)
@@ -184,13 +189,9 @@ Status plan_topk_smem(Plan::Impl& P) {
   const int want = P.options.topk_smem_cluster;
   if (want == 0 || P.fused_cluster > 0 || P.sel.empty()) return Status::Ok();
   if (want < 0) {
-    const int min_scores = P.options.topk_cluster_min_scores < 0
-                               ? tiles::kTopkClusterMinScores
-                               : P.options.topk_cluster_min_scores;
-    const bool clusters_of_registers =
-        static_cast<int64_t>(P.sel.size()) <= tiles::kTopkClusterMaxLists &&
-        P.max_score_span >= min_scores;
-    if (!clusters_of_registers) P.topk_smem = detail::topk_smem_cluster(P.max_score_span);
+    if (!detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
+                                        topk_cluster_min_scores(P.options)))
+      P.topk_smem = detail::topk_smem_cluster(P.max_score_span);
   } else {
     if (!detail::topk_smem_fits(P.max_score_span, want))
       return invalid_argument("cuda: PlanOptions::topk_smem_cluster = " + std::to_string(want) +

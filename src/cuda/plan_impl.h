@@ -116,6 +116,9 @@ struct Plan::Impl {
 // The current device's SM count (132 where it cannot be read).
 int device_sms();
 
+// PlanOptions::topk_cluster_min_scores resolved (-1: tiles::kTopkClusterMinScores).
+int topk_cluster_min_scores(const PlanOptions& options);
+
 // Attention's work decomposition for the plan's groups and lists (plan_attention.cpp): fills
 // P.warps, P.page_warps, P.wgmma, P.unions, P.tasks, P.merges and the partial-row counts.
 Status plan_attention(Plan::Impl& P);

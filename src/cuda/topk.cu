@@ -12,6 +12,7 @@
 // keeps one 1024-thread block. Decode lists of one (sequence, KV group) each are selected by
 // select_fused.cu instead, which scores and selects in one kernel.
 #include <algorithm>
+#include <type_traits>
 
 #include "common.cuh"
 #include "pdl.cuh"
@@ -104,49 +105,52 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(tiles::kTopkS
       [](uint32_t key) { return key; }, block_pages + x.L.table_begin, pages, chunks, sh);
 }
 
-template <int kCluster>
-cudaError_t launch_smem_c(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                          size_t smem, const float* scores, const int32_t* block_pages,
-                          int32_t* pages, int32_t* chunks, const int32_t* keep,
-                          cudaStream_t stream) {
-  return launch_dependent(topk_smem_kernel<kCluster>, static_cast<unsigned>(num_sel * kCluster),
-                          tiles::kTopkSmemThreads, smem, stream, lists, sel_lists, scores,
-                          block_pages, pages, chunks, keep);
-}
-
-template <int kCluster>
-cudaError_t prepare_smem_c() {
-  return cudaFuncSetAttribute(topk_smem_kernel<kCluster>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(tiles::kTopkSmemMaxSliceKeys * sizeof(uint32_t)));
-}
-
-}  // namespace
-
-cudaError_t prepare_topk_smem(int cluster) {
+// Calls f(std::integral_constant<int, C>{}) for cluster = C in {1, 2, 4, 8}; cudaErrorInvalidValue
+// for any other size.
+template <class F>
+cudaError_t with_smem_cluster(int cluster, F f) {
   switch (cluster) {
     case 1:
-      return prepare_smem_c<1>();
+      return f(std::integral_constant<int, 1>{});
     case 2:
-      return prepare_smem_c<2>();
+      return f(std::integral_constant<int, 2>{});
     case 4:
-      return prepare_smem_c<4>();
+      return f(std::integral_constant<int, 4>{});
     case 8:
-      return prepare_smem_c<8>();
+      return f(std::integral_constant<int, 8>{});
     default:
       return cudaErrorInvalidValue;
   }
 }
 
+// Keys of the largest slice when lists of at most max_scores are cut into `cluster` parts.
+int64_t smem_slice_keys(int64_t max_scores, int cluster) {
+  return (max_scores + cluster - 1) / cluster;
+}
+
+}  // namespace
+
+bool topk_register_clusters(int64_t num_sel, int64_t max_scores, int64_t cluster_min_scores) {
+  return num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores;
+}
+
+cudaError_t prepare_topk_smem(int cluster) {
+  return with_smem_cluster(cluster, [](auto c) {
+    constexpr int C = decltype(c)::value;
+    return cudaFuncSetAttribute(topk_smem_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(tiles::kTopkSmemMaxSliceKeys * sizeof(uint32_t)));
+  });
+}
+
 int topk_smem_cluster(int64_t max_scores) {
   for (int c = 1; c <= tiles::kTopkSmemMaxCluster; c *= 2)
-    if ((max_scores + c - 1) / c <= tiles::kTopkSmemSliceKeys) return c;
+    if (smem_slice_keys(max_scores, c) <= tiles::kTopkSmemSliceKeys) return c;
   return 0;
 }
 
 bool topk_smem_fits(int64_t max_scores, int cluster) {
   return cluster >= 1 && cluster <= tiles::kTopkSmemMaxCluster && (cluster & (cluster - 1)) == 0 &&
-         (max_scores + cluster - 1) / cluster <= tiles::kTopkSmemMaxSliceKeys;
+         smem_slice_keys(max_scores, cluster) <= tiles::kTopkSmemMaxSliceKeys;
 }
 
 cudaError_t launch_topk_smem(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
@@ -156,22 +160,14 @@ cudaError_t launch_topk_smem(const ListDesc* lists, const int32_t* sel_lists, in
   if (num_sel <= 0) return cudaSuccess;
   if (!topk_smem_fits(max_scores, cluster)) return cudaErrorInvalidValue;
   const size_t smem =
-      static_cast<size_t>(std::max<int64_t>(1, (max_scores + cluster - 1) / cluster)) *
+      static_cast<size_t>(std::max<int64_t>(1, smem_slice_keys(max_scores, cluster))) *
       sizeof(uint32_t);
-  switch (cluster) {
-    case 1:
-      return launch_smem_c<1>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
-                              keep, stream);
-    case 2:
-      return launch_smem_c<2>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
-                              keep, stream);
-    case 4:
-      return launch_smem_c<4>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
-                              keep, stream);
-    default:
-      return launch_smem_c<8>(lists, sel_lists, num_sel, smem, scores, block_pages, pages, chunks,
-                              keep, stream);
-  }
+  return with_smem_cluster(cluster, [&](auto c) {
+    constexpr int C = decltype(c)::value;
+    return launch_dependent(topk_smem_kernel<C>, static_cast<unsigned>(num_sel * C),
+                            tiles::kTopkSmemThreads, smem, stream, lists, sel_lists, scores,
+                            block_pages, pages, chunks, keep);
+  });
 }
 
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
@@ -180,7 +176,7 @@ cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t
                         const int32_t* keep, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   constexpr int C = tiles::kTopkCluster, T = tiles::kTopkClusterThreads, K = tiles::kTopkCachedKeys;
-  if (num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores)
+  if (topk_register_clusters(num_sel, max_scores, cluster_min_scores))
     launch_dependent(topk_kernel<C, T, K>, static_cast<unsigned>(num_sel * C), T, 0, stream, lists,
                      sel_lists, scores, block_pages, pages, chunks, keep);
   else

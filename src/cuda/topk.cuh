@@ -20,6 +20,10 @@ cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t
                         const int32_t* block_pages, int32_t* pages, int32_t* chunks,
                         const int32_t* keep, cudaStream_t stream);
 
+// Whether launch_topk runs a cluster of blocks a list (keys in registers) rather than one block a
+// list: at most tiles::kTopkClusterMaxLists lists, the longest of at least cluster_min_scores.
+bool topk_register_clusters(int64_t num_sel, int64_t max_scores, int64_t cluster_min_scores);
+
 // v6 (PlanOptions::topk_smem_cluster): a cluster of `cluster` blocks per list (1, 2, 4 or 8), each
 // staging its slice of the list's keys in shared memory and selecting from there. The planner's
 // cluster size for lists of at most max_scores eligible chunks: the smallest whose slice is at

@@ -112,6 +112,18 @@ void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& pl
   expect_close(w, want_out, want_lse, out.download(), lse.download());
 }
 
+// A sparse plan end to end: the union lists poisoned, selection on the device index queries diq,
+// attention against the CPU (run_and_compare); *read: the pages its attention reads.
+void select_attend_and_compare(const World& w, const DeviceMirror& m, const DevVec<float>& diq,
+                               const cuda::Plan& plan, int64_t* read) {
+  auto* P = plan.impl();
+  cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
+  cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+  run_and_compare(w, m, plan, 0);
+  ASSERT_TRUE(cuda::count_read_pages(plan, read).ok());
+}
+
 // A dense plan's lists must be exactly chunks lo/16 … last/16 of each entry (lo = first − window
 // + 1 with a window, else 0) with pages from the block table: checked on their own, since the
 // attention comparison runs the CPU on the lists downloaded from the GPU.
@@ -219,13 +231,8 @@ TEST(CudaAttention, SparseMatchesCpu) {
         EXPECT_EQ(plan.impl()->wgmma,
                   cuda::tiles::kWgmmaAttention && sh.d == 128 &&
                       (!(unions && small) || (on_wgmma && ws_unions && plan.impl()->warps == 4)));
-        auto* P = plan.impl();
-        cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
-        cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
-        ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
-        run_and_compare(w, m, plan, 0);
         int64_t read = 0;
-        ASSERT_TRUE(cuda::count_read_pages(plan, &read).ok());
+        ASSERT_NO_FATAL_FAILURE(select_attend_and_compare(w, m, diq, plan, &read));
         if (unions && small) {
           EXPECT_LT(read, plan.total_pages());
         }
@@ -270,12 +277,8 @@ TEST(CudaAttention, UnionTasksOnWgmmaMatchCpu) {
       ASSERT_FALSE(P->unions.empty());
       ASSERT_EQ(P->warps, 4);
       ASSERT_EQ(P->wgmma, on_wgmma);
-      cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
-      cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
-      run_and_compare(w, m, plan, 0);
       int64_t read = 0;
-      ASSERT_TRUE(cuda::count_read_pages(plan, &read).ok());
+      ASSERT_NO_FATAL_FAILURE(select_attend_and_compare(w, m, diq, plan, &read));
       EXPECT_LT(read, plan.total_pages());
     }
   }

@@ -179,22 +179,22 @@ void expect_lists_consistent(const Inputs& s, const SelectionParams& p, const Pa
   ::testing::Test::RecordProperty("boundary_swaps", static_cast<int>(boundary_swaps));
 }
 
-// Runs the plan's selection with everything it writes poisoned first, then checks its lists and
-// scores with expect_lists_consistent.
+// Runs the plan's selection on the device index queries iq with everything it writes poisoned
+// first, then checks its lists and scores with expect_lists_consistent; hands them back in gpu
+// and scores.
 void run_and_check_lists(const Inputs& s, const SelectionParams& p, DeviceMirror& m,
-                         const DevVec<float>& iq, const cuda::Plan& plan) {
+                         const float* iq, const cuda::Plan& plan, PageLists* gpu,
+                         std::vector<float>* scores) {
   auto* P = plan.impl();
   cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
   cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
   cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
-  ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, iq, nullptr).ok());
   CUDA_OK(cudaDeviceSynchronize());
-  PageLists gpu;
-  ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
-  std::vector<float> scores;
+  ASSERT_TRUE(cuda::download_page_lists(plan, gpu).ok());
   std::vector<int64_t> off;
-  ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
-  expect_lists_consistent(s, p, gpu, scores, off);
+  ASSERT_TRUE(cuda::download_scores(plan, scores, &off).ok());
+  expect_lists_consistent(s, p, *gpu, *scores, off);
 }
 
 struct Case {
@@ -242,7 +242,9 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
                       .ok());
       EXPECT_EQ(plan.impl()->topk_smem, smem < 0 ? 1 : smem);  // short lists: -1 picks 1
       EXPECT_GT(plan.selected_lists(), 0);
-      run_and_check_lists(s, c.p, m, iq, plan);
+      PageLists gpu;
+      std::vector<float> scores;
+      ASSERT_NO_FATAL_FAILURE(run_and_check_lists(s, c.p, m, iq.data(), plan, &gpu, &scores));
     }
   }
 }
@@ -269,7 +271,9 @@ TEST(CudaSelect, TopkFromSharedMemoryOnLongLists) {
                     .ok());
     EXPECT_EQ(plan.impl()->topk_smem, smem < 0 ? 1 : smem);  // ~9,370 chunks fit one block
     EXPECT_EQ(plan.selected_lists(), 7);  // 6 prefill groups and the decode query
-    run_and_check_lists(s, p, m, iq, plan);
+    PageLists gpu;
+    std::vector<float> scores;
+    ASSERT_NO_FATAL_FAILURE(run_and_check_lists(s, p, m, iq.data(), plan, &gpu, &scores));
   }
   // A size other than -1, 0, 1, 2, 4 or 8 is refused with a message, not launched.
   cuda::Plan plan;
@@ -340,19 +344,10 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
         EXPECT_EQ(P->fused_cluster, forced);
       else
         EXPECT_GT(P->fused_cluster, 0);
-      cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
-      cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
-      cudaMemset(P->d_scores.as<void>(), 0xff, P->d_scores.bytes());
-      ASSERT_TRUE(
-          cuda::run_select(plan, m.layer, v.iq_unaligned ? iq_off.data() + 1 : iq.data(), nullptr)
-              .ok());
-      CUDA_OK(cudaDeviceSynchronize());
       PageLists gpu;
-      ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
       std::vector<float> scores;
-      std::vector<int64_t> off;
-      ASSERT_TRUE(cuda::download_scores(plan, &scores, &off).ok());
-      expect_lists_consistent(s, c.p, gpu, scores, off);
+      ASSERT_NO_FATAL_FAILURE(run_and_check_lists(
+          s, c.p, m, v.iq_unaligned ? iq_off.data() + 1 : iq.data(), plan, &gpu, &scores));
       if (&v == &variants.front()) {
         first = gpu;
         first_scores = scores;
