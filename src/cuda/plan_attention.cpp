@@ -99,7 +99,7 @@ Status plan_attention(Plan::Impl& P) {
       P.head_dim <= tiles::kPageSplitMaxHeadDim)
     P.page_warps = max_rows <= 16 ? 4 : max_rows <= 32 ? 2 : 1;
   // AttentionKernel::kMma keeps every launch on the mma.sync kernel (A/B measurements); union
-  // tasks go to wgmma only with PlanOptions::wgmma_unions (until it is measured).
+  // tasks go to wgmma unless PlanOptions::wgmma_unions is off.
   const bool unions = !P.unions.empty();
   P.wgmma =
       detail::wgmma_attention_applies(P.head_dim, P.page_warps, unions, P.warps,

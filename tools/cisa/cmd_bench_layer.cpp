@@ -47,7 +47,7 @@ struct Options {
   // Planner switches for A/B runs (cuda::PlanOptions).
   std::string attention_kernel = "auto";
   int64_t blocks_per_sm = 0, ws_copy_warps = 0, topk_smem_cluster = 0;
-  bool wgmma_unions = false;
+  bool mma_unions = false;
   cuda::PlanOptions plan_options() const {
     cuda::PlanOptions p;
     p.attention_kernel = attention_kernel == "mma"        ? cuda::AttentionKernel::kMma
@@ -55,7 +55,7 @@ struct Options {
                                                           : cuda::AttentionKernel::kAuto;
     p.blocks_per_sm = static_cast<int>(blocks_per_sm);
     p.ws_copy_warps = static_cast<int>(ws_copy_warps);
-    p.wgmma_unions = wgmma_unions;
+    p.wgmma_unions = !mma_unions;
     p.topk_smem_cluster = static_cast<int>(topk_smem_cluster);
     return p;
   }
@@ -438,9 +438,9 @@ int bench_layer(int argc, char** argv) {
   a.add_choice("--attention-kernel", &o.attention_kernel, {"auto", "mma", "wgmma-v5"},
                "attention mainloop: auto (wgmma for full prefill tiles at d = 128), mma (mma.sync "
                "everywhere) or wgmma-v5 (the v4/v5 kernel instead of the warp-specialised one)");
-  a.add_flag("--wgmma-unions", &o.wgmma_unions,
-             "union tasks (4:1, G = 4) on the warp-specialised wgmma kernel instead of mma.sync "
-             "(PlanOptions::wgmma_unions; off until measured)");
+  a.add_flag("--mma-unions", &o.mma_unions,
+             "union tasks (4:1, G = 4) on mma.sync instead of the warp-specialised wgmma kernel "
+             "(PlanOptions::wgmma_unions off; the v9 path, for A/B runs)");
   a.add_int("--topk-smem-cluster", &o.topk_smem_cluster,
             "top-k with each list's scores staged in shared memory by a cluster of blocks "
             "(PlanOptions::topk_smem_cluster): -1 the plan's size where one block a list would "
@@ -514,8 +514,8 @@ int bench_layer(int argc, char** argv) {
       "v10: v5 (cluster top-k, tensor-core prefill scoring, page-ID-first decode scoring, KV-outer "
       "unions) + warp-specialised wgmma kernel (producer warps, mbarriers; 128-row tiles with "
       "ping-pong consumer warpgroups, <= 64-row tiles and union tasks two per block), one-wave "
-      "decode splits, warp-per-row split-KV merge; opt-in: union tasks on wgmma (--wgmma-unions), "
-      "top-k v6 from shared memory (--topk-smem-cluster)";
+      "decode splits, warp-per-row split-KV merge; union tasks on wgmma (v10; --mma-unions: on "
+      "mma.sync); opt-in: top-k v6 from shared memory (--topk-smem-cluster)";
   const cuda::PlanOptions popt = o.plan_options();
   doc["attention_mainloop"] =
       popt.attention_kernel == cuda::AttentionKernel::kMma
@@ -523,9 +523,9 @@ int bench_layer(int argc, char** argv) {
       : popt.attention_kernel == cuda::AttentionKernel::kWgmmaV5
           ? "v4/v5 wgmma kernel for full prefill tiles (--attention-kernel wgmma-v5)"
       : popt.wgmma_unions ? "wgmma for prefill tiles and union tasks at d = 128 "
-                            "(warp-specialised), mma.sync elsewhere (--wgmma-unions)"
+                            "(warp-specialised), mma.sync elsewhere"
                           : "wgmma for full prefill tiles at d = 128 (warp-specialised), "
-                            "mma.sync elsewhere (union tasks included)";
+                            "mma.sync elsewhere (union tasks included; --mma-unions)";
   if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
   doc["wgmma_unions"] = popt.wgmma_unions;

@@ -108,10 +108,11 @@ struct PlanOptions {
   // plan_sparse only (dense plans have no unions).
   bool group_unions = true;
   // Union tasks at head dim 128 on the warp-specialised wgmma kernel's 64-row tile pairs (a warp
-  // per member, the warpgroup's MMAs over every page of the union) instead of mma.sync. Off by
-  // default until it is measured on the device: it was written in a session that had none
-  // (docs/cuda-notes.md, v10). kAuto only; tests run it against the CPU engine.
-  bool wgmma_unions = false;
+  // per member, the warpgroup's MMAs over every page of the union) instead of mma.sync (v10,
+  // docs/cuda-notes.md): 4:1 prefill at G = 4 attends in 3.47 instead of 7.30 ms (H200,
+  // 2026-12-05). kAuto only; off keeps union tasks on mma.sync (A/B runs). Tests run both
+  // against the CPU engine.
+  bool wgmma_unions = true;
   // A batch with a group over 64 query rows (a prefill chunk) and smaller ones (decode rows, small
   // QShare groups) runs two attention launches: the large groups in 128-row tiles, the others in
   // 64-row tiles (with their unions on wgmma where wgmma_unions allows). Off: every task takes
