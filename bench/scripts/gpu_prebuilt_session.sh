@@ -18,8 +18,8 @@
 # one option in one binary), REPS (decode A/B repetitions, default 2), TOKENS (decode steps per
 # row, default 32), NO_NCU=1, NO_LAYER=1, TESTS (names under tests/ in the tarball; default:
 # every cuda_*_test in it), LAYER_AB_ARGS (more `bench layer` runs of the new binary, one per
-# ';'-separated set of options, e.g. "--wgmma-unions --phase prefill --geometry 4:1;
-# --topk-smem-cluster -1 --phase prefill"; run i's rows go to layer_ab<i>.json/.log).
+# ';'-separated set of options, e.g. "--mma-unions --phase prefill --geometry 4:1;
+# --topk-one-block --phase prefill"; run i's rows go to layer_ab<i>.json/.log).
 # Used for bench/results/model_h200_2026-12-03_topk/ and later folders.
 set -u
 OUT=${OUT:-$PWD/gpu-prebuilt-out}

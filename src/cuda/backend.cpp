@@ -128,8 +128,8 @@ std::string Plan::kernels() const {
   s += "; top-k ";
   if (P.fused_cluster > 0)
     s += "fused with scoring, clusters of " + std::to_string(P.fused_cluster);
-  else if (P.topk_smem > 0)
-    s += "from shared memory, clusters of " + std::to_string(P.topk_smem);
+  else if (P.topk_staged)
+    s += "one block a list, keys staged in shared memory";
   else if (detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
                                           topk_cluster_min_scores(P.options)))
     s += "in registers, clusters of " + std::to_string(tiles::kTopkCluster);
@@ -247,13 +247,12 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
     }
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
-      if (P.topk_smem > 0)
+      if (P.topk_staged)
         CISA_RETURN_IF_ERROR(cuda_status(
-            detail::launch_topk_smem(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                     P.max_score_span, P.topk_smem, P.d_scores.as<float>(),
-                                     P.block_pages, P.d_pages.as<int32_t>(),
-                                     P.d_chunks.as<int32_t>(), keep, s),
-            "cuda: top-k (shared memory)"));
+            detail::launch_topk_staged(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
+                                       P.max_score_span, P.d_scores.as<float>(), P.block_pages,
+                                       P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), keep, s),
+            "cuda: top-k (staged)"));
       else if (P.fused_cluster == 0)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_topk(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
@@ -386,7 +385,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.options.ws_copy_warps},
                           int64_t{P.options.topk_cluster_min_scores},
                           int64_t{P.fused_cluster},
-                          int64_t{P.topk_smem},
+                          int64_t{P.topk_staged},
                           rp.budget,
                           rp.window,
                           rp.sink_pages,

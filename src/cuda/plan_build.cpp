@@ -182,26 +182,18 @@ Status plan_fused_select(Plan::Impl& P) {
   return Status::Ok();
 }
 
-// Whether top-k stages its lists' keys in shared memory (topk.cuh v6), and in clusters of what
-// size. Auto applies where launch_topk would run one block per list.
-Status plan_topk_smem(Plan::Impl& P) {
-  P.topk_smem = 0;
-  const int want = P.options.topk_smem_cluster;
-  if (want == 0 || P.fused_cluster > 0 || P.sel.empty()) return Status::Ok();
-  if (want < 0) {
-    if (!detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
-                                        topk_cluster_min_scores(P.options)))
-      P.topk_smem = detail::topk_smem_cluster(P.max_score_span);
-  } else {
-    if (!detail::topk_smem_fits(P.max_score_span, want))
-      return invalid_argument("cuda: PlanOptions::topk_smem_cluster = " + std::to_string(want) +
-                              " cannot hold this plan's longest eligible range (" +
-                              std::to_string(P.max_score_span) + " chunks, at most " +
-                              std::to_string(tiles::kTopkSmemMaxSliceKeys) + " a block)");
-    P.topk_smem = want;
-  }
-  if (P.topk_smem == 0) return Status::Ok();
-  return cuda_status(detail::prepare_topk_smem(P.topk_smem), "cuda plan: top-k shared memory");
+// Whether top-k runs v7 (topk_staged.cu: one block a list, keys staged in shared memory), which
+// applies where launch_topk would run one block per list and the lists fit its shared memory.
+Status plan_topk_staged(Plan::Impl& P) {
+  P.topk_staged = false;
+  if (!P.options.topk_staged || P.fused_cluster > 0 || P.sel.empty() ||
+      !detail::topk_staged_fits(P.max_score_span) ||
+      detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
+                                     topk_cluster_min_scores(P.options)))
+    return Status::Ok();
+  P.topk_staged = true;
+  return cuda_status(detail::prepare_topk_staged(P.max_score_span),
+                     "cuda plan: top-k shared memory (staged)");
 }
 
 // Sizes the lists (already described in P.lists), score streams, attention work; uploads.
@@ -257,7 +249,7 @@ Status finish_plan(Plan::Impl& P) {
   P.max_fixed = (P.max_fixed + kFixedQuantum - 1) / kFixedQuantum * kFixedQuantum;
   P.max_score_span = (P.max_score_span + kSpanQuantum - 1) / kSpanQuantum * kSpanQuantum;
   CISA_RETURN_IF_ERROR(plan_fused_select(P));
-  CISA_RETURN_IF_ERROR(plan_topk_smem(P));
+  CISA_RETURN_IF_ERROR(plan_topk_staged(P));
   CISA_RETURN_IF_ERROR(plan_attention(P));
   CISA_RETURN_IF_ERROR(upload_metadata(P));
   const size_t ucap = static_cast<size_t>(std::max<int64_t>(1, P.union_capacity)) * sizeof(int32_t);
@@ -299,10 +291,6 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
     return invalid_argument(
         "cuda: PlanOptions::fused_select_cluster must be -1 (auto), 0 (off) or 1, 2, 4, 8, 16 "
         "(got " +
-        std::to_string(c) + ")");
-  if (const int c = options.topk_smem_cluster; c < -1 || c > 8 || (c > 0 && (c & (c - 1)) != 0))
-    return invalid_argument(
-        "cuda: PlanOptions::topk_smem_cluster must be -1 (auto), 0 (off) or 1, 2, 4, 8 (got " +
         std::to_string(c) + ")");
   if (options.blocks_per_sm < 0 || options.blocks_per_sm > 1024)
     return invalid_argument("cuda: PlanOptions::blocks_per_sm must be in [0, 1024] (got " +

@@ -71,10 +71,10 @@ struct Plan::Impl {
   std::vector<int32_t> sel;  // lists that select
   std::vector<detail::ScoreStream> streams;
   int32_t max_score_span = 0, max_stream_lists = 0;  // largest eligible range of a stream
-  int fused_cluster = 0;   // > 0: scoring and top-k by select_fused.cu, clusters of this size
-  int topk_smem = 0;       // > 0: top-k by topk.cu's shared-memory kernel, clusters of this size
-  PlanOptions options;     // the switches the plan was built with (run_attention reads them too)
-  SelectionParams params;  // plan_sparse's parameters (reuse reads budget, window, sinks, r)
+  int fused_cluster = 0;     // > 0: scoring and top-k by select_fused.cu, clusters of this size
+  bool topk_staged = false;  // top-k by topk_staged.cu (v7), one block a list
+  PlanOptions options;       // the switches the plan was built with (run_attention reads them too)
+  SelectionParams params;    // plan_sparse's parameters (reuse reads budget, window, sinks, r)
   int64_t reuse_candidates = 0;  // lists with reuse_seq >= 0
   int32_t max_reuse_seq = -1;    // largest reuse_seq of a list
   bool group_unions = true;

@@ -133,18 +133,14 @@ constexpr int kTopkThreads = 1024;
 // 16 x 512 = 8,192, a 65,536-score list (2 x 1M decode) over a cluster of 8. The 1,024-thread
 // blocks of one list each (64 registers a thread) keep none.
 constexpr int kTopkCachedKeys = 16;
-// Top-k with each list's keys staged in shared memory (topk.cu v6, PlanOptions::topk_smem_cluster;
-// off by default until measured): a cluster of C ≤ kTopkSmemMaxCluster blocks of kTopkSmemThreads
-// per list reads the list's scores once, then runs the radix passes and the compaction on shared
-// memory. The one-block kernel above reads a 65,536-score prefill list five times (~1.33 ms for
-// the 2,048 lists of 4:1 x 16 at G = 4). The planner's choice is the smallest C whose slice is at
-// most kTopkSmemSliceKeys: 64 KB of keys + ~38 KB of radix state, two blocks an SM (a 65,536-score
-// list takes C = 4).
-constexpr int kTopkSmemThreads = 512;
-constexpr int kTopkSmemMaxCluster = 8;
-constexpr int kTopkSmemSliceKeys = 16384;
-// The largest slice a forced cluster size may give a block (160 KB of keys, one block an SM).
-constexpr int kTopkSmemMaxSliceKeys = 40960;
+// Top-k v7 (topk_staged.cu, PlanOptions::topk_staged): one block of kTopkStagedThreads a list,
+// the top 16 bits of each key staged in shared memory (2 bytes a key: at most kTopkStagedMaxKeys
+// a list, 144 KB, with the candidate slots and the radix state ~200 KB, one block an SM), at most
+// kTopkStagedCandidates keys tied with the threshold's top 16 bits resolved from their full keys
+// (more: the list falls back to the radix select from global memory).
+constexpr int kTopkStagedThreads = 1024;
+constexpr int kTopkStagedMaxKeys = 73728;
+constexpr int kTopkStagedCandidates = 4096;
 
 // ---- KV-outer unions (unions.cu) ----
 // Lists of at most 16 rows (one warp: 4:1 with G = 4) are attended in unions of up to this many

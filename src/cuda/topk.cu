@@ -12,7 +12,6 @@
 // keeps one 1024-thread block. Decode lists of one (sequence, KV group) each are selected by
 // select_fused.cu instead, which scores and selects in one kernel.
 #include <algorithm>
-#include <type_traits>
 
 #include "common.cuh"
 #include "pdl.cuh"
@@ -67,107 +66,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
       pages, chunks, sh);
 }
 
-// v6 (PlanOptions::topk_smem_cluster): block r of a list's cluster of kCluster copies its slice's
-// keys from the score array into shared memory, 8 independent reads a thread in flight, then
-// runs the radix passes and the compaction on them: the scores are read once instead of five
-// times. The shared-memory path of radix_topk_slice is the one the fused decode selection runs
-// (select_fused.cu). A kept list's blocks (selection reuse) leave before the first barrier.
-template <int kCluster>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(tiles::kTopkSmemThreads, 2)
-    topk_smem_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                     const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
-                     int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
-                     const int32_t* __restrict__ keep) {
-  constexpr int kThreads = tiles::kTopkSmemThreads, kLoads = 8;
-  dev::dependent_start();
-  extern __shared__ uint32_t keys[];  // this block's slice [lo, hi), as order keys
-  __shared__ TopkShared<kThreads> sh;
-  if (keep && keep[sel[blockIdx.x / kCluster]]) return;
-  const ListSlice x = list_slice<kCluster>(lists, sel, scores);
-  const int32_t lo = x.lo, hi = x.hi;
-  const float* s = x.s;
-  for (int32_t i0 = lo; i0 < hi; i0 += kThreads * kLoads) {
-    float v[kLoads];
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int32_t i = i0 + j * kThreads + static_cast<int32_t>(threadIdx.x);
-      v[j] = i < hi ? s[i] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int32_t i = i0 + j * kThreads + static_cast<int32_t>(threadIdx.x);
-      if (i < hi) keys[i - lo] = order_key(v[j]);
-    }
-  }
-  __syncthreads();
-  radix_topk_slice<kThreads, (kCluster > 1)>(
-      x.L, lo, hi, x.rank, kCluster, [lo](int32_t i) { return keys[i - lo]; },
-      [](uint32_t key) { return key; }, block_pages + x.L.table_begin, pages, chunks, sh);
-}
-
-// Calls f(std::integral_constant<int, C>{}) for cluster = C in {1, 2, 4, 8}; cudaErrorInvalidValue
-// for any other size.
-template <class F>
-cudaError_t with_smem_cluster(int cluster, F f) {
-  switch (cluster) {
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 8:
-      return f(std::integral_constant<int, 8>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-// Keys of the largest slice when lists of at most max_scores are cut into `cluster` parts.
-int64_t smem_slice_keys(int64_t max_scores, int cluster) {
-  return (max_scores + cluster - 1) / cluster;
-}
-
 }  // namespace
 
 bool topk_register_clusters(int64_t num_sel, int64_t max_scores, int64_t cluster_min_scores) {
   return num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores;
-}
-
-cudaError_t prepare_topk_smem(int cluster) {
-  return with_smem_cluster(cluster, [](auto c) {
-    constexpr int C = decltype(c)::value;
-    return cudaFuncSetAttribute(topk_smem_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(tiles::kTopkSmemMaxSliceKeys * sizeof(uint32_t)));
-  });
-}
-
-int topk_smem_cluster(int64_t max_scores) {
-  for (int c = 1; c <= tiles::kTopkSmemMaxCluster; c *= 2)
-    if (smem_slice_keys(max_scores, c) <= tiles::kTopkSmemSliceKeys) return c;
-  return 0;
-}
-
-bool topk_smem_fits(int64_t max_scores, int cluster) {
-  return cluster >= 1 && cluster <= tiles::kTopkSmemMaxCluster && (cluster & (cluster - 1)) == 0 &&
-         smem_slice_keys(max_scores, cluster) <= tiles::kTopkSmemMaxSliceKeys;
-}
-
-cudaError_t launch_topk_smem(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                             int64_t max_scores, int cluster, const float* scores,
-                             const int32_t* block_pages, int32_t* pages, int32_t* chunks,
-                             const int32_t* keep, cudaStream_t stream) {
-  if (num_sel <= 0) return cudaSuccess;
-  if (!topk_smem_fits(max_scores, cluster)) return cudaErrorInvalidValue;
-  const size_t smem =
-      static_cast<size_t>(std::max<int64_t>(1, smem_slice_keys(max_scores, cluster))) *
-      sizeof(uint32_t);
-  return with_smem_cluster(cluster, [&](auto c) {
-    constexpr int C = decltype(c)::value;
-    return launch_dependent(topk_smem_kernel<C>, static_cast<unsigned>(num_sel * C),
-                            tiles::kTopkSmemThreads, smem, stream, lists, sel_lists, scores,
-                            block_pages, pages, chunks, keep);
-  });
 }
 
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,

@@ -24,22 +24,16 @@ cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t
 // list: at most tiles::kTopkClusterMaxLists lists, the longest of at least cluster_min_scores.
 bool topk_register_clusters(int64_t num_sel, int64_t max_scores, int64_t cluster_min_scores);
 
-// v6 (PlanOptions::topk_smem_cluster): a cluster of `cluster` blocks per list (1, 2, 4 or 8), each
-// staging its slice of the list's keys in shared memory and selecting from there. The planner's
-// cluster size for lists of at most max_scores eligible chunks: the smallest whose slice is at
-// most tiles::kTopkSmemSliceKeys, 0 when even 8 blocks would hold more (the path does not apply).
-int topk_smem_cluster(int64_t max_scores);
-// Whether `cluster` blocks can hold a slice of such lists (a power of two up to 8, a slice of at
-// most tiles::kTopkSmemMaxSliceKeys).
-bool topk_smem_fits(int64_t max_scores, int cluster);
-// Opts the kernel of that cluster size into slices up to tiles::kTopkSmemMaxSliceKeys (a function
-// attribute, set by the planner: not a stream operation, so launches stay graph-capturable).
-cudaError_t prepare_topk_smem(int cluster);
-// The lists selected as launch_topk does, on the shared-memory path (prepare_topk_smem(cluster)
-// first); cudaErrorInvalidValue when topk_smem_fits(max_scores, cluster) does not hold.
-cudaError_t launch_topk_smem(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                             int64_t max_scores, int cluster, const float* scores,
-                             const int32_t* block_pages, int32_t* pages, int32_t* chunks,
-                             const int32_t* keep, cudaStream_t stream);
+// v7 (PlanOptions::topk_staged, topk_staged.cu): one block a list, the keys' top 16 bits staged in
+// shared memory, the scores read once (lists of at most tiles::kTopkStagedMaxKeys eligible
+// chunks: topk_staged_fits). prepare_topk_staged sets the kernel's shared-memory attribute (at
+// plan time: not a stream operation, so launches stay graph-capturable); launch_topk_staged
+// selects as launch_topk does, cudaErrorInvalidValue where the lists do not fit.
+bool topk_staged_fits(int64_t max_scores);
+cudaError_t prepare_topk_staged(int64_t max_scores);
+cudaError_t launch_topk_staged(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
+                               int64_t max_scores, const float* scores, const int32_t* block_pages,
+                               int32_t* pages, int32_t* chunks, const int32_t* keep,
+                               cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

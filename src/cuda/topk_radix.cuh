@@ -1,6 +1,7 @@
-// The radix select + ordered compaction of one list's slice, shared by the top-k kernel (topk.cu,
-// scores read from global memory) and the fused decode selection (select_fused.cu, keys kept in
-// shared memory by the block that scored them).
+// The radix select + ordered compaction of one list's slice, shared by the top-k kernels (topk.cu,
+// and topk_staged.cu's fallback: scores read from global memory) and the fused decode selection
+// (select_fused.cu, keys kept in shared memory by the block that scored them). topk_staged.cu
+// also runs its passes' digit choice (pick_digit).
 //
 // Scores map to 32-bit keys whose unsigned order is the spec's order of values (NaN → 0, the
 // lowest; −0 and +0 share one key, as they compare equal). Four 8-bit passes find the k-th
@@ -102,6 +103,48 @@ __device__ __forceinline__ void compact_cached(
   }
 }
 
+// Zeroes the lane-private histogram (every thread of the block calls this; a barrier follows
+// before the first count).
+template <int kThreads>
+__device__ __forceinline__ void clear_hist(TopkShared<kThreads>& sh) {
+  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) sh.hist[i] = 0;
+}
+
+// The digit of one radix pass, once every thread has counted its keys into sh.hist: the 32 lane
+// copies of each bin are summed into slice_hist[buf] (thread t sums digit t, starting at copy
+// t mod 32 so that a warp's reads hit 32 distinct banks); after `barrier` (a cluster barrier when
+// C > 1) the C blocks' slice histograms are summed through `remote`; the digit d is the one where
+// the count of keys with digit >= d first reaches `remaining`. Returns d (x) and the count of keys
+// with a larger digit (y), the same in every thread. (A block writes slice_hist[buf] again two
+// passes later, after the next barrier, which no block passes before it has finished reading
+// this pass's histograms.)
+template <int kThreads, class Barrier, class Remote>
+__device__ __forceinline__ int2 pick_digit(TopkShared<kThreads>& sh, int buf, int C, int remaining,
+                                           Barrier barrier, Remote remote) {
+  const int tid = threadIdx.x;
+  __syncthreads();  // every count of this pass is in sh.hist
+  if (tid < 256) {
+    int c = 0;
+    for (int j = 0; j < 32; ++j) c += sh.hist[tid * 32 + ((j + tid) & 31)];
+    sh.slice_hist[buf][tid] = c;
+  }
+  barrier();
+  // Suffix sums over digits (thread t holds digit 255 - t).
+  int v = 0;
+  if (tid < 256)
+    for (int r = 0; r < C; ++r) v += remote(&sh.slice_hist[buf][0], r)[255 - tid];
+  int incl;
+  cub::BlockScan<int, kThreads>(sh.scan_tmp).InclusiveSum(v, incl);
+  if (tid < 256 && incl >= remaining && incl - v < remaining) {
+    sh.pick_digit = 255 - tid;
+    sh.pick_above = incl - v;
+  }
+  __syncthreads();
+  const int2 picked = make_int2(sh.pick_digit, sh.pick_above);
+  __syncthreads();  // scan_tmp and pick_* are reused by the next pass
+  return picked;
+}
+
 // Radix select over the list's keys, then the ordered compaction of this block's slice
 // [lo, hi) (indices relative to L.elig_begin) into the list's selected part. The order key of
 // score i (i in [lo, hi)) is to_key(load(i)): load reads the 32 bits behind it, to_key converts
@@ -160,7 +203,7 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
   if (!take_all) {
     int buf = 0;
     for (int shift = 24; shift >= 0; shift -= 8, buf ^= 1) {
-      for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[i] = 0;
+      clear_hist(sh);
       __syncthreads();
       if (use_cache) {
 #pragma unroll
@@ -183,34 +226,10 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
             atomicAdd(&sh.hist[((key >> shift) & 255u) * 32 + lane], 1);
         }
       }
-      __syncthreads();
-      // Thread t sums the 32 lane copies of digit t, starting at copy t mod 32 so that a warp's
-      // reads hit 32 distinct banks.
-      if (tid < 256) {
-        int c = 0;
-        for (int j = 0; j < 32; ++j) c += sh.hist[tid * 32 + ((j + tid) & 31)];
-        sh.slice_hist[buf][tid] = c;
-      }
-      // Every block's slice histogram is complete. (A block writes slice_hist[buf] again two
-      // passes later, after the next barrier, which no block passes before it has finished
-      // reading this pass's histograms.)
-      barrier();
-      // Suffix sums over digits (thread t holds digit 255 − t): the chosen digit d is the one
-      // where the count of keys with digit ≥ d first reaches `remaining`.
-      int v = 0;
-      if (tid < 256)
-        for (int r = 0; r < C; ++r) v += remote(&sh.slice_hist[buf][0], r)[255 - tid];
-      int incl;
-      Scan(sh.scan_tmp).InclusiveSum(v, incl);
-      if (tid < 256 && incl >= remaining && incl - v < remaining) {
-        sh.pick_digit = 255 - tid;
-        sh.pick_above = incl - v;
-      }
-      __syncthreads();
-      remaining -= sh.pick_above;
-      prefix |= static_cast<uint32_t>(sh.pick_digit) << shift;
+      const int2 picked = pick_digit(sh, buf, C, remaining, barrier, remote);
+      remaining -= picked.y;
+      prefix |= static_cast<uint32_t>(picked.x) << shift;
       mask |= 255u << shift;
-      __syncthreads();  // scan_tmp and pick_* are reused by the next pass
     }
   }
   const uint32_t T = prefix;

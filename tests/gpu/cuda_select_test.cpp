@@ -197,6 +197,21 @@ void run_and_check_lists(const Inputs& s, const SelectionParams& p, DeviceMirror
   expect_lists_consistent(s, p, *gpu, *scores, off);
 }
 
+// Runs the plan's selection and compares its lists with the CPU engine's, entry by entry;
+// *gpu and *cpu hold both for a caller that names the first difference.
+void run_and_compare_with_cpu(const Inputs& s, const SelectionParams& p, DeviceMirror& m,
+                              const float* iq, const cuda::Plan& plan, PageLists* gpu,
+                              PageLists* cpu) {
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, iq, nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_TRUE(cuda::download_page_lists(plan, gpu).ok());
+  ThreadPool pool(1);
+  ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, cpu).ok());
+  EXPECT_EQ(cpu->offsets, gpu->offsets);
+  EXPECT_EQ(cpu->pages, gpu->pages) << "budget " << p.budget;
+  EXPECT_EQ(cpu->chunks, gpu->chunks) << "budget " << p.budget;
+}
+
 struct Case {
   int hkv, d;
   RepKind rep;
@@ -232,15 +247,14 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
     m.build(*s.cache, 0, 4);
     DevVec<float> iq;
     iq.upload(s.index_q);
-    // Top-k one block per list, then from shared memory (topk.cu v6) at the plan's cluster size
-    // and at forced sizes 2 and 8 (slices of a few keys, some empty).
-    for (const int smem : {0, -1, 2, 8}) {
-      SCOPED_TRACE("topk_smem_cluster " + std::to_string(smem));
+    // Top-k on the one-block kernel, then staged (v7, the default).
+    for (const bool staged : {false, true}) {
+      SCOPED_TRACE(staged ? "top-k staged" : "top-k one block");
       cuda::Plan plan;
       ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4 * c.hkv, c.p, &plan,
-                                    {.topk_smem_cluster = smem})
+                                    {.topk_staged = staged})
                       .ok());
-      EXPECT_EQ(plan.impl()->topk_smem, smem < 0 ? 1 : smem);  // short lists: -1 picks 1
+      EXPECT_EQ(plan.impl()->topk_staged, staged);
       EXPECT_GT(plan.selected_lists(), 0);
       PageLists gpu;
       std::vector<float> scores;
@@ -249,11 +263,11 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
   }
 }
 
-// Lists long enough that a block's slice takes several rounds of shared-memory staging (8 keys a
-// thread, 4,096 a block a round): a prefill batch in groups of 16 at the end of a 150,000-token
-// sequence and a decode query of an 80,000-token one, top-k from shared memory at every cluster
-// size against the spec's top-k of the GPU's scores and the CPU's selection.
-TEST(CudaSelect, TopkFromSharedMemoryOnLongLists) {
+// Lists long enough that staging takes several rounds (8 keys a thread, 8,192 a block a round):
+// a prefill batch in groups of 16 at the end of a 150,000-token sequence and a decode query of an
+// 80,000-token one, top-k staged (v7) and on the one-block kernel, against the spec's top-k of the
+// GPU's scores and the CPU's selection.
+TEST(CudaSelect, TopkStagedOnLongLists) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(41);
   const int64_t n = 150000;
@@ -263,23 +277,18 @@ TEST(CudaSelect, TopkFromSharedMemoryOnLongLists) {
   m.build(*s.cache, 0, 2);
   DevVec<float> iq;
   iq.upload(s.index_q);
-  for (const int smem : {-1, 1, 2, 4, 8}) {
-    SCOPED_TRACE("topk_smem_cluster " + std::to_string(smem));
+  for (const bool staged : {true, false}) {
+    SCOPED_TRACE(staged ? "top-k staged" : "top-k one block");
     cuda::Plan plan;
-    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4, p, &plan,
-                                  {.topk_smem_cluster = smem})
-                    .ok());
-    EXPECT_EQ(plan.impl()->topk_smem, smem < 0 ? 1 : smem);  // ~9,370 chunks fit one block
-    EXPECT_EQ(plan.selected_lists(), 7);  // 6 prefill groups and the decode query
+    ASSERT_TRUE(
+        cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4, p, &plan, {.topk_staged = staged})
+            .ok());
+    EXPECT_EQ(plan.impl()->topk_staged, staged);  // ~9,370 chunks a list: one block a list
+    EXPECT_EQ(plan.selected_lists(), 7);          // 6 prefill groups and the decode query
     PageLists gpu;
     std::vector<float> scores;
     ASSERT_NO_FATAL_FAILURE(run_and_check_lists(s, p, m, iq.data(), plan, &gpu, &scores));
   }
-  // A size other than -1, 0, 1, 2, 4 or 8 is refused with a message, not launched.
-  cuda::Plan plan;
-  const Status st =
-      cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4, p, &plan, {.topk_smem_cluster = 3});
-  EXPECT_FALSE(st.ok());
 }
 
 // Decode batches (one query per sequence, one list per score stream) take the few-lists score
@@ -304,11 +313,10 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
     bool iq_unaligned = false;  // index queries 4 bytes off 16: q̄ by the index-query kernel
   };
   const std::vector<Variant> variants = {
-      {"two kernels, top-k one block per list", {}},
-      {"two kernels, q̄ from the index-query kernel", {}, true},
+      {"two kernels, top-k one block per list", {.topk_staged = false}},
+      {"two kernels, q̄ from the index-query kernel", {.topk_staged = false}, true},
       {"two kernels, top-k in clusters", {.topk_cluster_min_scores = 0}},
-      {"two kernels, top-k from shared memory (plan's size)", {.topk_smem_cluster = -1}},
-      {"two kernels, top-k from shared memory, cluster 4", {.topk_smem_cluster = 4}},
+      {"two kernels, top-k staged (v7, the default)", {}},
       {"fused, planner's cluster", {.fused_select_cluster = -1}},
       {"fused, cluster 1", {.fused_select_cluster = 1}},
       {"fused, cluster 4", {.fused_select_cluster = 4}},
@@ -362,6 +370,24 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
   }
 }
 
+// One sequence of n tokens (keys k, n·d of them; random values) in a one-layer, one-KV-head bf16
+// cache of 16-token pages, with `queries` random index queries; *seq names the sequence.
+void one_sequence(const std::vector<float>& k, int64_t n, int d, int64_t queries, std::mt19937& rng,
+                  Inputs* s, SeqId* seq) {
+  auto cache = *PagedKvCache::create({.num_layers = 1,
+                                      .num_kv_heads = 1,
+                                      .head_dim = d,
+                                      .page_size = 16,
+                                      .num_pages = n / 16 + 4,
+                                      .dtype = KvDtype::kBF16});
+  *seq = *cache->add_sequence();
+  ASSERT_TRUE(cache->reserve(*seq, n).ok());
+  const auto v = random_vec(rng, static_cast<size_t>(n * d));
+  ASSERT_TRUE(cache->append(0, *seq, n, k.data(), v.data()).ok());
+  s->cache = std::move(cache);
+  s->index_q = random_vec(rng, static_cast<size_t>(queries * d));
+}
+
 // Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both
 // engines; a few pages hold NaN keys (NaN scores), a few an infinite channel (±inf scores). The
 // lists must equal the CPU's, entry by entry.
@@ -369,17 +395,9 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(5);
   const int d = 64;
-  auto cache = *PagedKvCache::create({.num_layers = 1,
-                                      .num_kv_heads = 1,
-                                      .head_dim = d,
-                                      .page_size = 16,
-                                      .num_pages = 400,
-                                      .dtype = KvDtype::kBF16});
-  const SeqId seq = *cache->add_sequence();
   const int64_t n = 300 * 16;
-  ASSERT_TRUE(cache->reserve(seq, n).ok());
   auto patterns = random_vec(rng, 3 * d);
-  std::vector<float> k(static_cast<size_t>(n * d)), v = random_vec(rng, static_cast<size_t>(n * d));
+  std::vector<float> k(static_cast<size_t>(n * d));
   for (int64_t t = 0; t < n; ++t) {
     const int64_t page = t / 16;
     const int pat = static_cast<int>((page * 7) % 3);
@@ -389,43 +407,36 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
           : page % 41 == 7 && i == 3 ? std::numeric_limits<float>::infinity()  // ±inf scores
                                      : patterns[static_cast<size_t>(pat * d + i)];
   }
-  ASSERT_TRUE(cache->append(0, seq, n, k.data(), v.data()).ok());
   Inputs s;
-  s.cache = std::move(cache);
-  s.index_q = random_vec(rng, static_cast<size_t>(160 * d));
+  SeqId seq = 0;
+  ASSERT_NO_FATAL_FAILURE(one_sequence(k, n, d, 160, rng, &s, &seq));
   DeviceMirror m;
   m.build(*s.cache, 0, 1);
   // 64 queries in groups of 16 (4 lists per score stream: few-lists kernel), 160 (10 lists: the
   // prefill kernel, tensor cores with its f32 path for non-finite representatives), then one
   // decode query (one list).
   // The decode query also runs the fused selection (select_fused.cu).
-  // Each also takes top-k from shared memory (topk.cu v6) at cluster sizes 1 and 4.
+  // Each also takes top-k on the one-block kernel and staged (v7).
   for (int64_t count : {64, 160, 1})
-    for (const int variant : {0, -1, 1, 4})  // -1: fused selection; 1, 4: top-k's cluster size
+    for (const int variant : {0, 1, 2})  // 0: one block; 1: staged (v7); 2: fused selection
       for (int64_t budget : {10, 97, 150}) {
-        const int fused = variant < 0 ? -1 : 0, smem = variant > 0 ? variant : 0;
+        const int fused = variant == 2 ? -1 : 0;
+        const bool staged = variant == 1;
         if (fused != 0 && count != 1) continue;
         SCOPED_TRACE("queries " + std::to_string(count) + (fused ? ", fused selection" : "") +
-                     (smem ? ", top-k from shared memory, cluster " + std::to_string(smem) : ""));
+                     (staged ? ", top-k staged" : ""));
         s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
         SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
         cuda::Plan plan;
         ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan,
-                                      {.topk_smem_cluster = smem, .fused_select_cluster = fused})
+                                      {.topk_staged = staged, .fused_select_cluster = fused})
                         .ok());
         ASSERT_EQ(plan.impl()->fused_cluster > 0, fused != 0);
-        ASSERT_EQ(plan.impl()->topk_smem, smem);
+        ASSERT_EQ(plan.impl()->topk_staged, staged);
         DevVec<float> iq;
         iq.upload(s.index_q);
-        ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr).ok());
-        CUDA_OK(cudaDeviceSynchronize());
         PageLists gpu, cpu;
-        ASSERT_TRUE(cuda::download_page_lists(plan, &gpu).ok());
-        ThreadPool pool(1);
-        ASSERT_TRUE(select_pages(*s.cache, 0, s.batch, s.index_q.data(), p, &pool, &cpu).ok());
-        EXPECT_EQ(cpu.offsets, gpu.offsets);
-        EXPECT_EQ(cpu.pages, gpu.pages) << "budget " << budget;
-        EXPECT_EQ(cpu.chunks, gpu.chunks) << "budget " << budget;
+        ASSERT_NO_FATAL_FAILURE(run_and_compare_with_cpu(s, p, m, iq.data(), plan, &gpu, &cpu));
         // Name the first difference: its list, its place in the list, and the scores of both
         // chunks.
         for (size_t i = 0; i < std::min(cpu.chunks.size(), gpu.chunks.size()); ++i) {
@@ -451,6 +462,41 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
           break;
         }
       }
+}
+
+// Top-k v7 resolves at most tiles::kTopkStagedCandidates keys tied with the threshold's top 16
+// bits from their full keys; a list with more falls back to the radix select from global memory.
+// Every page here has the same keys, so every score ties and a 6,000-chunk list has 6,000
+// candidates: the staged and one-block kernels must both give the spec's order (the smaller
+// index first), the CPU's lists, for a prefill batch (many lists) and a decode query.
+TEST(CudaSelect, TopkStagedFallsBackOnWideTies) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  const int d = 64;
+  const int64_t n = 6100 * 16;
+  const auto pattern = random_vec(rng, d);
+  std::vector<float> k(static_cast<size_t>(n * d));
+  for (int64_t t = 0; t < n; ++t) std::copy(pattern.begin(), pattern.end(), k.begin() + t * d);
+  Inputs s;
+  SeqId seq = 0;
+  ASSERT_NO_FATAL_FAILURE(one_sequence(k, n, d, 128, rng, &s, &seq));
+  DeviceMirror m;
+  m.build(*s.cache, 0, 1);
+  DevVec<float> iq;
+  iq.upload(s.index_q);
+  for (const int64_t count : {128, 1})
+    for (const bool staged : {false, true}) {
+      SCOPED_TRACE("queries " + std::to_string(count) + (staged ? ", staged" : ", one block"));
+      s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
+      const SelectionParams p{.budget = 300, .window = 8, .qshare = 16};
+      cuda::Plan plan;
+      ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan,
+                                    {.topk_staged = staged})
+                      .ok());
+      ASSERT_EQ(plan.impl()->topk_staged, staged);
+      PageLists gpu, cpu;
+      ASSERT_NO_FATAL_FAILURE(run_and_compare_with_cpu(s, p, m, iq.data(), plan, &gpu, &cpu));
+    }
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ struct DeviceReuse {
 void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<BatchEntry>& batch,
                 const std::vector<int32_t>& slots, const SelectionParams& p, int layer_slot,
                 const std::vector<float>& iq_host, DeviceReuse& dr, HostReuse& host, bool repeat,
-                int64_t* kept_lists, int topk_smem = 0) {
+                int64_t* kept_lists, bool topk_staged = true) {
   const int H = cache.num_kv_heads();
   DevVec<float> iq;
   iq.upload(iq_host);
@@ -99,9 +99,9 @@ void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<Ba
 
   cuda::Plan plan;
   ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), batch, H, p, &plan,
-                                {.topk_smem_cluster = topk_smem, .reuse_slots = slots})
+                                {.topk_staged = topk_staged, .reuse_slots = slots})
                   .ok());
-  ASSERT_EQ(plan.impl()->topk_smem, topk_smem);
+  ASSERT_EQ(plan.impl()->topk_staged, topk_staged);
   cuda::ReuseState rs = dr.st;
   rs.layer_slot = layer_slot;
   rs.repeat = repeat;
@@ -185,7 +185,8 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     int hkv, d;
     RepKind rep;
     SelectionParams p;
-    int topk_smem = 0;  // PlanOptions::topk_smem_cluster: kept lists' blocks leave at once
+    bool topk_staged = true;  // PlanOptions::topk_staged (v7; off: the one-block kernel), whose
+                              // kept lists' blocks leave at once
   };
   std::vector<Case> cases = {
       {2, 128, RepKind::kMean, {.budget = 24, .window = 4, .qshare = 1, .sink_pages = 1}},
@@ -197,12 +198,12 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
   cases[2].p.reuse_steps = 6;
   cases[2].p.reuse_check = ReuseCheck::kNone;
   cases.push_back(cases[0]);
-  cases.back().topk_smem = 2;
+  cases.back().topk_staged = false;
   std::mt19937 rng(77);
   for (const Case& c : cases) {
     SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
                  " r=" + std::to_string(c.p.reuse_steps) +
-                 " topk_smem_cluster=" + std::to_string(c.topk_smem));
+                 (c.topk_staged ? " top-k staged" : " top-k one block"));
     const std::vector<int64_t> len = {4000, 2600, 3300};
     int64_t pages = 0;
     for (auto n : len) pages += n / kB + 2;
@@ -235,10 +236,10 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
         std::vector<float> iq = base[static_cast<size_t>(layer)];
         const bool jump = rng() % 11 == 0;
         for (auto& x : iq) x = jump ? random_vec(rng, 1)[0] : x + 0.15f * random_vec(rng, 1)[0];
-        check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, false, &kept, c.topk_smem);
+        check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, false, &kept, c.topk_staged);
         if (::testing::Test::HasFatalFailure()) return;
         if (step % 9 == 4) {  // the re-plan of a first attend: the same lists, nothing counted
-          check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, true, &kept, c.topk_smem);
+          check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, true, &kept, c.topk_staged);
           if (::testing::Test::HasFatalFailure()) return;
         }
       }

@@ -46,8 +46,8 @@ struct Options {
   bool contiguous = false;  // block tables in pool order instead of a random permutation
   // Planner switches for A/B runs (cuda::PlanOptions).
   std::string attention_kernel = "auto";
-  int64_t blocks_per_sm = 0, ws_copy_warps = 0, topk_smem_cluster = 0;
-  bool mma_unions = false;
+  int64_t blocks_per_sm = 0, ws_copy_warps = 0;
+  bool mma_unions = false, topk_one_block = false;
   cuda::PlanOptions plan_options() const {
     cuda::PlanOptions p;
     p.attention_kernel = attention_kernel == "mma"        ? cuda::AttentionKernel::kMma
@@ -56,7 +56,7 @@ struct Options {
     p.blocks_per_sm = static_cast<int>(blocks_per_sm);
     p.ws_copy_warps = static_cast<int>(ws_copy_warps);
     p.wgmma_unions = !mma_unions;
-    p.topk_smem_cluster = static_cast<int>(topk_smem_cluster);
+    p.topk_staged = !topk_one_block;
     return p;
   }
 };
@@ -441,11 +441,6 @@ int bench_layer(int argc, char** argv) {
   a.add_flag("--mma-unions", &o.mma_unions,
              "union tasks (4:1, G = 4) on mma.sync instead of the warp-specialised wgmma kernel "
              "(PlanOptions::wgmma_unions off; the v9 path, for A/B runs)");
-  a.add_int("--topk-smem-cluster", &o.topk_smem_cluster,
-            "top-k with each list's scores staged in shared memory by a cluster of blocks "
-            "(PlanOptions::topk_smem_cluster): -1 the plan's size where one block a list would "
-            "run, 1/2/4/8 that size, 0 off (default, until measured)",
-            {-1, 8});
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--ws-copy-warps", &o.ws_copy_warps,
@@ -515,7 +510,8 @@ int bench_layer(int argc, char** argv) {
       "unions) + warp-specialised wgmma kernel (producer warps, mbarriers; 128-row tiles with "
       "ping-pong consumer warpgroups, <= 64-row tiles and union tasks two per block), one-wave "
       "decode splits, warp-per-row split-KV merge; union tasks on wgmma (v10; --mma-unions: on "
-      "mma.sync); opt-in: top-k v6 from shared memory (--topk-smem-cluster)";
+      "mma.sync); prefill top-k v7, keys' top 16 bits staged in shared memory (--topk-one-block: "
+      "the one-block kernel)";
   const cuda::PlanOptions popt = o.plan_options();
   doc["attention_mainloop"] =
       popt.attention_kernel == cuda::AttentionKernel::kMma
@@ -529,7 +525,7 @@ int bench_layer(int argc, char** argv) {
   if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
   doc["wgmma_unions"] = popt.wgmma_unions;
-  doc["topk_smem_cluster"] = popt.topk_smem_cluster;
+  doc["topk_staged"] = popt.topk_staged;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();
