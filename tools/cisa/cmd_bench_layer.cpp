@@ -441,6 +441,10 @@ int bench_layer(int argc, char** argv) {
   a.add_flag("--mma-unions", &o.mma_unions,
              "union tasks (4:1, G = 4) on mma.sync instead of the warp-specialised wgmma kernel "
              "(PlanOptions::wgmma_unions off; the v9 path, for A/B runs)");
+  a.add_flag("--topk-one-block", &o.topk_one_block,
+             "prefill top-k on the one-block kernel that reads the scores once a radix pass "
+             "instead of v7's (keys' top 16 bits staged in shared memory; PlanOptions::topk_staged "
+             "off, for A/B runs)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--ws-copy-warps", &o.ws_copy_warps,
