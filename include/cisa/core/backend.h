@@ -118,7 +118,8 @@ struct BackendOptions {
   bool batch_invariant = false;
   // CUDA: a step with a group over 64 query rows (a prefill chunk) beside smaller ones (decode
   // rows) attends in two launches, each group in the tile it fits (cuda::PlanOptions::mixed_tiles;
-  // off until measured on a device). The CPU backend has no tiles and refuses it.
+  // off by default: no gain measured in a served workload). The CPU backend has no tiles and
+  // refuses it.
   bool mixed_tiles = false;
 };
 

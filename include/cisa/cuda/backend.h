@@ -116,8 +116,8 @@ struct PlanOptions {
   // A batch with a group over 64 query rows (a prefill chunk) and smaller ones (decode rows, small
   // QShare groups) runs two attention launches: the large groups in 128-row tiles, the others in
   // 64-row tiles (with their unions on wgmma where wgmma_unions allows). Off: every task takes
-  // 128-row tiles once any group needs them. Off by default until it is measured on a device (it
-  // was written in a session that had none, docs/cuda-notes.md).
+  // 128-row tiles once any group needs them. Off by default: in the one server workload measured
+  // (H200, 2026-12-05, docs/cuda-model.md "Mixed tiles") it gained nothing.
   bool mixed_tiles = false;
   AttentionKernel attention_kernel = AttentionKernel::kAuto;
   // Target blocks per SM of the split-KV work decomposition; 0: tile_sizes.cuh's
