@@ -347,9 +347,9 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       for (int32_t j : st->chunks) s.tmp.push_back(table[static_cast<size_t>(j)]);
       for (int64_t j = n.begin; j < n.end; ++j) s.tmp.push_back(table[static_cast<size_t>(j)]);
       if (mass) {
-        const int64_t old_end = st->selected_at / B - p.window;  // E_{a0} = [sinks, old_end)
+        // E_{a0} = [sinks, n.begin): the eligible chunks at a0 end where N begins (plan.h).
         size_t si = 0;
-        for (int64_t j = p.sink_pages; j < old_end; ++j) {
+        for (int64_t j = p.sink_pages; j < n.begin; ++j) {
           if (!in_reuse_mass_sample(j, a)) continue;
           while (si < k && st->chunks[si] < j) ++si;
           if (si < k && st->chunks[si] == j) continue;  // in S
