@@ -11,7 +11,6 @@
 // cluster barriers only cost (v3 measured top-k 1.7x slower at 2,048 lists), so there each list
 // keeps one 1024-thread block. Decode lists of one (sequence, KV group) each are selected by
 // select_fused.cu instead, which scores and selects in one kernel.
-#include <algorithm>
 
 #include "common.cuh"
 #include "pdl.cuh"

@@ -20,7 +20,6 @@
 //      8 keys at a time: a key is above T when its top 16 bits are, and equal or above when they
 //      tie and its full key (read again: only candidates) is. Warp scans give each kept key its
 //      place; a first pass counts each warp's keys above and equal to T for the block's offsets.
-#include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
 #include "pdl.cuh"
