@@ -445,8 +445,9 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     select_topk(scores, p.budget, &s.top, &s.tmp);
     for (auto& j : s.top) j += static_cast<int32_t>(first_eligible);  // to absolute chunk indices
     write_page_list(table, cache.page_size(), p, s.top, t, out);
-    if (st) {  // a decode row's fresh selection: the one later rows may keep
-      if (p.reuse_check == ReuseCheck::kMass) {  // u0 (plan.h), exact over this row's E
+    if (st) {                   // a decode row's fresh selection: the one later rows may keep
+      st->unselected_mass = 0;  // u0 (plan.h), exact over this row's E; 0 under other checks
+      if (p.reuse_check == ReuseCheck::kMass) {
         const float shift = max_finite_score(scores);
         const double all = exp_score_sum(scores, shift);
         double in_s = 0;

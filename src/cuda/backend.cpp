@@ -2,6 +2,7 @@
 // the run step (selection stages, attention, representatives, the reuse state, downloads). Planning
 // is plan_build.cpp, the attention work decomposition plan_attention.cpp.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -164,9 +165,17 @@ Result<const ReuseState*> reuse_for(const Plan::Impl& P, const ReuseState* reuse
   return reuse;
 }
 
+static_assert(detail::kReuseMassStrideDevice == kReuseMassStride);
+
 detail::ReuseParams reuse_params(const Plan::Impl& P) {
-  return {P.params.budget, P.params.window, P.params.sink_pages, P.params.reuse_steps,
-          P.params.reuse_check == ReuseCheck::kNewChunks ? 1 : 0};
+  const ReuseCheck c = P.params.reuse_check;
+  return {P.params.budget,
+          P.params.window,
+          P.params.sink_pages,
+          P.params.reuse_steps,
+          c == ReuseCheck::kNewChunks || c == ReuseCheck::kMass ? 1 : 0,
+          c == ReuseCheck::kMass ? 1 : 0,
+          c == ReuseCheck::kMass ? P.params.reuse_mass_slack : 0.0};
 }
 
 }  // namespace
@@ -264,7 +273,7 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_reuse_commit(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
                                         P.num_kv_heads, reuse_params(P), *reuse, keep,
-                                        P.d_chunks.as<int32_t>(), s),
+                                        P.d_chunks.as<int32_t>(), P.d_scores.as<float>(), s),
             "cuda: selection reuse state"));
       return cuda_status(
           detail::launch_build_unions(
@@ -391,6 +400,8 @@ uint64_t plan_launch_key(const Plan& plan) {
                           rp.sink_pages,
                           rp.reuse_steps,
                           int64_t{rp.check_new_chunks},
+                          int64_t{rp.check_mass},
+                          std::bit_cast<int64_t>(rp.mass_slack),
                           int64_t{P.lists.empty() ? 0 : P.lists[0].window}})
     mix(static_cast<uint64_t>(v));
   for (const void* p : std::initializer_list<const void*>{

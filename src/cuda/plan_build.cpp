@@ -361,10 +361,6 @@ Status plan_sparse(const DeviceLayer& layer, const DeviceBlockTables& tables,
                    Plan* plan, const PlanOptions& options) {
   CISA_RETURN_IF_ERROR(validate_selection_params(p));
   const bool reusing = p.reuse_steps > 1;
-  if (reusing && p.reuse_check == ReuseCheck::kMass)
-    return unimplemented(
-        "cuda: the reuse check 'mass' runs on the CPU backend only so far (docs/design.md); use "
-        "--reuse-check new-chunks or none with --backend cuda");
   if (reusing && options.reuse_slots.size() != batch.size())
     return invalid_argument(
         "cuda plan_sparse: selection reuse (reuse_steps > 1) needs "

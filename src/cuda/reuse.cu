@@ -21,19 +21,84 @@ __device__ __forceinline__ int64_t state_slot(const ListDesc& L, const ReuseStat
   return (static_cast<int64_t>(L.reuse_seq) * st.num_layer_slots + st.layer_slot) * H + L.kv;
 }
 
-// Scores of the check: chunk c of [0, total) is S[c] for c < k, else nb + (c − k). D/8 lanes
+// The check `mass`'s sums (core/plan.h), in fp64: Σ e^{s − m} over S, over N, over every chunk
+// of the sample's stride in E_{a0} (S's included) and over S's chunks on that stride, with m the
+// largest finite score the sums have seen (an online log-sum-exp, so partial sums of threads
+// merge without a second pass over the representatives). The sample's sum is the third less the
+// fourth: scoring the stride whole spares a membership test in S per chunk, and S's chunks on it
+// are scored as part of S anyway. The commit uses the first and third for Σ_S and Σ_E.
+enum MassClass { kInS = 0, kInN = 1, kInStride = 2, kSOnStride = 3 };
+struct MassSums {
+  double m;
+  double s[4];
+};
+
+__device__ __forceinline__ MassSums no_mass() {
+  return {-static_cast<double>(INFINITY), {0, 0, 0, 0}};
+}
+
+__device__ __forceinline__ void add_mass(MassSums& a, float x, int cls, bool on_stride) {
+  if (!isfinite(x)) return;  // non-finite scores weigh nothing
+  const double v = x;
+  if (v > a.m) {  // from m = −inf the factor is 0 and the sums are 0
+    const double f = exp(a.m - v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.s[i] *= f;
+    a.m = v;
+  }
+  const double e = exp(v - a.m);
+#pragma unroll
+  for (int i = 0; i < 3; ++i)  // no index by a run-time value: the sums stay in registers
+    if (i == cls) a.s[i] += e;
+  if (on_stride) a.s[kSOnStride] += e;
+}
+
+__device__ __forceinline__ MassSums merge_mass(const MassSums& a, const MassSums& b) {
+  const double m = fmax(a.m, b.m);
+  if (m == -static_cast<double>(INFINITY)) return a;  // both empty
+  const double fa = exp(a.m - m), fb = exp(b.m - m);
+  MassSums r;
+  r.m = m;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.s[i] = a.s[i] * fa + b.s[i] * fb;
+  return r;
+}
+
+// The block's sums, in thread 0 (every thread calls it; blockDim.x a multiple of 32, ≤ 1,024).
+__device__ MassSums block_mass(MassSums a) {
+  __shared__ MassSums warps[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    MassSums b;
+    b.m = __shfl_xor_sync(0xffffffffu, a.m, o);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b.s[i] = __shfl_xor_sync(0xffffffffu, a.s[i], o);
+    a = merge_mass(a, b);
+  }
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = a;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) a = merge_mass(a, warps[w]);
+  return a;
+}
+
+// The check's chunks: c of [0, total) is S[c] for c < k, nb + (c − k) for c < k + nn (N), else
+// the sample's stride, stride0 + kReuseMassStrideDevice · (c − k − nn) (`mass` only). D/8 lanes
 // per chunk, 8 channels per lane (dev::lane_score), then the lanes' partial sums by xor shuffles,
-// times 1/√d: score_few_kernel's arithmetic. Returns, in shared memory, the lowest order key of S
-// and the highest of N.
+// times 1/√d: score_few_kernel's arithmetic. Leaves, in shared memory, the lowest order key of S
+// and the highest of N, and with `mass` each thread's sums (S's chunk j is on the stride iff
+// j ≡ stride0 (mod kReuseMassStrideDevice)).
 template <int D, bool kQuest>
-__device__ __forceinline__ void check_keys(
-    int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t total,
-    const int32_t* __restrict__ table, const uint16_t* __restrict__ reps,
+__device__ __forceinline__ void check_scores(
+    int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t nn, int64_t stride0,
+    int32_t total, const int32_t* __restrict__ table, const uint16_t* __restrict__ reps,
     const float* qbar,  // written by this block: no non-coherent loads
-    int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new) {
+    int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new, bool mass,
+    MassSums& sums) {
   constexpr int LPC = D / 8, CPL = 32 / LPC, WARPS = kDecideThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int rw = kQuest ? 2 * D : D;
+  const int32_t on_stride = static_cast<int32_t>(stride0 % kReuseMassStrideDevice);
   float q[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) q[i] = qbar[sub * 8 + i];
@@ -41,8 +106,11 @@ __device__ __forceinline__ void check_keys(
   for (int base = warp * CPL; base < total; base += WARPS * CPL) {  // uniform per warp
     const int c = base + grp;
     uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
+    int64_t chunk = 0;
     if (c < total) {
-      const int32_t chunk = c < k ? S[c] : nb + (c - k);
+      chunk = c < k        ? S[c]
+              : c < k + nn ? nb + (c - k)
+                           : stride0 + int64_t{kReuseMassStrideDevice} * (c - k - nn);
       const uint16_t* r = reps + (static_cast<int64_t>(table[chunk]) * H + kv) * rw + sub * 8;
       lo = *reinterpret_cast<const uint4*>(r);
       if constexpr (kQuest) hi = *reinterpret_cast<const uint4*>(r + D);
@@ -54,11 +122,18 @@ __device__ __forceinline__ void check_keys(
 #pragma unroll
     for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (sub == 0 && c < total) {
-      const uint32_t key = order_key(acc * inv_sqrt_d);
+      const float x = acc * inv_sqrt_d;
+      const uint32_t key = order_key(x);
       if (c < k)
         atomicMin(lowest_kept, key);
-      else
+      else if (c < k + nn)
         atomicMax(highest_new, key);
+      if (mass)
+        add_mass(sums, x,
+                 c < k        ? kInS
+                 : c < k + nn ? kInN
+                              : kInStride,
+                 c < k && chunk % kReuseMassStrideDevice == on_stride);
     }
   }
 }
@@ -106,6 +181,7 @@ __global__ void __launch_bounds__(kDecideThreads)
   dev::dependent_start();
   __shared__ ReuseInfo I;
   __shared__ uint32_t lowest_kept, highest_new;
+  __shared__ int32_t verdict;
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
   // The list's index query (the index-query kernel's work, in this launch instead): scoring
@@ -135,16 +211,36 @@ __global__ void __launch_bounds__(kDecideThreads)
   // newly_eligible (plan.h): [c(a0) − W, c(a) − W), from the sinks on.
   const int64_t nb = max(rp.sink_pages, I.selected_at / 16 - rp.window);
   const int64_t ne = max(nb, a / 16 - rp.window);
-  const bool checked = ok && !st.repeat && rp.check_new_chunks && ne > nb && k > 0;
+  const bool mass = rp.check_mass != 0;
+  const bool checked = ok && !st.repeat && k > 0 && (mass || (rp.check_new_chunks && ne > nb));
   if (checked) {
-    check_keys<D, kQuest>(L.kv, S, k, static_cast<int32_t>(nb), k + static_cast<int32_t>(ne - nb),
-                          table, reps, qbar + static_cast<int64_t>(li) * D, H, inv_sqrt_d,
-                          &lowest_kept, &highest_new);
+    // `mass`: the sample is E_{a0}'s chunks j ≡ a (mod stride) outside S, E_{a0} = [sinks, nb).
+    const int64_t stride0 =
+        rp.sink_pages + ((a - rp.sink_pages) % kReuseMassStrideDevice + kReuseMassStrideDevice) %
+                            kReuseMassStrideDevice;
+    const int64_t on_stride =
+        mass && stride0 < nb ? (nb - 1 - stride0) / kReuseMassStrideDevice + 1 : 0;
+    const int32_t nn = static_cast<int32_t>(ne - nb);
+    MassSums ms = no_mass();
+    check_scores<D, kQuest>(L.kv, S, k, static_cast<int32_t>(nb), nn, stride0,
+                            k + nn + static_cast<int32_t>(on_stride), table, reps,
+                            qbar + static_cast<int64_t>(li) * D, H, inv_sqrt_d, &lowest_kept,
+                            &highest_new, mass, ms);
     __syncthreads();
     ok = !(highest_new > lowest_kept);  // equal keys go to the kept chunk's smaller index
+    if (mass) {
+      ms = block_mass(ms);  // thread 0 decides alone below; the others follow `verdict`
+      if (threadIdx.x == 0 && ok) {
+        const double sample = fmax(0.0, ms.s[kInStride] - ms.s[kSOnStride]);
+        const double out = ms.s[kInN] + kReuseMassStrideDevice * sample;
+        const double u1 = ms.s[kInS] + out > 0 ? out / (ms.s[kInS] + out) : 0.0;
+        ok = !(u1 > I.unselected_mass + rp.mass_slack);
+      }
+    }
   }
   if (threadIdx.x == 0) {
-    keep[li] = ok ? 1 : 0;
+    verdict = ok ? 1 : 0;
+    keep[li] = verdict;
     if (!st.repeat) {
       auto* n = reinterpret_cast<unsigned long long*>(st.stats);
       atomicAdd(n + (ok ? 1 : 0), 1ull);  // reused : selected
@@ -155,6 +251,8 @@ __global__ void __launch_bounds__(kDecideThreads)
       if (ok) st.info[slot].last_used = a;
     }
   }
+  __syncthreads();
+  ok = verdict != 0;
   if (!ok) return;
   // S as chosen at a0, into the selected part of this row's list (sinks, window and tail are
   // this row's own, written at plan time).
@@ -162,11 +260,13 @@ __global__ void __launch_bounds__(kDecideThreads)
   copy_chunks(S, k, table, chunks + out0, pages + out0);
 }
 
-// A candidate that selected afresh: S ← the selected part of its list, a0 = last use = its row.
-__global__ void reuse_commit_kernel(const ListDesc* __restrict__ lists,
-                                    const int32_t* __restrict__ sel, int H, ReuseParams rp,
-                                    ReuseState st, const int32_t* __restrict__ keep,
-                                    const int32_t* __restrict__ chunks) {
+// A candidate that selected afresh: S ← the selected part of its list, a0 = last use = its row,
+// and under `mass` u0 = 1 − Σ_S / Σ_E over the list's scores (0 under the other checks).
+constexpr int kCommitThreads = 256;
+__global__ void __launch_bounds__(kCommitThreads)
+    reuse_commit_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel, int H,
+                        ReuseParams rp, ReuseState st, const int32_t* __restrict__ keep,
+                        const int32_t* __restrict__ chunks, const float* __restrict__ scores) {
   dev::dependent_start();
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
@@ -175,8 +275,19 @@ __global__ void reuse_commit_kernel(const ListDesc* __restrict__ lists,
   int32_t* S = st.chunks + slot * st.k_stride;
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
   copy_chunks(chunks + out0, L.k, nullptr, S, nullptr);
+  double u0 = 0;
+  if (rp.check_mass) {  // the chunks of S are absolute; the list's scores start at elig_begin
+    const float* sc = scores + L.score_begin;
+    MassSums ms = no_mass();
+    for (int32_t i = threadIdx.x; i < L.elig_end - L.elig_begin; i += kCommitThreads)
+      add_mass(ms, sc[i], kInStride, false);
+    for (int32_t i = threadIdx.x; i < L.k; i += kCommitThreads)
+      add_mass(ms, sc[chunks[out0 + i] - L.elig_begin], kInS, false);
+    ms = block_mass(ms);
+    u0 = ms.s[kInStride] > 0 ? 1.0 - ms.s[kInS] / ms.s[kInStride] : 0.0;
+  }
   if (threadIdx.x == 0)
-    st.info[slot] = ReuseInfo{L.first_pos, L.first_pos, rp.budget, rp.window, rp.sink_pages};
+    st.info[slot] = ReuseInfo{L.first_pos, L.first_pos, rp.budget, rp.window, rp.sink_pages, u0};
 }
 
 template <int D>
@@ -222,10 +333,12 @@ cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists,
 
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
-                                const int32_t* keep, const int32_t* chunks, cudaStream_t stream) {
+                                const int32_t* keep, const int32_t* chunks, const float* scores,
+                                cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  return launch_dependent(reuse_commit_kernel, static_cast<unsigned>(num_sel), 256, 0, stream,
-                          lists, sel_lists, num_kv_heads, rp, st, keep, chunks);
+  if (rp.check_mass && !scores) return cudaErrorInvalidValue;
+  return launch_dependent(reuse_commit_kernel, static_cast<unsigned>(num_sel), kCommitThreads, 0,
+                          stream, lists, sel_lists, num_kv_heads, rp, st, keep, chunks, scores);
 }
 
 }  // namespace cisa::cuda::detail

@@ -10,9 +10,13 @@
 // new-chunks check passes: the chunks N that became eligible since S was chosen are scored with
 // S under the row's index query, exactly as the decode score kernel scores them (same lanes,
 // same order of operations, so a score here equals the score kernel's bit for bit), and the
-// check fails iff some chunk of N outranks the lowest-ranked chunk of S. A kept list gets S's
-// pages written into its selected part here, and its last use moved to the row.
-// reuse_commit, after top-k, stores the fresh selection of every candidate that did not keep S.
+// check fails iff some chunk of N outranks the lowest-ranked chunk of S. The check `mass` also
+// scores the row's sample of E_{a0} (core/plan.h) and fails iff u1 > u0 + slack; the sums are
+// fp64 with a running maximum carried through the block's reduction, so they need no second
+// pass over the representatives. A kept list gets S's pages written into its selected part
+// here, and its last use moved to the row.
+// reuse_commit, after top-k, stores the fresh selection of every candidate that did not keep S,
+// and under `mass` its u0 from the list's scores (one more read of them).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,10 +28,15 @@
 
 namespace cisa::cuda::detail {
 
+// core/plan.h's kReuseMassStride (backend.cpp asserts that they are equal).
+inline constexpr int kReuseMassStrideDevice = 16;
+
 // The plan's side of a reuse launch.
 struct ReuseParams {
   int64_t budget, window, sink_pages, reuse_steps;
-  int32_t check_new_chunks;  // ReuseCheck::kNewChunks
+  int32_t check_new_chunks;  // ReuseCheck::kNewChunks or kMass
+  int32_t check_mass;        // ReuseCheck::kMass
+  double mass_slack;         // SelectionParams::reuse_mass_slack (check_mass only)
 };
 
 // Also writes every selecting list's index query (qbar, qsplit: launch_index_queries' outputs),
@@ -39,8 +48,10 @@ cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists,
                                 const ReuseState& st, int32_t* keep, int32_t* pages,
                                 int32_t* chunks, cudaStream_t stream);
 
+// scores: the plan's score array (read under check_mass only).
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
-                                const int32_t* keep, const int32_t* chunks, cudaStream_t stream);
+                                const int32_t* keep, const int32_t* chunks, const float* scores,
+                                cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

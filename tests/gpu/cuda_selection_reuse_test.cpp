@@ -11,16 +11,22 @@
 // lists and change nothing; a skipped position, a changed budget and a reset sequence must
 // select afresh.
 //
+// The check `mass` runs in the same host model: u1 and u0 from the plain plan's scores in fp64
+// as the CPU backend computes them (the device sums in another order, so the test asserts that
+// its data leaves no decision within 1e-9 of the threshold).
+//
 // ModelDecodeWithReuse: a synthetic model on the CUDA backend decodes with r = 4: lists are
 // kept (counters), graphs replay it with the same logits as eager launches, and r = 1 given
-// explicitly is the default bit for bit.
+// explicitly is the default bit for bit; the checks new-chunks and mass are deterministic.
 #include <gtest/gtest.h>
 
 #ifdef CISA_WITH_CUDA
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,9 +53,11 @@ struct HostReuse {
     std::vector<int32_t> chunks;
     int64_t selected_at = -1, last_used = -1;
     SelectionParams params;
+    double u0 = 0;  // the check `mass`: the share outside S at a0 (0 under other checks)
   };
   std::map<std::tuple<int, int, int>, State> st;  // (seq slot, layer slot, kv)
   SelectionReuseStats stats;
+  int64_t mass_kept = 0, mass_failed = 0;  // `mass` rows past new-chunks: kept, re-selected
 };
 
 // Device memory of a ReuseState with `seqs` sequence slots, `layers` layer slots.
@@ -132,16 +140,36 @@ void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<Ba
         else
           keep = keep && reuse_allowed(a, s.selected_at, s.last_used, p);
         bool checked = false;
-        if (keep && !repeat && p.reuse_check == ReuseCheck::kNewChunks) {
+        const bool mass = p.reuse_check == ReuseCheck::kMass;
+        // Scores of the plain plan: chunk j at j − sinks of the list's eligible range.
+        const float* sc = scores.data() + off[static_cast<size_t>(L)];
+        if (keep && !repeat && p.reuse_check != ReuseCheck::kNone) {
           const ChunkRange n = newly_eligible(s.selected_at, a, kB, p);
-          if (n.end > n.begin) {
+          if (n.end > n.begin || mass) {
             checked = true;
-            // Scores of the plain plan: chunk j at j − sinks of the list's eligible range.
-            const float* sc = scores.data() + off[static_cast<size_t>(L)];
-            std::vector<float> ks, ns;
+            std::vector<float> ks, ns, xs;
             for (int32_t c : s.chunks) ks.push_back(sc[c - p.sink_pages]);
             for (int64_t j = n.begin; j < n.end; ++j) ns.push_back(sc[j - p.sink_pages]);
             keep = !new_chunk_outranks(ks, ns);
+            if (mass && keep) {  // u1 as the CPU backend computes it (selection.cpp)
+              for (int64_t j = p.sink_pages; j < n.begin; ++j)
+                if (in_reuse_mass_sample(j, a) &&
+                    !std::binary_search(s.chunks.begin(), s.chunks.end(), static_cast<int32_t>(j)))
+                  xs.push_back(sc[j - p.sink_pages]);
+              std::vector<float> all = ks;
+              all.insert(all.end(), ns.begin(), ns.end());
+              all.insert(all.end(), xs.begin(), xs.end());
+              const float shift = max_finite_score(all);
+              const double in_s = exp_score_sum(ks, shift);
+              const double out =
+                  exp_score_sum(ns, shift) + double{kReuseMassStride} * exp_score_sum(xs, shift);
+              const double u1 = in_s + out > 0 ? out / (in_s + out) : 0.0;
+              // The device sums in another order: a margin this small would be a coin toss.
+              ASSERT_GT(std::abs(u1 - (s.u0 + p.reuse_mass_slack)), 1e-9)
+                  << "a near tie of the mass check in the test's data";
+              keep = !(u1 > s.u0 + p.reuse_mass_slack);
+              ++(keep ? host.mass_kept : host.mass_failed);
+            }
           }
         }
         const size_t sel0 = static_cast<size_t>(p.sink_pages);
@@ -154,6 +182,17 @@ void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<Ba
                           expect.begin() + static_cast<long>(sel0 + p.budget));
           s.selected_at = s.last_used = a;
           s.params = p;
+          s.u0 = 0;
+          if (mass) {  // exact over E_a, from the plain plan's scores
+            const std::span<const float> e(sc,
+                                           static_cast<size_t>(a / kB - p.window - p.sink_pages));
+            const float shift = max_finite_score(e);
+            const double all = exp_score_sum(e, shift);
+            double in_s = 0;
+            for (int32_t c : s.chunks)
+              in_s += exp_score_sum(e.subspan(static_cast<size_t>(c - p.sink_pages), 1), shift);
+            s.u0 = all > 0 ? 1.0 - in_s / all : 0.0;
+          }
         }
         if (!repeat) {
           host.stats.selected += keep ? 0 : 1;
@@ -199,10 +238,16 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
   cases[2].p.reuse_check = ReuseCheck::kNone;
   cases.push_back(cases[0]);
   cases.back().topk_staged = false;
+  // The check `mass`: a slack that keeps some rows and re-selects others as the queries drift.
+  for (const Case& m : {cases[0], cases[1]}) {
+    cases.push_back(m);
+    cases.back().p.reuse_check = ReuseCheck::kMass;
+    cases.back().p.reuse_mass_slack = m.p.reuse_steps == 8 ? 0.02 : 0.0;
+  }
   std::mt19937 rng(77);
   for (const Case& c : cases) {
-    SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) +
-                 " r=" + std::to_string(c.p.reuse_steps) +
+    SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " r=" +
+                 std::to_string(c.p.reuse_steps) + " check " + reuse_check_name(c.p.reuse_check) +
                  (c.topk_staged ? " top-k staged" : " top-k one block"));
     const std::vector<int64_t> len = {4000, 2600, 3300};
     int64_t pages = 0;
@@ -253,8 +298,12 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     }
     EXPECT_GT(kept, 0);
     EXPECT_GT(host.stats.selected, 0);
-    if (c.p.reuse_check == ReuseCheck::kNewChunks) {
+    if (c.p.reuse_check != ReuseCheck::kNone) {
       EXPECT_GT(host.stats.checked, 0);
+    }
+    if (c.p.reuse_check == ReuseCheck::kMass) {  // the mass test itself both kept and fired
+      EXPECT_GT(host.mass_kept, 0);
+      EXPECT_GT(host.mass_failed, 0);
     }
     // A different budget: nothing of the state is kept.
     SelectionParams p2 = c.p;
@@ -397,6 +446,21 @@ TEST(CudaSelectionReuse, ModelDecodeWithReuse) {
   ASSERT_TRUE(decode(*m, &att, &a2).ok());
   ASSERT_EQ(a1.size(), a2.size());
   EXPECT_EQ(std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)), 0);
+
+  // The check `mass`: deterministic as well, and it runs on every row that could keep S, so
+  // each checked list either kept S or re-selected.
+  att.selection.reuse_check = ReuseCheck::kMass;
+  att.selection.reuse_mass_slack = 0.05;
+  const SelectionReuseStats m0 = m->backend().selection_reuse_stats();
+  std::vector<float> b1, b2;
+  ASSERT_TRUE(decode(*m, &att, &b1).ok());
+  ASSERT_TRUE(decode(*m, &att, &b2).ok());
+  const SelectionReuseStats m1 = m->backend().selection_reuse_stats();
+  ASSERT_EQ(b1.size(), b2.size());
+  EXPECT_EQ(std::memcmp(b1.data(), b2.data(), b1.size() * sizeof(float)), 0);
+  EXPECT_EQ(m1.selected - m0.selected + m1.reused - m0.reused, 2 * lists);
+  EXPECT_GT(m1.checked - m0.checked, 0);
+  EXPECT_EQ(m1.checked - m0.checked, m1.reused - m0.reused + m1.reselected - m0.reselected);
 }
 #endif
 

@@ -467,6 +467,53 @@ TEST(SelectionReuse, StateIsForgottenOnReleaseAndOnOtherParameters) {
   EXPECT_EQ(reuse.stats.reused, 1);
 }
 
+// u0 (plan.h) belongs to the selection it was measured on: a fresh selection under `mass` stores
+// 1 − Σ_S / Σ_E of its own scores (fp64 here), one under another check stores 0, never the last
+// mass selection's value.
+TEST(SelectionReuse, MassOfAFreshSelectionIsItsOwn) {
+  std::mt19937 rng(12);
+  const int d = 16;
+  auto cache = std::move(*PagedKvCache::create({.num_layers = 1,
+                                                .num_kv_heads = 1,
+                                                .head_dim = d,
+                                                .page_size = kB,
+                                                .num_pages = 200,
+                                                .dtype = KvDtype::kF32}));
+  const SeqId s = *cache->add_sequence();
+  test::append_random(*cache, s, 600, rng);
+  SelectionParams mass{.budget = 4, .window = 2, .reuse_steps = 4};
+  mass.reuse_check = ReuseCheck::kMass;
+  SelectionParams chunks = mass;
+  chunks.reuse_check = ReuseCheck::kNewChunks;
+  SelectionReuse reuse;
+  // Each row is fresh: one position is skipped before it, so no state may be kept.
+  auto fresh_row = [&](const SelectionParams& q, std::vector<float>* iq) {
+    test::append_random(*cache, s, 2, rng);
+    *iq = test::random_vec(rng, d);
+    PageLists l;
+    ASSERT_TRUE(select_pages(*cache, 0, std::vector<BatchEntry>{{s, *cache->length(s) - 1, 1}},
+                             iq->data(), q, nullptr, &l, nullptr, &reuse)
+                    .ok());
+  };
+  std::vector<float> iq;
+  fresh_row(mass, &iq);
+  if (::testing::Test::HasFatalFailure()) return;
+  const ReusedSelection& st = reuse.states(s, 0, 1)[0];
+  const int64_t a = *cache->length(s) - 1;
+  double all = 0, in_s = 0;
+  for (int64_t j = 0; j < a / kB - mass.window; ++j) {
+    const double e = std::exp(ref_score(*cache, s, 0, iq.data(), j));
+    all += e;
+    if (std::binary_search(st.chunks.begin(), st.chunks.end(), static_cast<int32_t>(j))) in_s += e;
+  }
+  EXPECT_GT(st.unselected_mass, 0.1);  // 4 of ~33 chunks: much of the mass is outside S
+  EXPECT_NEAR(st.unselected_mass, 1.0 - in_s / all, 1e-5);
+  fresh_row(chunks, &iq);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(reuse.states(s, 0, 1)[0].unselected_mass, 0.0);
+  EXPECT_EQ(reuse.stats.selected, 2);
+}
+
 // The CPU backend forgets a released sequence's selections: a new sequence that gets the same
 // SeqId and decodes right after the released one's last position selects afresh.
 TEST(SelectionReuse, CpuBackendReleasesStateWithTheSequence) {

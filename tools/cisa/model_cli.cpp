@@ -51,8 +51,8 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
   p.add_choice("--reuse-check", &o->reuse_check, {"none", "new-chunks", "mass"},
                "CISA with --reuse-steps > 1: re-select early when a chunk leaving the window "
                "outranks a kept one (new-chunks, default), also when the index query's mass "
-               "outside the kept chunks grew by more than --reuse-mass-slack (mass; CPU backend "
-               "only), or never (none)");
+               "outside the kept chunks grew by more than --reuse-mass-slack (mass), or never "
+               "(none)");
   p.add_double("--reuse-mass-slack", &o->reuse_mass_slack,
                "CISA with --reuse-check mass: growth of the mass outside the kept chunks that a "
                "kept selection tolerates (default 0.05)",
@@ -140,10 +140,6 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
   if (o.prefill_block < 1 || o.prefill_block > 65536)
     return invalid_argument("--prefill-block must be in [1, 65536]");
   m.prefill_block = static_cast<int>(o.prefill_block);
-  if (o.backend == "cuda" && o.reuse_steps > 1 && o.reuse_check == "mass")
-    return invalid_argument(
-        "--reuse-check mass runs on the CPU backend only so far: use new-chunks or none with "
-        "--backend cuda");
   CISA_ASSIGN_OR_RETURN(m.backend, backend_factory(o.backend, o.cuda_graphs == "on"));
   const bool cuda = o.backend == "cuda";
   CISA_ASSIGN_OR_RETURN(

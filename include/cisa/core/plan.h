@@ -32,7 +32,7 @@ Result<QShareQuery> parse_qshare_query(const std::string& s);  // "mean" | "last
 // reuse across decode steps"): kNone never; kNewChunks when a chunk that became eligible since the
 // selection outranks a reused one under the row's own index query; kMass also when the index
 // query's softmax mass outside the reused chunks, estimated from a sample, has grown by more than
-// SelectionParams::reuse_mass_slack since the selection (reuse_mass below; CPU backend only).
+// SelectionParams::reuse_mass_slack since the selection (kReuseMassStride below).
 enum class ReuseCheck { kNone, kNewChunks, kMass };
 const char* reuse_check_name(ReuseCheck c);                  // "none", "new-chunks", "mass"
 Result<ReuseCheck> parse_reuse_check(const std::string& s);  // "none" | "new-chunks" | "mass"
@@ -111,12 +111,14 @@ ChunkRange dense_chunk_range(const BatchEntry& e, int page_size, int64_t sliding
 
 // Reuse's kMass check. u = Σ_{j ∈ X} e^{s_j} / Σ_{j ∈ E} e^{s_j}: the share of the softmax of
 // scores s (the index query's, as top-k ranks them) that falls on chunks X outside S, over the
-// eligible chunks E. A fresh selection at a0 stores u0, exact over E_{a0}. The decode row at a that
-// could keep S scores S, N = newly_eligible(a0, a) and the chunks j of E_{a0} outside S with
-// j ≡ a (mod kReuseMassStride), and estimates u1 = (Σ_N + kReuseMassStride · Σ_sample) / (Σ_S +
-// Σ_N + kReuseMassStride · Σ_sample); it re-selects iff kNewChunks' check fails or u1 > u0 +
-// reuse_mass_slack. The sample's offset turns with a, so consecutive rows look at different
-// chunks. Non-finite scores weigh nothing.
+// eligible chunks E. A fresh selection at a0 stores u0, exact over E_{a0} (u0 = 0 when it was
+// made under another check, so a later mass check against it re-selects unless u1 ≤ σ). The
+// decode row at a that could keep S scores S, N = newly_eligible(a0, a) and the chunks j of
+// E_{a0} outside S with j ≡ a (mod kReuseMassStride), and estimates u1 = (Σ_N +
+// kReuseMassStride · Σ_sample) / (Σ_S + Σ_N + kReuseMassStride · Σ_sample); it re-selects iff
+// kNewChunks' check fails or u1 > u0 + reuse_mass_slack. The sample's offset turns with a, so
+// consecutive rows look at different chunks. Non-finite scores weigh nothing. Both backends
+// compute the sums in fp64 (the order of the terms may differ).
 inline constexpr int64_t kReuseMassStride = 16;
 // Whether chunk j is in the sample of the row at position a.
 inline bool in_reuse_mass_sample(int64_t j, int64_t a) {

@@ -50,7 +50,8 @@ struct ReusedSelection {
   int64_t selected_at = -1;     // position a0 of the decode row whose top-k chose S
   int64_t last_used = -1;       // position of the last decode row whose list held S
   SelectionParams params;       // the parameters S was chosen under
-  double unselected_mass = 0;   // kMass: u0, the softmax mass outside S at a0 (plan.h)
+  double unselected_mass = 0;   // kMass: u0, the softmax mass outside S at a0 (plan.h); 0
+                                // when S was chosen under another check
 };
 class SelectionReuse {
  public:

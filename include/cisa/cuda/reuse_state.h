@@ -11,6 +11,9 @@ struct ReuseInfo {
   int64_t selected_at;                 // position a0 of the row whose top-k chose S; −1: no state
   int64_t last_used;                   // position of the last decode row whose list held S
   int64_t budget, window, sink_pages;  // the parameters S was chosen under
+  // The check `mass`: u0, the index query's softmax mass outside S over the eligible chunks at
+  // a0 (core/plan.h); 0 for a selection made under another check, as on the CPU backend.
+  double unselected_mass;
 };
 struct ReuseState {
   int32_t* chunks = nullptr;  // device int32 [slots][k_stride], S ascending
