@@ -64,6 +64,11 @@ Status validate_config(const KvCacheConfig& c) {
     return invalid_argument("rep_layers has " + std::to_string(c.rep_layers.size()) +
                             " entries but the cache has " + std::to_string(c.num_layers) +
                             " layers");
+  if (c.rep_precision != RepPrecision::kNative && c.rep == RepKind::kMoment)
+    return invalid_argument(std::string("representative precision ") +
+                            rep_precision_name(c.rep_precision) +
+                            " needs mean or quest representatives (a moment representative's "
+                            "mean and variance would share one scale)");
   return Status::Ok();
 }
 
@@ -241,6 +246,7 @@ void PagedKvCache::update_rep(int layer, int32_t page) {
         row[static_cast<size_t>(d + i)] = hi;
       }
     }
+    quantize_rep(config_.rep_precision, row);
     void* dst = rb + (static_cast<int64_t>(page) * H + g) * rw * elem_size(config_.dtype);
     if (config_.dtype == KvDtype::kF32) {
       std::copy(row.begin(), row.end(), static_cast<float*>(dst));

@@ -123,7 +123,7 @@ Result<EvalConfig> parse_config(std::string_view text) {
                               "first layers dense, eN last layers dense, dlLIST layers dense "
                               "(e.g. dl0-2+29), lb[LABEL] per-layer budgets, rN decode steps "
                               "per selection, mN reuse check mass with slack N/1000, mean|last, "
-                              "cal or calLABEL)");
+                              "cal or calLABEL, fp8|int8 representatives)");
     };
     if (p == "mean") {
       c.query = QShareQuery::kMean;
@@ -131,6 +131,13 @@ Result<EvalConfig> parse_config(std::string_view text) {
     }
     if (p == "last") {
       c.query = QShareQuery::kLast;
+      continue;
+    }
+    if (p == "fp8" || p == "int8") {
+      if ((c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) ||
+          c.rep_precision != RepPrecision::kNative)
+        return bad();
+      c.rep_precision = p == "fp8" ? RepPrecision::kFp8 : RepPrecision::kInt8;
       continue;
     }
     if (p.substr(0, 3) == "cal") {

@@ -82,6 +82,7 @@ class ModelCache {
     o.backend = plan_.backend;
     o.batch_invariant = plan_.batch_invariant;
     CISA_ASSIGN_OR_RETURN(o.attention, config_attention(c, length, page_size, &o.rep));
+    o.rep_precision = c.rep_precision;
     if (c.calibrated) {
       auto it = plan_.index.find(c.indexer_label);
       if (it == plan_.index.end())

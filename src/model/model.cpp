@@ -248,6 +248,7 @@ Status Model::Impl::setup_attention_and_cache() {
   kc.num_pages = (context + kc.page_size - 1) / kc.page_size * opt.max_sequences;
   kc.dtype = opt.kv_dtype;
   kc.rep = opt.rep;
+  kc.rep_precision = opt.rep_precision;
   kc.rep_layers = layer_cisa;
   return be->create_cache(kc);
 }

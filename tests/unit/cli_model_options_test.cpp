@@ -134,6 +134,14 @@ TEST(CliModelOptions, SelectionReuseOptions) {
   EXPECT_EQ(parse({"--reuse-steps", "-3"}, &c), 2);      // the parser's own range
   EXPECT_EQ(parse({"--reuse-mass-slack", "1.5"}, &c), 2);
   EXPECT_EQ(parse({"--reuse-mass-slack", "nan"}, &c), 2);
+  // 8-bit representatives reach ModelOptions; anything else is refused by the parser.
+  ModelCliOptions rp;
+  ASSERT_EQ(parse({"--attention", "cisa", "--rep-precision", "int8"}, &rp), -1);
+  scale_cisa_defaults(&rp, 4096);
+  auto rpm = to_model_options(rp);
+  ASSERT_TRUE(rpm.ok()) << rpm.status().message();
+  EXPECT_EQ(rpm->rep_precision, RepPrecision::kInt8);
+  EXPECT_EQ(parse({"--rep-precision", "fp16"}, &c), 2);
   // The mass check and its slack reach SelectionParams.
   ModelCliOptions ms;
   ASSERT_EQ(parse({"--attention", "cisa", "--reuse-steps", "8", "--reuse-check", "mass",

@@ -190,6 +190,12 @@ TEST(EvalConfig, Parse) {
   EXPECT_DOUBLE_EQ(ma->selection.reuse_mass_slack, 0.1);
   for (const char* bad : {"cisa:x8:r8:m1001", "cisa:x8:r8:m-1", "recency:x8:m10", "cisa:x8:mx"})
     EXPECT_FALSE(parse_config(bad).ok()) << bad;
+  // fp8 | int8: the representatives' precision (cisa and quest only, once).
+  EXPECT_EQ(parse_config("cisa:x8")->rep_precision, RepPrecision::kNative);
+  EXPECT_EQ(parse_config("cisa:x8:g4:fp8")->rep_precision, RepPrecision::kFp8);
+  EXPECT_EQ(parse_config("quest:x8:int8")->rep_precision, RepPrecision::kInt8);
+  for (const char* bad : {"dense:fp8", "recency:x8:int8", "moment:x8:fp8", "cisa:x8:fp8:int8"})
+    EXPECT_FALSE(parse_config(bad).ok()) << bad;
 }
 
 TEST(EvalConfig, BudgetAndAttentionOptions) {

@@ -58,6 +58,9 @@ void add_model_options(ArgParser& p, ModelCliOptions* o, bool with_context) {
                "kept selection tolerates (default 0.05)",
                {0.0, 1.0});
   p.add_choice("--rep", &o->rep, {"mean", "quest"}, "CISA: page representatives (default mean)");
+  p.add_choice("--rep-precision", &o->rep_precision, {"native", "fp8", "int8"},
+               "CISA: representatives rounded to 8 bits with a power-of-two scale each (CPU "
+               "backend; a quality study, docs/design.md; default native: the KV dtype)");
   p.add_choice("--early-selection", &o->early_selection, {"on", "off"},
                "CISA: decode steps select pages before the layer's q/k/v products, from its "
                "input (default on; the same pages; CUDA overlaps top-k with those products)");
@@ -160,6 +163,7 @@ Result<ModelOptions> to_model_options(const ModelCliOptions& o) {
     return invalid_argument(
         "--llamacpp-numerics runs llama.cpp's CPU arithmetic: it needs --backend cpu");
   CISA_ASSIGN_OR_RETURN(m.rep, parse_rep_kind(o.rep));
+  CISA_ASSIGN_OR_RETURN(m.rep_precision, parse_rep_precision(o.rep_precision));
   m.attention.mode = o.attention == "cisa" ? AttentionMode::kCisa : AttentionMode::kDense;
   m.attention.early_selection = o.early_selection == "on";
   if (o.budget != ModelCliOptions::kUnset) m.attention.selection.budget = o.budget;
@@ -295,6 +299,7 @@ Json attention_summary(const Model& m, const ForwardStats& prefill, const Forwar
     j["reuse_check"] = reuse_check_name(s.reuse_check);
     if (s.reuse_check == ReuseCheck::kMass) j["reuse_mass_slack"] = s.reuse_mass_slack;
     j["rep"] = rep_kind_name(m.options().rep);
+    j["rep_precision"] = rep_precision_name(m.options().rep_precision);
     j["dense_layers"] = m.options().attention.dense_layers;
     j["index_projection"] =
         m.options().attention.index.empty() ? "mean of the group's query heads" : "supplied";

@@ -55,7 +55,7 @@ struct ModelCliOptions {
   // budget and window: kUnset until scale_cisa_defaults() sets them from the model's context.
   static constexpr int64_t kUnset = INT64_MIN;
   int64_t budget = kUnset, window = kUnset, qshare = 16, sink_pages = 0, dense_layers = 0;
-  std::string qshare_query = "mean", rep = "mean";
+  std::string qshare_query = "mean", rep = "mean", rep_precision = "native";
   int64_t reuse_steps = 1;                 // CISA: decode steps one selection serves
   std::string reuse_check = "new-chunks";  // CISA: early re-selection under reuse
   double reuse_mass_slack = 0.05;          // CISA: --reuse-mass-slack (reuse check "mass")

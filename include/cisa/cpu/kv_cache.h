@@ -31,6 +31,7 @@
 #include "cisa/core/batch.h"
 #include "cisa/core/page_table.h"
 #include "cisa/core/plan.h"
+#include "cisa/core/rep_quant.h"
 #include "cisa/core/status.h"
 
 namespace cisa {
@@ -62,6 +63,11 @@ struct KvCacheConfig {
   int64_t num_pages = 0;  // pool capacity, in pages (each page spans all layers)
   KvDtype dtype = KvDtype::kF32;
   RepKind rep = RepKind::kMean;
+  // kFp8 / kInt8 (kMean and kQuest only): each representative is rounded to 8 bits with its own
+  // power-of-two scale (core/rep_quant.h) and stored dequantized in `dtype` (exact in f32 and
+  // bf16), so selection sees what a cache of 1-byte representatives would hold. CPU cache only:
+  // a study of quality before a device layout exists (docs/design.md).
+  RepPrecision rep_precision = RepPrecision::kNative;
   // Layers that keep a representative cache (the global-attention layers). Empty: every layer.
   std::vector<bool> rep_layers;
 };

@@ -169,6 +169,8 @@ struct EvalConfig {
   // mN: reuse check "mass" with SelectionParams::reuse_mass_slack = N / 1000; −1: the default
   // check (new-chunks).
   int64_t reuse_mass_milli = -1;
+  // fp8 | int8: 8-bit representatives (KvCacheConfig::rep_precision; cisa and quest only).
+  RepPrecision rep_precision = RepPrecision::kNative;
 };
 // "dense" | KIND[:OPT]… with KIND cisa|quest|recency|oracle and OPT kN (budget), xR (nominal
 // compression), gN (G), wN (window pages), sN (sink pages), dN (first N layers dense), eN (last N

@@ -186,6 +186,7 @@ struct ModelOptions {
   // against its logits. ~2x slower than kDefault (Gemma 3). CPU backend only.
   AttentionNumerics attention_numerics = AttentionNumerics::kDefault;
   RepKind rep = RepKind::kMean;
+  RepPrecision rep_precision = RepPrecision::kNative;  // KvCacheConfig::rep_precision
   AttentionOptions attention;
   // Makes the backend the model runs on, called once by load with {.threads = threads}. Empty:
   // make_cpu_backend. Page selectors, attention taps and kLlamaCpp numerics need the CPU backend.

@@ -84,6 +84,10 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
   if (config.rep == RepKind::kMoment)
     return unimplemented(
         "cuda: moment representatives (mean and variance) are implemented on the CPU backend only");
+  if (config.rep_precision != RepPrecision::kNative)
+    return unimplemented(std::string("cuda: ") + rep_precision_name(config.rep_precision) +
+                         " representatives are a CPU-backend study so far (docs/design.md, "
+                         "\"Representative precision\"); the CUDA cache keeps them in bf16");
   // Sizes in double first: a configuration too large for int64 byte counts is just too large.
   const int rep_width = cisa::rep_width(config.rep, config.head_dim);
   const double kv_d =

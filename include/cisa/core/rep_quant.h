@@ -1,0 +1,33 @@
+// cisa/core/rep_quant.h — representatives rounded to 8 bits (RepPrecision, cpu/kv_cache.h): how
+// much selection quality a cache of 1-byte representatives would cost, measured on the CPU
+// before any device kernel reads them (docs/design.md, "Representative precision").
+//
+//   std::vector<float> r = mean_key;        // one representative (one page, one KV group)
+//   quantize_rep(RepPrecision::kFp8, r);    // r now holds the values an fp8 cache would give
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "cisa/core/status.h"
+
+namespace cisa {
+
+// kNative: the cache's own element type (f32 or bf16). kFp8: OCP fp8 E4M3 (the "FN" variant:
+// largest finite 448, no infinities). kInt8: signed integers in [−127, 127]. Both 8-bit kinds use
+// one power-of-two scale 2^e per representative, the smallest that puts its largest magnitude
+// within range, so that a value times its scale is exact in bf16 and in f32.
+enum class RepPrecision { kNative, kFp8, kInt8 };
+const char* rep_precision_name(RepPrecision p);                  // "native", "fp8", "int8"
+Result<RepPrecision> parse_rep_precision(const std::string& s);  // the names above
+
+// x rounded to the nearest E4M3 value, ties to the even code; |x| above 448 saturates to ±448
+// (an E4M3FN cache has no infinity). NaN stays NaN.
+float round_to_e4m3(float x);
+
+// Rounds every value of one representative in place to `p` (kNative: no change) with the
+// representative's own scale. A representative holding a non-finite value, or only zeros, is
+// left as it is.
+void quantize_rep(RepPrecision p, std::span<float> rep);
+
+}  // namespace cisa
