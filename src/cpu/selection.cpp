@@ -276,7 +276,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
   // varies from call to call, and a steady decode loop must not allocate.
   int64_t max_eligible = 0;
   for (const auto& grp : out->groups)
-    if (!grp.dense) max_eligible = std::max(max_eligible, grp.first / B - p.window - p.sink_pages);
+    if (!grp.dense) max_eligible = std::max(max_eligible, eligible_count(grp.first, B, p));
   for (auto& th : scratch) {
     th.qbar.reserve(static_cast<size_t>(d));
     th.scores.reserve(static_cast<size_t>(max_eligible));
@@ -301,7 +301,7 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
     for (int k = 0; k < d; ++k) qbar[k] *= inv;
   };
   auto eligible_of = [&](int64_t t) {
-    return out->groups[static_cast<size_t>(t / H)].first / B - p.window - p.sink_pages;
+    return eligible_count(out->groups[static_cast<size_t>(t / H)].first, B, p);
   };
 
   // Selection reuse (plan.h, docs/design.md): decide for every decode list whether it keeps its
@@ -427,9 +427,9 @@ Status select_pages(const PagedKvCache& cache, int layer, std::span<const BatchE
       st->last_used = grp.first;
       return;
     }
-    const int64_t ca = grp.first / B;
     auto& s = scratch[static_cast<size_t>(thread)];
-    const int64_t first_eligible = p.sink_pages, end_eligible = ca - p.window;
+    const ListLayout lay = list_layout(grp, B, p);
+    const int64_t first_eligible = lay.eligible_begin, end_eligible = lay.eligible_end;
     std::span<const float> scores;
     if (presplit) {
       scores = {ws->list_scores.data() + ws->score_offsets[static_cast<size_t>(t)],
