@@ -10,6 +10,12 @@
 //          representatives (H x 256 bytes, adjacent in the [page][kv][d] layout) read at once
 //   allkv+pipe, and block sizes of 512 / 1024 / 2048 chunks
 // plus `read`, a grid-stride read of the same number of contiguous bytes (the ceiling).
+// The same shapes on 1-byte representatives (docs/design.md "Representative precision"):
+//   int8 / fp8   one byte a value ([page][kv][d], 128 bytes a representative at d = 128) and
+//                one power-of-two exponent a representative in a second array ([page][kv]
+//                int8), D/16 lanes per chunk with 16 values each; the score is the dot product
+//                times 2^e. TB/s counts both arrays; the ratio to `base 512` on bf16 is the
+//                scoring time 1-byte representatives would save.
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -cudart static bench/cuda/score_read_probe.cu \
 //          -o score_read_probe       (or the CMake target score_read_probe)
@@ -27,7 +33,14 @@
 
 namespace {
 
-constexpr int kD = 128, kLanesPerChunk = kD / 8, kThreads = 256;
+constexpr int kD = 128, kThreads = 256;
+
+// The representatives' element: bf16 (the caches' today), or one byte with a scale.
+enum class Elem { kBf16, kInt8, kFp8 };
+template <Elem E>
+constexpr int kBytes = E == Elem::kBf16 ? 2 : 1;
+template <Elem E>
+constexpr int kLanesPerChunk = kD* kBytes<E> / 16;  // 16 bytes a lane
 
 #define CHECK(x)                                                                              \
   do {                                                                                        \
@@ -37,6 +50,38 @@ constexpr int kD = 128, kLanesPerChunk = kD / 8, kThreads = 256;
       std::exit(1);                                                                           \
     }                                                                                         \
   } while (0)
+
+// Two E4M3 values (low byte first) to f32, through the hardware's f16x2 conversion (sm_89+).
+__device__ __forceinline__ void e4m3x2_to_f32(uint16_t v, float* lo, float* hi) {
+  asm("{\n .reg .b32 h;\n .reg .b16 a, b;\n cvt.rn.f16x2.e4m3x2 h, %2;\n mov.b32 {a, b}, h;\n"
+      " cvt.f32.f16 %0, a;\n cvt.f32.f16 %1, b;\n}"
+      : "=f"(*lo), "=f"(*hi)
+      : "h"(v));
+}
+
+// 16 bytes of 1-byte values against 16 query values.
+template <Elem E>
+__device__ __forceinline__ float dot16(const uint4& w, const float* q) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  float acc = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    if constexpr (E == Elem::kInt8) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        acc = fmaf(q[4 * h + j], static_cast<float>(static_cast<int8_t>(ws[h] >> (8 * j))), acc);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float lo, hi;
+        e4m3x2_to_f32(static_cast<uint16_t>(ws[h] >> (16 * j)), &lo, &hi);
+        acc = fmaf(q[4 * h + 2 * j], lo, acc);
+        acc = fmaf(q[4 * h + 2 * j + 1], hi, acc);
+      }
+    }
+  }
+  return acc;
+}
 
 __device__ __forceinline__ float dot8(const uint4& w, const float* q) {
   const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
@@ -53,12 +98,14 @@ __device__ __forceinline__ float dot8(const uint4& w, const float* q) {
 // (`kv0`). A warp-wide load covers 2 segments (D = 128); lane group grp = lane / 16 takes segment
 // 2j + grp of load slot j. U slots per round, PIPE: the next round's slots loaded before the
 // current round's arithmetic.
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE>
-__global__ void __launch_bounds__(kThreads)
-    score_probe_kernel(const uint16_t* __restrict__ reps, const int32_t* __restrict__ tables,
-                       int64_t pages_per_seq, const float* __restrict__ qs,
-                       float* __restrict__ scores) {
-  constexpr int U = 8, WARPS = kThreads / 32, CPL = 32 / kLanesPerChunk;
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E>
+__device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
+                                            const int8_t* __restrict__ exps,
+                                            const int32_t* __restrict__ tables,
+                                            int64_t pages_per_seq, const float* __restrict__ qs,
+                                            float* __restrict__ scores) {
+  constexpr int LPC = kLanesPerChunk<E>, VPL = 16 / kBytes<E>;  // values a lane
+  constexpr int U = 8, WARPS = kThreads / 32, CPL = 32 / LPC;
   constexpr int KVS = ALLKV ? H : 1;  // KV heads a block scores
   constexpr int SEGS = NCB * KVS;
   constexpr int PER_ROUND = WARPS * U * CPL;
@@ -70,51 +117,77 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c0 = static_cast<int64_t>(cb) * NCB;
   const int32_t* table = tables + seq * pages_per_seq + c0;
   for (int i = threadIdx.x; i < NCB; i += kThreads) page_s[i] = table[i];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % kLanesPerChunk,
-            grp = lane / kLanesPerChunk;
-  float q[QN][8];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
+  float q[QN][VPL];
 #pragma unroll
   for (int m = 0; m < QN; ++m) {
     const int kv = ALLKV ? (grp + m * CPL) % H : kv0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[m][i] = qs[(seq * H + kv) * kD + sub * 8 + i];
+    for (int i = 0; i < VPL; ++i) q[m][i] = qs[(seq * H + kv) * kD + sub * VPL + i];
   }
   __syncthreads();
   auto seg_of = [&](int r0, int u) { return r0 + (warp * U + u) * CPL + grp; };
-  auto load = [&](uint4* buf, int r0) {
+  auto load = [&](uint4* buf, int8_t* ebuf, int r0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int e = seg_of(r0, u);
       const int c = e / KVS, kv = ALLKV ? e % KVS : kv0;
-      buf[u] = __ldg(reinterpret_cast<const uint4*>(
-          reps + (static_cast<int64_t>(page_s[c]) * H + kv) * kD + sub * 8));
+      const int64_t rep = static_cast<int64_t>(page_s[c]) * H + kv;
+      buf[u] = __ldg(reinterpret_cast<const uint4*>(reps + rep * kD * kBytes<E>) + sub);
+      if constexpr (E != Elem::kBf16) ebuf[u] = __ldg(exps + rep);
     }
   };
-  auto consume = [&](const uint4* buf, int r0) {
+  auto consume = [&](const uint4* buf, const int8_t* ebuf, int r0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int e = seg_of(r0, u);
       const int c = e / KVS, kv = ALLKV ? e % KVS : kv0;
-      // kv = (2u + grp) % H = grp + 2m: query m of the lane
-      float acc = dot8(buf[u], q[ALLKV && H >= CPL ? ((u * CPL) % H) / CPL : 0]);
+      // kv = (CPL·u + grp) % H = grp + CPL·m: query m of the lane
+      const float* qm = q[ALLKV && H >= CPL ? ((u * CPL) % H) / CPL : 0];
+      float acc;
+      if constexpr (E == Elem::kBf16)
+        acc = dot8(buf[u], qm);
+      else
+        acc = dot16<E>(buf[u], qm);
 #pragma unroll
-      for (int o = kLanesPerChunk / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if constexpr (E != Elem::kBf16) acc *= __int_as_float((ebuf[u] + 127) << 23);  // 2^e
       if (sub == 0) scores[(static_cast<int64_t>(seq) * H + kv) * pages_per_seq + c0 + c] = acc;
     }
   };
   uint4 a[U], b[U];
-  load(a, 0);
+  int8_t ea[U] = {}, eb[U] = {};
+  load(a, ea, 0);
   for (int r0 = 0; r0 < SEGS; r0 += PER_ROUND) {
     if (PIPE) {
-      if (r0 + PER_ROUND < SEGS) load(b, r0 + PER_ROUND);
-      consume(a, r0);
+      if (r0 + PER_ROUND < SEGS) load(b, eb, r0 + PER_ROUND);
+      consume(a, ea, r0);
 #pragma unroll
-      for (int u = 0; u < U; ++u) a[u] = b[u];
+      for (int u = 0; u < U; ++u) a[u] = b[u], ea[u] = eb[u];
     } else {
-      if (r0 != 0) load(a, r0);
-      consume(a, r0);
+      if (r0 != 0) load(a, ea, r0);
+      consume(a, ea, r0);
     }
   }
+}
+
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE>
+__global__ void __launch_bounds__(kThreads)
+    score_probe_kernel(const uint8_t* __restrict__ reps, const int32_t* __restrict__ tables,
+                       int64_t pages_per_seq, const float* __restrict__ qs,
+                       float* __restrict__ scores) {
+  score_probe<NCB, H, ALLKV, SWAP, PIPE, Elem::kBf16>(reps, nullptr, tables, pages_per_seq, qs,
+                                                      scores);
+}
+
+// The 1-byte variants: min. blocks 1 lets ptxas take the registers the fp8 conversion needs
+// (with the bf16 kernel's bounds it spills at H = 1).
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E>
+__global__ void __launch_bounds__(kThreads, 1)
+    score_probe_byte_kernel(const uint8_t* __restrict__ reps, const int8_t* __restrict__ exps,
+                            const int32_t* __restrict__ tables, int64_t pages_per_seq,
+                            const float* __restrict__ qs, float* __restrict__ scores) {
+  score_probe<NCB, H, ALLKV, SWAP, PIPE, E>(reps, exps, tables, pages_per_seq, qs, scores);
 }
 
 __global__ void read_kernel(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
@@ -133,12 +206,17 @@ struct Case {
   bool random_tables;
 };
 
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE>
-void launch(const Case& c, int64_t pages, const uint16_t* reps, const int32_t* tables,
-            const float* q, float* scores) {
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E = Elem::kBf16>
+void launch(const Case& c, int64_t pages, const uint8_t* reps, const int8_t* exps,
+            const int32_t* tables, const float* q, float* scores) {
   const int cbs = static_cast<int>(pages / NCB), streams = ALLKV ? c.seqs : c.seqs * H;
   const dim3 grid = SWAP ? dim3(streams, cbs) : dim3(cbs, streams);
-  score_probe_kernel<NCB, H, ALLKV, SWAP, PIPE><<<grid, kThreads>>>(reps, tables, pages, q, scores);
+  if constexpr (E == Elem::kBf16)
+    score_probe_kernel<NCB, H, ALLKV, SWAP, PIPE>
+        <<<grid, kThreads>>>(reps, tables, pages, q, scores);
+  else
+    score_probe_byte_kernel<NCB, H, ALLKV, SWAP, PIPE, E>
+        <<<grid, kThreads>>>(reps, exps, tables, pages, q, scores);
 }
 
 template <int H>
@@ -146,13 +224,20 @@ void run_case(const Case& c) {
   const int64_t pages = int64_t{1} << 16;  // 1,048,576 tokens a sequence
   const int64_t pool = pages * c.seqs;
   const size_t rep_bytes = static_cast<size_t>(pool) * H * kD * 2;
-  uint16_t* reps;
+  const size_t byte_reps = static_cast<size_t>(pool) * H * kD, exp_bytes = pool * H;
+  uint8_t* reps;
+  uint8_t* reps8;  // 1-byte representatives and their exponents
+  int8_t* exps;
   int32_t* tables;
   float *q, *scores;
   uint32_t* sink;
   char* flush;
   const size_t flush_bytes = size_t{512} << 20;
   CHECK(cudaMalloc(&reps, rep_bytes));
+  CHECK(cudaMalloc(&reps8, byte_reps));
+  CHECK(cudaMalloc(&exps, exp_bytes));
+  CHECK(cudaMemset(reps8, 0x3a, byte_reps));  // int8 58, E4M3 1.25
+  CHECK(cudaMemset(exps, 0, exp_bytes));
   CHECK(cudaMalloc(&tables, pool * 4));
   CHECK(cudaMalloc(&q, static_cast<size_t>(c.seqs) * H * kD * 4));
   CHECK(cudaMalloc(&scores, static_cast<size_t>(pool) * H * 4));
@@ -171,7 +256,7 @@ void run_case(const Case& c) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  const auto time = [&](const char* variant, auto&& fn) {
+  const auto time = [&](const char* variant, auto&& fn, size_t bytes) {
     std::vector<float> ms;
     for (int it = 0; it < 11; ++it) {
       // L2 emptied of the representatives by reading other bytes (clean lines: a memset here
@@ -189,30 +274,55 @@ void run_case(const Case& c) {
     }
     std::sort(ms.begin(), ms.end());
     const double m = ms[ms.size() / 2];
-    std::printf("%-26s %-16s %8.4f ms %6.2f TB/s\n", c.name, variant, m, rep_bytes / m / 1e9);
+    std::printf("%-26s %-16s %8.4f ms %6.2f TB/s\n", c.name, variant, m, bytes / m / 1e9);
   };
-  time("read", [&] {
+  const auto bf16 = [&](const char* variant, auto&& fn) { time(variant, fn, rep_bytes); };
+  const auto byte8 = [&](const char* variant, auto&& fn) {
+    time(variant, fn, byte_reps + exp_bytes);
+  };
+  bf16("read", [&] {
     read_kernel<<<4 * sms, 512>>>(reinterpret_cast<const uint4*>(reps),
                                   static_cast<int64_t>(rep_bytes / 16), sink);
   });
-  time("base 512", [&] { launch<512, H, false, false, false>(c, pages, reps, tables, q, scores); });
-  time("swap 512", [&] { launch<512, H, false, true, false>(c, pages, reps, tables, q, scores); });
-  time("pipe 512", [&] { launch<512, H, false, false, true>(c, pages, reps, tables, q, scores); });
-  time("pipe 2048",
-       [&] { launch<2048, H, false, false, true>(c, pages, reps, tables, q, scores); });
-  time("swap+pipe 512",
-       [&] { launch<512, H, false, true, true>(c, pages, reps, tables, q, scores); });
+  byte8("int8 read", [&] {
+    read_kernel<<<4 * sms, 512>>>(reinterpret_cast<const uint4*>(reps8),
+                                  static_cast<int64_t>(byte_reps / 16), sink);
+  });
+  byte8("int8 base 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8>(c, pages, reps8, exps, tables, q, scores);
+  });
+  byte8("fp8 base 512", [&] {
+    launch<512, H, false, false, false, Elem::kFp8>(c, pages, reps8, exps, tables, q, scores);
+  });
+  byte8("int8 pipe 512", [&] {
+    launch<512, H, false, false, true, Elem::kInt8>(c, pages, reps8, exps, tables, q, scores);
+  });
+  byte8("int8 base 1024", [&] {
+    launch<1024, H, false, false, false, Elem::kInt8>(c, pages, reps8, exps, tables, q, scores);
+  });
+  bf16("base 512",
+       [&] { launch<512, H, false, false, false>(c, pages, reps, nullptr, tables, q, scores); });
+  bf16("swap 512",
+       [&] { launch<512, H, false, true, false>(c, pages, reps, nullptr, tables, q, scores); });
+  bf16("pipe 512",
+       [&] { launch<512, H, false, false, true>(c, pages, reps, nullptr, tables, q, scores); });
+  bf16("pipe 2048",
+       [&] { launch<2048, H, false, false, true>(c, pages, reps, nullptr, tables, q, scores); });
+  bf16("swap+pipe 512",
+       [&] { launch<512, H, false, true, true>(c, pages, reps, nullptr, tables, q, scores); });
   if constexpr (H > 1) {
-    time("allkv 512",
-         [&] { launch<512, H, true, false, false>(c, pages, reps, tables, q, scores); });
-    time("allkv+pipe 512",
-         [&] { launch<512, H, true, false, true>(c, pages, reps, tables, q, scores); });
-    time("allkv+pipe 256",
-         [&] { launch<256, H, true, false, true>(c, pages, reps, tables, q, scores); });
-    time("allkv+pipe 1024",
-         [&] { launch<1024, H, true, false, true>(c, pages, reps, tables, q, scores); });
+    bf16("allkv 512",
+         [&] { launch<512, H, true, false, false>(c, pages, reps, nullptr, tables, q, scores); });
+    bf16("allkv+pipe 512",
+         [&] { launch<512, H, true, false, true>(c, pages, reps, nullptr, tables, q, scores); });
+    bf16("allkv+pipe 256",
+         [&] { launch<256, H, true, false, true>(c, pages, reps, nullptr, tables, q, scores); });
+    bf16("allkv+pipe 1024",
+         [&] { launch<1024, H, true, false, true>(c, pages, reps, nullptr, tables, q, scores); });
   }
   CHECK(cudaFree(reps));
+  CHECK(cudaFree(reps8));
+  CHECK(cudaFree(exps));
   CHECK(cudaFree(tables));
   CHECK(cudaFree(q));
   CHECK(cudaFree(scores));
