@@ -19,7 +19,8 @@
 # row, default 32), NO_NCU=1, NO_LAYER=1, TESTS (names under tests/ in the tarball; default:
 # every cuda_*_test in it), LAYER_AB_ARGS (more `bench layer` runs of the new binary, one per
 # ';'-separated set of options, e.g. "--mma-unions --phase prefill --geometry 4:1;
-# --topk-one-block --phase prefill"; run i's rows go to layer_ab<i>.json/.log).
+# --topk-one-block --phase prefill"; run i's rows go to layer_ab<i>.json/.log), PROBES (probe
+# binaries in the tarball, run after the tests, e.g. PROBES=bench/score_read_probe).
 # Used for bench/results/model_h200_2026-12-03_topk/ and later folders.
 set -u
 OUT=${OUT:-$PWD/gpu-prebuilt-out}
@@ -42,6 +43,14 @@ for t in ${TESTS:-$(cd "$B/tests" && ls cuda_*_test)}; do
   echo "=== $t" >>"$OUT/gpu_tests.log"
   timeout 150 "$B/tests/$t" >>"$OUT/gpu_tests.log" 2>&1
   log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests.log" | tail -1)"
+done
+
+# Standalone probes in the tarball (PROBES, e.g. "bench/score_read_probe"): each prints its own
+# table, kept whole in probe_<name>.log and in the session log.
+for p in ${PROBES:-}; do
+  timeout 300 "$B/$p" >"$R/probe_$(basename "$p").log" 2>&1
+  log "probe $p rc=$?"
+  cat "$R/probe_$(basename "$p").log" >>"$OUT/session.log"
 done
 
 summary() { python3 bench/python/bench_model_line.py "$1" | tee -a "$OUT/session.log"; }
