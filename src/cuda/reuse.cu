@@ -12,6 +12,7 @@ namespace cisa::cuda::detail {
 namespace {
 
 constexpr int kDecideThreads = 256;
+constexpr int kCheckUnroll = 4;  // check_scores' chunk slots per warp and round
 
 __device__ __forceinline__ bool same_sets(const ReuseInfo& I, const ReuseParams& rp) {
   return I.budget == rp.budget && I.window == rp.window && I.sink_pages == rp.sink_pages;
@@ -102,38 +103,57 @@ __device__ __forceinline__ void check_scores(
   float q[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) q[i] = qbar[sub * 8 + i];
+    // kCheckUnroll chunk slots per warp and round, their loads issued before any is used: each
+    // chunk's representative sits behind two dependent loads (S[c] or nothing, then its page ID),
+    // so a round waits for three memory latencies instead of three per slot.
 #pragma unroll 1
-  for (int base = warp * CPL; base < total; base += WARPS * CPL) {  // uniform per warp
-    const int c = base + grp;
-    uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
-    int64_t chunk = 0;
-    if (c < total) {
-      chunk = c < k        ? S[c]
-              : c < k + nn ? nb + (c - k)
-                           : stride0 + int64_t{kReuseMassStrideDevice} * (c - k - nn);
-      const uint16_t* r = reps + (static_cast<int64_t>(table[chunk]) * H + kv) * rw + sub * 8;
-      lo = *reinterpret_cast<const uint4*>(r);
-      if constexpr (kQuest) hi = *reinterpret_cast<const uint4*>(r + D);
-    }
-    float rl[8], rh[8];
-    dev::unpack_bf16x8(lo, rl);
-    if constexpr (kQuest) dev::unpack_bf16x8(hi, rh);
-    float acc = dev::lane_score<kQuest>(q, rl, rh);
+  for (int base = warp * CPL * kCheckUnroll; base < total;
+       base += WARPS * CPL * kCheckUnroll) {  // uniform per warp
+    int64_t chunk[kCheckUnroll];
+    uint4 lo[kCheckUnroll], hi[kCheckUnroll];
 #pragma unroll
-    for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (sub == 0 && c < total) {
-      const float x = acc * inv_sqrt_d;
-      const uint32_t key = order_key(x);
-      if (c < k)
-        atomicMin(lowest_kept, key);
-      else if (c < k + nn)
-        atomicMax(highest_new, key);
-      if (mass)
-        add_mass(sums, x,
-                 c < k        ? kInS
-                 : c < k + nn ? kInN
-                              : kInStride,
-                 c < k && chunk % kReuseMassStrideDevice == on_stride);
+    for (int u = 0; u < kCheckUnroll; ++u) {
+      const int c = base + u * CPL + grp;
+      chunk[u] = c >= total   ? -1
+                 : c < k      ? S[c]
+                 : c < k + nn ? nb + (c - k)
+                              : stride0 + int64_t{kReuseMassStrideDevice} * (c - k - nn);
+    }
+    int32_t page[kCheckUnroll];
+#pragma unroll
+    for (int u = 0; u < kCheckUnroll; ++u) page[u] = chunk[u] >= 0 ? table[chunk[u]] : 0;
+#pragma unroll
+    for (int u = 0; u < kCheckUnroll; ++u) {
+      lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+      if (chunk[u] >= 0) {
+        const uint16_t* r = reps + (static_cast<int64_t>(page[u]) * H + kv) * rw + sub * 8;
+        lo[u] = *reinterpret_cast<const uint4*>(r);
+        if constexpr (kQuest) hi[u] = *reinterpret_cast<const uint4*>(r + D);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCheckUnroll; ++u) {
+      const int c = base + u * CPL + grp;
+      float rl[8], rh[8];
+      dev::unpack_bf16x8(lo[u], rl);
+      if constexpr (kQuest) dev::unpack_bf16x8(hi[u], rh);
+      float acc = dev::lane_score<kQuest>(q, rl, rh);
+#pragma unroll
+      for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if (sub == 0 && c < total) {
+        const float x = acc * inv_sqrt_d;
+        const uint32_t key = order_key(x);
+        if (c < k)
+          atomicMin(lowest_kept, key);
+        else if (c < k + nn)
+          atomicMax(highest_new, key);
+        if (mass)
+          add_mass(sums, x,
+                   c < k        ? kInS
+                   : c < k + nn ? kInN
+                                : kInStride,
+                   c < k && chunk[u] % kReuseMassStrideDevice == on_stride);
+      }
     }
   }
 }
