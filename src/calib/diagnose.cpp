@@ -9,6 +9,7 @@
 #include "activations.h"
 #include "cisa/core/checked.h"
 #include "cisa/core/diagnostics.h"
+#include "cisa/core/rep_quant.h"
 #include "cisa/core/thread_pool.h"
 #include "cisa/cpu/selection.h"
 #include "cisa/model/gguf.h"
@@ -35,7 +36,15 @@ std::vector<double> index_scores(const float* q, const std::vector<float>& reps,
 struct Sample {
   double cisa = 0, oracle = 0, recency = 0, window = 0, extra_oracle = 0, extra_index = 0;
   std::vector<double> retention, lost, overlap;
+  double fp8_mass = 0, int8_mass = 0, fp8_overlap = 0, int8_overlap = 0;
 };
+
+// The representatives of one (layer, KV group), chunk after chunk, each rounded by quantize_rep.
+std::vector<float> rounded_reps(std::vector<float> reps, int d, RepPrecision p) {
+  for (size_t j = 0; j + static_cast<size_t>(d) <= reps.size(); j += static_cast<size_t>(d))
+    quantize_rep(p, std::span<float>(reps.data() + j, static_cast<size_t>(d)));
+  return reps;
+}
 
 }  // namespace
 
@@ -144,6 +153,16 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
                                      static_cast<int>(gi % Hkv), n / B);
   });
 
+  // The same representatives as an 8-bit cache would hold them (docs/design.md, "Representative
+  // precision").
+  std::vector<std::vector<float>> reps_fp8(n_groups), reps_int8(n_groups);
+  pool.parallel_for(static_cast<int64_t>(n_groups), [&](int64_t gi, int) {
+    reps_fp8[static_cast<size_t>(gi)] =
+        rounded_reps(reps[static_cast<size_t>(gi)], d, RepPrecision::kFp8);
+    reps_int8[static_cast<size_t>(gi)] =
+        rounded_reps(reps[static_cast<size_t>(gi)], d, RepPrecision::kInt8);
+  });
+
   const int64_t k = o.budget, W = o.window, sinks = o.sink_pages;
   const int64_t n_tasks = static_cast<int64_t>(pos.size() * n_groups);
   std::vector<Sample> samples(static_cast<size_t>(n_tasks));
@@ -165,13 +184,20 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
         pages.push_back(static_cast<int32_t>(j));
       return captured_mass(mass, pages);
     };
-    auto select = [&](const float* q, int64_t a) {
+    auto select_from = [&](const std::vector<float>& reps_of, const float* q, int64_t a) {
       const int64_t end = a / B - W;
-      return oracle_topk(index_scores(q, r, d, end), sinks, end, k);
+      return oracle_topk(index_scores(q, reps_of, d, end), sinks, end, k);
     };
+    auto select = [&](const float* q, int64_t a) { return select_from(r, q, a); };
     Sample& sm = samples[static_cast<size_t>(task)];
     const std::vector<int32_t> own = select(iq(t), t);
     sm.cisa = attended(own, t);
+    const std::vector<int32_t> own_fp8 = select_from(reps_fp8[gi], iq(t), t),
+                               own_int8 = select_from(reps_int8[gi], iq(t), t);
+    sm.fp8_mass = attended(own_fp8, t);
+    sm.int8_mass = attended(own_int8, t);
+    sm.fp8_overlap = selection_overlap(own, own_fp8);
+    sm.int8_overlap = selection_overlap(own, own_int8);
     sm.oracle = attended(oracle_topk(mass, sinks, ct - W, k), t);
     std::vector<int32_t> recent;
     for (int64_t j = std::max(sinks, ct - W - k); j < ct - W; ++j)
@@ -221,6 +247,10 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
       ld.window_mass += sm.window;
       ld.extra_mass_oracle += sm.extra_oracle;
       ld.extra_mass_index += sm.extra_index;
+      ld.fp8_mass += sm.fp8_mass;
+      ld.int8_mass += sm.int8_mass;
+      ld.fp8_overlap += sm.fp8_overlap;
+      ld.int8_overlap += sm.int8_overlap;
       for (size_t i = 0; i < o.qshare.size(); ++i) {
         ld.qshare_retention[i] += sm.retention[i];
         ld.qshare_mass_lost[i] += sm.lost[i];
@@ -228,8 +258,9 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
       for (size_t i = 0; i < o.lags.size(); ++i) ld.overlap[i] += sm.overlap[i];
     }
     const double m = ld.samples > 0 ? 1.0 / static_cast<double>(ld.samples) : 0.0;
-    for (double* v : {&ld.cisa_mass, &ld.oracle_mass, &ld.recency_mass, &ld.window_mass,
-                      &ld.extra_mass_oracle, &ld.extra_mass_index})
+    for (double* v :
+         {&ld.cisa_mass, &ld.oracle_mass, &ld.recency_mass, &ld.window_mass, &ld.extra_mass_oracle,
+          &ld.extra_mass_index, &ld.fp8_mass, &ld.int8_mass, &ld.fp8_overlap, &ld.int8_overlap})
       *v *= m;
     for (double& v : ld.qshare_retention) v *= m;
     for (double& v : ld.qshare_mass_lost) v *= m;

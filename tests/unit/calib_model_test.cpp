@@ -131,6 +131,12 @@ TEST(CalibModel, CalibrateSmolLM2) {
     for (double v : l.qshare_retention) EXPECT_TRUE(v >= 0 && v <= 1);
     for (double v : l.overlap) EXPECT_TRUE(v >= 0 && v <= 1);
     EXPECT_LE(l.extra_mass_index, l.extra_mass_oracle + 1e-12);
+    // 8-bit representatives: masses bounded by the oracle's, selections mostly the native one.
+    for (double m : {l.fp8_mass, l.int8_mass}) {
+      EXPECT_GT(m, 0.0);
+      EXPECT_LE(m, l.oracle_mass + 1e-12);
+    }
+    for (double v : {l.fp8_overlap, l.int8_overlap}) EXPECT_TRUE(v >= 0.5 && v <= 1) << v;
     // Per KV group: every group has the same samples, so the layer mean is the groups' mean.
     ASSERT_EQ(l.group_cisa_mass.size(), static_cast<size_t>(idx.model.n_head_kv));
     ASSERT_EQ(l.group_oracle_mass.size(), static_cast<size_t>(idx.model.n_head_kv));

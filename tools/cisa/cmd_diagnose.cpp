@@ -56,6 +56,10 @@ Json to_json(const DiagnoseReport& r, const DiagnoseOptions& o, const std::strin
     lj["window_mass"] = l.window_mass;
     lj["extra_mass_index"] = l.extra_mass_index;
     lj["extra_mass_oracle"] = l.extra_mass_oracle;
+    lj["fp8_mass"] = l.fp8_mass;
+    lj["int8_mass"] = l.int8_mass;
+    lj["fp8_overlap"] = l.fp8_overlap;
+    lj["int8_overlap"] = l.int8_overlap;
     Json gc = Json::array(), go = Json::array();
     for (double v : l.group_cisa_mass) gc.push_back(v);
     for (double v : l.group_oracle_mass) go.push_back(v);
@@ -81,7 +85,7 @@ void print_table(const DiagnoseReport& r, const DiagnoseOptions& o) {
   for (int64_t g : o.qshare) std::printf(" lost G%-3lld", static_cast<long long>(g));
   std::printf(" |");
   for (int64_t l : o.lags) std::printf(" ovl l%-3lld", static_cast<long long>(l));
-  std::printf(" | window  +W idx +W orcl\n");
+  std::printf(" | window  +W idx +W orcl |   fp8   int8 ovl fp8 ovl int8\n");
   for (const LayerDiagnostics& l : r.layers) {
     std::printf("%5d  %7lld %6.2f %7.2f %7.2f |", l.layer, static_cast<long long>(l.samples),
                 100 * l.cisa_mass, 100 * l.oracle_mass, 100 * l.recency_mass);
@@ -89,8 +93,9 @@ void print_table(const DiagnoseReport& r, const DiagnoseOptions& o) {
     for (double v : l.qshare_mass_lost) std::printf(" %8.2f", 100 * v);
     std::printf(" |");
     for (double v : l.overlap) std::printf(" %7.2f", 100 * v);
-    std::printf(" | %6.2f %6.2f %7.2f\n", 100 * l.window_mass, 100 * l.extra_mass_index,
-                100 * l.extra_mass_oracle);
+    std::printf(" | %6.2f %6.2f %7.2f | %6.2f %6.2f %7.2f %8.2f\n", 100 * l.window_mass,
+                100 * l.extra_mass_index, 100 * l.extra_mass_oracle, 100 * l.fp8_mass,
+                100 * l.int8_mass, 100 * l.fp8_overlap, 100 * l.int8_overlap);
   }
 }
 

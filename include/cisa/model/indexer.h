@@ -215,6 +215,9 @@ struct LayerDiagnostics {
   double window_mass = 0;                // the W window pages
   double extra_mass_oracle = 0;          // W more chunks: the best the selection left out
   double extra_mass_index = 0;           // W more chunks: the next W by index score
+  // cisa_mass with the representatives rounded to 8 bits as an fp8 / int8 cache would hold them
+  // (core/rep_quant.h), and the overlap of that selection with the native one (|S₈ ∩ S| / k).
+  double fp8_mass = 0, int8_mass = 0, fp8_overlap = 0, int8_overlap = 0;
   // Per KV group (means over positions): cisa_mass and oracle_mass of that group alone, so the
   // groups (and their query heads) that lose the mass can be told apart.
   std::vector<double> group_cisa_mass, group_oracle_mass;
