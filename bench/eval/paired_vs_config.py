@@ -15,15 +15,15 @@ import json
 import random
 
 
-def doc_kl_table(docs, base, configs, rng):
-    """KL of each configuration against the base's on the same documents (see the docstring)."""
+def doc_kl_rows(docs, base, configs, rng):
+    """(config, length, documents, ratio, low, high, larger) per configuration and length: KL of
+    each configuration against the base's on the same documents (see the docstring)."""
     kl = collections.defaultdict(dict)  # (config, length) -> {document id: (KL sum, positions)}
     for r in docs:
         if r["config"] != "dense":
             kl[(r["config"], r["length"])][r["id"]] = (sum(r["kl"]), len(r["kl"]))
     names = configs.split(",") if configs else sorted({c for c, _ in kl} - {base})
-    print("| config | length | docs | KL / KL of %s | documents with the larger KL |" % base)
-    print("|---|---|---|---|---|")
+    out = []
     for cfg in names:
         for length in sorted({n for _, n in kl}):
             b, c = kl.get((base, length), {}), kl.get((cfg, length), {})
@@ -34,8 +34,15 @@ def doc_kl_table(docs, base, configs, rng):
                 sum(b[i][0] for i in s) / sum(b[i][1] for i in s))
             boot = sorted(ratio([rng.choice(ids) for _ in ids]) for _ in range(2000))
             larger = sum(c[i][0] / c[i][1] > b[i][0] / b[i][1] for i in ids)
-            print("| %s | %d | %d | %.2f [%.2f, %.2f] | %d / %d |" %
-                  (cfg, length, len(ids), ratio(ids), boot[50], boot[1949], larger, len(ids)))
+            out.append((cfg, length, len(ids), ratio(ids), boot[50], boot[1949], larger))
+    return out
+
+
+def doc_kl_table(docs, base, configs, rng):
+    print("| config | length | docs | KL / KL of %s | documents with the larger KL |" % base)
+    print("|---|---|---|---|---|")
+    for cfg, length, n, r, lo, hi, larger in doc_kl_rows(docs, base, configs, rng):
+        print("| %s | %d | %d | %.2f [%.2f, %.2f] | %d / %d |" % (cfg, length, n, r, lo, hi, larger, n))
     print()
 
 
