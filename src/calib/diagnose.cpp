@@ -146,21 +146,15 @@ Result<DiagnoseReport> diagnose_model(const std::string& model_path, const std::
   const int d = hp.head_dim, hg = hp.heads_per_group(), Hkv = hp.n_head_kv;
   const size_t n_groups = layers.size() * static_cast<size_t>(Hkv);
   ThreadPool pool(model->num_threads());
-  std::vector<std::vector<float>> reps(n_groups);
+  // Each group's representatives, and the same as an 8-bit cache would hold them
+  // (docs/design.md, "Representative precision").
+  std::vector<std::vector<float>> reps(n_groups), reps_fp8(n_groups), reps_int8(n_groups);
   pool.parallel_for(static_cast<int64_t>(n_groups), [&](int64_t gi, int) {
-    reps[static_cast<size_t>(gi)] =
-        calib::chunk_representatives(cache, layers[static_cast<size_t>(gi) / size_t(Hkv)], bt,
-                                     static_cast<int>(gi % Hkv), n / B);
-  });
-
-  // The same representatives as an 8-bit cache would hold them (docs/design.md, "Representative
-  // precision").
-  std::vector<std::vector<float>> reps_fp8(n_groups), reps_int8(n_groups);
-  pool.parallel_for(static_cast<int64_t>(n_groups), [&](int64_t gi, int) {
-    reps_fp8[static_cast<size_t>(gi)] =
-        rounded_reps(reps[static_cast<size_t>(gi)], d, RepPrecision::kFp8);
-    reps_int8[static_cast<size_t>(gi)] =
-        rounded_reps(reps[static_cast<size_t>(gi)], d, RepPrecision::kInt8);
+    const auto i = static_cast<size_t>(gi);
+    reps[i] = calib::chunk_representatives(cache, layers[i / size_t(Hkv)], bt,
+                                           static_cast<int>(gi % Hkv), n / B);
+    reps_fp8[i] = rounded_reps(reps[i], d, RepPrecision::kFp8);
+    reps_int8[i] = rounded_reps(reps[i], d, RepPrecision::kInt8);
   });
 
   const int64_t k = o.budget, W = o.window, sinks = o.sink_pages;

@@ -137,7 +137,7 @@ Result<EvalConfig> parse_config(std::string_view text) {
       if ((c.kind != ConfigKind::kCisa && c.kind != ConfigKind::kQuest) ||
           c.rep_precision != RepPrecision::kNative)
         return bad();
-      c.rep_precision = p == "fp8" ? RepPrecision::kFp8 : RepPrecision::kInt8;
+      c.rep_precision = *parse_rep_precision(std::string(p));
       continue;
     }
     if (p.substr(0, 3) == "cal") {

@@ -184,8 +184,7 @@ void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<Ba
           s.params = p;
           s.u0 = 0;
           if (mass) {  // exact over E_a, from the plain plan's scores
-            const std::span<const float> e(sc,
-                                           static_cast<size_t>(a / kB - p.window - p.sink_pages));
+            const std::span<const float> e(sc, static_cast<size_t>(eligible_count(a, kB, p)));
             const float shift = max_finite_score(e);
             const double all = exp_score_sum(e, shift);
             double in_s = 0;
