@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace cisa {
 namespace {
@@ -47,7 +48,10 @@ void quantize_rep(RepPrecision p, std::span<float> rep) {
   if (p == RepPrecision::kNative) return;
   float m = 0;
   for (const float x : rep) {
-    if (!std::isfinite(x)) return;
+    if (!std::isfinite(x)) {  // no 8-bit form (the CUDA int8 cache stores a NaN scale)
+      std::fill(rep.begin(), rep.end(), std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
     m = std::max(m, std::fabs(x));
   }
   if (m == 0) return;

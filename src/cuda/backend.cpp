@@ -225,7 +225,7 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
       if (reuse)  // index queries, and which decode lists keep their selection (pages written)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_reuse_decide(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                        P.block_pages, layer.reps, P.quest, index_q,
+                                        P.block_pages, rep_args(layer), P.quest, index_q,
                                         P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
                                         P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, keep,
                                         P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
@@ -243,13 +243,13 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
         return cuda_status(
             detail::launch_select_fused(P.d_streams, static_cast<int64_t>(P.streams.size()),
                                         P.fused_cluster, P.max_score_span, P.d_lists, P.block_pages,
-                                        layer.reps, P.d_qbar.as<float>(), P.num_kv_heads,
+                                        rep_args(layer), P.d_qbar.as<float>(), P.num_kv_heads,
                                         P.head_dim, P.d_scores.as<float>(), P.d_pages.as<int32_t>(),
                                         P.d_chunks.as<int32_t>(), s),
             "cuda: fused scoring and top-k");
       return cuda_status(detail::launch_score(
                              P.d_streams, static_cast<int64_t>(P.streams.size()), P.max_score_span,
-                             P.max_stream_lists, P.d_lists, P.block_pages, layer.reps,
+                             P.max_stream_lists, P.d_lists, P.block_pages, rep_args(layer),
                              P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), own_index_q,
                              P.num_kv_heads, P.head_dim, P.quest, P.d_scores.as<float>(), keep, s),
                          "cuda: scoring");
@@ -420,10 +420,13 @@ Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n
   if (n < 0 || n > std::numeric_limits<int32_t>::max())
     return invalid_argument("cuda: page count out of range");
   if (n > 0 && !pages) return invalid_argument("cuda: null page pointer");
-  return cuda_status(
-      detail::launch_update_reps(layer.k, layer.reps, pages, n, layer.num_kv_heads, layer.head_dim,
-                                 layer.rep == RepKind::kQuest, static_cast<cudaStream_t>(stream)),
-      "cuda: representative update");
+  return cuda_status(detail::launch_update_reps(
+                         layer.k,
+                         detail::RepArgsOut{static_cast<uint8_t*>(layer.reps), layer.rep_scales,
+                                            layer.rep_precision == RepPrecision::kInt8},
+                         pages, n, layer.num_kv_heads, layer.head_dim, layer.rep == RepKind::kQuest,
+                         static_cast<cudaStream_t>(stream)),
+                     "cuda: representative update");
 }
 
 Status fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed, float scale, void* stream) {

@@ -12,35 +12,6 @@ __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
   return __uint_as_float(uint32_t(h) << 16);
 }
 
-// Eight bf16 values packed in 16 bytes, widened to f32 in memory order.
-__device__ __forceinline__ void unpack_bf16x8(const uint4& w, float* f) {
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    f[2 * h] = __uint_as_float(ws[h] << 16);
-    f[2 * h + 1] = __uint_as_float(ws[h] & 0xffff0000u);
-  }
-}
-
-// One lane's part of a chunk's score over its 8 channels, summed in channel order: mean
-// representatives q·r with fmaf (lo = r), quest Σ max(q·min, q·max) (lo = min, hi = max). The
-// decode score kernel (score.cu) and the selection-reuse check (reuse.cu) both score with it, so
-// the check ranks exactly the scores a fresh selection ranks.
-template <bool kQuest>
-__device__ __forceinline__ float lane_score(const float* q, const float* lo, const float* hi) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if constexpr (kQuest) {
-      const float a = q[i] * lo[i], b = q[i] * hi[i];
-      acc += a > b ? a : b;
-    } else {
-      acc = fmaf(q[i], lo[i], acc);
-    }
-  }
-  return acc;
-}
-
 // Round to nearest even, NaN stays NaN (the same rule as cisa::f32_to_bf16).
 __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
   uint32_t u = __float_as_uint(f);

@@ -47,6 +47,12 @@ Status validate_layer(const DeviceLayer& layer) {
   if (layer.rep == RepKind::kMoment)
     return unimplemented(
         "cuda: moment representatives (mean and variance) are implemented on the CPU backend only");
+  if (layer.rep_precision == RepPrecision::kFp8)
+    return unimplemented(
+        "cuda: fp8 representatives are implemented on the CPU backend only (use int8: the same "
+        "quality in docs/eval/results.md, and a cheaper conversion in the scoring kernels)");
+  if (layer.rep_precision == RepPrecision::kInt8 && layer.reps && !layer.rep_scales)
+    return invalid_argument("cuda: int8 representatives need the rep_scales pointer");
   if (layer.num_kv_heads <= 0) return invalid_argument("cuda: num_kv_heads must be positive");
   if (layer.num_pages <= 0 || layer.num_pages > std::numeric_limits<int32_t>::max())
     return invalid_argument("cuda: num_pages must be in [1, 2^31)");

@@ -58,6 +58,11 @@ Status cuda_status(cudaError_t err, const char* what);
 
 // The layer's pointers and shape as the kernels need them (plan_build.cpp).
 Status validate_layer(const DeviceLayer& layer);
+// The layer's representatives as the scoring kernels take them.
+inline detail::RepArgs rep_args(const DeviceLayer& layer) {
+  return detail::RepArgs{static_cast<const uint8_t*>(layer.reps), layer.rep_scales,
+                         layer.rep_precision == RepPrecision::kInt8};
+}
 
 struct Plan::Impl {
   // Shape the plan was built for.

@@ -27,6 +27,15 @@ struct ListDesc {
                                  // row that may keep a selection (reuse.cuh)
 };
 
+// The representatives the scoring kernels read (rep_read.cuh): bf16 values, or int8 codes with
+// one f32 scale per representative (RepPrecision::kInt8). Both
+// [num_pages][num_kv_heads][rep_width].
+struct RepArgs {
+  const uint8_t* data = nullptr;  // bf16 (2 bytes a value) or int8 codes (1 byte)
+  const float* scales = nullptr;  // int8: 2^e per (page, KV head); bf16: unused
+  bool int8 = false;
+};
+
 // All selecting lists of one (batch entry, KV group): their eligible ranges share a start and
 // grow with the group, so one pass over the representatives scores all of them.
 struct ScoreStream {

@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "index_query.cuh"
 #include "pdl.cuh"
+#include "rep_read.cuh"
 #include "reuse.cuh"
 #include "topk_radix.cuh"
 
@@ -85,63 +86,67 @@ __device__ MassSums block_mass(MassSums a) {
 
 // The check's chunks: c of [0, total) is S[c] for c < k, nb + (c − k) for c < k + nn (N), else
 // the sample's stride, stride0 + kReuseMassStrideDevice · (c − k − nn) (`mass` only). D/8 lanes
-// per chunk, 8 channels per lane (dev::lane_score), then the lanes' partial sums by xor shuffles,
-// times 1/√d: score_few_kernel's arithmetic. Leaves, in shared memory, the lowest order key of S
-// and the highest of N, and with `mass` each thread's sums (S's chunk j is on the stride iff
-// j ≡ stride0 (mod kReuseMassStrideDevice)).
-template <int D, bool kQuest>
+// per chunk, kChan channels per lane (rep_read.cuh), then the lanes' partial sums by xor shuffles,
+// times the scale (int8) and 1/√d: score_few_kernel's arithmetic. Leaves, in shared memory, the
+// lowest order key of S and the highest of N, and with `mass` each thread's sums (S's chunk j is on
+// the stride iff j ≡ stride0 (mod kReuseMassStrideDevice)).
+template <int D, bool kQuest, bool kInt8>
 __device__ __forceinline__ void check_scores(
     int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t nn, int64_t stride0,
-    int32_t total, const int32_t* __restrict__ table, const uint16_t* __restrict__ reps,
+    int32_t total, const int32_t* __restrict__ table, const uint8_t* __restrict__ reps,
+    const float* __restrict__ scales,
     const float* qbar,  // written by this block: no non-coherent loads
     int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new, bool mass,
     MassSums& sums) {
-  constexpr int LPC = D / 8, CPL = 32 / LPC, WARPS = kDecideThreads / 32;
+  using RB = dev::RepBytes<kInt8>;
+  // Chunk slots per warp and round: quest int8 widens 32 values a slot, so it takes half.
+  constexpr int UR = kQuest && kInt8 ? kCheckUnroll / 2 : kCheckUnroll;
+  constexpr int CH = RB::kChan, LPC = D / CH, CPL = 32 / LPC, WARPS = kDecideThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
-  const int rw = kQuest ? 2 * D : D;
+  const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
   const int32_t on_stride = static_cast<int32_t>(stride0 % kReuseMassStrideDevice);
-  float q[8];
+  float q[CH];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) q[i] = qbar[sub * 8 + i];
-    // kCheckUnroll chunk slots per warp and round, their loads issued before any is used: each
+  for (int i = 0; i < CH; ++i) q[i] = qbar[sub * CH + i];
+    // UR chunk slots per warp and round, their loads issued before any is used: each
     // chunk's representative sits behind two dependent loads (S[c] or nothing, then its page ID),
     // so a round waits for three memory latencies instead of three per slot.
 #pragma unroll 1
-  for (int base = warp * CPL * kCheckUnroll; base < total;
-       base += WARPS * CPL * kCheckUnroll) {  // uniform per warp
-    int64_t chunk[kCheckUnroll];
-    uint4 lo[kCheckUnroll], hi[kCheckUnroll];
+  for (int base = warp * CPL * UR; base < total; base += WARPS * CPL * UR) {  // uniform per warp
+    int64_t chunk[UR];
+    uint4 lo[UR], hi[UR];
 #pragma unroll
-    for (int u = 0; u < kCheckUnroll; ++u) {
+    for (int u = 0; u < UR; ++u) {
       const int c = base + u * CPL + grp;
       chunk[u] = c >= total   ? -1
                  : c < k      ? S[c]
                  : c < k + nn ? nb + (c - k)
                               : stride0 + int64_t{kReuseMassStrideDevice} * (c - k - nn);
     }
-    int32_t page[kCheckUnroll];
+    int32_t page[UR];
 #pragma unroll
-    for (int u = 0; u < kCheckUnroll; ++u) page[u] = chunk[u] >= 0 ? table[chunk[u]] : 0;
+    for (int u = 0; u < UR; ++u) page[u] = chunk[u] >= 0 ? table[chunk[u]] : 0;
 #pragma unroll
-    for (int u = 0; u < kCheckUnroll; ++u) {
+    for (int u = 0; u < UR; ++u) {
       lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
       if (chunk[u] >= 0) {
-        const uint16_t* r = reps + (static_cast<int64_t>(page[u]) * H + kv) * rw + sub * 8;
+        const uint8_t* r = reps + (static_cast<int64_t>(page[u]) * H + kv) * row_bytes + sub * 16;
         lo[u] = *reinterpret_cast<const uint4*>(r);
-        if constexpr (kQuest) hi[u] = *reinterpret_cast<const uint4*>(r + D);
+        if constexpr (kQuest) hi[u] = *reinterpret_cast<const uint4*>(r + D * RB::kBytes);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kCheckUnroll; ++u) {
+    for (int u = 0; u < UR; ++u) {
       const int c = base + u * CPL + grp;
-      float rl[8], rh[8];
-      dev::unpack_bf16x8(lo[u], rl);
-      if constexpr (kQuest) dev::unpack_bf16x8(hi[u], rh);
-      float acc = dev::lane_score<kQuest>(q, rl, rh);
+      float rl[CH], rh[CH];
+      dev::unpack16<kInt8>(lo[u], rl);
+      if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
+      float acc = dev::lane_score<kQuest, CH>(q, rl, rh);
 #pragma unroll
       for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
       if (sub == 0 && c < total) {
-        const float x = acc * inv_sqrt_d;
+        const float x = dev::finish_score<kInt8>(
+            acc, scales, static_cast<int64_t>(page[u]) * H + kv, inv_sqrt_d);
         const uint32_t key = order_key(x);
         if (c < k)
           atomicMin(lowest_kept, key);
@@ -190,14 +195,14 @@ __device__ __forceinline__ void copy_chunks(const int32_t* src, int32_t n,
   }
 }
 
-template <int D, bool kQuest>
+template <int D, bool kQuest, bool kInt8>
 __global__ void __launch_bounds__(kDecideThreads)
     reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                        const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                        const float* __restrict__ index_q, float* __restrict__ qbar,
-                        uint16_t* __restrict__ qsplit, int H, float inv_sqrt_d, ReuseParams rp,
-                        ReuseState st, int32_t* __restrict__ keep, int32_t* __restrict__ pages,
-                        int32_t* __restrict__ chunks) {
+                        const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
+                        const float* __restrict__ scales, const float* __restrict__ index_q,
+                        float* __restrict__ qbar, uint16_t* __restrict__ qsplit, int H,
+                        float inv_sqrt_d, ReuseParams rp, ReuseState st, int32_t* __restrict__ keep,
+                        int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   dev::dependent_start();
   __shared__ ReuseInfo I;
   __shared__ uint32_t lowest_kept, highest_new;
@@ -242,10 +247,10 @@ __global__ void __launch_bounds__(kDecideThreads)
         mass && stride0 < nb ? (nb - 1 - stride0) / kReuseMassStrideDevice + 1 : 0;
     const int32_t nn = static_cast<int32_t>(ne - nb);
     MassSums ms = no_mass();
-    check_scores<D, kQuest>(L.kv, S, k, static_cast<int32_t>(nb), nn, stride0,
-                            k + nn + static_cast<int32_t>(on_stride), table, reps,
-                            qbar + static_cast<int64_t>(li) * D, H, inv_sqrt_d, &lowest_kept,
-                            &highest_new, mass, ms);
+    check_scores<D, kQuest, kInt8>(L.kv, S, k, static_cast<int32_t>(nb), nn, stride0,
+                                   k + nn + static_cast<int32_t>(on_stride), table, reps, scales,
+                                   qbar + static_cast<int64_t>(li) * D, H, inv_sqrt_d, &lowest_kept,
+                                   &highest_new, mass, ms);
     __syncthreads();
     ok = !(highest_new > lowest_kept);  // equal keys go to the kept chunk's smaller index
     if (mass) {
@@ -312,30 +317,31 @@ __global__ void __launch_bounds__(kCommitThreads)
 
 template <int D>
 cudaError_t decide_d(const ListDesc* lists, const int32_t* sel, int64_t num_sel,
-                     const int32_t* block_pages, const uint16_t* reps, bool quest,
+                     const int32_t* block_pages, const RepArgs& reps, bool quest,
                      const float* index_q, float* qbar, uint16_t* qsplit, int H,
                      const ReuseParams& rp, const ReuseState& st, int32_t* keep, int32_t* pages,
                      int32_t* chunks, cudaStream_t stream) {
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   const auto grid = static_cast<unsigned>(num_sel);
-  if (quest)
-    return launch_dependent(reuse_decide_kernel<D, true>, grid, kDecideThreads, 0, stream, lists,
-                            sel, block_pages, reps, index_q, qbar, qsplit, H, inv_sqrt_d, rp, st,
-                            keep, pages, chunks);
-  return launch_dependent(reuse_decide_kernel<D, false>, grid, kDecideThreads, 0, stream, lists,
-                          sel, block_pages, reps, index_q, qbar, qsplit, H, inv_sqrt_d, rp, st,
+  auto* kernel =
+      quest ? (reps.int8 ? reuse_decide_kernel<D, true, true> : reuse_decide_kernel<D, true, false>)
+            : (reps.int8 ? reuse_decide_kernel<D, false, true>
+                         : reuse_decide_kernel<D, false, false>);
+  return launch_dependent(kernel, grid, kDecideThreads, 0, stream, lists, sel, block_pages,
+                          reps.data, reps.scales, index_q, qbar, qsplit, H, inv_sqrt_d, rp, st,
                           keep, pages, chunks);
 }
 
 }  // namespace
 
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                                const int32_t* block_pages, const uint16_t* reps, bool quest,
+                                const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
                                 int num_kv_heads, int head_dim, const ReuseParams& rp,
                                 const ReuseState& st, int32_t* keep, int32_t* pages,
                                 int32_t* chunks, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
+  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
   switch (head_dim) {
     case 64:
       return decide_d<64>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,

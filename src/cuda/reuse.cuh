@@ -42,7 +42,7 @@ struct ReuseParams {
 // Also writes every selecting list's index query (qbar, qsplit: launch_index_queries' outputs),
 // so with reuse the index-query launch is left out.
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
-                                const int32_t* block_pages, const uint16_t* reps, bool quest,
+                                const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
                                 int num_kv_heads, int head_dim, const ReuseParams& rp,
                                 const ReuseState& st, int32_t* keep, int32_t* pages,

@@ -10,6 +10,7 @@
 #include "common.cuh"
 #include "index_query.cuh"
 #include "pdl.cuh"
+#include "rep_read.cuh"
 #include "score.cuh"
 #include "tile_sizes.cuh"
 
@@ -26,12 +27,13 @@ __global__ void index_query_kernel(const ListDesc* __restrict__ lists,
   write_index_query(lists[li], li, index_q, num_kv_heads, head_dim, qbar, qsplit);
 }
 
-template <bool kQuest, int QA>
+template <bool kQuest, int QA, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                 const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                 const float* __restrict__ qbar, int num_kv_heads, int head_dim, float inv_sqrt_d,
-                 float* __restrict__ scores, const int32_t* __restrict__ keep) {
+                 const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
+                 const float* __restrict__ scales, const float* __restrict__ qbar, int num_kv_heads,
+                 int head_dim, float inv_sqrt_d, float* __restrict__ scores,
+                 const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int NC = tiles::kScoreChunks, NQ = 16 * QA;
   const ScoreStream S = streams[blockIdx.y];
@@ -49,26 +51,27 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   __shared__ int32_t end_s[NQ];
   __shared__ int64_t out_s[NQ];
 
-  // Representatives of the tile's chunks: 8 bf16 per 16-byte load.
-  const int per_row = rw / 8;
+  // Representatives of the tile's chunks: 8 bf16 or 16 int8 values per 16-byte load; int8 ones
+  // times their scale (exact: a power of two), the values the CPU cache holds.
+  using RB = dev::RepBytes<kInt8>;
+  const int per_row = rw / RB::kChan;
   const int32_t* table = block_pages + S.table_begin;
   for (int e = threadIdx.x; e < NC * per_row; e += blockDim.x) {
-    const int c = e / per_row, col = (e % per_row) * 8;
+    const int c = e / per_row, col = (e % per_row) * RB::kChan;
     float* dst = rep_s + c * rstride + col;
+    float f[RB::kChan] = {};
     if (c < nc) {
-      const int64_t page = table[c0 + c];
-      const uint4 raw =
-          *reinterpret_cast<const uint4*>(reps + (page * num_kv_heads + S.kv) * rw + col);
-      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+      const int64_t rep = static_cast<int64_t>(table[c0 + c]) * num_kv_heads + S.kv;
+      dev::unpack16<kInt8>(*reinterpret_cast<const uint4*>(reps + (rep * rw + col) * RB::kBytes),
+                           f);
+      if constexpr (kInt8) {
+        const float sc = scales[rep];
 #pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        dst[2 * h] = __uint_as_float(w[h] << 16);
-        dst[2 * h + 1] = __uint_as_float(w[h] & 0xffff0000u);
+        for (int h = 0; h < RB::kChan; ++h) f[h] *= sc;
       }
-    } else {
-#pragma unroll
-      for (int h = 0; h < 8; ++h) dst[h] = 0.0f;
     }
+#pragma unroll
+    for (int h = 0; h < RB::kChan; ++h) dst[h] = f[h];
   }
 
   const int cq = threadIdx.x % 16, gq = threadIdx.x / 16;
@@ -134,18 +137,21 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 // Streams with at most kScoreFewLists lists (decode): each block takes kScoreFewChunks chunks.
 // Their physical page IDs are read first, all at once and coalesced, into shared memory, so the
 // representative loads that follow no longer wait on a block-table load each (v2 was latency-
-// bound on that dependent pair: 1.0 TB/s). A chunk's representative is then read by D/8 lanes,
-// 16 bytes (8 channels) each, U loads in flight per lane before any arithmetic; q̄ lives in
-// registers (8 channels per lane per list) and the D/8 partial sums meet by xor shuffles.
-template <int D, bool kQuest, int NL>
+// bound on that dependent pair: 1.0 TB/s). A chunk's representative is then read by D/kChan
+// lanes, 16 bytes (8 bf16 or 16 int8 channels, rep_read.cuh) each, U loads in flight per lane
+// before any arithmetic; q̄ lives in registers (kChan channels per lane per list) and the partial
+// sums meet by xor shuffles.
+template <int D, bool kQuest, int NL, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                     const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                     const float* __restrict__ qbar, const float* __restrict__ index_q,
-                     int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores,
-                     const int32_t* __restrict__ keep) {
+                     const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
+                     const float* __restrict__ scales, const float* __restrict__ qbar,
+                     const float* __restrict__ index_q, int num_kv_heads, float inv_sqrt_d,
+                     float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
-  constexpr int LPC = D / 8;         // lanes per chunk
+  using RB = dev::RepBytes<kInt8>;
+  constexpr int CH = RB::kChan;      // channels per lane
+  constexpr int LPC = D / CH;        // lanes per chunk
   constexpr int CPL = 32 / LPC;      // chunks per warp-wide load
   constexpr int U = kQuest ? 4 : 8;  // 16-byte loads in flight per lane (quest: 2 per chunk)
   constexpr int WARPS = tiles::kScoreThreads / 32;
@@ -164,31 +170,30 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int nl = min(NL, S.num_lists);
-  float q[NL][8];
+  float q[NL][CH];
   int32_t end[NL];
   int64_t out[NL];
 #pragma unroll
   for (int l = 0; l < NL; ++l) {
     const int64_t li = S.first_list + static_cast<int64_t>(min(l, nl - 1)) * S.list_stride;
     if (index_q) {  // q̄ from the index queries, as write_index_query computes it
-      index_query_channels<8>(lists[li], index_q, num_kv_heads, D, sub * 8, q[l]);
+      index_query_channels<CH>(lists[li], index_q, num_kv_heads, D, sub * CH, q[l]);
     } else {
-      const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
-      const float4 a = qp[0], b = qp[1];
-      q[l][0] = a.x;
-      q[l][1] = a.y;
-      q[l][2] = a.z;
-      q[l][3] = a.w;
-      q[l][4] = b.x;
-      q[l][5] = b.y;
-      q[l][6] = b.z;
-      q[l][7] = b.w;
+      const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * CH);
+#pragma unroll
+      for (int i = 0; i < CH / 4; ++i) {
+        const float4 v = qp[i];
+        q[l][4 * i] = v.x;
+        q[l][4 * i + 1] = v.y;
+        q[l][4 * i + 2] = v.z;
+        q[l][4 * i + 3] = v.w;
+      }
     }
     end[l] = l < nl ? lists[li].elig_end : 0;
     out[l] = lists[li].score_begin - lists[li].elig_begin;
   }
   __syncthreads();
-  const int rw = kQuest ? 2 * D : D;
+  const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
   for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
     uint4 lo[U], hi[kQuest ? U : 1];
 #pragma unroll
@@ -197,25 +202,27 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
       lo[u] = make_uint4(0, 0, 0, 0);
       if constexpr (kQuest) hi[u] = make_uint4(0, 0, 0, 0);
       if (c < nc) {
-        const uint16_t* r =
-            reps + (static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv) * rw + sub * 8;
+        const uint8_t* r =
+            reps + (static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv) * row_bytes + sub * 16;
         lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
-        if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D));
+        if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = r0 + (warp * U + u) * CPL + grp;
-      float rl[8], rh[8];
-      dev::unpack_bf16x8(lo[u], rl);
-      if constexpr (kQuest) dev::unpack_bf16x8(hi[u], rh);
+      float rl[CH], rh[CH];
+      dev::unpack16<kInt8>(lo[u], rl);
+      if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
 #pragma unroll
       for (int l = 0; l < NL; ++l) {
         if (l >= nl) break;
-        float acc = dev::lane_score<kQuest>(q[l], rl, rh);
+        float acc = dev::lane_score<kQuest, CH>(q[l], rl, rh);
 #pragma unroll
         for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (sub == 0 && c < nc && c0 + c < end[l]) scores[out[l] + c0 + c] = acc * inv_sqrt_d;
+        if (sub == 0 && c < nc && c0 + c < end[l])
+          scores[out[l] + c0 + c] = dev::finish_score<kInt8>(
+              acc, scales, static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv, inv_sqrt_d);
       }
     }
   }
@@ -350,13 +357,17 @@ __device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
 // is NaN on the tensor cores where the f32 path gives ±inf: a chunk with a non-finite
 // representative value is scored by the sequential f32 loop instead (same result as the CPU's
 // order of operations up to rounding; NaN stays NaN).
-template <int D>
+// int8 representatives (kInt8): a lane's 8 channels are 8 bytes, widened to bf16 in registers
+// (exact: |code| ≤ 127 needs 7 bits), and each chunk's product is scaled by its representative's
+// 2^e before 1/√d; a representative with a non-finite value has a NaN scale (core/rep_quant.h),
+// so its scores are NaN without the f32 fallback.
+template <int D, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMmaThreads)
     score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                     const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                     const float* __restrict__ qbar, const uint32_t* __restrict__ qsplit,
-                     int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores,
-                     const int32_t* __restrict__ keep) {
+                     const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ rep_bytes,
+                     const float* __restrict__ scales, const float* __restrict__ qbar,
+                     const uint32_t* __restrict__ qsplit, int num_kv_heads, float inv_sqrt_d,
+                     float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
   constexpr int NB = D / 32;                    // 16-word blocks of a representative row
   constexpr int QP = tiles::kScoreMmaQueries;   // queries staged per pass
@@ -375,7 +386,14 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
   const int32_t wbase = c0 + static_cast<int32_t>(threadIdx.x / 32) * 32;
   const int32_t my_page =
       wbase + lane < S.elig_end_max ? block_pages[S.table_begin + wbase + lane] : -1;
+  // kInt8: each chunk's 2^e, by the lane that read its page ID (shared memory: the loop below
+  // has no registers to spare for the pointer).
+  __shared__ float scale_s[kInt8 ? NCB : 1];
+  if constexpr (kInt8)
+    scale_s[threadIdx.x] =
+        my_page >= 0 ? __ldg(scales + static_cast<int64_t>(my_page) * num_kv_heads + S.kv) : 0.0f;
 
+  const uint16_t* reps = reinterpret_cast<const uint16_t*>(rep_bytes);  // bf16 only
   uint4 rv[2][2][NB];  // [m tile][row g / g + 8][b]
   int32_t page[2][2];
 #pragma unroll
@@ -384,26 +402,45 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
     for (int r = 0; r < 2; ++r) {
       page[mt][r] = __shfl_sync(0xffffffffu, my_page, mt * 16 + g + 8 * r);
       const int64_t pg = page[mt][r] < 0 ? 0 : page[mt][r];
-      const uint16_t* base = reps + (pg * num_kv_heads + S.kv) * D + 8 * t;
+      if constexpr (kInt8) {
+        const uint8_t* base = rep_bytes + (pg * num_kv_heads + S.kv) * D + 8 * t;
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-        rv[mt][r][b] = page[mt][r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(base + 32 * b))
-                                        : make_uint4(0, 0, 0, 0);
+        for (int b = 0; b < NB; ++b) {
+          const uint2 w = page[mt][r] >= 0 ? __ldg(reinterpret_cast<const uint2*>(base + 32 * b))
+                                           : make_uint2(0, 0);
+          float f[8];
+          dev::unpack_int8x4(w.x, f);
+          dev::unpack_int8x4(w.y, f + 4);
+          rv[mt][r][b] = make_uint4(dev::pack_bf16x2(f[0], f[1]), dev::pack_bf16x2(f[2], f[3]),
+                                    dev::pack_bf16x2(f[4], f[5]), dev::pack_bf16x2(f[6], f[7]));
+        }
+        // One row's codes widened before the next row's loads: with every load hoisted first,
+        // the raw codes and the widened words together overflow the 128 registers.
+        asm volatile("" ::: "memory");
+      } else {
+        const uint16_t* base = reps + (pg * num_kv_heads + S.kv) * D + 8 * t;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          rv[mt][r][b] = page[mt][r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(base + 32 * b))
+                                          : make_uint4(0, 0, 0, 0);
+      }
     }
-  bool bad[2][2];
+  bool bad[2][2] = {};
+  if constexpr (!kInt8) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bool f = false;
+      for (int r = 0; r < 2; ++r) {
+        bool f = false;
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-        f = f || nonfinite_pair(rv[mt][r][b].x) || nonfinite_pair(rv[mt][r][b].y) ||
-            nonfinite_pair(rv[mt][r][b].z) || nonfinite_pair(rv[mt][r][b].w);
-      f = __shfl_xor_sync(0xffffffffu, f, 1) || f;  // the 4 lanes of a row hold its 4 quarters
-      f = __shfl_xor_sync(0xffffffffu, f, 2) || f;
-      bad[mt][r] = f;
-    }
+        for (int b = 0; b < NB; ++b)
+          f = f || nonfinite_pair(rv[mt][r][b].x) || nonfinite_pair(rv[mt][r][b].y) ||
+              nonfinite_pair(rv[mt][r][b].z) || nonfinite_pair(rv[mt][r][b].w);
+        f = __shfl_xor_sync(0xffffffffu, f, 1) || f;  // the 4 lanes of a row hold its 4 quarters
+        f = __shfl_xor_sync(0xffffffffu, f, 2) || f;
+        bad[mt][r] = f;
+      }
+  }
 
   for (int q0 = 0; q0 < S.num_lists; q0 += QP) {
     const int nq = min(QP, S.num_lists - q0);
@@ -455,6 +492,7 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
             const int32_t chunk = wbase + mt * 16 + g + 8 * r;
             if (qi >= nq || chunk >= end_s[qi]) continue;
             float v = acc[mt][2 * r + j];
+            if constexpr (kInt8) v *= scale_s[chunk - c0];
             if (bad[mt][r]) {
               const uint16_t* rp =
                   reps + (static_cast<int64_t>(page[mt][r]) * num_kv_heads + S.kv) * D;
@@ -469,50 +507,70 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
   }
 }
 
-template <int D, bool kQuest>
+template <int D, bool kQuest, bool kInt8>
 void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const ListDesc* lists,
-                const int32_t* block_pages, const uint16_t* reps, const float* qbar,
+                const int32_t* block_pages, const RepArgs& reps, const float* qbar,
                 const float* index_q, int num_kv_heads, float inv_sqrt_d, float* scores,
                 const int32_t* keep, cudaStream_t stream) {
   if (max_lists <= 1)
-    launch_dependent(score_few_kernel<D, kQuest, 1>, grid, tiles::kScoreThreads, 0, stream, streams,
-                     lists, block_pages, reps, qbar, index_q, num_kv_heads, inv_sqrt_d, scores,
-                     keep);
+    launch_dependent(score_few_kernel<D, kQuest, 1, kInt8>, grid, tiles::kScoreThreads, 0, stream,
+                     streams, lists, block_pages, reps.data, reps.scales, qbar, index_q,
+                     num_kv_heads, inv_sqrt_d, scores, keep);
   else
-    launch_dependent(score_few_kernel<D, kQuest, tiles::kScoreFewLists>, grid, tiles::kScoreThreads,
-                     0, stream, streams, lists, block_pages, reps, qbar, index_q, num_kv_heads,
-                     inv_sqrt_d, scores, keep);
+    launch_dependent(score_few_kernel<D, kQuest, tiles::kScoreFewLists, kInt8>, grid,
+                     tiles::kScoreThreads, 0, stream, streams, lists, block_pages, reps.data,
+                     reps.scales, qbar, index_q, num_kv_heads, inv_sqrt_d, scores, keep);
 }
 
-template <bool kQuest, int QA>
+template <int D>
+void launch_few_d(dim3 grid, int max_lists, bool quest, const ScoreStream* streams,
+                  const ListDesc* lists, const int32_t* block_pages, const RepArgs& reps,
+                  const float* qbar, const float* index_q, int num_kv_heads, float inv_sqrt_d,
+                  float* scores, const int32_t* keep, cudaStream_t stream) {
+  auto* launch = quest ? (reps.int8 ? &launch_few<D, true, true> : &launch_few<D, true, false>)
+                       : (reps.int8 ? &launch_few<D, false, true> : &launch_few<D, false, false>);
+  launch(grid, max_lists, streams, lists, block_pages, reps, qbar, index_q, num_kv_heads,
+         inv_sqrt_d, scores, keep, stream);
+}
+
+template <bool kQuest, int QA, bool kInt8>
 cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* lists,
-                         const int32_t* block_pages, const uint16_t* reps, const float* qbar,
+                         const int32_t* block_pages, const RepArgs& reps, const float* qbar,
                          int num_kv_heads, int head_dim, float inv_sqrt_d, float* scores,
                          const int32_t* keep, cudaStream_t stream) {
   const int rw = kQuest ? 2 * head_dim : head_dim;
   const size_t smem = sizeof(float) * (static_cast<size_t>(tiles::kScoreChunks) * (rw + 1) +
                                        static_cast<size_t>(16 * QA) * (head_dim + 1));
-  cudaError_t err =
-      cudaFuncSetAttribute(score_kernel<kQuest, QA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
+  auto* kernel = score_kernel<kQuest, QA, kInt8>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  launch_dependent(score_kernel<kQuest, QA>, grid, tiles::kScoreThreads, smem, stream, streams,
-                   lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores,
-                   keep);
+  launch_dependent(kernel, grid, tiles::kScoreThreads, smem, stream, streams, lists, block_pages,
+                   reps.data, reps.scales, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, keep);
   return cudaSuccess;
 }
 
 // launch_tiled with QA (queries per pass, 16 · QA) chosen at run time: 1, 2 or 4.
-template <bool kQuest>
+template <bool kQuest, bool kInt8>
 cudaError_t launch_tiled_qa(int qa, dim3 grid, const ScoreStream* streams, const ListDesc* lists,
-                            const int32_t* block_pages, const uint16_t* reps, const float* qbar,
+                            const int32_t* block_pages, const RepArgs& reps, const float* qbar,
                             int num_kv_heads, int head_dim, float inv_sqrt_d, float* scores,
                             const int32_t* keep, cudaStream_t stream) {
-  auto* launch = qa == 1   ? &launch_tiled<kQuest, 1>
-                 : qa == 2 ? &launch_tiled<kQuest, 2>
-                           : &launch_tiled<kQuest, 4>;
+  auto* launch = qa == 1   ? &launch_tiled<kQuest, 1, kInt8>
+                 : qa == 2 ? &launch_tiled<kQuest, 2, kInt8>
+                           : &launch_tiled<kQuest, 4, kInt8>;
   return launch(grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim, inv_sqrt_d,
                 scores, keep, stream);
+}
+
+template <int D>
+void launch_mma(dim3 grid, const ScoreStream* streams, const ListDesc* lists,
+                const int32_t* block_pages, const RepArgs& reps, const float* qbar,
+                const uint32_t* qsplit, int num_kv_heads, float inv_sqrt_d, float* scores,
+                const int32_t* keep, cudaStream_t stream) {
+  launch_dependent(reps.int8 ? score_mma_kernel<D, true> : score_mma_kernel<D, false>, grid,
+                   tiles::kScoreMmaThreads, 0, stream, streams, lists, block_pages, reps.data,
+                   reps.scales, qbar, qsplit, num_kv_heads, inv_sqrt_d, scores, keep);
 }
 
 }  // namespace
@@ -533,10 +591,11 @@ bool score_takes_index_queries(int32_t max_lists, const float* index_q) {
 
 cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
                          int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
-                         const uint16_t* reps, const float* qbar, const uint16_t* qsplit,
+                         const RepArgs& reps, const float* qbar, const uint16_t* qsplit,
                          const float* index_q, int num_kv_heads, int head_dim, bool quest,
                          float* scores, const int32_t* keep, cudaStream_t stream) {
   if (index_q && !score_takes_index_queries(max_lists, index_q)) return cudaErrorInvalidValue;
+  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;
@@ -544,21 +603,13 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
     const dim3 grid(
         static_cast<unsigned>((max_span + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks),
         static_cast<unsigned>(num_streams));
-#define CISA_FEW(DD)                                                                           \
-  if (head_dim == DD) {                                                                        \
-    if (quest)                                                                                 \
-      launch_few<DD, true>(grid, max_lists, streams, lists, block_pages, reps, qbar, index_q,  \
-                           num_kv_heads, inv_sqrt_d, scores, keep, stream);                    \
-    else                                                                                       \
-      launch_few<DD, false>(grid, max_lists, streams, lists, block_pages, reps, qbar, index_q, \
-                            num_kv_heads, inv_sqrt_d, scores, keep, stream);                   \
-  }
-    // clang-format off
-    CISA_FEW(64)
-    CISA_FEW(128)
-    CISA_FEW(256)
-    // clang-format on
-#undef CISA_FEW
+    auto* launch = head_dim == 64    ? &launch_few_d<64>
+                   : head_dim == 128 ? &launch_few_d<128>
+                   : head_dim == 256 ? &launch_few_d<256>
+                                     : nullptr;
+    if (!launch) return cudaErrorInvalidValue;
+    launch(grid, max_lists, quest, streams, lists, block_pages, reps, qbar, index_q, num_kv_heads,
+           inv_sqrt_d, scores, keep, stream);
     return cudaGetLastError();
   }
   if (!quest && (head_dim == 64 || head_dim == 128)) {
@@ -569,27 +620,29 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
     const dim3 mgrid(
         static_cast<unsigned>((max_span + tiles::kScoreMmaThreads - 1) / tiles::kScoreMmaThreads),
         static_cast<unsigned>(num_streams));
-    if (tiles::kScoreMma && head_dim == 64)
-      launch_dependent(score_mma_kernel<64>, mgrid, tiles::kScoreMmaThreads, 0, stream, streams,
-                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores, keep);
-    else if (tiles::kScoreMma)
-      launch_dependent(score_mma_kernel<128>, mgrid, tiles::kScoreMmaThreads, 0, stream, streams,
-                       lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d, scores, keep);
+    const auto* bf16 = reinterpret_cast<const uint16_t*>(reps.data);
+    if ((tiles::kScoreMma || reps.int8) && head_dim == 64)  // int8: tensor cores only
+      launch_mma<64>(mgrid, streams, lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d,
+                     scores, keep, stream);
+    else if (tiles::kScoreMma || reps.int8)
+      launch_mma<128>(mgrid, streams, lists, block_pages, reps, qbar, qs, num_kv_heads, inv_sqrt_d,
+                      scores, keep, stream);
     else if (head_dim == 64)
       launch_dependent(score_regs_kernel<64>, grid, tiles::kScoreThreads, 0, stream, streams, lists,
-                       block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
+                       block_pages, bf16, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
     else
       launch_dependent(score_regs_kernel<128>, grid, tiles::kScoreThreads, 0, stream, streams,
-                       lists, block_pages, reps, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
+                       lists, block_pages, bf16, qbar, num_kv_heads, inv_sqrt_d, scores, keep);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>((max_span + tiles::kScoreChunks - 1) / tiles::kScoreChunks),
                   static_cast<unsigned>(num_streams));
   const int qa = max_lists <= 16 ? 1 : max_lists <= 32 ? 2 : 4;
-  err = quest ? launch_tiled_qa<true>(qa, grid, streams, lists, block_pages, reps, qbar,
-                                      num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream)
-              : launch_tiled_qa<false>(qa, grid, streams, lists, block_pages, reps, qbar,
-                                       num_kv_heads, head_dim, inv_sqrt_d, scores, keep, stream);
+  auto* launch = quest
+                     ? (reps.int8 ? &launch_tiled_qa<true, true> : &launch_tiled_qa<true, false>)
+                     : (reps.int8 ? &launch_tiled_qa<false, true> : &launch_tiled_qa<false, false>);
+  err = launch(qa, grid, streams, lists, block_pages, reps, qbar, num_kv_heads, head_dim,
+               inv_sqrt_d, scores, keep, stream);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }

@@ -18,7 +18,7 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
                                  const float* index_q, int num_kv_heads, int head_dim, float* qbar,
                                  uint16_t* qsplit, cudaStream_t stream);
 
-// reps: [num_pages][num_kv_heads][rep_width] bf16; scores: written at each list's score_begin.
+// reps: the representatives (plan_types.h RepArgs); scores: written at each list's score_begin.
 // keep: null, or a flag per list (reuse.cuh): a stream whose first list has a non-zero flag is
 // a decode list keeping its earlier selection and is not scored (such a stream has one list).
 // index_q: null (the kernels read qbar / qsplit, written by launch_index_queries or the reuse
@@ -28,7 +28,7 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
 bool score_takes_index_queries(int32_t max_lists, const float* index_q);
 cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
                          int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
-                         const uint16_t* reps, const float* qbar, const uint16_t* qsplit,
+                         const RepArgs& reps, const float* qbar, const uint16_t* qsplit,
                          const float* index_q, int num_kv_heads, int head_dim, bool quest,
                          float* scores, const int32_t* keep, cudaStream_t stream);
 

@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "rep_read.cuh"
 #include "select_fused.cuh"
 #include "topk_radix.cuh"
 
@@ -31,14 +32,16 @@ constexpr int kThreads = 512;
 constexpr int kMaxCluster = 16;          // the non-portable cluster size limit of sm_90
 constexpr int kMaxSliceKeys = 40 << 10;  // 160 KB of keys per block (+ 35 KB of radix state)
 
-template <int D>
+template <int D, bool kInt8>
 __global__ void __launch_bounds__(kThreads, 1)
     select_fused_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
-                        const int32_t* __restrict__ block_pages, const uint16_t* __restrict__ reps,
-                        const float* __restrict__ qbar, int num_kv_heads, float inv_sqrt_d,
-                        float* __restrict__ scores, int32_t* __restrict__ pages,
-                        int32_t* __restrict__ chunks) {
-  constexpr int LPC = D / 8;     // lanes per chunk
+                        const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
+                        const float* __restrict__ rep_scales, const float* __restrict__ qbar,
+                        int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores,
+                        int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
+  using RB = dev::RepBytes<kInt8>;
+  constexpr int CH = RB::kChan;  // channels per lane
+  constexpr int LPC = D / CH;    // lanes per chunk
   constexpr int CPL = 32 / LPC;  // chunks per warp-wide load
   constexpr int U = 16;          // 16-byte loads in flight per lane
   constexpr int WARPS = kThreads / 32;
@@ -60,40 +63,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = threadIdx.x; i < cnt; i += kThreads)
       keys[i] = static_cast<uint32_t>(table[L.elig_begin + lo + i]);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
-    float q[8];
+    float q[CH];
     {
-      const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * 8);
-      const float4 a = qp[0], b = qp[1];
-      q[0] = a.x, q[1] = a.y, q[2] = a.z, q[3] = a.w;
-      q[4] = b.x, q[5] = b.y, q[6] = b.z, q[7] = b.w;
+      const float4* qp = reinterpret_cast<const float4*>(qbar + li * D + sub * CH);
+#pragma unroll
+      for (int i = 0; i < CH / 4; ++i) {
+        const float4 v = qp[i];
+        q[4 * i] = v.x, q[4 * i + 1] = v.y, q[4 * i + 2] = v.z, q[4 * i + 3] = v.w;
+      }
     }
     float* out = scores + L.score_begin + lo;
     __syncthreads();
     for (int r0 = 0; r0 < cnt; r0 += PER_ROUND) {
       uint4 v[U];
+      float sc[U];  // kInt8: each chunk's 2^e (read by the lane that writes its score)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = r0 + (warp * U + u) * CPL + grp;
         v[u] = make_uint4(0, 0, 0, 0);
-        if (c < cnt)
-          v[u] = __ldg(reinterpret_cast<const uint4*>(
-              reps + (static_cast<int64_t>(keys[c]) * num_kv_heads + L.kv) * D + sub * 8));
+        sc[u] = 0.0f;
+        if (c < cnt) {
+          const int64_t rep = static_cast<int64_t>(keys[c]) * num_kv_heads + L.kv;
+          v[u] = __ldg(reinterpret_cast<const uint4*>(reps + rep * D * RB::kBytes + sub * 16));
+          if constexpr (kInt8)
+            if (sub == 0) sc[u] = __ldg(rep_scales + rep);
+        }
       }
       __syncwarp();  // every lane has read its page IDs before sub 0 overwrites them with keys
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = r0 + (warp * U + u) * CPL + grp;
-        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        float acc = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          acc = fmaf(q[2 * h], __uint_as_float(w[h] << 16), acc);
-          acc = fmaf(q[2 * h + 1], __uint_as_float(w[h] & 0xffff0000u), acc);
-        }
+        float r[CH];
+        dev::unpack16<kInt8>(v[u], r);
+        float acc = dev::lane_score<false, CH>(q, r, nullptr);
 #pragma unroll
         for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && c < cnt) {
-          const float s = acc * inv_sqrt_d;
+          const float s = dev::finish_score<kInt8>(acc, sc + u, 0, inv_sqrt_d);
           out[c] = s;
           keys[c] = order_key(s);
         }
@@ -128,12 +134,14 @@ struct ClusterLaunch {
 
 template <int D>
 cudaError_t launch_d(const ScoreStream* streams, int64_t num_streams, int cluster, size_t smem,
-                     const ListDesc* lists, const int32_t* block_pages, const uint16_t* reps,
+                     const ListDesc* lists, const int32_t* block_pages, const RepArgs& reps,
                      const float* qbar, int num_kv_heads, float inv_sqrt_d, float* scores,
                      int32_t* pages, int32_t* chunks, cudaStream_t stream) {
   const ClusterLaunch l(num_streams * cluster, cluster, smem, stream);
-  return cudaLaunchKernelEx(&l.cfg, select_fused_kernel<D>, streams, lists, block_pages, reps, qbar,
-                            num_kv_heads, inv_sqrt_d, scores, pages, chunks);
+  return cudaLaunchKernelEx(
+      &l.cfg, reps.int8 ? select_fused_kernel<D, true> : select_fused_kernel<D, false>, streams,
+      lists, block_pages, reps.data, reps.scales, qbar, num_kv_heads, inv_sqrt_d, scores, pages,
+      chunks);
 }
 
 // Opts the kernel of head_dim into the largest slice and non-portable clusters. The attributes
@@ -141,12 +149,14 @@ cudaError_t launch_d(const ScoreStream* streams, int64_t num_streams, int cluste
 // plan, and only for plans that ask for the fused path), they hold for the launches that follow.
 template <int D>
 cudaError_t prepare_d() {
-  cudaError_t err =
-      cudaFuncSetAttribute(select_fused_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kMaxSliceKeys * sizeof(uint32_t)));
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(select_fused_kernel<D>,
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaError_t err = cudaSuccess;
+  for (auto* kernel : {select_fused_kernel<D, false>, select_fused_kernel<D, true>}) {
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kMaxSliceKeys * sizeof(uint32_t)));
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
   return err;
 }
 
@@ -158,7 +168,8 @@ int max_active_clusters(int cluster, size_t smem) {
   }
   const ClusterLaunch l(cluster, cluster, smem, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, select_fused_kernel<D>, &l.cfg) != cudaSuccess) {
+  // Both element types have the same block shape and slice; the bf16 kernel stands for both.
+  if (cudaOccupancyMaxActiveClusters(&n, select_fused_kernel<D, false>, &l.cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -190,10 +201,11 @@ int fused_select_cluster(int64_t num_lists, int64_t max_span, int head_dim, int 
 
 cudaError_t launch_select_fused(const ScoreStream* streams, int64_t num_streams, int cluster,
                                 int64_t max_span, const ListDesc* lists, const int32_t* block_pages,
-                                const uint16_t* reps, const float* qbar, int num_kv_heads,
+                                const RepArgs& reps, const float* qbar, int num_kv_heads,
                                 int head_dim, float* scores, int32_t* pages, int32_t* chunks,
                                 cudaStream_t stream) {
   if (num_streams <= 0) return cudaSuccess;
+  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const size_t smem = fused_select_smem(max_span, cluster);
   switch (head_dim) {

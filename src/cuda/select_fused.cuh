@@ -27,7 +27,7 @@ size_t fused_select_smem(int64_t max_span, int cluster);
 // shapes first (it sets the kernel's shared-memory and cluster-size attributes).
 cudaError_t launch_select_fused(const ScoreStream* streams, int64_t num_streams, int cluster,
                                 int64_t max_span, const ListDesc* lists, const int32_t* block_pages,
-                                const uint16_t* reps, const float* qbar, int num_kv_heads,
+                                const RepArgs& reps, const float* qbar, int num_kv_heads,
                                 int head_dim, float* scores, int32_t* pages, int32_t* chunks,
                                 cudaStream_t stream);
 

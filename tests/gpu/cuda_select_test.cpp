@@ -24,7 +24,8 @@ struct Inputs {
 
 // Sequences grown in interleaved rounds, so one sequence's physical pages are scattered.
 Inputs make_setup(int hkv, int d, RepKind rep, const std::vector<int64_t>& lengths,
-                  const std::vector<BatchEntry>& batch, std::mt19937& rng) {
+                  const std::vector<BatchEntry>& batch, std::mt19937& rng,
+                  RepPrecision prec = RepPrecision::kNative) {
   Inputs s;
   int64_t total = 0;
   for (auto n : lengths) total += n / 16 + 2;
@@ -34,7 +35,8 @@ Inputs make_setup(int hkv, int d, RepKind rep, const std::vector<int64_t>& lengt
                                    .page_size = 16,
                                    .num_pages = total + 8,
                                    .dtype = KvDtype::kBF16,
-                                   .rep = rep});
+                                   .rep = rep,
+                                   .rep_precision = prec});
   for (size_t i = 0; i < lengths.size(); ++i)
     EXPECT_EQ(*s.cache->add_sequence(), static_cast<SeqId>(i));
   std::vector<int64_t> done(lengths.size(), 0);
@@ -83,6 +85,42 @@ TEST(CudaReps, MatchCpuBitExact) {
           auto* want = static_cast<const uint16_t*>(s.cache->rep(0, p, g));
           const uint16_t* have = got.data() + (static_cast<size_t>(p) * 2 + g) * rw;
           ASSERT_EQ(0, std::memcmp(want, have, rw * 2)) << "page " << p << " head " << g;
+        }
+    }
+}
+
+// int8 representatives built on the device from the keys: code · scale equals the CPU cache's
+// value (quantize_rep of the f32 representative, stored exactly in bf16) for every channel, codes
+// lie in [−127, 127], the scale is a power of two and the smallest that fits (some |code| ≥ 64).
+TEST(CudaReps, Int8MatchCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  for (RepKind rep : {RepKind::kMean, RepKind::kQuest})
+    for (int d : {64, 128, 256}) {
+      SCOPED_TRACE(std::string(rep_kind_name(rep)) + " d=" + std::to_string(d));
+      auto s = make_setup(2, d, rep, {700, 333}, {{0, 0, 1}}, rng, RepPrecision::kInt8);
+      DeviceMirror m;
+      m.build(*s.cache, 0, 2);
+      ASSERT_FALSE(m.full_pages.empty());
+      const auto codes = m.codes.download();
+      const auto scales = m.scales.download();
+      const int rw = s.cache->rep_width();
+      for (int32_t p : m.full_pages)
+        for (int g = 0; g < 2; ++g) {
+          const size_t r = static_cast<size_t>(p) * 2 + static_cast<size_t>(g);
+          const float sc = scales[r];
+          int e = 0;
+          ASSERT_EQ(std::frexp(sc, &e), 0.5f) << "scale " << sc << " is not a power of two";
+          auto* want = static_cast<const uint16_t*>(s.cache->rep(0, p, g));
+          int top = 0;
+          for (int i = 0; i < rw; ++i) {
+            const int c = static_cast<int8_t>(codes[r * static_cast<size_t>(rw) + i]);
+            ASSERT_LE(std::abs(c), 127);
+            top = std::max(top, std::abs(c));
+            ASSERT_EQ(static_cast<float>(c) * sc, bf16_to_f32(want[i]))
+                << "page " << p << " head " << g << " channel " << i;
+          }
+          EXPECT_GE(top, 64) << "page " << p << " head " << g << ": a smaller scale would fit";
         }
     }
 }
@@ -218,8 +256,10 @@ struct Case {
   SelectionParams p;
 };
 
-TEST(CudaSelect, MatchesCpuOnRandomInputs) {
-  CISA_REQUIRE_GPU();
+// Prefill and mixed batches: the tensor-core (mean, d ≤ 128), tiled (quest, d = 256) and few-list
+// scoring kernels, both top-k paths, against the CPU engine, with representatives of precision
+// `prec` in both caches.
+void random_inputs_match_cpu(RepPrecision prec) {
   std::mt19937 rng(23);
   const std::vector<Case> cases = {
       {1, 128, RepKind::kMean, {.budget = 32, .window = 8, .qshare = 16}},
@@ -241,8 +281,8 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
     const int64_t split = (c.p.budget + c.p.window + c.p.sink_pages + 1) * 16;
     auto s = make_setup(
         c.hkv, c.d, c.rep, {3000 + split, split + 400, split + 2000, 200},
-        {{0, 2900 + split - 77, 77}, {1, split - 90, 300}, {2, split + 1999, 1}, {3, 120, 50}},
-        rng);
+        {{0, 2900 + split - 77, 77}, {1, split - 90, 300}, {2, split + 1999, 1}, {3, 120, 50}}, rng,
+        prec);
     DeviceMirror m;
     m.build(*s.cache, 0, 4);
     DevVec<float> iq;
@@ -261,6 +301,18 @@ TEST(CudaSelect, MatchesCpuOnRandomInputs) {
       ASSERT_NO_FATAL_FAILURE(run_and_check_lists(s, c.p, m, iq.data(), plan, &gpu, &scores));
     }
   }
+}
+
+TEST(CudaSelect, MatchesCpuOnRandomInputs) {
+  CISA_REQUIRE_GPU();
+  random_inputs_match_cpu(RepPrecision::kNative);
+}
+
+// int8 representatives (RepPrecision::kInt8): the device's codes and scales (built by the update
+// kernel from the keys) score against the CPU cache's code · 2^e values.
+TEST(CudaSelect, Int8MatchesCpuOnRandomInputs) {
+  CISA_REQUIRE_GPU();
+  random_inputs_match_cpu(RepPrecision::kInt8);
 }
 
 // Lists long enough that staging takes several rounds (8 keys a thread, 8,192 a block a round):
@@ -297,8 +349,7 @@ TEST(CudaSelect, TopkStagedOnLongLists) {
 // 512-chunk blocks and a partial last block. With mean representatives they also take the fused
 // selection (select_fused.cu) at the cluster size the planner picks and at forced sizes 1, 4 and
 // 16, whose scores and lists must equal the two-kernel path's bit for bit.
-TEST(CudaSelect, DecodeBatchMatchesCpu) {
-  CISA_REQUIRE_GPU();
+void decode_batch_matches_cpu(RepPrecision prec) {
   std::mt19937 rng(31);
   const std::vector<Case> cases = {
       {1, 128, RepKind::kMean, {.budget = 200, .window = 8, .qshare = 1}},
@@ -326,7 +377,7 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
     const std::vector<int64_t> len = {9000, 16 * 1300 + 5, 16 * 700, 12345};
     std::vector<BatchEntry> batch;
     for (size_t i = 0; i < len.size(); ++i) batch.push_back({static_cast<SeqId>(i), len[i] - 1, 1});
-    auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng);
+    auto s = make_setup(c.hkv, c.d, c.rep, len, batch, rng, prec);
     DeviceMirror m;
     m.build(*s.cache, 0, static_cast<int>(len.size()));
     DevVec<float> iq, iq_off;
@@ -370,16 +421,29 @@ TEST(CudaSelect, DecodeBatchMatchesCpu) {
   }
 }
 
+TEST(CudaSelect, DecodeBatchMatchesCpu) {
+  CISA_REQUIRE_GPU();
+  decode_batch_matches_cpu(RepPrecision::kNative);
+}
+
+// The decode kernels on int8 representatives: the few-list scoring kernel, the fused selection
+// and (cuda_selection_reuse_test) the reuse check, 16 codes a lane instead of 8 bf16 values.
+TEST(CudaSelect, Int8DecodeBatchMatchesCpu) {
+  CISA_REQUIRE_GPU();
+  decode_batch_matches_cpu(RepPrecision::kInt8);
+}
+
 // One sequence of n tokens (keys k, n·d of them; random values) in a one-layer, one-KV-head bf16
 // cache of 16-token pages, with `queries` random index queries; *seq names the sequence.
 void one_sequence(const std::vector<float>& k, int64_t n, int d, int64_t queries, std::mt19937& rng,
-                  Inputs* s, SeqId* seq) {
+                  Inputs* s, SeqId* seq, RepPrecision prec = RepPrecision::kNative) {
   auto cache = *PagedKvCache::create({.num_layers = 1,
                                       .num_kv_heads = 1,
                                       .head_dim = d,
                                       .page_size = 16,
                                       .num_pages = n / 16 + 4,
-                                      .dtype = KvDtype::kBF16});
+                                      .dtype = KvDtype::kBF16,
+                                      .rep_precision = prec});
   *seq = *cache->add_sequence();
   ASSERT_TRUE(cache->reserve(*seq, n).ok());
   const auto v = random_vec(rng, static_cast<size_t>(n * d));
@@ -391,8 +455,7 @@ void one_sequence(const std::vector<float>& k, int64_t n, int d, int64_t queries
 // Keys drawn from 3 patterns make representatives repeat exactly, so scores tie exactly in both
 // engines; a few pages hold NaN keys (NaN scores), a few an infinite channel (±inf scores). The
 // lists must equal the CPU's, entry by entry.
-TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
-  CISA_REQUIRE_GPU();
+void ties_and_nan_follow_the_spec_order(RepPrecision prec) {
   std::mt19937 rng(5);
   const int d = 64;
   const int64_t n = 300 * 16;
@@ -409,7 +472,7 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
   }
   Inputs s;
   SeqId seq = 0;
-  ASSERT_NO_FATAL_FAILURE(one_sequence(k, n, d, 160, rng, &s, &seq));
+  ASSERT_NO_FATAL_FAILURE(one_sequence(k, n, d, 160, rng, &s, &seq, prec));
   DeviceMirror m;
   m.build(*s.cache, 0, 1);
   // 64 queries in groups of 16 (4 lists per score stream: few-lists kernel), 160 (10 lists: the
@@ -462,6 +525,19 @@ TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
           break;
         }
       }
+}
+
+TEST(CudaSelect, TiesAndNaNFollowTheSpecOrder) {
+  CISA_REQUIRE_GPU();
+  ties_and_nan_follow_the_spec_order(RepPrecision::kNative);
+}
+
+// int8: tied representatives have equal codes and scales; a page with a NaN or an infinite key
+// has a NaN scale on the device and NaN values in the CPU cache (core/rep_quant.h), so its
+// scores are NaN in both engines.
+TEST(CudaSelect, Int8TiesAndNaNFollowTheSpecOrder) {
+  CISA_REQUIRE_GPU();
+  ties_and_nan_follow_the_spec_order(RepPrecision::kInt8);
 }
 
 // Top-k v7 resolves at most tiles::kTopkStagedCandidates keys tied with the threshold's top 16

@@ -73,34 +73,64 @@ class DevVec {
   size_t n_ = 0;
 };
 
-// Device mirror of one layer of a CPU cache.
+// Device mirror of one layer of a CPU cache. A cache of int8 representatives (its
+// rep_precision) is mirrored as codes and scales that the device computes itself from the keys
+// (cuda::run_update_reps over every full page of the mirrored sequences): the CPU holds only
+// their products, which is what the tests compare against.
 struct DeviceMirror {
   DevVec<uint16_t> k, v, reps;
+  DevVec<uint8_t> codes;  // int8 representatives
+  DevVec<float> scales;
   DevVec<int32_t> tables;
   std::vector<int64_t> offsets;
+  std::vector<int32_t> full_pages;  // physical pages whose representative the device built
   cuda::DeviceLayer layer;
   cuda::DeviceBlockTables block_tables() const { return {tables.data(), offsets}; }
 
-  // copy_reps = false leaves the device representatives poisoned (NaN).
+  // copy_reps = false leaves the device representatives poisoned (NaN, or code −1 with a NaN
+  // scale).
   void build(const PagedKvCache& c, int l, int num_seqs, bool copy_reps = true) {
     const size_t kv_elems =
         static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.page_size() * c.head_dim();
     const size_t rep_elems = static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.rep_width();
+    const bool int8 = c.config().rep_precision == RepPrecision::kInt8;
     k.upload(static_cast<const uint16_t*>(c.k_pool(l)), kv_elems);
     v.upload(static_cast<const uint16_t*>(c.v_pool(l)), kv_elems);
-    reps.resize(rep_elems);
-    reps.poison();
-    if (copy_reps) cudaMemcpy(reps.data(), c.rep_pool(l), rep_elems * 2, cudaMemcpyHostToDevice);
     std::vector<int32_t> flat;
     offsets.assign(1, 0);
+    full_pages.clear();
     for (SeqId s = 0; s < num_seqs; ++s) {
       auto t = *c.block_table(s);
       flat.insert(flat.end(), t.begin(), t.end());
       offsets.push_back(static_cast<int64_t>(flat.size()));
+      const int64_t n_full = *c.length(s) / c.page_size();
+      full_pages.insert(full_pages.end(), t.begin(), t.begin() + n_full);
     }
     tables.upload(flat);
-    layer = {k.data(),         v.data(),     reps.data(),   c.num_pages(),
+    layer = {k.data(),         v.data(),     nullptr,       c.num_pages(),
              c.num_kv_heads(), c.head_dim(), c.page_size(), c.config().rep};
+    if (!int8) {
+      reps.resize(rep_elems);
+      reps.poison();
+      if (copy_reps) cudaMemcpy(reps.data(), c.rep_pool(l), rep_elems * 2, cudaMemcpyHostToDevice);
+      layer.reps = reps.data();
+      return;
+    }
+    codes.resize(rep_elems);
+    codes.poison();
+    scales.resize(static_cast<size_t>(c.num_pages()) * c.num_kv_heads());
+    scales.poison();
+    layer.reps = codes.data();
+    layer.rep_scales = scales.data();
+    layer.rep_precision = RepPrecision::kInt8;
+    if (copy_reps && !full_pages.empty()) {
+      DevVec<int32_t> pages;
+      pages.upload(full_pages);
+      const Status st = cuda::run_update_reps(layer, pages.data(),
+                                              static_cast<int64_t>(full_pages.size()), nullptr);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    }
   }
 };
 

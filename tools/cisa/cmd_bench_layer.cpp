@@ -48,6 +48,8 @@ struct Options {
   std::string attention_kernel = "auto";
   int64_t blocks_per_sm = 0, ws_copy_warps = 0;
   bool mma_unions = false, topk_one_block = false;
+  std::string rep_precision = "native";  // native (bf16) or int8 representatives
+  bool int8() const { return rep_precision == "int8"; }
   cuda::PlanOptions plan_options() const {
     cuda::PlanOptions p;
     p.attention_kernel = attention_kernel == "mma"        ? cuda::AttentionKernel::kMma
@@ -127,9 +129,10 @@ double adjacent_overlap(const PageLists& l, int64_t budget) {
 }
 
 struct Buffers {
-  uint16_t *k = nullptr, *v = nullptr, *reps = nullptr, *q = nullptr;
+  uint16_t *k = nullptr, *v = nullptr, *q = nullptr;
+  void* reps = nullptr;  // bf16 or int8 (--rep-precision)
   int32_t *tables = nullptr, *rep_pages = nullptr;
-  float *out = nullptr, *lse = nullptr, *index_q = nullptr;
+  float *out = nullptr, *lse = nullptr, *index_q = nullptr, *rep_scales = nullptr;
 };
 
 std::string fmt(double x) {
@@ -352,8 +355,9 @@ bool sparse_row(const PhaseRun& r, int64_t G, double other, const DenseTimes& d)
     attn_no_unions = median_ms(
         [&] { (void)cuda::run_attention(flat, layer, buf.q, 0.0f, buf.out, buf.lse, nullptr); }, o);
   }
-  const double rep_bytes =
-      static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) * kD * 2;
+  // Representative bytes scoring reads: bf16, or int8 codes and a 4-byte scale each.
+  const double rep_bytes = static_cast<double>(geo.seqs) * geo.hkv * (pages_per_seq - o.window) *
+                           (o.int8() ? kD + 4 : kD * 2);
   double tokens = 0;  // attended tokens summed over query rows
   for (size_t gi = 0; gi < lists.groups.size(); ++gi) {
     const auto& g = lists.groups[gi];
@@ -449,6 +453,9 @@ int bench_layer(int argc, char** argv) {
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--ws-copy-warps", &o.ws_copy_warps,
             "producer warps copying K/V in 128-row wgmma tiles: 1, or 0 for the default", {0, 1});
+  a.add_choice("--rep-precision", &o.rep_precision, {"native", "int8"},
+               "representatives: native (bf16) or int8 codes with a power-of-two scale each "
+               "(default native)");
   a.add_flag("--json", &json, "print one JSON document on stdout (the table goes to stderr)");
   if (int rc = a.parse(argc, argv); rc >= 0) return rc;
   if (o.context % kB || o.context < 2 * o.prefill || o.iters < 1 || o.warmup < 0 || o.prefill < 1) {
@@ -479,8 +486,10 @@ int bench_layer(int argc, char** argv) {
   const size_t kv_elems = static_cast<size_t>(max_kv_pages) * kB * kD;
   if (!cuda_ok(cudaMalloc(&buf.k, kv_elems * 2), "K pool") ||
       !cuda_ok(cudaMalloc(&buf.v, kv_elems * 2), "V pool") ||
-      !cuda_ok(cudaMalloc(&buf.reps, static_cast<size_t>(max_kv_pages) * kD * 2),
+      !cuda_ok(cudaMalloc(&buf.reps, static_cast<size_t>(max_kv_pages) * kD * (o.int8() ? 1 : 2)),
                "representatives") ||
+      !cuda_ok(cudaMalloc(&buf.rep_scales, static_cast<size_t>(max_kv_pages) * 4),
+               "representative scales") ||
       !cuda_ok(cudaMalloc(&buf.q, static_cast<size_t>(max_q) * kD * 2), "queries") ||
       !cuda_ok(cudaMalloc(&buf.out, static_cast<size_t>(max_q) * kD * 4), "output") ||
       !cuda_ok(cudaMalloc(&buf.lse, static_cast<size_t>(max_q) * 4), "lse") ||
@@ -530,6 +539,7 @@ int bench_layer(int argc, char** argv) {
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
   doc["wgmma_unions"] = popt.wgmma_unions;
   doc["topk_staged"] = popt.topk_staged;
+  doc["rep_precision"] = o.rep_precision;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";
   Json results = Json::array();
@@ -545,6 +555,10 @@ int bench_layer(int argc, char** argv) {
     std::vector<int64_t> offsets(static_cast<size_t>(geo.seqs) + 1);
     for (int s = 0; s <= geo.seqs; ++s) offsets[static_cast<size_t>(s)] = s * pages_per_seq;
     cuda::DeviceLayer layer{buf.k, buf.v, buf.reps, P, geo.hkv, kD, kB, RepKind::kMean};
+    if (o.int8()) {
+      layer.rep_scales = buf.rep_scales;
+      layer.rep_precision = RepPrecision::kInt8;
+    }
     cuda::DeviceBlockTables tables{buf.tables, offsets};
     std::vector<int32_t> all(static_cast<size_t>(P));
     std::iota(all.begin(), all.end(), 0);
@@ -577,6 +591,7 @@ int bench_layer(int argc, char** argv) {
   cudaFree(buf.k);
   cudaFree(buf.v);
   cudaFree(buf.reps);
+  cudaFree(buf.rep_scales);
   cudaFree(buf.q);
   cudaFree(buf.out);
   cudaFree(buf.lse);

@@ -26,8 +26,8 @@ Result<RepPrecision> parse_rep_precision(const std::string& s);  // the names ab
 float round_to_e4m3(float x);
 
 // Rounds every value of one representative in place to `p` (kNative: no change) with the
-// representative's own scale. A representative holding a non-finite value, or only zeros, is
-// left as it is.
+// representative's own scale. One of only zeros is left as it is; one holding a non-finite value
+// has no 8-bit form and becomes NaN throughout (its scores are NaN, which the SPEC ranks).
 void quantize_rep(RepPrecision p, std::span<float> rep);
 
 }  // namespace cisa

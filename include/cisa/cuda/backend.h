@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cisa/core/batch.h"
+#include "cisa/core/rep_quant.h"
 #include "cisa/core/status.h"
 #include "cisa/cpu/kv_cache.h"
 #include "cisa/cpu/selection.h"
@@ -48,12 +49,16 @@ bool device_available(std::string* why = nullptr);
 struct DeviceLayer {
   const uint16_t* k = nullptr;  // device bf16 [num_pages][num_kv_heads][page_size][head_dim]
   const uint16_t* v = nullptr;  // device bf16 [num_pages][num_kv_heads][page_size][head_dim]
-  uint16_t* reps = nullptr;     // device bf16 [num_pages][num_kv_heads][rep_width]
+  // device [num_pages][num_kv_heads][rep_width]: bf16 values, or int8 codes (one byte each)
+  // when rep_precision is kInt8 (core/rep_quant.h; the value is code · rep_scales[page][head])
+  void* reps = nullptr;
   int64_t num_pages = 0;
   int num_kv_heads = 1;
   int head_dim = 128;  // 64, 128 or 256
   int page_size = 16;  // must be 16 (the kernels' page tile)
   RepKind rep = RepKind::kMean;
+  float* rep_scales = nullptr;  // device f32 [num_pages][num_kv_heads]: 2^e (kInt8 only)
+  RepPrecision rep_precision = RepPrecision::kNative;  // kNative (bf16) or kInt8; kFp8: CPU only
   int rep_width() const { return cisa::rep_width(rep, head_dim); }
 };
 

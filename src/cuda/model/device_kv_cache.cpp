@@ -71,12 +71,14 @@ DeviceLayer CudaBackend::device_layer(int layer) const {
   const LayerPools& p = pools_[static_cast<size_t>(layer)];
   return DeviceLayer{.k = p.k.as<uint16_t>(),
                      .v = p.v.as<uint16_t>(),
-                     .reps = layer_has_reps(layer) ? p.reps.as<uint16_t>() : nullptr,
+                     .reps = layer_has_reps(layer) ? p.reps.get() : nullptr,
                      .num_pages = config_.num_pages,
                      .num_kv_heads = config_.num_kv_heads,
                      .head_dim = config_.head_dim,
                      .page_size = kPageSize,
-                     .rep = config_.rep};
+                     .rep = config_.rep,
+                     .rep_scales = layer_has_reps(layer) ? p.rep_scales.as<float>() : nullptr,
+                     .rep_precision = config_.rep_precision};
 }
 
 Status CudaBackend::create_cache(const KvCacheConfig& config) {
@@ -84,15 +86,20 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
   if (config.rep == RepKind::kMoment)
     return unimplemented(
         "cuda: moment representatives (mean and variance) are implemented on the CPU backend only");
-  if (config.rep_precision != RepPrecision::kNative)
-    return unimplemented(std::string("cuda: ") + rep_precision_name(config.rep_precision) +
-                         " representatives are a CPU-backend study so far (docs/design.md, "
-                         "\"Representative precision\"); the CUDA cache keeps them in bf16");
+  if (config.rep_precision == RepPrecision::kFp8)
+    return unimplemented(
+        "cuda: fp8 representatives are implemented on the CPU backend only (use int8: the same "
+        "quality in docs/eval/results.md, and a cheaper conversion in the scoring kernels)");
+  const bool int8 = config.rep_precision == RepPrecision::kInt8;
   // Sizes in double first: a configuration too large for int64 byte counts is just too large.
+  // int8 representatives: one byte a value and an f32 scale per (page, KV head).
   const int rep_width = cisa::rep_width(config.rep, config.head_dim);
   const double kv_d =
       static_cast<double>(config.num_pages) * config.num_kv_heads * kPageSize * config.head_dim * 2;
-  const double rep_d = static_cast<double>(config.num_pages) * config.num_kv_heads * rep_width * 2;
+  const double scale_d = int8 ? static_cast<double>(config.num_pages) * config.num_kv_heads * 4 : 0;
+  const double rep_d =
+      static_cast<double>(config.num_pages) * config.num_kv_heads * rep_width * (int8 ? 1 : 2) +
+      scale_d;
   double needed = 0;
   for (int l = 0; l < config.num_layers; ++l)
     needed +=
@@ -113,8 +120,8 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
                               std::to_string(static_cast<uint64_t>(std::min(needed, 1.8e19))) +
                               " bytes) of device memory; " + gib(static_cast<double>(free_now)) +
                               " (" + std::to_string(free_now) + " bytes) free");
-  const auto kv_bytes = static_cast<int64_t>(kv_d),
-             rep_bytes = static_cast<int64_t>(rep_d);  // ≤ free: exact
+  const auto kv_bytes = static_cast<int64_t>(kv_d), scale_bytes = static_cast<int64_t>(scale_d),
+             rep_bytes = static_cast<int64_t>(rep_d) - scale_bytes;  // ≤ free: exact
   std::vector<LayerPools> pools(static_cast<size_t>(config.num_layers));
   for (int l = 0; l < config.num_layers; ++l) {
     LayerPools& p = pools[static_cast<size_t>(l)];
@@ -131,6 +138,13 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
       CISA_ASSIGN_OR_RETURN(p.reps, DeviceMemory::allocate(rep_bytes, what + " representatives"));
       CISA_RETURN_IF_ERROR(check_cuda(
           cudaMemsetAsync(p.reps.get(), 0, static_cast<size_t>(rep_bytes), stream_), what));
+      if (int8) {
+        CISA_ASSIGN_OR_RETURN(p.rep_scales,
+                              DeviceMemory::allocate(scale_bytes, what + " representative scales"));
+        CISA_RETURN_IF_ERROR(check_cuda(
+            cudaMemsetAsync(p.rep_scales.get(), 0, static_cast<size_t>(scale_bytes), stream_),
+            what));
+      }
     }
   }
   // The block-table mirror at its largest (every page in some sequence's table), allocated once:

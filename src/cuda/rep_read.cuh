@@ -1,0 +1,74 @@
+// Representatives as the scoring kernels read them (docs/design.md, "Representative precision"):
+// bf16 values, or int8 codes with one f32 scale 2^e per representative (RepPrecision::kInt8, the
+// rule of core/rep_quant.h). Every reader takes 16 bytes a load: 8 bf16 channels or 16 int8 ones,
+// so one kernel body serves both with kChan channels per lane. An int8 score is the dot product
+// with the codes, times the scale (exact: a power of two), times 1/√d.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cisa::cuda::dev {
+
+template <bool kInt8>
+struct RepBytes {
+  static constexpr int kBytes = kInt8 ? 1 : 2;  // bytes per value
+  static constexpr int kChan = 16 / kBytes;     // channels per 16-byte load
+};
+
+// Four int8 codes (low byte first) as exact floats without I2F (a quarter-rate instruction that
+// would bound a decode scan at ~14 codes per clock and SM): the byte, offset to unsigned, is
+// spliced under the exponent of 2^23 and the offset subtracted back.
+__device__ __forceinline__ void unpack_int8x4(uint32_t w, float* f) {
+  const uint32_t u = w ^ 0x80808080u;  // x + 128 in [0, 255]
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    f[j] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7440 + j)) - 8388736.0f;  // 2^23 + 128
+}
+
+// One 16-byte load widened to f32 in memory order: 8 bf16 values or 16 int8 codes.
+template <bool kInt8>
+__device__ __forceinline__ void unpack16(const uint4& w, float* f) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    if constexpr (kInt8) {
+      unpack_int8x4(ws[h], f + 4 * h);
+    } else {
+      f[2 * h] = __uint_as_float(ws[h] << 16);
+      f[2 * h + 1] = __uint_as_float(ws[h] & 0xffff0000u);
+    }
+  }
+}
+
+// One lane's part of a chunk's score over its N channels, summed in channel order: mean
+// representatives q·r with fmaf (lo = r), quest Σ max(q·min, q·max) (lo = min, hi = max; a
+// positive scale factors out of the max). The decode score kernel (score.cu), the fused decode
+// selection (select_fused.cu) and the selection-reuse check (reuse.cu) all score with it, so the
+// check ranks exactly the scores a fresh selection ranks.
+template <bool kQuest, int N>
+__device__ __forceinline__ float lane_score(const float* q, const float* lo, const float* hi) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (kQuest) {
+      const float a = q[i] * lo[i], b = q[i] * hi[i];
+      acc += a > b ? a : b;
+    } else {
+      acc = fmaf(q[i], lo[i], acc);
+    }
+  }
+  return acc;
+}
+
+// A chunk's score from its lanes' summed dot product: bf16 as before (times 1/√d), int8 times
+// the representative's scale first.
+template <bool kInt8>
+__device__ __forceinline__ float finish_score(float dot, const float* scales, int64_t rep,
+                                              float inv_sqrt_d) {
+  if constexpr (kInt8) dot *= scales[rep];
+  return dot * inv_sqrt_d;
+}
+
+}  // namespace cisa::cuda::dev
