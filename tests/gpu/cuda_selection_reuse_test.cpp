@@ -225,6 +225,7 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     SelectionParams p;
     bool topk_staged = true;  // PlanOptions::topk_staged (v7; off: the one-block kernel), whose
                               // kept lists' blocks leave at once
+    RepPrecision prec = RepPrecision::kNative;
   };
   std::vector<Case> cases = {
       {2, 128, RepKind::kMean, {.budget = 24, .window = 4, .qshare = 1, .sink_pages = 1}},
@@ -243,11 +244,17 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     cases.back().p.reuse_check = ReuseCheck::kMass;
     cases.back().p.reuse_mass_slack = m.p.reuse_steps == 8 ? 0.02 : 0.0;
   }
+  // int8 representatives: the check's scores (16 codes a lane) against the fresh selection's.
+  for (const size_t i : {size_t{0}, cases.size() - 1}) {
+    cases.push_back(cases[i]);
+    cases.back().prec = RepPrecision::kInt8;
+  }
   std::mt19937 rng(77);
   for (const Case& c : cases) {
     SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " r=" +
                  std::to_string(c.p.reuse_steps) + " check " + reuse_check_name(c.p.reuse_check) +
-                 (c.topk_staged ? " top-k staged" : " top-k one block"));
+                 (c.topk_staged ? " top-k staged" : " top-k one block") + " reps " +
+                 rep_precision_name(c.prec));
     const std::vector<int64_t> len = {4000, 2600, 3300};
     int64_t pages = 0;
     for (auto n : len) pages += n / kB + 2;
@@ -257,7 +264,8 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
                                         .page_size = kB,
                                         .num_pages = pages + 8,
                                         .dtype = KvDtype::kBF16,
-                                        .rep = c.rep});
+                                        .rep = c.rep,
+                                        .rep_precision = c.prec});
     for (size_t i = 0; i < len.size(); ++i) ASSERT_EQ(*cache->add_sequence(), SeqId(i));
     append_interleaved(*cache, {0, 1, 2}, len, 150, rng);
     DeviceMirror m;
