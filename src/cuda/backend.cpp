@@ -224,11 +224,11 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
       if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
       if (reuse)  // index queries, and which decode lists keep their selection (pages written)
         CISA_RETURN_IF_ERROR(cuda_status(
-            detail::launch_reuse_decide(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                        P.block_pages, rep_args(layer), P.quest, index_q,
-                                        P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
-                                        P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, keep,
-                                        P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+            detail::launch_reuse_decide(
+                P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.block_pages,
+                rep_args(layer), P.quest, index_q, P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
+                P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, P.d_reuse_partials.as<void>(),
+                keep, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
             "cuda: selection reuse decision"));
       else if (P.fused_cluster > 0 ||
                !detail::score_takes_index_queries(P.max_stream_lists, index_q))
@@ -273,7 +273,8 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_reuse_commit(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
                                         P.num_kv_heads, reuse_params(P), *reuse, keep,
-                                        P.d_chunks.as<int32_t>(), P.d_scores.as<float>(), s),
+                                        P.d_chunks.as<int32_t>(), P.d_scores.as<float>(),
+                                        P.d_reuse_partials.as<void>(), s),
             "cuda: selection reuse state"));
       return cuda_status(
           detail::launch_build_unions(
@@ -409,7 +410,7 @@ uint64_t plan_launch_key(const Plan& plan) {
            P.d_chunks.as<void>(), P.d_scores.as<void>(), P.d_qbar.as<void>(), P.d_qsplit.as<void>(),
            P.d_partial_out.as<void>(), P.d_partial_lse.as<void>(), P.d_upages.as<void>(),
            P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>(),
-           P.d_keep.as<void>()})
+           P.d_keep.as<void>(), P.d_reuse_partials.as<void>()})
     ptr(p);
   return h;
 }

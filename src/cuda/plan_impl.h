@@ -116,6 +116,7 @@ struct Plan::Impl {
   DeviceBuffer d_pages, d_chunks, d_scores, d_qbar, d_qsplit, d_partial_out, d_partial_lse;
   DeviceBuffer d_upages, d_uchunks, d_umask, d_ucounts;
   DeviceBuffer d_keep;  // int32 per list: 1 when a decode list keeps its selection (reuse.cuh)
+  DeviceBuffer d_reuse_partials;  // the reuse check's and commit's per-block partials (reuse.cuh)
 };
 
 // The current device's SM count (132 where it cannot be read).

@@ -1,5 +1,6 @@
 // Selection reuse across decode steps: the keep-or-select decision and the state update
 // (reuse.cuh says where they run and why the check's scores equal the score kernel's).
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -14,6 +15,7 @@ namespace {
 
 constexpr int kDecideThreads = 256;
 constexpr int kCheckUnroll = 4;  // check_scores' chunk slots per warp and round
+constexpr int kCheckParts = 16;  // blocks per selecting list for the check and the commit's sums
 
 __device__ __forceinline__ bool same_sets(const ReuseInfo& I, const ReuseParams& rp) {
   return I.budget == rp.budget && I.window == rp.window && I.sink_pages == rp.sink_pages;
@@ -84,23 +86,24 @@ __device__ MassSums block_mass(MassSums a) {
   return a;
 }
 
-// The check's chunks: c of [0, total) is S[c] for c < k, nb + (c − k) for c < k + nn (N), else
-// the sample's stride, stride0 + kReuseMassStrideDevice · (c − k − nn) (`mass` only). D/8 lanes
-// per chunk, kChan channels per lane (rep_read.cuh), then the lanes' partial sums by xor shuffles,
-// times the scale (int8) and 1/√d: score_few_kernel's arithmetic. Leaves, in shared memory, the
-// lowest order key of S and the highest of N, and with `mass` each thread's sums (S's chunk j is on
-// the stride iff j ≡ stride0 (mod kReuseMassStrideDevice)).
+// The check's chunks [begin, end) of [0, total): c is S[c] for c < k, nb + (c − k) for c < k + nn
+// (N), else the sample's stride, stride0 + kReuseMassStrideDevice · (c − k − nn) (`mass` only). D/8
+// lanes per chunk, kChan channels per lane (rep_read.cuh), then the lanes' partial sums by xor
+// shuffles, times the scale (int8) and 1/√d: score_few_kernel's arithmetic. Leaves, in shared
+// memory, the lowest order key of S and the highest of N, and with `mass` each thread's sums (S's
+// chunk j is on the stride iff j ≡ stride0 (mod kReuseMassStrideDevice)).
 template <int D, bool kQuest, bool kInt8>
 __device__ __forceinline__ void check_scores(
     int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t nn, int64_t stride0,
-    int32_t total, const int32_t* __restrict__ table, const uint8_t* __restrict__ reps,
+    int32_t begin, int32_t end, const int32_t* __restrict__ table, const uint8_t* __restrict__ reps,
     const float* __restrict__ scales,
-    const float* qbar,  // written by this block: no non-coherent loads
+    const float* qbar,  // this block's copy in shared memory
     int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new, bool mass,
     MassSums& sums) {
   using RB = dev::RepBytes<kInt8>;
-  // Chunk slots per warp and round: quest int8 widens 32 values a slot, so it takes half.
-  constexpr int UR = kQuest && kInt8 ? kCheckUnroll / 2 : kCheckUnroll;
+  // Chunk slots per warp and round: quest int8 widens 32 values a slot and bf16 at d = 256 holds
+  // 8 q̄ values a lane for one chunk a warp, so both take half (ptxas spilled at four).
+  constexpr int UR = (kQuest && kInt8) || (D == 256 && !kInt8) ? kCheckUnroll / 2 : kCheckUnroll;
   constexpr int CH = RB::kChan, LPC = D / CH, CPL = 32 / LPC, WARPS = kDecideThreads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
@@ -112,13 +115,14 @@ __device__ __forceinline__ void check_scores(
     // chunk's representative sits behind two dependent loads (S[c] or nothing, then its page ID),
     // so a round waits for three memory latencies instead of three per slot.
 #pragma unroll 1
-  for (int base = warp * CPL * UR; base < total; base += WARPS * CPL * UR) {  // uniform per warp
+  for (int base = begin + warp * CPL * UR; base < end;
+       base += WARPS * CPL * UR) {  // uniform per warp
     int64_t chunk[UR];
     uint4 lo[UR], hi[UR];
 #pragma unroll
     for (int u = 0; u < UR; ++u) {
       const int c = base + u * CPL + grp;
-      chunk[u] = c >= total   ? -1
+      chunk[u] = c >= end     ? -1
                  : c < k      ? S[c]
                  : c < k + nn ? nb + (c - k)
                               : stride0 + int64_t{kReuseMassStrideDevice} * (c - k - nn);
@@ -144,7 +148,7 @@ __device__ __forceinline__ void check_scores(
       float acc = dev::lane_score<kQuest, CH>(q, rl, rh);
 #pragma unroll
       for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if (sub == 0 && c < total) {
+      if (sub == 0 && c < end) {
         const float x = dev::finish_score<kInt8>(
             acc, scales, static_cast<int64_t>(page[u]) * H + kv, inv_sqrt_d);
         const uint32_t key = order_key(x);
@@ -195,176 +199,281 @@ __device__ __forceinline__ void copy_chunks(const int32_t* src, int32_t n,
   }
 }
 
+// What a reuse candidate's row may do (the rule: core/plan.h), from its list and state: whether
+// S may be kept at all, and whether the check scores anything. Computed alike by the check's
+// blocks and the decision's block, from state neither of them has changed yet.
+struct Candidate {
+  ReuseInfo I;
+  int64_t slot, nb, stride0;
+  int32_t nn, total;  // the check's chunks: S, N, then (mass) the sample's stride
+  bool ok, checked, mass;
+};
+
+__device__ __forceinline__ Candidate candidate(const ListDesc& L, const ReuseState& st,
+                                               const ReuseParams& rp, int H) {
+  Candidate c{};
+  c.slot = state_slot(L, st, H);
+  c.I = st.info[c.slot];
+  const int64_t a = L.first_pos;
+  const int32_t k = L.k;
+  c.ok = c.I.selected_at >= 0 && same_sets(c.I, rp) && k <= st.k_stride;
+  if (st.repeat)
+    c.ok = c.ok && c.I.last_used == a;
+  else
+    c.ok = c.ok && c.I.last_used >= c.I.selected_at && a == c.I.last_used + 1 &&
+           a - c.I.selected_at < rp.reuse_steps;
+  // newly_eligible (plan.h): [c(a0) − W, c(a) − W), from the sinks on.
+  c.nb = max(rp.sink_pages, c.I.selected_at / 16 - rp.window);
+  const int64_t ne = max(c.nb, a / 16 - rp.window);
+  c.mass = rp.check_mass != 0;
+  c.checked = c.ok && !st.repeat && k > 0 && (c.mass || (rp.check_new_chunks && ne > c.nb));
+  // `mass`: the sample is E_{a0}'s chunks j ≡ a (mod stride) outside S, E_{a0} = [sinks, nb).
+  c.stride0 =
+      rp.sink_pages + ((a - rp.sink_pages) % kReuseMassStrideDevice + kReuseMassStrideDevice) %
+                          kReuseMassStrideDevice;
+  const int64_t on_stride =
+      c.mass && c.stride0 < c.nb ? (c.nb - 1 - c.stride0) / kReuseMassStrideDevice + 1 : 0;
+  c.nn = static_cast<int32_t>(ne - c.nb);
+  c.total = k + c.nn + static_cast<int32_t>(on_stride);
+  return c;
+}
+
+// One block's share of a check or of a commit's sums (reuse_partial_bytes per selecting list).
+struct CheckPartial {
+  MassSums ms;
+  uint32_t lowest_kept, highest_new;
+};
+
+// The check, spread over kCheckParts blocks per selecting list (a list's ~8,200 chunks at 2 x 1M
+// under `mass` took ~0.33 ms a layer on one block): block (list, part) scores its slice of the
+// check's chunks under the row's index query (computed here, bit for bit as write_index_query
+// does) and writes its lowest S key, highest N key and sums to partials[list][part]. Lists that
+// run no check write nothing; reuse_decide reads the partials of checked lists only.
 template <int D, bool kQuest, bool kInt8>
 __global__ void __launch_bounds__(kDecideThreads)
+    reuse_check_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                       const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
+                       const float* __restrict__ scales, const float* __restrict__ index_q, int H,
+                       float inv_sqrt_d, ReuseParams rp, ReuseState st,
+                       CheckPartial* __restrict__ partials) {
+  dev::dependent_start();
+  __shared__ Candidate C;
+  __shared__ float q_s[D];
+  __shared__ uint32_t lowest_kept, highest_new;
+  const int32_t li = sel[blockIdx.x];
+  const ListDesc L = lists[li];
+  if (L.reuse_seq < 0) return;
+  if (threadIdx.x == 0) {
+    C = candidate(L, st, rp, H);
+    lowest_kept = 0xffffffffu;
+    highest_new = 0u;
+  }
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float qi[1];
+    index_query_channels<1>(L, index_q, H, D, i, qi);
+    q_s[i] = qi[0];
+  }
+  __syncthreads();
+  if (!C.checked) return;  // uniform: C is shared
+  const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
+  const auto begin = static_cast<int32_t>(static_cast<int64_t>(C.total) * part / parts);
+  const auto end = static_cast<int32_t>(static_cast<int64_t>(C.total) * (part + 1) / parts);
+  MassSums ms = no_mass();
+  check_scores<D, kQuest, kInt8>(L.kv, st.chunks + C.slot * st.k_stride, L.k,
+                                 static_cast<int32_t>(C.nb), C.nn, C.stride0, begin, end,
+                                 block_pages + L.table_begin, reps, scales, q_s, H, inv_sqrt_d,
+                                 &lowest_kept, &highest_new, C.mass, ms);
+  __syncthreads();
+  if (C.mass) ms = block_mass(ms);  // thread 0's result
+  if (threadIdx.x == 0) {
+    CheckPartial& out = partials[static_cast<int64_t>(blockIdx.x) * parts + part];
+    out.ms = ms;
+    out.lowest_kept = lowest_kept;
+    out.highest_new = highest_new;
+  }
+}
+
+// The decision, one block per selecting list, after reuse_check: the list's index query (the
+// index-query kernel's work, in this launch instead: scoring reads it for lists that select),
+// the keep flag, the counters, and for a kept list S's pages in its selected part. A checked
+// list's partials are merged in part order (deterministic).
+__global__ void __launch_bounds__(kDecideThreads)
     reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                        const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
-                        const float* __restrict__ scales, const float* __restrict__ index_q,
-                        float* __restrict__ qbar, uint16_t* __restrict__ qsplit, int H,
-                        float inv_sqrt_d, ReuseParams rp, ReuseState st, int32_t* __restrict__ keep,
+                        const int32_t* __restrict__ block_pages, const float* __restrict__ index_q,
+                        float* __restrict__ qbar, uint16_t* __restrict__ qsplit, int H, int D,
+                        ReuseParams rp, ReuseState st, int parts,
+                        const CheckPartial* __restrict__ partials, int32_t* __restrict__ keep,
                         int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   dev::dependent_start();
-  __shared__ ReuseInfo I;
-  __shared__ uint32_t lowest_kept, highest_new;
   __shared__ int32_t verdict;
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
-  // The list's index query (the index-query kernel's work, in this launch instead): scoring
-  // reads it for lists that select, the check below for kept ones.
   write_index_query(L, li, index_q, H, D, qbar, qsplit);
   if (L.reuse_seq < 0) {
     if (threadIdx.x == 0) keep[li] = 0;
     return;
   }
-  const int64_t slot = state_slot(L, st, H);
-  const int32_t* S = st.chunks + slot * st.k_stride;
-  const int32_t* table = block_pages + L.table_begin;
+  const int32_t* S = nullptr;
   if (threadIdx.x == 0) {
-    I = st.info[slot];
-    lowest_kept = 0xffffffffu;
-    highest_new = 0u;
-  }
-  __syncthreads();  // also makes this block's q̄ visible to all its threads
-  const int64_t a = L.first_pos;
-  const int32_t k = L.k;
-  bool ok = I.selected_at >= 0 && same_sets(I, rp) && k <= st.k_stride;
-  if (st.repeat)
-    ok = ok && I.last_used == a;
-  else
-    ok = ok && I.last_used >= I.selected_at && a == I.last_used + 1 &&
-         a - I.selected_at < rp.reuse_steps;
-  // newly_eligible (plan.h): [c(a0) − W, c(a) − W), from the sinks on.
-  const int64_t nb = max(rp.sink_pages, I.selected_at / 16 - rp.window);
-  const int64_t ne = max(nb, a / 16 - rp.window);
-  const bool mass = rp.check_mass != 0;
-  const bool checked = ok && !st.repeat && k > 0 && (mass || (rp.check_new_chunks && ne > nb));
-  if (checked) {
-    // `mass`: the sample is E_{a0}'s chunks j ≡ a (mod stride) outside S, E_{a0} = [sinks, nb).
-    const int64_t stride0 =
-        rp.sink_pages + ((a - rp.sink_pages) % kReuseMassStrideDevice + kReuseMassStrideDevice) %
-                            kReuseMassStrideDevice;
-    const int64_t on_stride =
-        mass && stride0 < nb ? (nb - 1 - stride0) / kReuseMassStrideDevice + 1 : 0;
-    const int32_t nn = static_cast<int32_t>(ne - nb);
-    MassSums ms = no_mass();
-    check_scores<D, kQuest, kInt8>(L.kv, S, k, static_cast<int32_t>(nb), nn, stride0,
-                                   k + nn + static_cast<int32_t>(on_stride), table, reps, scales,
-                                   qbar + static_cast<int64_t>(li) * D, H, inv_sqrt_d, &lowest_kept,
-                                   &highest_new, mass, ms);
-    __syncthreads();
-    ok = !(highest_new > lowest_kept);  // equal keys go to the kept chunk's smaller index
-    if (mass) {
-      ms = block_mass(ms);  // thread 0 decides alone below; the others follow `verdict`
-      if (threadIdx.x == 0 && ok) {
+    const Candidate C = candidate(L, st, rp, H);
+    bool ok = C.ok;
+    if (C.checked) {
+      const CheckPartial* p = partials + static_cast<int64_t>(blockIdx.x) * parts;
+      uint32_t lowest = 0xffffffffu, highest = 0u;
+      MassSums ms = no_mass();
+      for (int i = 0; i < parts; ++i) {
+        lowest = min(lowest, p[i].lowest_kept);
+        highest = max(highest, p[i].highest_new);
+        if (C.mass) ms = merge_mass(ms, p[i].ms);
+      }
+      ok = !(highest > lowest);  // equal keys go to the kept chunk's smaller index
+      if (C.mass && ok) {
         const double sample = fmax(0.0, ms.s[kInStride] - ms.s[kSOnStride]);
         const double out = ms.s[kInN] + kReuseMassStrideDevice * sample;
         const double u1 = ms.s[kInS] + out > 0 ? out / (ms.s[kInS] + out) : 0.0;
-        ok = !(u1 > I.unselected_mass + rp.mass_slack);
+        ok = !(u1 > C.I.unselected_mass + rp.mass_slack);
       }
     }
-  }
-  if (threadIdx.x == 0) {
     verdict = ok ? 1 : 0;
     keep[li] = verdict;
     if (!st.repeat) {
       auto* n = reinterpret_cast<unsigned long long*>(st.stats);
       atomicAdd(n + (ok ? 1 : 0), 1ull);  // reused : selected
-      if (checked) {
+      if (C.checked) {
         atomicAdd(n + 2, 1ull);
         if (!ok) atomicAdd(n + 3, 1ull);
       }
-      if (ok) st.info[slot].last_used = a;
+      if (ok) st.info[C.slot].last_used = L.first_pos;
     }
   }
   __syncthreads();
-  ok = verdict != 0;
-  if (!ok) return;
+  if (verdict == 0) return;
+  S = st.chunks + state_slot(L, st, H) * st.k_stride;
   // S as chosen at a0, into the selected part of this row's list (sinks, window and tail are
   // this row's own, written at plan time).
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  copy_chunks(S, k, table, chunks + out0, pages + out0);
+  copy_chunks(S, L.k, block_pages + L.table_begin, chunks + out0, pages + out0);
 }
 
 // A candidate that selected afresh: S ← the selected part of its list, a0 = last use = its row,
 // and under `mass` u0 = 1 − Σ_S / Σ_E over the list's scores (0 under the other checks).
 constexpr int kCommitThreads = 256;
+
+__device__ __forceinline__ bool commits(const ListDesc& L, const ReuseState& st,
+                                        const int32_t* keep, int32_t li) {
+  return !st.repeat && L.reuse_seq >= 0 && !keep[li] && L.k <= st.k_stride;
+}
+
+// Under `mass`, before the commit: block (list, part) sums e^s over its slice of the list's
+// scores (class kInStride: all of E) and of its fresh selection's chunks (kInS) into
+// partials[list][part]; one block per list took ~65,000 fp64 exponentials a list at 1M.
 __global__ void __launch_bounds__(kCommitThreads)
-    reuse_commit_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel, int H,
-                        ReuseParams rp, ReuseState st, const int32_t* __restrict__ keep,
-                        const int32_t* __restrict__ chunks, const float* __restrict__ scores) {
+    reuse_commit_sums_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                             ReuseState st, const int32_t* __restrict__ keep,
+                             const int32_t* __restrict__ chunks, const float* __restrict__ scores,
+                             CheckPartial* __restrict__ partials) {
   dev::dependent_start();
   const int32_t li = sel[blockIdx.x];
   const ListDesc L = lists[li];
-  if (st.repeat || L.reuse_seq < 0 || keep[li] || L.k > st.k_stride) return;
+  if (!commits(L, st, keep, li)) return;
+  const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
+  const int32_t n = L.elig_end - L.elig_begin;
+  const auto e0 = static_cast<int32_t>(static_cast<int64_t>(n) * part / parts);
+  const auto e1 = static_cast<int32_t>(static_cast<int64_t>(n) * (part + 1) / parts);
+  const auto s0 = static_cast<int32_t>(static_cast<int64_t>(L.k) * part / parts);
+  const auto s1 = static_cast<int32_t>(static_cast<int64_t>(L.k) * (part + 1) / parts);
+  // The chunks of S are absolute; the list's scores start at elig_begin.
+  const float* sc = scores + L.score_begin;
+  const int32_t* picked = chunks + L.out_begin + (L.pre_end - L.pre_begin);
+  MassSums ms = no_mass();
+  for (int32_t i = e0 + threadIdx.x; i < e1; i += kCommitThreads)
+    add_mass(ms, sc[i], kInStride, false);
+  for (int32_t i = s0 + threadIdx.x; i < s1; i += kCommitThreads)
+    add_mass(ms, sc[picked[i] - L.elig_begin], kInS, false);
+  ms = block_mass(ms);
+  if (threadIdx.x == 0) partials[static_cast<int64_t>(blockIdx.x) * parts + part] = {ms, 0u, 0u};
+}
+
+__global__ void __launch_bounds__(kCommitThreads)
+    reuse_commit_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel, int H,
+                        ReuseParams rp, ReuseState st, const int32_t* __restrict__ keep,
+                        const int32_t* __restrict__ chunks, int parts,
+                        const CheckPartial* __restrict__ partials) {
+  dev::dependent_start();
+  const int32_t li = sel[blockIdx.x];
+  const ListDesc L = lists[li];
+  if (!commits(L, st, keep, li)) return;
   const int64_t slot = state_slot(L, st, H);
   int32_t* S = st.chunks + slot * st.k_stride;
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
   copy_chunks(chunks + out0, L.k, nullptr, S, nullptr);
+  if (threadIdx.x != 0) return;
   double u0 = 0;
-  if (rp.check_mass) {  // the chunks of S are absolute; the list's scores start at elig_begin
-    const float* sc = scores + L.score_begin;
+  if (rp.check_mass) {  // the partials of reuse_commit_sums, in part order
     MassSums ms = no_mass();
-    for (int32_t i = threadIdx.x; i < L.elig_end - L.elig_begin; i += kCommitThreads)
-      add_mass(ms, sc[i], kInStride, false);
-    for (int32_t i = threadIdx.x; i < L.k; i += kCommitThreads)
-      add_mass(ms, sc[chunks[out0 + i] - L.elig_begin], kInS, false);
-    ms = block_mass(ms);
+    for (int i = 0; i < parts; ++i)
+      ms = merge_mass(ms, partials[static_cast<int64_t>(blockIdx.x) * parts + i].ms);
     u0 = ms.s[kInStride] > 0 ? 1.0 - ms.s[kInS] / ms.s[kInStride] : 0.0;
   }
-  if (threadIdx.x == 0)
-    st.info[slot] = ReuseInfo{L.first_pos, L.first_pos, rp.budget, rp.window, rp.sink_pages, u0};
-}
-
-template <int D>
-cudaError_t decide_d(const ListDesc* lists, const int32_t* sel, int64_t num_sel,
-                     const int32_t* block_pages, const RepArgs& reps, bool quest,
-                     const float* index_q, float* qbar, uint16_t* qsplit, int H,
-                     const ReuseParams& rp, const ReuseState& st, int32_t* keep, int32_t* pages,
-                     int32_t* chunks, cudaStream_t stream) {
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  const auto grid = static_cast<unsigned>(num_sel);
-  auto* kernel =
-      quest ? (reps.int8 ? reuse_decide_kernel<D, true, true> : reuse_decide_kernel<D, true, false>)
-            : (reps.int8 ? reuse_decide_kernel<D, false, true>
-                         : reuse_decide_kernel<D, false, false>);
-  return launch_dependent(kernel, grid, kDecideThreads, 0, stream, lists, sel, block_pages,
-                          reps.data, reps.scales, index_q, qbar, qsplit, H, inv_sqrt_d, rp, st,
-                          keep, pages, chunks);
+  st.info[slot] = ReuseInfo{L.first_pos, L.first_pos, rp.budget, rp.window, rp.sink_pages, u0};
 }
 
 }  // namespace
+
+size_t reuse_partial_bytes(int64_t num_sel) {
+  return static_cast<size_t>(std::max<int64_t>(1, num_sel)) * kCheckParts * sizeof(CheckPartial);
+}
 
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
                                 int num_kv_heads, int head_dim, const ReuseParams& rp,
-                                const ReuseState& st, int32_t* keep, int32_t* pages,
+                                const ReuseState& st, void* partials, int32_t* keep, int32_t* pages,
                                 int32_t* chunks, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
-  switch (head_dim) {
-    case 64:
-      return decide_d<64>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,
-                          qsplit, num_kv_heads, rp, st, keep, pages, chunks, stream);
-    case 128:
-      return decide_d<128>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,
-                           qsplit, num_kv_heads, rp, st, keep, pages, chunks, stream);
-    case 256:
-      return decide_d<256>(lists, sel_lists, num_sel, block_pages, reps, quest, index_q, qbar,
-                           qsplit, num_kv_heads, rp, st, keep, pages, chunks, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  if ((reps.int8 && !reps.scales) || !partials) return cudaErrorInvalidValue;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
+  auto* part = static_cast<CheckPartial*>(partials);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const dim3 grid(static_cast<unsigned>(num_sel), kCheckParts);
+  using Kernel =
+      void (*)(const ListDesc*, const int32_t*, const int32_t*, const uint8_t*, const float*,
+               const float*, int, float, ReuseParams, ReuseState, CheckPartial*);
+  Kernel kernels[3][2][2] = {
+      {{reuse_check_kernel<64, false, false>, reuse_check_kernel<64, false, true>},
+       {reuse_check_kernel<64, true, false>, reuse_check_kernel<64, true, true>}},
+      {{reuse_check_kernel<128, false, false>, reuse_check_kernel<128, false, true>},
+       {reuse_check_kernel<128, true, false>, reuse_check_kernel<128, true, true>}},
+      {{reuse_check_kernel<256, false, false>, reuse_check_kernel<256, false, true>},
+       {reuse_check_kernel<256, true, false>, reuse_check_kernel<256, true, true>}}};
+  const int di = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
+  cudaError_t err =
+      launch_dependent(kernels[di][quest ? 1 : 0][reps.int8 ? 1 : 0], grid, kDecideThreads, 0,
+                       stream, lists, sel_lists, block_pages, reps.data, reps.scales, index_q,
+                       num_kv_heads, inv_sqrt_d, rp, st, part);
+  if (err != cudaSuccess) return err;
+  return launch_dependent(reuse_decide_kernel, static_cast<unsigned>(num_sel), kDecideThreads, 0,
+                          stream, lists, sel_lists, block_pages, index_q, qbar, qsplit,
+                          num_kv_heads, head_dim, rp, st, int{kCheckParts},
+                          static_cast<const CheckPartial*>(part), keep, pages, chunks);
 }
 
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
                                 const int32_t* keep, const int32_t* chunks, const float* scores,
-                                cudaStream_t stream) {
+                                void* partials, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  if (rp.check_mass && !scores) return cudaErrorInvalidValue;
+  if (rp.check_mass && (!scores || !partials)) return cudaErrorInvalidValue;
+  auto* part = static_cast<CheckPartial*>(partials);
+  if (rp.check_mass) {
+    const cudaError_t err = launch_dependent(
+        reuse_commit_sums_kernel, dim3(static_cast<unsigned>(num_sel), kCheckParts), kCommitThreads,
+        0, stream, lists, sel_lists, st, keep, chunks, scores, part);
+    if (err != cudaSuccess) return err;
+  }
   return launch_dependent(reuse_commit_kernel, static_cast<unsigned>(num_sel), kCommitThreads, 0,
-                          stream, lists, sel_lists, num_kv_heads, rp, st, keep, chunks, scores);
+                          stream, lists, sel_lists, num_kv_heads, rp, st, keep, chunks,
+                          int{kCheckParts}, static_cast<const CheckPartial*>(part));
 }
 
 }  // namespace cisa::cuda::detail

@@ -4,19 +4,20 @@
 //   reuse_decide (with the index queries) → scores (kept lists skipped) → top-k (kept lists
 //   skipped) → reuse_commit → unions
 //
-// reuse_decide, one block per selecting list, writes keep[list] for every selecting list (0 for
-// lists that are not reuse candidates). A candidate keeps S iff the parameters S was chosen under
-// equal the plan's, its row directly follows S's last use, S is younger than r steps and the
+// reuse_check (kCheckParts blocks per list, each a slice of the check's chunks) and reuse_decide
+// (one block per selecting list, merging them in order) write keep[list] for every selecting list
+// (0 for lists that are not reuse candidates). A candidate keeps S iff the parameters S was chosen
+// under equal the plan's, its row directly follows S's last use, S is younger than r steps and the
 // new-chunks check passes: the chunks N that became eligible since S was chosen are scored with
 // S under the row's index query, exactly as the decode score kernel scores them (same lanes,
 // same order of operations, so a score here equals the score kernel's bit for bit), and the
 // check fails iff some chunk of N outranks the lowest-ranked chunk of S. The check `mass` also
 // scores the row's sample of E_{a0} (core/plan.h) and fails iff u1 > u0 + slack; the sums are
-// fp64 with a running maximum carried through the block's reduction, so they need no second
+// fp64 with a running maximum carried through the blocks' reductions, so they need no second
 // pass over the representatives. A kept list gets S's pages written into its selected part
 // here, and its last use moved to the row.
 // reuse_commit, after top-k, stores the fresh selection of every candidate that did not keep S,
-// and under `mass` its u0 from the list's scores (one more read of them).
+// and under `mass` its u0 from the list's scores (one more read of them, spread over blocks).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,19 +40,25 @@ struct ReuseParams {
   double mass_slack;         // SelectionParams::reuse_mass_slack (check_mass only)
 };
 
-// Also writes every selecting list's index query (qbar, qsplit: launch_index_queries' outputs),
-// so with reuse the index-query launch is left out.
+// Bytes of the partials buffer (the plan's d_reuse_partials) for num_sel selecting lists: the
+// check and the commit's sums each spread a list over a fixed number of blocks, whose partial
+// results the deciding (committing) block merges in order.
+size_t reuse_partial_bytes(int64_t num_sel);
+
+// Two launches: the check (scoring S, N and under `mass` the sample, spread over blocks), then the
+// decision, one block per selecting list, which also writes every selecting list's index query
+// (qbar, qsplit: launch_index_queries' outputs), so with reuse the index-query launch is left out.
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
                                 int num_kv_heads, int head_dim, const ReuseParams& rp,
-                                const ReuseState& st, int32_t* keep, int32_t* pages,
+                                const ReuseState& st, void* partials, int32_t* keep, int32_t* pages,
                                 int32_t* chunks, cudaStream_t stream);
 
-// scores: the plan's score array (read under check_mass only).
+// scores: the plan's score array (read under check_mass only, by a sums launch before the commit).
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
                                 const int32_t* keep, const int32_t* chunks, const float* scores,
-                                cudaStream_t stream);
+                                void* partials, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail
