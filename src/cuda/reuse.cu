@@ -130,13 +130,17 @@ __device__ __forceinline__ void check_scores(
     int32_t page[UR];
 #pragma unroll
     for (int u = 0; u < UR; ++u) page[u] = chunk[u] >= 0 ? table[chunk[u]] : 0;
+    float sc[kInt8 ? UR : 1] = {};  // int8: each chunk's 2^e, loaded with its codes (sub 0 only)
 #pragma unroll
     for (int u = 0; u < UR; ++u) {
       lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
       if (chunk[u] >= 0) {
-        const uint8_t* r = reps + (static_cast<int64_t>(page[u]) * H + kv) * row_bytes + sub * 16;
+        const int64_t rep = static_cast<int64_t>(page[u]) * H + kv;
+        const uint8_t* r = reps + rep * row_bytes + sub * 16;
         lo[u] = *reinterpret_cast<const uint4*>(r);
         if constexpr (kQuest) hi[u] = *reinterpret_cast<const uint4*>(r + D * RB::kBytes);
+        if constexpr (kInt8)
+          if (sub == 0) sc[u] = scales[rep];
       }
     }
 #pragma unroll
@@ -149,8 +153,7 @@ __device__ __forceinline__ void check_scores(
 #pragma unroll
       for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
       if (sub == 0 && c < end) {
-        const float x = dev::finish_score<kInt8>(
-            acc, scales, static_cast<int64_t>(page[u]) * H + kv, inv_sqrt_d);
+        const float x = dev::finish_score<kInt8>(acc, sc, kInt8 ? u : 0, inv_sqrt_d);
         const uint32_t key = order_key(x);
         if (c < k)
           atomicMin(lowest_kept, key);

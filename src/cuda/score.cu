@@ -196,16 +196,19 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
   for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
     uint4 lo[U], hi[kQuest ? U : 1];
+    float sc[kInt8 ? U : 1] = {};  // int8: each chunk's 2^e, loaded with its codes (sub 0 only)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = r0 + (warp * U + u) * CPL + grp;
       lo[u] = make_uint4(0, 0, 0, 0);
       if constexpr (kQuest) hi[u] = make_uint4(0, 0, 0, 0);
       if (c < nc) {
-        const uint8_t* r =
-            reps + (static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv) * row_bytes + sub * 16;
+        const int64_t rep = static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv;
+        const uint8_t* r = reps + rep * row_bytes + sub * 16;
         lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
         if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
+        if constexpr (kInt8)
+          if (sub == 0) sc[u] = __ldg(scales + rep);
       }
     }
 #pragma unroll
@@ -221,8 +224,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 #pragma unroll
         for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && c < nc && c0 + c < end[l])
-          scores[out[l] + c0 + c] = dev::finish_score<kInt8>(
-              acc, scales, static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv, inv_sqrt_d);
+          scores[out[l] + c0 + c] = dev::finish_score<kInt8>(acc, sc, kInt8 ? u : 0, inv_sqrt_d);
       }
     }
   }
