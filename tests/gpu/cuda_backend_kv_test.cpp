@@ -22,6 +22,7 @@ namespace {
 struct Shape {
   int hkv, hq, d;
   RepKind rep = RepKind::kMean;
+  RepPrecision prec = RepPrecision::kNative;
 };
 
 // Both backends with caches of one configuration, driven by the same calls.
@@ -42,6 +43,7 @@ struct KvWorld {
            .num_pages = pages,
            .dtype = KvDtype::kBF16,
            .rep = s.rep,
+           .rep_precision = s.prec,
            .rep_layers = std::move(rep_layers)};
     for (Backend* be : {b.cpu.get(), b.gpu.get()}) {
       const Status st = be->create_cache(cfg);
@@ -141,6 +143,9 @@ void expect_same_groups(const std::vector<QueryGroup>& a, const std::vector<Quer
 // and two more GQA ratios; quest representatives in two of them (CISA test).
 const Shape kShapes[] = {
     {1, 4, 256}, {2, 8, 128, RepKind::kQuest}, {4, 4, 64}, {3, 9, 64, RepKind::kQuest}};
+// int8 representatives through the backends (the CPU cache holds code · 2^e, the device the codes).
+const Shape kInt8Shapes[] = {{2, 8, 128, RepKind::kMean, RepPrecision::kInt8},
+                             {1, 4, 256, RepKind::kQuest, RepPrecision::kInt8}};
 
 // Prefill and decode rows of three sequences in one step; one dense plan serves two layers;
 // then a decode step (planned for the query-head count learned in the first).
@@ -244,9 +249,12 @@ void expect_lists_match(const PagedKvCache& cache, const std::vector<BatchEntry>
 
 TEST(CudaBackendKv, CisaSelectionAndAttentionMatchTheCpuBackend) {
   CISA_REQUIRE_GPU();
-  for (const Shape& s : kShapes) {
+  std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.insert(shapes.end(), std::begin(kInt8Shapes), std::end(kInt8Shapes));
+  for (const Shape& s : shapes) {
     SCOPED_TRACE("hkv " + std::to_string(s.hkv) + " hq " + std::to_string(s.hq) + " d " +
-                 std::to_string(s.d) + " " + rep_kind_name(s.rep));
+                 std::to_string(s.d) + " " + rep_kind_name(s.rep) + " " +
+                 rep_precision_name(s.prec));
     KvWorld w;
     // Layer 0 keeps representatives (a global layer), layer 1 none.
     ASSERT_TRUE(w.init(s, 2, {true, false}, {600, 150, 1200}));

@@ -416,6 +416,18 @@ TEST(CudaBackendOps, ErrorsAreStatusesAndLeaveTheBackendUsable) {
       g.create_cache({.head_dim = 128, .page_size = 32, .num_pages = 8, .dtype = KvDtype::kBF16})
           .code(),
       StatusCode::kUnimplemented);
+  // Representative precision: fp8 is CPU-only (the message names int8); int8 is a cache.
+  const Status fp8 = g.create_cache({.head_dim = 128,
+                                     .num_pages = 8,
+                                     .dtype = KvDtype::kBF16,
+                                     .rep_precision = RepPrecision::kFp8});
+  EXPECT_EQ(fp8.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(fp8.message().find("int8"), std::string::npos) << fp8.message();
+  EXPECT_TRUE(g.create_cache({.head_dim = 128,
+                              .num_pages = 8,
+                              .dtype = KvDtype::kBF16,
+                              .rep_precision = RepPrecision::kInt8})
+                  .ok());
   const Status oom = g.create_cache({.num_layers = 64,
                                      .num_kv_heads = 8,
                                      .head_dim = 256,
