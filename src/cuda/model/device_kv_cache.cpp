@@ -264,8 +264,10 @@ Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, cons
     }
   }
   LayerPools& p = pools_[static_cast<size_t>(layer)];
+  // The pools and the representatives' precision too (a new cache may reuse the old addresses).
   if (!graph_skip(10, {arg(k), arg(v), arg(d_slots), arg(rows), arg(int64_t{layer}), arg(d_full),
-                       arg(n_full)})) {
+                       arg(n_full), arg(p.k.get()), arg(p.reps.get()), arg(p.rep_scales.get()),
+                       arg(static_cast<int64_t>(config_.rep_precision))})) {
     CISA_RETURN_IF_ERROR(launched(
         detail::launch_append_kv(k, v, d_slots, rows, config_.num_kv_heads, config_.head_dim,
                                  p.k.as<uint16_t>(), p.v.as<uint16_t>(), stream_),

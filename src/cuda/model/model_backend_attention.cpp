@@ -170,18 +170,21 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   const bool reusing = s->plan.reuse_candidates() > 0;
   const ReuseState reuse = reuse_state_for(layer, /*repeat=*/false);
   const ReuseState* rs = reusing ? &reuse : nullptr;
-  const bool skip =
-      graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
-                      arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot})});
+  // The representatives' pointers and precision too: a new cache of the other precision may
+  // reuse the old pools' addresses, and a bf16 scoring kernel must not replay on int8 codes.
+  const DeviceLayer dl = device_layer(layer);
+  const bool skip = graph_skip(
+      11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
+           arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot}), arg(dl.reps),
+           arg(dl.rep_scales), arg(static_cast<int64_t>(dl.rep_precision))});
   keep_bf16_copy({}, {});  // writes no activations (the early selection's q/k/v product follows)
   if (!skip) {
-    CISA_RETURN_IF_ERROR(
-        run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kScore, stream_, rs));
+    CISA_RETURN_IF_ERROR(run_select_stage(s->plan, dl, index_q, SelectStage::kScore, stream_, rs));
     // A decode step's top-k (and the reuse state's update) on the selection stream: what the
     // caller enqueues next, up to the attend() that joins it, runs beside it (side_, above).
     const bool decode = s->rows == static_cast<int64_t>(s->batch.size());
     if (decode && selects) CISA_RETURN_IF_ERROR(fork_side());
-    CISA_RETURN_IF_ERROR(run_select_stage(s->plan, device_layer(layer), index_q, SelectStage::kTopK,
+    CISA_RETURN_IF_ERROR(run_select_stage(s->plan, dl, index_q, SelectStage::kTopK,
                                           side_pending_ ? side_ : stream_, rs));
   }
   if (selects && !s->q_heads_known) {
