@@ -16,6 +16,13 @@
 //                int8), D/16 lanes per chunk with 16 values each; the score is the dot product
 //                times 2^e. TB/s counts both arrays; the ratio to `base 512` on bf16 is the
 //                scoring time 1-byte representatives would save.
+//   int8 scale layouts (where the int8 scale lives; TB/s counts 128 code bytes and 4 scale
+//                bytes a representative in each, so the rows compare as times):
+//     f32        a 4-byte scale a representative in a second array [page][kv] (the CUDA cache's
+//                layout, DeviceLayer::rep_scales)
+//     row144     the f32 scale inside the row: [page][kv] rows of 144 bytes (128 codes, the
+//                scale, 12 bytes of padding): 5 sectors a row as f32 reads, but adjacent ones
+//     row160     the same in 160-byte rows (32-byte aligned: exactly 5 sectors a row)
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -cudart static bench/cuda/score_read_probe.cu \
 //          -o score_read_probe       (or the CMake target score_read_probe)
@@ -37,6 +44,13 @@ constexpr int kD = 128, kThreads = 256;
 
 // The representatives' element: bf16 (the caches' today), or one byte with a scale.
 enum class Elem { kBf16, kInt8, kFp8 };
+// Where a 1-byte representative's scale lives: a 1-byte exponent array, a f32 array, or a f32 at
+// byte kD of a longer row.
+enum class Scale { kExp8, kF32, kRow144, kRow160 };
+template <Scale S>
+constexpr int kRowBytes = S == Scale::kRow144   ? 144
+                          : S == Scale::kRow160 ? 160
+                                                : kD;
 template <Elem E>
 constexpr int kBytes = E == Elem::kBf16 ? 2 : 1;
 template <Elem E>
@@ -98,9 +112,9 @@ __device__ __forceinline__ float dot8(const uint4& w, const float* q) {
 // (`kv0`). A warp-wide load covers 2 segments (D = 128); lane group grp = lane / 16 takes segment
 // 2j + grp of load slot j. U slots per round, PIPE: the next round's slots loaded before the
 // current round's arithmetic.
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E>
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E, Scale S = Scale::kExp8>
 __device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
-                                            const int8_t* __restrict__ exps,
+                                            const void* __restrict__ scales,
                                             const int32_t* __restrict__ tables,
                                             int64_t pages_per_seq, const float* __restrict__ qs,
                                             float* __restrict__ scores) {
@@ -127,17 +141,26 @@ __device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
   }
   __syncthreads();
   auto seg_of = [&](int r0, int u) { return r0 + (warp * U + u) * CPL + grp; };
-  auto load = [&](uint4* buf, int8_t* ebuf, int r0) {
+  constexpr int64_t RB = E == Elem::kBf16 ? kD * 2 : kRowBytes<S>;  // row stride, bytes
+  auto load = [&](uint4* buf, float* sbuf, int r0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int e = seg_of(r0, u);
       const int c = e / KVS, kv = ALLKV ? e % KVS : kv0;
       const int64_t rep = static_cast<int64_t>(page_s[c]) * H + kv;
-      buf[u] = __ldg(reinterpret_cast<const uint4*>(reps + rep * kD * kBytes<E>) + sub);
-      if constexpr (E != Elem::kBf16) ebuf[u] = __ldg(exps + rep);
+      const uint8_t* row = reps + rep * RB;
+      buf[u] = __ldg(reinterpret_cast<const uint4*>(row) + sub);
+      if constexpr (E == Elem::kBf16)
+        sbuf[u] = 1.0f;
+      else if constexpr (S == Scale::kExp8)
+        sbuf[u] = __int_as_float((__ldg(static_cast<const int8_t*>(scales) + rep) + 127) << 23);
+      else if constexpr (S == Scale::kF32)
+        sbuf[u] = __ldg(static_cast<const float*>(scales) + rep);
+      else
+        sbuf[u] = __ldg(reinterpret_cast<const float*>(row + kD));
     }
   };
-  auto consume = [&](const uint4* buf, const int8_t* ebuf, int r0) {
+  auto consume = [&](const uint4* buf, const float* sbuf, int r0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int e = seg_of(r0, u);
@@ -151,12 +174,12 @@ __device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
         acc = dot16<E>(buf[u], qm);
 #pragma unroll
       for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if constexpr (E != Elem::kBf16) acc *= __int_as_float((ebuf[u] + 127) << 23);  // 2^e
+      if constexpr (E != Elem::kBf16) acc *= sbuf[u];
       if (sub == 0) scores[(static_cast<int64_t>(seq) * H + kv) * pages_per_seq + c0 + c] = acc;
     }
   };
   uint4 a[U], b[U];
-  int8_t ea[U] = {}, eb[U] = {};
+  float ea[U] = {}, eb[U] = {};
   load(a, ea, 0);
   for (int r0 = 0; r0 < SEGS; r0 += PER_ROUND) {
     if (PIPE) {
@@ -182,12 +205,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // The 1-byte variants: min. blocks 1 lets ptxas take the registers the fp8 conversion needs
 // (with the bf16 kernel's bounds it spills at H = 1).
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E>
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E, Scale S>
 __global__ void __launch_bounds__(kThreads, 1)
-    score_probe_byte_kernel(const uint8_t* __restrict__ reps, const int8_t* __restrict__ exps,
+    score_probe_byte_kernel(const uint8_t* __restrict__ reps, const void* __restrict__ scales,
                             const int32_t* __restrict__ tables, int64_t pages_per_seq,
                             const float* __restrict__ qs, float* __restrict__ scores) {
-  score_probe<NCB, H, ALLKV, SWAP, PIPE, E>(reps, exps, tables, pages_per_seq, qs, scores);
+  score_probe<NCB, H, ALLKV, SWAP, PIPE, E, S>(reps, scales, tables, pages_per_seq, qs, scores);
 }
 
 __global__ void read_kernel(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
@@ -206,8 +229,9 @@ struct Case {
   bool random_tables;
 };
 
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E = Elem::kBf16>
-void launch(const Case& c, int64_t pages, const uint8_t* reps, const int8_t* exps,
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E = Elem::kBf16,
+          Scale S = Scale::kExp8>
+void launch(const Case& c, int64_t pages, const uint8_t* reps, const void* scales,
             const int32_t* tables, const float* q, float* scores) {
   const int cbs = static_cast<int>(pages / NCB), streams = ALLKV ? c.seqs : c.seqs * H;
   const dim3 grid = SWAP ? dim3(streams, cbs) : dim3(cbs, streams);
@@ -215,8 +239,8 @@ void launch(const Case& c, int64_t pages, const uint8_t* reps, const int8_t* exp
     score_probe_kernel<NCB, H, ALLKV, SWAP, PIPE>
         <<<grid, kThreads>>>(reps, tables, pages, q, scores);
   else
-    score_probe_byte_kernel<NCB, H, ALLKV, SWAP, PIPE, E>
-        <<<grid, kThreads>>>(reps, exps, tables, pages, q, scores);
+    score_probe_byte_kernel<NCB, H, ALLKV, SWAP, PIPE, E, S>
+        <<<grid, kThreads>>>(reps, scales, tables, pages, q, scores);
 }
 
 template <int H>
@@ -225,19 +249,23 @@ void run_case(const Case& c) {
   const int64_t pool = pages * c.seqs;
   const size_t rep_bytes = static_cast<size_t>(pool) * H * kD * 2;
   const size_t byte_reps = static_cast<size_t>(pool) * H * kD, exp_bytes = pool * H;
+  const size_t row_bytes = static_cast<size_t>(pool) * H * kRowBytes<Scale::kRow160>;
   uint8_t* reps;
-  uint8_t* reps8;  // 1-byte representatives and their exponents
+  uint8_t* reps8;  // 1-byte representatives (room for the longest rows) and their scales
   int8_t* exps;
+  float* scales;
   int32_t* tables;
   float *q, *scores;
   uint32_t* sink;
   char* flush;
   const size_t flush_bytes = size_t{512} << 20;
   CHECK(cudaMalloc(&reps, rep_bytes));
-  CHECK(cudaMalloc(&reps8, byte_reps));
+  CHECK(cudaMalloc(&reps8, row_bytes));
   CHECK(cudaMalloc(&exps, exp_bytes));
-  CHECK(cudaMemset(reps8, 0x3a, byte_reps));  // int8 58, E4M3 1.25
+  CHECK(cudaMalloc(&scales, exp_bytes * 4));
+  CHECK(cudaMemset(reps8, 0x3a, row_bytes));  // int8 58, E4M3 1.25; an in-row scale 7.1e-4
   CHECK(cudaMemset(exps, 0, exp_bytes));
+  CHECK(cudaMemset(scales, 0, exp_bytes * 4));
   CHECK(cudaMalloc(&tables, pool * 4));
   CHECK(cudaMalloc(&q, static_cast<size_t>(c.seqs) * H * kD * 4));
   CHECK(cudaMalloc(&scores, static_cast<size_t>(pool) * H * 4));
@@ -300,6 +328,21 @@ void run_case(const Case& c) {
   byte8("int8 base 1024", [&] {
     launch<1024, H, false, false, false, Elem::kInt8>(c, pages, reps8, exps, tables, q, scores);
   });
+  const auto scaled = [&](const char* variant, auto&& fn) {
+    time(variant, fn, byte_reps + exp_bytes * 4);
+  };
+  scaled("int8 f32 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8, Scale::kF32>(c, pages, reps8, scales, tables,
+                                                                  q, scores);
+  });
+  scaled("int8 row144 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8, Scale::kRow144>(c, pages, reps8, nullptr,
+                                                                     tables, q, scores);
+  });
+  scaled("int8 row160 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8, Scale::kRow160>(c, pages, reps8, nullptr,
+                                                                     tables, q, scores);
+  });
   bf16("base 512",
        [&] { launch<512, H, false, false, false>(c, pages, reps, nullptr, tables, q, scores); });
   bf16("swap 512",
@@ -323,6 +366,7 @@ void run_case(const Case& c) {
   CHECK(cudaFree(reps));
   CHECK(cudaFree(reps8));
   CHECK(cudaFree(exps));
+  CHECK(cudaFree(scales));
   CHECK(cudaFree(tables));
   CHECK(cudaFree(q));
   CHECK(cudaFree(scores));
