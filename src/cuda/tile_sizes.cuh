@@ -78,7 +78,7 @@ constexpr int kWsCopyWarps = 4;
 // (one per consumer warpgroup, 64-key tiles, one ring each). Off: the v4 one-warpgroup kernel.
 constexpr bool kWsPairedTiles = true;
 
-// ---- scoring (score.cu) ----
+// ---- scoring (score.cu, score_prefill.cu) ----
 // Chunks per block: 64 representatives (16 KB at d = 128) are read once into shared memory and
 // scored against up to 64 index queries at a time (4 chunks × 4 queries per thread: 8 shared
 // loads per 16 FMAs).
