@@ -306,8 +306,8 @@ void launch_mma(dim3 grid, const ScoreStream* streams, const ListDesc* lists,
 
 void launch_score_prefill(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
                           const ListDesc* lists, const int32_t* block_pages, const RepArgs& reps,
-                          const float* qbar, const uint16_t* qsplit, int num_kv_heads,
-                          int head_dim, float inv_sqrt_d, float* scores, const int32_t* keep,
+                          const float* qbar, const uint16_t* qsplit, int num_kv_heads, int head_dim,
+                          float inv_sqrt_d, float* scores, const int32_t* keep,
                           cudaStream_t stream) {
   const dim3 grid(
       static_cast<unsigned>((max_span + tiles::kScoreThreads - 1) / tiles::kScoreThreads),

@@ -15,8 +15,8 @@ namespace cisa::cuda::detail {
 // queries' three bf16 terms (launch_index_queries).
 void launch_score_prefill(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
                           const ListDesc* lists, const int32_t* block_pages, const RepArgs& reps,
-                          const float* qbar, const uint16_t* qsplit, int num_kv_heads,
-                          int head_dim, float inv_sqrt_d, float* scores, const int32_t* keep,
+                          const float* qbar, const uint16_t* qsplit, int num_kv_heads, int head_dim,
+                          float inv_sqrt_d, float* scores, const int32_t* keep,
                           cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail
