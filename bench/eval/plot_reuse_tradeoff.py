@@ -95,7 +95,7 @@ def main():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
     f = [i / 100 for i in range(0, 96)]
     for i, (g, (dense, fixed, fresh, kept, marks)) in enumerate(sorted(speed.items())):
         line = left.plot(f, [dense / (fixed + (1 - x) * fresh + x * kept) for x in f], label=g)
@@ -138,7 +138,8 @@ def main():
     right.grid(alpha=0.3)
     right.legend(fontsize=7)
     left.set_xlim(-0.02, 1.0)
-    right.set_xlim(-0.02, 1.0)
+    shares = [p[4] for p in points]  # the quality side zooms in on the shares measured
+    right.set_xlim(max(0.0, min(shares) - 0.05), min(1.0, max(shares) + 0.08))
     if a.title:
         fig.suptitle(a.title)
     fig.tight_layout()
