@@ -22,71 +22,15 @@
 #include <string>
 #include <vector>
 
-#include "bench_cuda_timing.h"
+#include "bench_layer.h"
 #include "cisa/core/json.h"
 #include "cisa/cuda/backend.h"
 #include "cli_args.h"
 #include "cli_common.h"
 #include "commands.h"
 
-namespace cisa::cli {
+namespace cisa::cli::layer_bench {
 namespace {
-
-constexpr FailWith fail{"cisa bench layer"};
-
-struct Geometry {
-  std::string name;
-  int hq, hkv, seqs;
-  std::vector<int64_t> prefill_g;  // QShare sizes of the paper for this geometry
-};
-
-struct Options {
-  int64_t context = 1048576, budget = 4096, window = 128, prefill = 512, iters = 10, warmup = 3;
-  std::string dump_dir, geometry = "all", phase = "all";
-  bool contiguous = false;  // block tables in pool order instead of a random permutation
-  // Planner switches for A/B runs (cuda::PlanOptions).
-  std::string attention_kernel = "auto";
-  int64_t blocks_per_sm = 0, ws_copy_warps = 0;
-  bool mma_unions = false, topk_one_block = false;
-  std::string rep_precision = "native";  // native (bf16) or int8 representatives
-  bool int8() const { return rep_precision == "int8"; }
-  cuda::PlanOptions plan_options() const {
-    cuda::PlanOptions p;
-    p.attention_kernel = attention_kernel == "mma"        ? cuda::AttentionKernel::kMma
-                         : attention_kernel == "wgmma-v5" ? cuda::AttentionKernel::kWgmmaV5
-                                                          : cuda::AttentionKernel::kAuto;
-    p.blocks_per_sm = static_cast<int>(blocks_per_sm);
-    p.ws_copy_warps = static_cast<int>(ws_copy_warps);
-    p.wgmma_unions = !mma_unions;
-    p.topk_staged = !topk_one_block;
-    return p;
-  }
-};
-
-constexpr int kD = 128;
-constexpr int kB = 16;
-
-bool cuda_ok(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  fail(std::string(what) + ": " + cudaGetErrorString(e));
-  return false;
-}
-
-// Median over `iters` runs of `launch` (after warm-up), timed with events around each run.
-template <class F>
-double median_ms(F&& launch, const Options& o) {
-  return bench_timing::median_ms(launch, o.warmup, o.iters);
-}
-template <class F>
-double graph_ms(F&& enqueue, const Options& o) {
-  return bench_timing::graph_ms(enqueue, o.warmup, o.iters);
-}
-
-void must(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::exit(fail(std::string(what) + ": " + s.to_string()));
-  }
-}
 
 // Writes one plan's page lists (logical chunks) for the anchors script:
 // int64 num_groups, num_kv, then per group (entry, first, last), offsets[num_lists+1], int32
@@ -126,136 +70,6 @@ double adjacent_overlap(const PageLists& l, int64_t budget) {
     }
   }
   return n ? sum / static_cast<double>(n) : 0.0;
-}
-
-struct Buffers {
-  uint16_t *k = nullptr, *v = nullptr, *q = nullptr;
-  void* reps = nullptr;  // bf16 or int8 (--rep-precision)
-  int32_t *tables = nullptr, *rep_pages = nullptr;
-  float *out = nullptr, *lse = nullptr, *index_q = nullptr, *rep_scales = nullptr;
-};
-
-std::string fmt(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3f", x);
-  return b;
-}
-
-struct PhaseRun {
-  const Options& o;
-  const Geometry& geo;
-  const cuda::DeviceLayer& layer;
-  const cuda::DeviceBlockTables& tables;
-  const std::vector<BatchEntry>& batch;
-  const Buffers& buf;
-  const cuda::PlanOptions& popt;
-  bool prefill;
-  int64_t count;  // queries per sequence
-  Json* results;
-  FILE* table_out;
-  std::string phase() const { return prefill ? "prefill" : "decode"; }
-  double page_bytes() const { return 2.0 * kB * kD * 2; }  // K + V of one page of one KV head
-  Json row(const char* method) const {                     // a result row's identifying fields
-    Json j = Json::object();
-    j["geometry"] = geo.name;
-    j["seqs"] = geo.seqs;
-    j["phase"] = phase();
-    j["method"] = method;
-    return j;
-  }
-};
-
-// Decode with selection reuse (SelectionParams::reuse_steps = r, docs/design.md): the selection
-// of a step that selects afresh (the reuse decision, scores, top-k and the state update) and of
-// a step that keeps its lists (the decision, the other kernels exiting at once), each timed
-// alone: repeated runs at one position select afresh every time (the position does not follow
-// the last use), and runs with ReuseState::repeat keep every time. Per step over r steps, one
-// fresh and r − 1 kept: busy = setup + attention + other + (fresh + (r − 1) · kept) / r. The
-// same two steps whole (selection and attention) captured as CUDA graphs and replayed, as the
-// per-step rows' step_ms: step = other + (fresh step + (r − 1) · kept step) / r, where a kept
-// step's empty kernels cost what they cost inside a graph, not a launch each. The new-chunks
-// check scores k + 1 chunks on the 1 step in 16 where a page leaves the window; that is not in
-// `kept` (it is 1/16 of one list's k extra dot products).
-void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense_ms) {
-  const Options& o = run.o;
-  const Geometry& geo = run.geo;
-  const cuda::DeviceLayer& layer = run.layer;
-  const Buffers& buf = run.buf;
-  std::vector<int32_t> slots(run.batch.size());
-  std::iota(slots.begin(), slots.end(), 0);
-  SelectionParams sp{.budget = o.budget, .window = o.window, .qshare = 1};
-  sp.reuse_steps = 8;  // any r > 1 plans the same launches; r enters only the average below
-  cuda::PlanOptions ro = run.popt;
-  ro.reuse_slots = slots;
-  cuda::Plan plan;
-  must(cuda::plan_sparse(layer, run.tables, run.batch, geo.hq, sp, &plan, ro), "reuse plan");
-  const auto n_slots = static_cast<size_t>(run.batch.size()) * static_cast<size_t>(geo.hkv);
-  int32_t* chunks = nullptr;
-  cuda::ReuseInfo* info = nullptr;
-  int64_t* stats = nullptr;
-  cudaMalloc(&chunks, n_slots * static_cast<size_t>(o.budget) * sizeof(int32_t));
-  cudaMalloc(&info, n_slots * sizeof(cuda::ReuseInfo));
-  cudaMalloc(&stats, 4 * sizeof(int64_t));
-  cuda::ReuseState st{.chunks = chunks,
-                      .info = info,
-                      .stats = stats,
-                      .num_seq_slots = static_cast<int64_t>(run.batch.size()),
-                      .num_layer_slots = 1,
-                      .k_stride = static_cast<int32_t>(o.budget)};
-  must(cuda::reset_reuse_state(st, geo.hkv, -1, nullptr), "reuse state");
-  must(cuda::run_select(plan, layer, buf.index_q, nullptr, &st), "reuse select");
-  auto select = [&](const cuda::ReuseState& rs) {
-    (void)cuda::run_select_stage(plan, layer, buf.index_q, cuda::SelectStage::kScore, nullptr, &rs);
-    (void)cuda::run_select_stage(plan, layer, buf.index_q, cuda::SelectStage::kTopK, nullptr, &rs);
-  };
-  auto step = [&](const cuda::ReuseState& rs) {
-    return graph_ms(
-        [&](cudaStream_t s) {
-          (void)cuda::run_select(plan, layer, buf.index_q, s, &rs);
-          (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
-        },
-        o);
-  };
-  cuda::ReuseState repeat = st;
-  repeat.repeat = true;
-  const double fresh = median_ms([&] { select(st); }, o);
-  const double kept = median_ms([&] { select(repeat); }, o);
-  // The fresh graph first: it leaves every slot's last use at this position, which the kept
-  // graph's repeat rule needs.
-  const double fresh_step = step(st);
-  const double kept_step = step(repeat);
-  int64_t n[4] = {};
-  cudaMemcpy(n, stats, sizeof(n), cudaMemcpyDeviceToHost);
-  cudaFree(chunks);
-  cudaFree(info);
-  cudaFree(stats);
-  if (!cuda_ok(cudaGetLastError(), "reuse run")) return;
-  const bool stepped = fresh_step > 0 && kept_step > 0;
-  for (const int64_t r : {2, 4, 8}) {
-    const double busy = fixed_ms + (fresh + static_cast<double>(r - 1) * kept) / r;
-    const double step_ms = other + (fresh_step + static_cast<double>(r - 1) * kept_step) / r;
-    Json j = run.row("cisa-reuse");
-    j["reuse_steps"] = r;
-    j["fresh_select_ms"] = fresh;
-    j["kept_select_ms"] = kept;
-    j["busy_ms"] = busy;
-    if (stepped) {
-      j["fresh_step_ms"] = fresh_step;
-      j["kept_step_ms"] = kept_step;
-      j["step_ms"] = step_ms;
-    }
-    j["speedup_vs_own_dense"] = dense_ms / busy;
-    j["lists_selected"] = n[0];
-    j["lists_kept"] = n[1];
-    run.results->push_back(j);
-    std::fprintf(run.table_out,
-                 "%-5s decode  cisa r=%-3lld select fresh %7s ms  kept %7s  busy/step %8s  "
-                 "%5.2fx own dense  graph step fresh %7s  kept %7s  step %8s\n",
-                 geo.name.c_str(), static_cast<long long>(r), fmt(fresh).c_str(), fmt(kept).c_str(),
-                 fmt(busy).c_str(), dense_ms / busy, stepped ? fmt(fresh_step).c_str() : "failed",
-                 stepped ? fmt(kept_step).c_str() : "failed",
-                 stepped ? fmt(step_ms).c_str() : "failed");
-  }
 }
 
 // Index queries: adjacent positions of a sequence point the same way (as real ones do).
@@ -432,7 +246,7 @@ bool sparse_row(const PhaseRun& r, int64_t G, double other, const DenseTimes& d)
 
 }  // namespace
 
-int bench_layer(int argc, char** argv) {
+int run(int argc, char** argv) {
   ArgParser a(
       "cisa bench layer",
       "One-layer CUDA benchmark (paper Table 11 form): dense and CISA attention for 4:1 x 16,\n"
@@ -620,6 +434,12 @@ int bench_layer(int argc, char** argv) {
   return 0;
 }
 
+}  // namespace cisa::cli::layer_bench
+
+namespace cisa::cli {
+int bench_layer(int argc, char** argv) {
+  return layer_bench::run(argc, argv);
+}
 }  // namespace cisa::cli
 
 #endif  // CISA_WITH_CUDA
