@@ -23,6 +23,13 @@
 //     row144     the f32 scale inside the row: [page][kv] rows of 144 bytes (128 codes, the
 //                scale, 12 bytes of padding): 5 sectors a row as f32 reads, but adjacent ones
 //     row160     the same in 160-byte rows (32-byte aligned: exactly 5 sectors a row)
+//   int8 arithmetic (f32 scale array, 512 chunks a block):
+//     i2f        each code through I2F (a quarter-rate instruction); the other int8 rows use it
+//     magic      the kernels' conversion (src/cuda/rep_read.cuh): the byte spliced under 2^23's
+//                exponent and the offset subtracted, then an FFMA: three instructions a code
+//     dp4a       the query as three int8 digits (q/s ~ d1 + d2/256 + d3/65536) and one IDP4A a
+//                digit and 4 codes: 0.75 instructions a code, integer sums converted at the end
+//     u16        16 loads a lane in flight instead of 8 (more bytes in flight a warp)
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -cudart static bench/cuda/score_read_probe.cu \
 //          -o score_read_probe       (or the CMake target score_read_probe)
@@ -43,7 +50,8 @@ namespace {
 constexpr int kD = 128, kThreads = 256;
 
 // The representatives' element: bf16 (the caches' today), or one byte with a scale.
-enum class Elem { kBf16, kInt8, kFp8 };
+// kInt8 converts with I2F; kInt8M with the kernels' magic-number splice; kInt8D with IDP4A.
+enum class Elem { kBf16, kInt8, kFp8, kInt8M, kInt8D };
 // Where a 1-byte representative's scale lives: a 1-byte exponent array, a f32 array, or a f32 at
 // byte kD of a longer row.
 enum class Scale { kExp8, kF32, kRow144, kRow160 };
@@ -84,6 +92,12 @@ __device__ __forceinline__ float dot16(const uint4& w, const float* q) {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         acc = fmaf(q[4 * h + j], static_cast<float>(static_cast<int8_t>(ws[h] >> (8 * j))), acc);
+    } else if constexpr (E == Elem::kInt8M) {
+      const uint32_t u = ws[h] ^ 0x80808080u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        acc = fmaf(q[4 * h + j],
+                   __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7440 + j)) - 8388736.0f, acc);
     } else {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -95,6 +109,21 @@ __device__ __forceinline__ float dot16(const uint4& w, const float* q) {
     }
   }
   return acc;
+}
+
+// 16 codes against the query's three int8 digits (4 words each, digit k scaled by 256^-k).
+__device__ __forceinline__ float dot16_dp4a(const uint4& w, const int* qd) {
+  const int ws[4] = {static_cast<int>(w.x), static_cast<int>(w.y), static_cast<int>(w.z),
+                     static_cast<int>(w.w)};
+  int a0 = 0, a1 = 0, a2 = 0;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    a0 = __dp4a(ws[h], qd[h], a0);
+    a1 = __dp4a(ws[h], qd[4 + h], a1);
+    a2 = __dp4a(ws[h], qd[8 + h], a2);
+  }
+  return static_cast<float>(a0) + static_cast<float>(a1) * (1.0f / 256.0f) +
+         static_cast<float>(a2) * (1.0f / 65536.0f);
 }
 
 __device__ __forceinline__ float dot8(const uint4& w, const float* q) {
@@ -112,14 +141,15 @@ __device__ __forceinline__ float dot8(const uint4& w, const float* q) {
 // (`kv0`). A warp-wide load covers 2 segments (D = 128); lane group grp = lane / 16 takes segment
 // 2j + grp of load slot j. U slots per round, PIPE: the next round's slots loaded before the
 // current round's arithmetic.
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E, Scale S = Scale::kExp8>
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E, Scale S = Scale::kExp8,
+          int U = 8>
 __device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
                                             const void* __restrict__ scales,
                                             const int32_t* __restrict__ tables,
                                             int64_t pages_per_seq, const float* __restrict__ qs,
                                             float* __restrict__ scores) {
   constexpr int LPC = kLanesPerChunk<E>, VPL = 16 / kBytes<E>;  // values a lane
-  constexpr int U = 8, WARPS = kThreads / 32, CPL = 32 / LPC;
+  constexpr int WARPS = kThreads / 32, CPL = 32 / LPC;
   constexpr int KVS = ALLKV ? H : 1;  // KV heads a block scores
   constexpr int SEGS = NCB * KVS;
   constexpr int PER_ROUND = WARPS * U * CPL;
@@ -138,6 +168,22 @@ __device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
     const int kv = ALLKV ? (grp + m * CPL) % H : kv0;
 #pragma unroll
     for (int i = 0; i < VPL; ++i) q[m][i] = qs[(seq * H + kv) * kD + sub * VPL + i];
+  }
+  // kInt8D: the lane's query values as three int8 digits of q/s (s = 1 here: the probe times
+  // the arithmetic, not the rounding), packed 4 a word: qd[4k + h] holds digit k of values
+  // 4h..4h+3.
+  int qd[12] = {};
+  if constexpr (E == Elem::kInt8D) {
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+      float r = q[0][i];
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int d = max(-127, min(127, __float2int_rn(r)));
+        r = (r - static_cast<float>(d)) * 256.0f;
+        qd[4 * k + i / 4] |= (d & 0xff) << (8 * (i % 4));
+      }
+    }
   }
   __syncthreads();
   auto seg_of = [&](int r0, int u) { return r0 + (warp * U + u) * CPL + grp; };
@@ -170,6 +216,8 @@ __device__ __forceinline__ void score_probe(const uint8_t* __restrict__ reps,
       float acc;
       if constexpr (E == Elem::kBf16)
         acc = dot8(buf[u], qm);
+      else if constexpr (E == Elem::kInt8D)
+        acc = dot16_dp4a(buf[u], qd);
       else
         acc = dot16<E>(buf[u], qm);
 #pragma unroll
@@ -205,12 +253,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // The 1-byte variants: min. blocks 1 lets ptxas take the registers the fp8 conversion needs
 // (with the bf16 kernel's bounds it spills at H = 1).
-template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E, Scale S>
+template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E, Scale S, int U>
 __global__ void __launch_bounds__(kThreads, 1)
     score_probe_byte_kernel(const uint8_t* __restrict__ reps, const void* __restrict__ scales,
                             const int32_t* __restrict__ tables, int64_t pages_per_seq,
                             const float* __restrict__ qs, float* __restrict__ scores) {
-  score_probe<NCB, H, ALLKV, SWAP, PIPE, E, S>(reps, scales, tables, pages_per_seq, qs, scores);
+  score_probe<NCB, H, ALLKV, SWAP, PIPE, E, S, U>(reps, scales, tables, pages_per_seq, qs, scores);
 }
 
 __global__ void read_kernel(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
@@ -230,7 +278,7 @@ struct Case {
 };
 
 template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E = Elem::kBf16,
-          Scale S = Scale::kExp8>
+          Scale S = Scale::kExp8, int U = 8>
 void launch(const Case& c, int64_t pages, const uint8_t* reps, const void* scales,
             const int32_t* tables, const float* q, float* scores) {
   const int cbs = static_cast<int>(pages / NCB), streams = ALLKV ? c.seqs : c.seqs * H;
@@ -239,7 +287,7 @@ void launch(const Case& c, int64_t pages, const uint8_t* reps, const void* scale
     score_probe_kernel<NCB, H, ALLKV, SWAP, PIPE>
         <<<grid, kThreads>>>(reps, tables, pages, q, scores);
   else
-    score_probe_byte_kernel<NCB, H, ALLKV, SWAP, PIPE, E, S>
+    score_probe_byte_kernel<NCB, H, ALLKV, SWAP, PIPE, E, S, U>
         <<<grid, kThreads>>>(reps, scales, tables, pages, q, scores);
 }
 
@@ -342,6 +390,26 @@ void run_case(const Case& c) {
   scaled("int8 row160 512", [&] {
     launch<512, H, false, false, false, Elem::kInt8, Scale::kRow160>(c, pages, reps8, nullptr,
                                                                      tables, q, scores);
+  });
+  scaled("int8 magic 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8M, Scale::kF32>(c, pages, reps8, scales, tables,
+                                                                   q, scores);
+  });
+  scaled("int8 dp4a 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8D, Scale::kF32>(c, pages, reps8, scales, tables,
+                                                                   q, scores);
+  });
+  scaled("magic u16 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8M, Scale::kF32, 16>(c, pages, reps8, scales,
+                                                                       tables, q, scores);
+  });
+  scaled("magic r144 u16", [&] {
+    launch<512, H, false, false, false, Elem::kInt8M, Scale::kRow144, 16>(c, pages, reps8, nullptr,
+                                                                          tables, q, scores);
+  });
+  scaled("dp4a u16 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8D, Scale::kF32, 16>(c, pages, reps8, scales,
+                                                                       tables, q, scores);
   });
   bf16("base 512",
        [&] { launch<512, H, false, false, false>(c, pages, reps, nullptr, tables, q, scores); });
