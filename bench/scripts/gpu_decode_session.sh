@@ -5,7 +5,10 @@
 # (page lists of the int8 run dumped) and the PyTorch decode anchors in the same call, then the
 # whole-model decode rows of gpu_prebuilt_session.sh (NEW_ARGS against BASE_ARGS, one binary).
 # Everything comes back under $OUT: tests/ and model/ (gpu_prebuilt_session.sh's session.log,
-# gpu_tests.log, results.tgz) and layer/ (layer_<precision>.json/.log, anchors.json/.log).
+# gpu_tests.log, results.tgz) and layer/ (layer_<precision>[_<rep>].json/.log, anchors.json/.log).
+# With a base binary (BASE_XZ, default .devbin/base/cisa.xz), its int8 decode rows run after ours
+# in every repetition (layer_base_int8_<rep>.json): an A/B on the same machine. LAYER_REPS
+# (default 1) repeats the layer rows; NO_MODEL=1 skips the whole-model rows.
 # Run on the device (carry .devbin):
 #   CISA_COMMIT=<label> PROBES=bench/score_read_probe NEW_ARGS="..." BASE_ARGS="..." \
 #     bash bench/scripts/gpu_decode_session.sh
@@ -17,16 +20,26 @@ OUT=$O/tests REPS=0 bash bench/scripts/gpu_prebuilt_session.sh
 B=/tmp/prebuilt_bins L=$O/layer
 export LD_LIBRARY_PATH=$PWD/.devbin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 rm -rf /tmp/decode_lists && mkdir -p /tmp/decode_lists
-for p in native int8; do
-  dump=()
-  [ "$p" = int8 ] && dump=(--dump-lists /tmp/decode_lists)
-  timeout 150 "$B/cisa" bench layer --backend cuda --json --phase decode --rep-precision "$p" \
-    "${dump[@]}" >"$L/layer_$p.json" 2>"$L/layer_$p.log"
-  echo "[$(date +%H:%M:%S)] layer $p rc=$?" | tee -a "$L/session.log"
+BASE=
+if [ -f "${BASE_XZ:-.devbin/base/cisa.xz}" ]; then
+  xz -dc "${BASE_XZ:-.devbin/base/cisa.xz}" >"$B/cisa_base" && chmod +x "$B/cisa_base" && BASE=$B/cisa_base
+fi
+for rep in $(seq "${LAYER_REPS:-1}"); do
+  sfx=; [ "$rep" -gt 1 ] && sfx=_$rep
+  for p in native int8 base; do
+    X=$B/cisa prec=$p dump=()
+    [ "$p" = base ] && { [ -n "$BASE" ] || continue; X=$BASE prec=int8; }
+    [ "$p" = int8 ] && [ "$rep" = 1 ] && dump=(--dump-lists /tmp/decode_lists)
+    name=layer_$p$sfx; [ "$p" = base ] && name=layer_base_int8_$rep
+    timeout 150 "$X" bench layer --backend cuda --json --phase decode --rep-precision "$prec" \
+      "${dump[@]}" >"$L/$name.json" 2>"$L/$name.log"
+    echo "[$(date +%H:%M:%S)] $name rc=$?" | tee -a "$L/session.log"
+    grep -E "cisa G=1" "$L/$name.log" | tee -a "$L/session.log"
+  done
 done
 PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" \
   --lists /tmp/decode_lists --cisa "$L/layer_int8.json" --out "$L/anchors.json" --no-flex \
   --gather-geometries none >"$L/anchors.log" 2>&1
 echo "[$(date +%H:%M:%S)] anchors rc=$?" | tee -a "$L/session.log"
-OUT=$O/model TESTS=" " PROBES="" REPS=${REPS:-1} TOKENS=${TOKENS:-128} \
+[ -n "${NO_MODEL:-}" ] || OUT=$O/model TESTS=" " PROBES="" REPS=${REPS:-1} TOKENS=${TOKENS:-128} \
   bash bench/scripts/gpu_prebuilt_session.sh

@@ -48,7 +48,7 @@ void quantize_rep(RepPrecision p, std::span<float> rep) {
   if (p == RepPrecision::kNative) return;
   float m = 0;
   for (const float x : rep) {
-    if (!std::isfinite(x)) {  // no 8-bit form (the CUDA int8 cache stores a NaN scale)
+    if (!std::isfinite(x)) {  // no 8-bit form (the CUDA int8 cache stores the NaN exponent)
       std::fill(rep.begin(), rep.end(), std::numeric_limits<float>::quiet_NaN());
       return;
     }
@@ -56,7 +56,7 @@ void quantize_rep(RepPrecision p, std::span<float> rep) {
   }
   if (m == 0) return;
   const float top = p == RepPrecision::kFp8 ? kE4m3Max : kInt8Max;
-  const int e = scale_exponent(m, top);
+  const int e = std::max(scale_exponent(m, top), kMinRepScaleExp);
   for (float& x : rep) {
     const float y = std::ldexp(x, -e);  // exact: a power of two (f32 has the range to spare)
     const float q = p == RepPrecision::kFp8 ? round_to_e4m3(y) : std::nearbyint(y);

@@ -423,7 +423,7 @@ Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n
   if (n > 0 && !pages) return invalid_argument("cuda: null page pointer");
   return cuda_status(detail::launch_update_reps(
                          layer.k,
-                         detail::RepArgsOut{static_cast<uint8_t*>(layer.reps), layer.rep_scales,
+                         detail::RepArgsOut{static_cast<uint8_t*>(layer.reps), layer.rep_exps,
                                             layer.rep_precision == RepPrecision::kInt8},
                          pages, n, layer.num_kv_heads, layer.head_dim, layer.rep == RepKind::kQuest,
                          static_cast<cudaStream_t>(stream)),

@@ -31,6 +31,9 @@ using detail::ListDesc;
 using detail::MergeTask;
 using detail::ScoreStream;
 
+// The device's exponent bytes (plan_types.h) cover every exponent the core's rule gives.
+static_assert(detail::kRepExpMin == kMinRepScaleExp, "the scale exponent floors must agree");
+
 int topk_cluster_min_scores(const PlanOptions& options) {
   return options.topk_cluster_min_scores < 0 ? tiles::kTopkClusterMinScores
                                              : options.topk_cluster_min_scores;
@@ -51,8 +54,8 @@ Status validate_layer(const DeviceLayer& layer) {
     return unimplemented(
         "cuda: fp8 representatives are implemented on the CPU backend only (use int8: the same "
         "quality in docs/eval/results.md, and a cheaper conversion in the scoring kernels)");
-  if (layer.rep_precision == RepPrecision::kInt8 && layer.reps && !layer.rep_scales)
-    return invalid_argument("cuda: int8 representatives need the rep_scales pointer");
+  if (layer.rep_precision == RepPrecision::kInt8 && layer.reps && !layer.rep_exps)
+    return invalid_argument("cuda: int8 representatives need the rep_exps pointer");
   if (layer.num_kv_heads <= 0) return invalid_argument("cuda: num_kv_heads must be positive");
   if (layer.num_pages <= 0 || layer.num_pages > std::numeric_limits<int32_t>::max())
     return invalid_argument("cuda: num_pages must be in [1, 2^31)");

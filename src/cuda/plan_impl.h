@@ -60,7 +60,7 @@ Status cuda_status(cudaError_t err, const char* what);
 Status validate_layer(const DeviceLayer& layer);
 // The layer's representatives as the scoring kernels take them.
 inline detail::RepArgs rep_args(const DeviceLayer& layer) {
-  return detail::RepArgs{static_cast<const uint8_t*>(layer.reps), layer.rep_scales,
+  return detail::RepArgs{static_cast<const uint8_t*>(layer.reps), layer.rep_exps,
                          layer.rep_precision == RepPrecision::kInt8};
 }
 

@@ -28,11 +28,15 @@ struct ListDesc {
 };
 
 // The representatives the scoring kernels read (rep_read.cuh): bf16 values, or int8 codes with
-// one f32 scale per representative (RepPrecision::kInt8). Both
+// one scale exponent byte per representative (RepPrecision::kInt8). Both
 // [num_pages][num_kv_heads][rep_width].
+// The exponent bytes: e in [kRepExpMin, 127] (core/rep_quant.h's kMinRepScaleExp: 2^e is a
+// normal f32), or kRepExpNaN for a representative without an 8-bit form (scores NaN).
+constexpr int kRepExpMin = -126;
+constexpr int8_t kRepExpNaN = -128;
 struct RepArgs {
   const uint8_t* data = nullptr;  // bf16 (2 bytes a value) or int8 codes (1 byte)
-  const float* scales = nullptr;  // int8: 2^e per (page, KV head); bf16: unused
+  const int8_t* exps = nullptr;   // int8: e of the scale 2^e per (page, KV head); bf16: unused
   bool int8 = false;
 };
 

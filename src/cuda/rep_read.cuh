@@ -1,13 +1,16 @@
 // Representatives as the scoring kernels read them (docs/design.md, "Representative precision"):
-// bf16 values, or int8 codes with one f32 scale 2^e per representative (RepPrecision::kInt8, the
-// rule of core/rep_quant.h). Every reader takes 16 bytes a load: 8 bf16 channels or 16 int8 ones,
-// so one kernel body serves both with kChan channels per lane. An int8 score is the dot product
-// with the codes, times the scale (exact: a power of two), times 1/√d.
+// bf16 values, or int8 codes with one scale 2^e per representative (RepPrecision::kInt8, the
+// rule of core/rep_quant.h), stored as the signed byte e (kRepExpNaN: a non-finite
+// representative, whose scores are NaN). Every reader takes 16 bytes a load: 8 bf16 channels or 16
+// int8 ones, so one kernel body serves both with kChan channels per lane. An int8 score is the dot
+// product with the codes, times the scale (exact: a power of two), times 1/√d.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "plan_types.h"
 
 namespace cisa::cuda::dev {
 
@@ -16,6 +19,12 @@ struct RepBytes {
   static constexpr int kBytes = kInt8 ? 1 : 2;  // bytes per value
   static constexpr int kChan = 16 / kBytes;     // channels per 16-byte load
 };
+
+// 2^e from its byte (plan_types.h: e ≥ kRepExpMin, a normal f32, built from its bits); NaN for
+// kRepExpNaN.
+__device__ __forceinline__ float rep_scale(int8_t e) {
+  return e == detail::kRepExpNaN ? __int_as_float(0x7fc00000) : __int_as_float((e + 127) << 23);
+}
 
 // Four int8 codes (low byte first) as exact floats without I2F (a quarter-rate instruction that
 // would bound a decode scan at ~14 codes per clock and SM): the byte, offset to unsigned, is
@@ -63,11 +72,11 @@ __device__ __forceinline__ float lane_score(const float* q, const float* lo, con
 }
 
 // A chunk's score from its lanes' summed dot product: bf16 as before (times 1/√d), int8 times
-// the representative's scale first.
+// the representative's scale 2^e first (exps[i]: its exponent byte).
 template <bool kInt8>
-__device__ __forceinline__ float finish_score(float dot, const float* scales, int64_t rep,
+__device__ __forceinline__ float finish_score(float dot, const int8_t* exps, int64_t i,
                                               float inv_sqrt_d) {
-  if constexpr (kInt8) dot *= scales[rep];
+  if constexpr (kInt8) dot *= rep_scale(exps[i]);
   return dot * inv_sqrt_d;
 }
 

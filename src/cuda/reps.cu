@@ -1,6 +1,7 @@
 // Representative update kernel: one block per (page, KV head), one thread per channel.
 #include "common.cuh"
 #include "pdl.cuh"
+#include "plan_types.h"
 #include "reps.cuh"
 #include "tile_sizes.cuh"
 
@@ -9,13 +10,13 @@ namespace {
 
 constexpr float kInt8Top = 127.0f;  // core/rep_quant.cpp's kInt8Max
 
-// The smallest e with m ≤ 127 · 2^e, for finite m > 0: core/rep_quant.cpp's scale_exponent,
-// step for step (double log2, then the same corrections).
+// The smallest e ≥ kRepExpMin with m ≤ 127 · 2^e, for finite m > 0: core/rep_quant.cpp's
+// scale_exponent, step for step (double log2, then the same corrections), and its floor.
 __device__ int int8_scale_exponent(float m) {
   int e = static_cast<int>(ceil(log2(static_cast<double>(m) / kInt8Top)));
   while (ldexp(static_cast<double>(kInt8Top), e) < m) ++e;
   while (ldexp(static_cast<double>(kInt8Top), e - 1) >= m) --e;
-  return e;
+  return max(e, kRepExpMin);
 }
 
 // The page's representative values in f32, as the CPU cache computes them before rounding:
@@ -53,10 +54,10 @@ __global__ void update_reps_kernel(const uint16_t* __restrict__ k, uint16_t* __r
 
 // int8 representatives (core/rep_quant.h): the f32 values above, one power-of-two scale 2^e for
 // the whole representative (the smallest with max |x| ≤ 127 · 2^e), codes round(x / 2^e) ties to
-// even. A representative with a non-finite value gets a NaN scale (its scores are NaN); one of
-// zeros gets codes 0 and scale 1.
+// even, e stored as one byte. A representative with a non-finite value gets the byte kRepExpNaN
+// (its scores are NaN); one of zeros gets codes 0 and e = 0.
 __global__ void update_reps_int8_kernel(const uint16_t* __restrict__ k, int8_t* __restrict__ codes,
-                                        float* __restrict__ scales,
+                                        int8_t* __restrict__ exps,
                                         const int32_t* __restrict__ pages, int num_kv_heads,
                                         int head_dim, bool quest) {
   dev::dependent_start();
@@ -94,7 +95,7 @@ __global__ void update_reps_int8_kernel(const uint16_t* __restrict__ k, int8_t* 
       bad |= warp_bad[w];
     }
     const int e = bad || m == 0.0f ? 0 : int8_scale_exponent(m);
-    scales[rep] = bad ? __int_as_float(0x7fc00000) : static_cast<float>(ldexp(1.0, e));
+    exps[rep] = bad ? kRepExpNaN : static_cast<int8_t>(e);
     step = bad ? 0.0 : ldexp(1.0, -e);
   }
   __syncthreads();
@@ -109,14 +110,14 @@ cudaError_t launch_update_reps(const uint16_t* k, const RepArgsOut& reps, const 
                                int64_t n, int num_kv_heads, int head_dim, bool quest,
                                cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
+  if (reps.int8 && !reps.exps) return cudaErrorInvalidValue;
   for (int64_t done = 0; done < n; done += 65535 * 1024) {
     const int64_t m = n - done < 65535 * 1024 ? n - done : 65535 * 1024;
     const dim3 grid(static_cast<unsigned>(m), num_kv_heads);
     if (reps.int8)
       launch_dependent(update_reps_int8_kernel, grid, tiles::kRepThreads, 0, stream, k,
-                       reinterpret_cast<int8_t*>(reps.data), reps.scales, pages + done,
-                       num_kv_heads, head_dim, quest);
+                       reinterpret_cast<int8_t*>(reps.data), reps.exps, pages + done, num_kv_heads,
+                       head_dim, quest);
     else
       launch_dependent(update_reps_kernel, grid, tiles::kRepThreads, 0, stream, k,
                        reinterpret_cast<uint16_t*>(reps.data), pages + done, num_kv_heads, head_dim,

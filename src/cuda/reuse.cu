@@ -96,7 +96,7 @@ template <int D, bool kQuest, bool kInt8>
 __device__ __forceinline__ void check_scores(
     int kv, const int32_t* __restrict__ S, int32_t k, int32_t nb, int32_t nn, int64_t stride0,
     int32_t begin, int32_t end, const int32_t* __restrict__ table, const uint8_t* __restrict__ reps,
-    const float* __restrict__ scales,
+    const int8_t* __restrict__ exps,
     const float* qbar,  // this block's copy in shared memory
     int H, float inv_sqrt_d, uint32_t* lowest_kept, uint32_t* highest_new, bool mass,
     MassSums& sums) {
@@ -130,7 +130,7 @@ __device__ __forceinline__ void check_scores(
     int32_t page[UR];
 #pragma unroll
     for (int u = 0; u < UR; ++u) page[u] = chunk[u] >= 0 ? table[chunk[u]] : 0;
-    float sc[kInt8 ? UR : 1] = {};  // int8: each chunk's 2^e, loaded with its codes (sub 0 only)
+    int8_t ex[kInt8 ? UR : 1] = {};  // int8: each chunk's exponent, loaded with its codes (sub 0)
 #pragma unroll
     for (int u = 0; u < UR; ++u) {
       lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
@@ -140,7 +140,7 @@ __device__ __forceinline__ void check_scores(
         lo[u] = *reinterpret_cast<const uint4*>(r);
         if constexpr (kQuest) hi[u] = *reinterpret_cast<const uint4*>(r + D * RB::kBytes);
         if constexpr (kInt8)
-          if (sub == 0) sc[u] = scales[rep];
+          if (sub == 0) ex[u] = exps[rep];
       }
     }
 #pragma unroll
@@ -153,7 +153,7 @@ __device__ __forceinline__ void check_scores(
 #pragma unroll
       for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
       if (sub == 0 && c < end) {
-        const float x = dev::finish_score<kInt8>(acc, sc, kInt8 ? u : 0, inv_sqrt_d);
+        const float x = dev::finish_score<kInt8>(acc, ex, kInt8 ? u : 0, inv_sqrt_d);
         const uint32_t key = order_key(x);
         if (c < k)
           atomicMin(lowest_kept, key);
@@ -256,7 +256,7 @@ template <int D, bool kQuest, bool kInt8>
 __global__ void __launch_bounds__(kDecideThreads)
     reuse_check_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                        const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
-                       const float* __restrict__ scales, const float* __restrict__ index_q, int H,
+                       const int8_t* __restrict__ exps, const float* __restrict__ index_q, int H,
                        float inv_sqrt_d, ReuseParams rp, ReuseState st,
                        CheckPartial* __restrict__ partials) {
   dev::dependent_start();
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kDecideThreads)
   MassSums ms = no_mass();
   check_scores<D, kQuest, kInt8>(L.kv, st.chunks + C.slot * st.k_stride, L.k,
                                  static_cast<int32_t>(C.nb), C.nn, C.stride0, begin, end,
-                                 block_pages + L.table_begin, reps, scales, q_s, H, inv_sqrt_d,
+                                 block_pages + L.table_begin, reps, exps, q_s, H, inv_sqrt_d,
                                  &lowest_kept, &highest_new, C.mass, ms);
   __syncthreads();
   if (C.mass) ms = block_mass(ms);  // thread 0's result
@@ -434,13 +434,13 @@ cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists,
                                 const ReuseState& st, void* partials, int32_t* keep, int32_t* pages,
                                 int32_t* chunks, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  if ((reps.int8 && !reps.scales) || !partials) return cudaErrorInvalidValue;
+  if ((reps.int8 && !reps.exps) || !partials) return cudaErrorInvalidValue;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
   auto* part = static_cast<CheckPartial*>(partials);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const dim3 grid(static_cast<unsigned>(num_sel), kCheckParts);
   using Kernel =
-      void (*)(const ListDesc*, const int32_t*, const int32_t*, const uint8_t*, const float*,
+      void (*)(const ListDesc*, const int32_t*, const int32_t*, const uint8_t*, const int8_t*,
                const float*, int, float, ReuseParams, ReuseState, CheckPartial*);
   Kernel kernels[3][2][2] = {
       {{reuse_check_kernel<64, false, false>, reuse_check_kernel<64, false, true>},
@@ -452,7 +452,7 @@ cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists,
   const int di = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
   cudaError_t err =
       launch_dependent(kernels[di][quest ? 1 : 0][reps.int8 ? 1 : 0], grid, kDecideThreads, 0,
-                       stream, lists, sel_lists, block_pages, reps.data, reps.scales, index_q,
+                       stream, lists, sel_lists, block_pages, reps.data, reps.exps, index_q,
                        num_kv_heads, inv_sqrt_d, rp, st, part);
   if (err != cudaSuccess) return err;
   return launch_dependent(reuse_decide_kernel, static_cast<unsigned>(num_sel), kDecideThreads, 0,

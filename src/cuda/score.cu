@@ -32,7 +32,7 @@ template <bool kQuest, int QA, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                  const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
-                 const float* __restrict__ scales, const float* __restrict__ qbar, int num_kv_heads,
+                 const int8_t* __restrict__ exps, const float* __restrict__ qbar, int num_kv_heads,
                  int head_dim, float inv_sqrt_d, float* __restrict__ scores,
                  const int32_t* __restrict__ keep) {
   dev::dependent_start();
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
       dev::unpack16<kInt8>(*reinterpret_cast<const uint4*>(reps + (rep * rw + col) * RB::kBytes),
                            f);
       if constexpr (kInt8) {
-        const float sc = scales[rep];
+        const float sc = dev::rep_scale(exps[rep]);
 #pragma unroll
         for (int h = 0; h < RB::kChan; ++h) f[h] *= sc;
       }
@@ -146,7 +146,7 @@ template <int D, bool kQuest, int NL, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreThreads)
     score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                      const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
-                     const float* __restrict__ scales, const float* __restrict__ qbar,
+                     const int8_t* __restrict__ exps, const float* __restrict__ qbar,
                      const float* __restrict__ index_q, int num_kv_heads, float inv_sqrt_d,
                      float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
   for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
     uint4 lo[U], hi[kQuest ? U : 1];
-    float sc[kInt8 ? U : 1] = {};  // int8: each chunk's 2^e, loaded with its codes (sub 0 only)
+    int8_t ex[kInt8 ? U : 1] = {};  // int8: each chunk's exponent, loaded with its codes (sub 0)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = r0 + (warp * U + u) * CPL + grp;
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
         lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
         if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
         if constexpr (kInt8)
-          if (sub == 0) sc[u] = __ldg(scales + rep);
+          if (sub == 0) ex[u] = __ldg(exps + rep);
       }
     }
 #pragma unroll
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 #pragma unroll
         for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && c < nc && c0 + c < end[l])
-          scores[out[l] + c0 + c] = dev::finish_score<kInt8>(acc, sc, kInt8 ? u : 0, inv_sqrt_d);
+          scores[out[l] + c0 + c] = dev::finish_score<kInt8>(acc, ex, kInt8 ? u : 0, inv_sqrt_d);
       }
     }
   }
@@ -238,12 +238,12 @@ void launch_few(dim3 grid, int max_lists, const ScoreStream* streams, const List
                 const int32_t* keep, cudaStream_t stream) {
   if (max_lists <= 1)
     launch_dependent(score_few_kernel<D, kQuest, 1, kInt8>, grid, tiles::kScoreThreads, 0, stream,
-                     streams, lists, block_pages, reps.data, reps.scales, qbar, index_q,
-                     num_kv_heads, inv_sqrt_d, scores, keep);
+                     streams, lists, block_pages, reps.data, reps.exps, qbar, index_q, num_kv_heads,
+                     inv_sqrt_d, scores, keep);
   else
     launch_dependent(score_few_kernel<D, kQuest, tiles::kScoreFewLists, kInt8>, grid,
                      tiles::kScoreThreads, 0, stream, streams, lists, block_pages, reps.data,
-                     reps.scales, qbar, index_q, num_kv_heads, inv_sqrt_d, scores, keep);
+                     reps.exps, qbar, index_q, num_kv_heads, inv_sqrt_d, scores, keep);
 }
 
 template <int D>
@@ -270,7 +270,7 @@ cudaError_t launch_tiled(dim3 grid, const ScoreStream* streams, const ListDesc* 
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   launch_dependent(kernel, grid, tiles::kScoreThreads, smem, stream, streams, lists, block_pages,
-                   reps.data, reps.scales, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, keep);
+                   reps.data, reps.exps, qbar, num_kv_heads, head_dim, inv_sqrt_d, scores, keep);
   return cudaSuccess;
 }
 
@@ -309,7 +309,7 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
                          const float* index_q, int num_kv_heads, int head_dim, bool quest,
                          float* scores, const int32_t* keep, cudaStream_t stream) {
   if (index_q && !score_takes_index_queries(max_lists, index_q)) return cudaErrorInvalidValue;
-  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
+  if (reps.int8 && !reps.exps) return cudaErrorInvalidValue;
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;

@@ -150,7 +150,7 @@ template <int D, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMmaThreads)
     score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                      const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ rep_bytes,
-                     const float* __restrict__ scales, const float* __restrict__ qbar,
+                     const int8_t* __restrict__ exps, const float* __restrict__ qbar,
                      const uint32_t* __restrict__ qsplit, int num_kv_heads, float inv_sqrt_d,
                      float* __restrict__ scores, const int32_t* __restrict__ keep) {
   dev::dependent_start();
@@ -176,7 +176,9 @@ __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMm
   __shared__ float scale_s[kInt8 ? NCB : 1];
   if constexpr (kInt8)
     scale_s[threadIdx.x] =
-        my_page >= 0 ? __ldg(scales + static_cast<int64_t>(my_page) * num_kv_heads + S.kv) : 0.0f;
+        my_page >= 0
+            ? dev::rep_scale(__ldg(exps + static_cast<int64_t>(my_page) * num_kv_heads + S.kv))
+            : 0.0f;
 
   const uint16_t* reps = reinterpret_cast<const uint16_t*>(rep_bytes);  // bf16 only
   uint4 rv[2][2][NB];  // [m tile][row g / g + 8][b]
@@ -299,7 +301,7 @@ void launch_mma(dim3 grid, const ScoreStream* streams, const ListDesc* lists,
                 const int32_t* keep, cudaStream_t stream) {
   launch_dependent(reps.int8 ? score_mma_kernel<D, true> : score_mma_kernel<D, false>, grid,
                    tiles::kScoreMmaThreads, 0, stream, streams, lists, block_pages, reps.data,
-                   reps.scales, qbar, qsplit, num_kv_heads, inv_sqrt_d, scores, keep);
+                   reps.exps, qbar, qsplit, num_kv_heads, inv_sqrt_d, scores, keep);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ template <int D, bool kInt8>
 __global__ void __launch_bounds__(kThreads, 1)
     select_fused_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                         const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
-                        const float* __restrict__ rep_scales, const float* __restrict__ qbar,
+                        const int8_t* __restrict__ rep_exps, const float* __restrict__ qbar,
                         int num_kv_heads, float inv_sqrt_d, float* __restrict__ scores,
                         int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   using RB = dev::RepBytes<kInt8>;
@@ -76,17 +76,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     for (int r0 = 0; r0 < cnt; r0 += PER_ROUND) {
       uint4 v[U];
-      float sc[U];  // kInt8: each chunk's 2^e (read by the lane that writes its score)
+      int8_t ex[U];  // kInt8: each chunk's exponent (read by the lane that writes its score)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = r0 + (warp * U + u) * CPL + grp;
         v[u] = make_uint4(0, 0, 0, 0);
-        sc[u] = 0.0f;
+        ex[u] = 0;
         if (c < cnt) {
           const int64_t rep = static_cast<int64_t>(keys[c]) * num_kv_heads + L.kv;
           v[u] = __ldg(reinterpret_cast<const uint4*>(reps + rep * D * RB::kBytes + sub * 16));
           if constexpr (kInt8)
-            if (sub == 0) sc[u] = __ldg(rep_scales + rep);
+            if (sub == 0) ex[u] = __ldg(rep_exps + rep);
         }
       }
       __syncwarp();  // every lane has read its page IDs before sub 0 overwrites them with keys
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && c < cnt) {
-          const float s = dev::finish_score<kInt8>(acc, sc + u, 0, inv_sqrt_d);
+          const float s = dev::finish_score<kInt8>(acc, ex + u, 0, inv_sqrt_d);
           out[c] = s;
           keys[c] = order_key(s);
         }
@@ -140,7 +140,7 @@ cudaError_t launch_d(const ScoreStream* streams, int64_t num_streams, int cluste
   const ClusterLaunch l(num_streams * cluster, cluster, smem, stream);
   return cudaLaunchKernelEx(
       &l.cfg, reps.int8 ? select_fused_kernel<D, true> : select_fused_kernel<D, false>, streams,
-      lists, block_pages, reps.data, reps.scales, qbar, num_kv_heads, inv_sqrt_d, scores, pages,
+      lists, block_pages, reps.data, reps.exps, qbar, num_kv_heads, inv_sqrt_d, scores, pages,
       chunks);
 }
 
@@ -205,7 +205,7 @@ cudaError_t launch_select_fused(const ScoreStream* streams, int64_t num_streams,
                                 int head_dim, float* scores, int32_t* pages, int32_t* chunks,
                                 cudaStream_t stream) {
   if (num_streams <= 0) return cudaSuccess;
-  if (reps.int8 && !reps.scales) return cudaErrorInvalidValue;
+  if (reps.int8 && !reps.exps) return cudaErrorInvalidValue;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const size_t smem = fused_select_smem(max_span, cluster);
   switch (head_dim) {

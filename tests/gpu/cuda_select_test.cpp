@@ -89,9 +89,10 @@ TEST(CudaReps, MatchCpuBitExact) {
     }
 }
 
-// int8 representatives built on the device from the keys: code · scale equals the CPU cache's
+// int8 representatives built on the device from the keys: code · 2^e equals the CPU cache's
 // value (quantize_rep of the f32 representative, stored exactly in bf16) for every channel, codes
-// lie in [−127, 127], the scale is a power of two and the smallest that fits (some |code| ≥ 64).
+// lie in [−127, 127], the exponent byte e lies in [−126, 127] and is the smallest that fits (some
+// |code| ≥ 64).
 TEST(CudaReps, Int8MatchCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(12);
@@ -103,14 +104,14 @@ TEST(CudaReps, Int8MatchCpu) {
       m.build(*s.cache, 0, 2);
       ASSERT_FALSE(m.full_pages.empty());
       const auto codes = m.codes.download();
-      const auto scales = m.scales.download();
+      const auto exps = m.exps.download();
       const int rw = s.cache->rep_width();
       for (int32_t p : m.full_pages)
         for (int g = 0; g < 2; ++g) {
           const size_t r = static_cast<size_t>(p) * 2 + static_cast<size_t>(g);
-          const float sc = scales[r];
-          int e = 0;
-          ASSERT_EQ(std::frexp(sc, &e), 0.5f) << "scale " << sc << " is not a power of two";
+          const int e = exps[r];
+          ASSERT_GE(e, kMinRepScaleExp);
+          const float sc = std::ldexp(1.0f, e);
           auto* want = static_cast<const uint16_t*>(s.cache->rep(0, p, g));
           int top = 0;
           for (int i = 0; i < rw; ++i) {

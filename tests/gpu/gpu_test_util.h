@@ -74,21 +74,21 @@ class DevVec {
 };
 
 // Device mirror of one layer of a CPU cache. A cache of int8 representatives (its
-// rep_precision) is mirrored as codes and scales that the device computes itself from the keys
-// (cuda::run_update_reps over every full page of the mirrored sequences): the CPU holds only
+// rep_precision) is mirrored as codes and scale exponents that the device computes itself from the
+// keys (cuda::run_update_reps over every full page of the mirrored sequences): the CPU holds only
 // their products, which is what the tests compare against.
 struct DeviceMirror {
   DevVec<uint16_t> k, v, reps;
   DevVec<uint8_t> codes;  // int8 representatives
-  DevVec<float> scales;
+  DevVec<int8_t> exps;    // int8 representatives: scale exponents
   DevVec<int32_t> tables;
   std::vector<int64_t> offsets;
   std::vector<int32_t> full_pages;  // physical pages whose representative the device built
   cuda::DeviceLayer layer;
   cuda::DeviceBlockTables block_tables() const { return {tables.data(), offsets}; }
 
-  // copy_reps = false leaves the device representatives poisoned (NaN, or code −1 with a NaN
-  // scale).
+  // copy_reps = false leaves the device representatives poisoned (NaN, or code −1 with the NaN
+  // exponent byte −128).
   void build(const PagedKvCache& c, int l, int num_seqs, bool copy_reps = true) {
     const size_t kv_elems =
         static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.page_size() * c.head_dim();
@@ -118,10 +118,10 @@ struct DeviceMirror {
     }
     codes.resize(rep_elems);
     codes.poison();
-    scales.resize(static_cast<size_t>(c.num_pages()) * c.num_kv_heads());
-    scales.poison();
+    exps.resize(static_cast<size_t>(c.num_pages()) * c.num_kv_heads());
+    cudaMemset(exps.data(), 0x80, exps.size());  // −128: no 8-bit form, scores NaN
     layer.reps = codes.data();
-    layer.rep_scales = scales.data();
+    layer.rep_exps = exps.data();
     layer.rep_precision = RepPrecision::kInt8;
     if (copy_reps && !full_pages.empty()) {
       DevVec<int32_t> pages;

@@ -109,7 +109,8 @@ TEST(RepQuant, RepresentativesUseTheirOwnScale) {
       if (::testing::Test::HasFatalFailure()) return;
     }
   // Unchanged: native precision, an all-zero representative. One with a non-finite value has no
-  // 8-bit form: it becomes NaN throughout (an int8 cache stores a NaN scale), either format.
+  // 8-bit form: it becomes NaN throughout (the CUDA int8 cache stores the NaN exponent byte),
+  // either format.
   std::vector<float> r = {0.3f, -1.7f, 2.5f}, z(8, 0.0f), n = {1.0f, NAN, 2.0f},
                      inf = {1.0f, -INFINITY, 2.0f};
   std::vector<float> r2 = r, z2 = z, n2 = n;
@@ -127,6 +128,33 @@ TEST(RepQuant, RepresentativesUseTheirOwnScale) {
   quantize_rep(RepPrecision::kInt8, r8);
   EXPECT_NEAR(r8[0], 0.3f, 0x1p-6f);
   EXPECT_NE(r8[0], 0.3f);
+}
+
+// The scale never goes below 2^kMinRepScaleExp (2^-126, the CUDA cache's smallest exponent
+// byte): a representative under 127 · 2^-127 in magnitude rounds on that grid, both kinds,
+// against the rule computed here in double.
+TEST(RepQuant, TinyRepresentativesRoundOnTheSmallestScale) {
+  EXPECT_EQ(kMinRepScaleExp, -126);
+  const std::vector<float> tiny = {1e-38f, -3e-39f, 7e-38f, 0.0f, -6.2e-38f};
+  for (const RepPrecision p : {RepPrecision::kInt8, RepPrecision::kFp8}) {
+    std::vector<float> r = tiny;
+    quantize_rep(p, r);
+    for (size_t i = 0; i < r.size(); ++i) {
+      const double y = std::ldexp(static_cast<double>(tiny[i]), 126);  // |y| < 6: in range
+      const double want = std::ldexp(
+          p == RepPrecision::kInt8 ? std::nearbyint(y) : round_to_e4m3(static_cast<float>(y)),
+          -126);
+      EXPECT_EQ(static_cast<double>(r[i]), want) << rep_precision_name(p) << " value " << i;
+    }
+  }
+  // Just above the floor, the scale is the smallest that fits: 127 · 2^-126 needs e = −126 too,
+  // and twice that e = −125.
+  std::vector<float> edge = {127 * 0x1p-126f, 254 * 0x1p-126f};
+  std::vector<float> e0 = {edge[0]}, e1 = {edge[1]};
+  quantize_rep(RepPrecision::kInt8, e0);
+  quantize_rep(RepPrecision::kInt8, e1);
+  EXPECT_EQ(e0[0], edge[0]);
+  EXPECT_EQ(e1[0], edge[1]);
 }
 
 TEST(RepQuant, NamesParse) {

@@ -80,7 +80,8 @@ struct Buffers {
   uint16_t *k = nullptr, *v = nullptr, *q = nullptr;
   void* reps = nullptr;  // bf16 or int8 (--rep-precision)
   int32_t *tables = nullptr, *rep_pages = nullptr;
-  float *out = nullptr, *lse = nullptr, *index_q = nullptr, *rep_scales = nullptr;
+  float *out = nullptr, *lse = nullptr, *index_q = nullptr;
+  int8_t* rep_exps = nullptr;  // int8 representatives: each one's scale exponent
 };
 
 inline std::string fmt(double x) {

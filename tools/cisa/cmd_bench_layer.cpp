@@ -320,8 +320,8 @@ int run(int argc, char** argv) {
       !cuda_ok(cudaMalloc(&buf.v, kv_elems * 2), "V pool") ||
       !cuda_ok(cudaMalloc(&buf.reps, static_cast<size_t>(max_kv_pages) * kD * (o.int8() ? 1 : 2)),
                "representatives") ||
-      !cuda_ok(cudaMalloc(&buf.rep_scales, static_cast<size_t>(max_kv_pages) * 4),
-               "representative scales") ||
+      !cuda_ok(cudaMalloc(&buf.rep_exps, static_cast<size_t>(max_kv_pages)),
+               "representative scale exponents") ||
       !cuda_ok(cudaMalloc(&buf.q, static_cast<size_t>(max_q) * kD * 2), "queries") ||
       !cuda_ok(cudaMalloc(&buf.out, static_cast<size_t>(max_q) * kD * 4), "output") ||
       !cuda_ok(cudaMalloc(&buf.lse, static_cast<size_t>(max_q) * 4), "lse") ||
@@ -388,7 +388,7 @@ int run(int argc, char** argv) {
     for (int s = 0; s <= geo.seqs; ++s) offsets[static_cast<size_t>(s)] = s * pages_per_seq;
     cuda::DeviceLayer layer{buf.k, buf.v, buf.reps, P, geo.hkv, kD, kB, RepKind::kMean};
     if (o.int8()) {
-      layer.rep_scales = buf.rep_scales;
+      layer.rep_exps = buf.rep_exps;
       layer.rep_precision = RepPrecision::kInt8;
     }
     cuda::DeviceBlockTables tables{buf.tables, offsets};
@@ -423,7 +423,7 @@ int run(int argc, char** argv) {
   cudaFree(buf.k);
   cudaFree(buf.v);
   cudaFree(buf.reps);
-  cudaFree(buf.rep_scales);
+  cudaFree(buf.rep_exps);
   cudaFree(buf.q);
   cudaFree(buf.out);
   cudaFree(buf.lse);

@@ -16,8 +16,11 @@ namespace cisa {
 // kNative: the cache's own element type (f32 or bf16). kFp8: OCP fp8 E4M3 (the "FN" variant:
 // largest finite 448, no infinities). kInt8: signed integers in [−127, 127]. Both 8-bit kinds use
 // one power-of-two scale 2^e per representative, the smallest that puts its largest magnitude
-// within range, so that a value times its scale is exact in bf16 and in f32.
+// within range, but never below 2^kMinRepScaleExp (the smallest normal f32), so that e fits the
+// CUDA cache's one-byte exponent and a value times its scale is exact in bf16 and in f32.
+// Representatives below 127 · 2^-127 (~7.5e-37) in magnitude round on that finest grid.
 enum class RepPrecision { kNative, kFp8, kInt8 };
+constexpr int kMinRepScaleExp = -126;
 const char* rep_precision_name(RepPrecision p);                  // "native", "fp8", "int8"
 Result<RepPrecision> parse_rep_precision(const std::string& s);  // the names above
 

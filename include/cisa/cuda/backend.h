@@ -50,14 +50,18 @@ struct DeviceLayer {
   const uint16_t* k = nullptr;  // device bf16 [num_pages][num_kv_heads][page_size][head_dim]
   const uint16_t* v = nullptr;  // device bf16 [num_pages][num_kv_heads][page_size][head_dim]
   // device [num_pages][num_kv_heads][rep_width]: bf16 values, or int8 codes (one byte each)
-  // when rep_precision is kInt8 (core/rep_quant.h; the value is code · rep_scales[page][head])
+  // when rep_precision is kInt8 (core/rep_quant.h; the value is code · 2^rep_exps[page][head])
   void* reps = nullptr;
   int64_t num_pages = 0;
   int num_kv_heads = 1;
   int head_dim = 128;  // 64, 128 or 256
   int page_size = 16;  // must be 16 (the kernels' page tile)
   RepKind rep = RepKind::kMean;
-  float* rep_scales = nullptr;  // device f32 [num_pages][num_kv_heads]: 2^e (kInt8 only)
+  // device int8 [num_pages][num_kv_heads] (kInt8 only): e of the representative's scale 2^e,
+  // in [−126, 127], or −128 for one with a non-finite value (its scores are NaN). One byte, not
+  // an f32 scale: the decode scoring kernels read it beside the codes at random pages, and a
+  // separate 4-byte scale cost ~15 % of their time (docs/cuda-notes.md).
+  int8_t* rep_exps = nullptr;
   RepPrecision rep_precision = RepPrecision::kNative;  // kNative (bf16) or kInt8; kFp8: CPU only
   int rep_width() const { return cisa::rep_width(rep, head_dim); }
 };

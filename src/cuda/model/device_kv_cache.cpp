@@ -77,7 +77,7 @@ DeviceLayer CudaBackend::device_layer(int layer) const {
                      .head_dim = config_.head_dim,
                      .page_size = kPageSize,
                      .rep = config_.rep,
-                     .rep_scales = layer_has_reps(layer) ? p.rep_scales.as<float>() : nullptr,
+                     .rep_exps = layer_has_reps(layer) ? p.rep_exps.as<int8_t>() : nullptr,
                      .rep_precision = config_.rep_precision};
 }
 
@@ -92,14 +92,14 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
         "quality in docs/eval/results.md, and a cheaper conversion in the scoring kernels)");
   const bool int8 = config.rep_precision == RepPrecision::kInt8;
   // Sizes in double first: a configuration too large for int64 byte counts is just too large.
-  // int8 representatives: one byte a value and an f32 scale per (page, KV head).
+  // int8 representatives: one byte a value and one scale exponent byte per (page, KV head).
   const int rep_width = cisa::rep_width(config.rep, config.head_dim);
   const double kv_d =
       static_cast<double>(config.num_pages) * config.num_kv_heads * kPageSize * config.head_dim * 2;
-  const double scale_d = int8 ? static_cast<double>(config.num_pages) * config.num_kv_heads * 4 : 0;
+  const double exp_d = int8 ? static_cast<double>(config.num_pages) * config.num_kv_heads : 0;
   const double rep_d =
       static_cast<double>(config.num_pages) * config.num_kv_heads * rep_width * (int8 ? 1 : 2) +
-      scale_d;
+      exp_d;
   double needed = 0;
   for (int l = 0; l < config.num_layers; ++l)
     needed +=
@@ -120,8 +120,8 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
                               std::to_string(static_cast<uint64_t>(std::min(needed, 1.8e19))) +
                               " bytes) of device memory; " + gib(static_cast<double>(free_now)) +
                               " (" + std::to_string(free_now) + " bytes) free");
-  const auto kv_bytes = static_cast<int64_t>(kv_d), scale_bytes = static_cast<int64_t>(scale_d),
-             rep_bytes = static_cast<int64_t>(rep_d) - scale_bytes;  // ≤ free: exact
+  const auto kv_bytes = static_cast<int64_t>(kv_d), exp_bytes = static_cast<int64_t>(exp_d),
+             rep_bytes = static_cast<int64_t>(rep_d) - exp_bytes;  // ≤ free: exact
   std::vector<LayerPools> pools(static_cast<size_t>(config.num_layers));
   for (int l = 0; l < config.num_layers; ++l) {
     LayerPools& p = pools[static_cast<size_t>(l)];
@@ -139,11 +139,10 @@ Status CudaBackend::create_cache(const KvCacheConfig& config) {
       CISA_RETURN_IF_ERROR(check_cuda(
           cudaMemsetAsync(p.reps.get(), 0, static_cast<size_t>(rep_bytes), stream_), what));
       if (int8) {
-        CISA_ASSIGN_OR_RETURN(p.rep_scales,
-                              DeviceMemory::allocate(scale_bytes, what + " representative scales"));
+        CISA_ASSIGN_OR_RETURN(p.rep_exps, DeviceMemory::allocate(
+                                              exp_bytes, what + " representative scale exponents"));
         CISA_RETURN_IF_ERROR(check_cuda(
-            cudaMemsetAsync(p.rep_scales.get(), 0, static_cast<size_t>(scale_bytes), stream_),
-            what));
+            cudaMemsetAsync(p.rep_exps.get(), 0, static_cast<size_t>(exp_bytes), stream_), what));
       }
     }
   }
@@ -266,7 +265,7 @@ Status CudaBackend::append_kv(int layer, std::span<const BatchEntry> batch, cons
   LayerPools& p = pools_[static_cast<size_t>(layer)];
   // The pools and the representatives' precision too (a new cache may reuse the old addresses).
   if (!graph_skip(10, {arg(k), arg(v), arg(d_slots), arg(rows), arg(int64_t{layer}), arg(d_full),
-                       arg(n_full), arg(p.k.get()), arg(p.reps.get()), arg(p.rep_scales.get()),
+                       arg(n_full), arg(p.k.get()), arg(p.reps.get()), arg(p.rep_exps.get()),
                        arg(static_cast<int64_t>(config_.rep_precision))})) {
     CISA_RETURN_IF_ERROR(launched(
         detail::launch_append_kv(k, v, d_slots, rows, config_.num_kv_heads, config_.head_dim,

@@ -173,10 +173,10 @@ Status CudaBackend::select(PlanSlot slot, int layer, const float* index_q) {
   // The representatives' pointers and precision too: a new cache of the other precision may
   // reuse the old pools' addresses, and a bf16 scoring kernel must not replay on int8 codes.
   const DeviceLayer dl = device_layer(layer);
-  const bool skip = graph_skip(
-      11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
-           arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot}), arg(dl.reps),
-           arg(dl.rep_scales), arg(static_cast<int64_t>(dl.rep_precision))});
+  const bool skip =
+      graph_skip(11, {plan_launch_key(s->plan), arg(int64_t{layer}), arg(index_q),
+                      arg(reusing ? reuse.info : nullptr), arg(int64_t{reuse.layer_slot}),
+                      arg(dl.reps), arg(dl.rep_exps), arg(static_cast<int64_t>(dl.rep_precision))});
   keep_bf16_copy({}, {});  // writes no activations (the early selection's q/k/v product follows)
   if (!skip) {
     CISA_RETURN_IF_ERROR(run_select_stage(s->plan, dl, index_q, SelectStage::kScore, stream_, rs));

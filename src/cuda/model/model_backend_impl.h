@@ -314,9 +314,9 @@ class CudaBackend final : public Backend {
   bool has_cache_ = false;
   PageTable table_;
   struct LayerPools {
-    DeviceMemory k, v;        // bf16 [num_pages][num_kv_heads][16][head_dim]
-    DeviceMemory reps;        // [num_pages][num_kv_heads][rep_width] bf16 or int8, rep layers only
-    DeviceMemory rep_scales;  // f32 [num_pages][num_kv_heads], int8 representatives only
+    DeviceMemory k, v;      // bf16 [num_pages][num_kv_heads][16][head_dim]
+    DeviceMemory reps;      // [num_pages][num_kv_heads][rep_width] bf16 or int8, rep layers only
+    DeviceMemory rep_exps;  // int8 [num_pages][num_kv_heads]: scale exponents, int8 reps only
   };
   std::vector<LayerPools> pools_;
   DeviceMemory d_tables_;           // int32 [h_offsets_.back()]
