@@ -4,8 +4,9 @@
 # probes (PROBES), then `cisa bench layer --phase decode` with native and int8 representatives
 # (page lists of the int8 run dumped) and the PyTorch decode anchors in the same call, then the
 # whole-model decode rows of gpu_prebuilt_session.sh (NEW_ARGS against BASE_ARGS, one binary).
-# Everything comes back under $OUT: tests/ and model/ (gpu_prebuilt_session.sh's session.log,
-# gpu_tests.log, results.tgz) and layer/ (layer_<precision>[_<rep>].json/.log, anchors.json/.log).
+# Everything comes back under $OUT as summary.log and all.tgz, which holds tests/ and model/
+# (gpu_prebuilt_session.sh's session.log, gpu_tests.log, results.tgz) and layer/
+# (layer_<precision>[_<rep>].json/.log, anchors.json/.log).
 # With a base binary (BASE_XZ, default .devbin/base/cisa.xz), its int8 decode rows run after ours
 # in every repetition (layer_base_int8_<rep>.json): an A/B on the same machine. LAYER_REPS
 # (default 1) repeats the layer rows; NO_MODEL=1 skips the whole-model rows.
@@ -43,3 +44,8 @@ PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/anchors_layer.py --commit "$
 echo "[$(date +%H:%M:%S)] anchors rc=$?" | tee -a "$L/session.log"
 [ -n "${NO_MODEL:-}" ] || OUT=$O/model TESTS=" " PROBES="" REPS=${REPS:-1} TOKENS=${TOKENS:-128} \
   bash bench/scripts/gpu_prebuilt_session.sh
+# The device returns only a few files a call: everything goes into one archive beside one summary.
+cat "$O"/tests/session.log "$O"/layer/session.log "$O"/layer/anchors.log "$O"/model/session.log \
+  >"$O/summary.log" 2>/dev/null
+(cd "$O" && tar czf /tmp/gpu_decode_all.tgz tests layer model && rm -rf tests layer model &&
+  mv /tmp/gpu_decode_all.tgz all.tgz)
