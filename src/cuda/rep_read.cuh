@@ -20,10 +20,12 @@ struct RepBytes {
   static constexpr int kChan = 16 / kBytes;     // channels per 16-byte load
 };
 
-// 2^e from its byte (plan_types.h: e ≥ kRepExpMin, a normal f32, built from its bits); NaN for
-// kRepExpNaN.
-__device__ __forceinline__ float rep_scale(int8_t e) {
-  return e == detail::kRepExpNaN ? __int_as_float(0x7fc00000) : __int_as_float((e + 127) << 23);
+// 2^e from its byte (plan_types.h: e ≥ kRepExpMin, a normal f32), built from its bits: one
+// integer multiply-add, no compare in the scoring loops. kRepExpNaN gives −inf, and the update
+// kernel stores such a representative's codes as zeros (reps.cu), so its dot product is 0 and
+// its score 0 · −inf = NaN, as the rule asks.
+__device__ __forceinline__ float rep_scale(int e) {
+  return __int_as_float((e + 127) << 23);
 }
 
 // Four int8 codes (low byte first) as exact floats without I2F (a quarter-rate instruction that
@@ -72,9 +74,10 @@ __device__ __forceinline__ float lane_score(const float* q, const float* lo, con
 }
 
 // A chunk's score from its lanes' summed dot product: bf16 as before (times 1/√d), int8 times
-// the representative's scale 2^e first (exps[i]: its exponent byte).
+// the representative's scale 2^e first (exps[i]: its exponent, as loaded from the exponent bytes;
+// the decode kernels keep one int register per chunk, which a byte array would pack).
 template <bool kInt8>
-__device__ __forceinline__ float finish_score(float dot, const int8_t* exps, int64_t i,
+__device__ __forceinline__ float finish_score(float dot, const int* exps, int64_t i,
                                               float inv_sqrt_d) {
   if constexpr (kInt8) dot *= rep_scale(exps[i]);
   return dot * inv_sqrt_d;

@@ -130,7 +130,7 @@ __device__ __forceinline__ void check_scores(
     int32_t page[UR];
 #pragma unroll
     for (int u = 0; u < UR; ++u) page[u] = chunk[u] >= 0 ? table[chunk[u]] : 0;
-    int8_t ex[kInt8 ? UR : 1] = {};  // int8: each chunk's exponent, loaded with its codes (sub 0)
+    int ex[kInt8 ? UR : 1] = {};  // int8: each chunk's exponent (a register each: no byte packing)
 #pragma unroll
     for (int u = 0; u < UR; ++u) {
       lo[u] = hi[u] = make_uint4(0, 0, 0, 0);

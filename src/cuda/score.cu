@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
   for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
     uint4 lo[U], hi[kQuest ? U : 1];
-    int8_t ex[kInt8 ? U : 1] = {};  // int8: each chunk's exponent, loaded with its codes (sub 0)
+    int ex[kInt8 ? U : 1] = {};  // int8: each chunk's exponent (a register each: no byte packing)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = r0 + (warp * U + u) * CPL + grp;

@@ -144,8 +144,8 @@ __device__ __forceinline__ bool nonfinite_pair(uint32_t w) {
 // order of operations up to rounding; NaN stays NaN).
 // int8 representatives (kInt8): a lane's 8 channels are 8 bytes, widened to bf16 in registers
 // (exact: |code| ≤ 127 needs 7 bits), and each chunk's product is scaled by its representative's
-// 2^e before 1/√d; a representative with a non-finite value has a NaN scale (core/rep_quant.h),
-// so its scores are NaN without the f32 fallback.
+// 2^e before 1/√d; a representative with a non-finite value has zero codes and the scale −inf
+// (rep_read.cuh), so its scores are NaN without the f32 fallback.
 template <int D, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreMmaThreads, 512 / tiles::kScoreMmaThreads)
     score_mma_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     for (int r0 = 0; r0 < cnt; r0 += PER_ROUND) {
       uint4 v[U];
-      int8_t ex[U];  // kInt8: each chunk's exponent (read by the lane that writes its score)
+      int ex[U];  // kInt8: each chunk's exponent (read by the lane that writes its score)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = r0 + (warp * U + u) * CPL + grp;

@@ -87,8 +87,8 @@ struct DeviceMirror {
   cuda::DeviceLayer layer;
   cuda::DeviceBlockTables block_tables() const { return {tables.data(), offsets}; }
 
-  // copy_reps = false leaves the device representatives poisoned (NaN, or code −1 with the NaN
-  // exponent byte −128).
+  // copy_reps = false leaves the device representatives poisoned (NaN, or codes 0 with the NaN
+  // exponent byte −128: scores NaN, as a non-finite representative's).
   void build(const PagedKvCache& c, int l, int num_seqs, bool copy_reps = true) {
     const size_t kv_elems =
         static_cast<size_t>(c.num_pages()) * c.num_kv_heads() * c.page_size() * c.head_dim();
@@ -117,7 +117,7 @@ struct DeviceMirror {
       return;
     }
     codes.resize(rep_elems);
-    codes.poison();
+    cudaMemset(codes.data(), 0, codes.size());
     exps.resize(static_cast<size_t>(c.num_pages()) * c.num_kv_heads());
     cudaMemset(exps.data(), 0x80, exps.size());  // −128: no 8-bit form, scores NaN
     layer.reps = codes.data();
