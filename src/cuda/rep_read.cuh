@@ -10,8 +10,6 @@
 
 #include <cstdint>
 
-#include "plan_types.h"
-
 namespace cisa::cuda::dev {
 
 template <bool kInt8>

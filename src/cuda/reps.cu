@@ -55,8 +55,8 @@ __global__ void update_reps_kernel(const uint16_t* __restrict__ k, uint16_t* __r
 // int8 representatives (core/rep_quant.h): the f32 values above, one power-of-two scale 2^e for
 // the whole representative (the smallest with max |x| ≤ 127 · 2^e), codes round(x / 2^e) ties to
 // even, e stored as one byte. A representative with a non-finite value gets codes 0 and the byte
-// kRepExpNaN, which the scoring kernels turn into the scale −inf: its scores are 0 · −inf = NaN
-// (rep_read.cuh). One of zeros gets codes 0 and e = 0.
+// kRepExpNaN, which the scoring kernels turn into the scale −inf: its scores are
+// 0 · −inf = NaN (rep_read.cuh). One of zeros gets codes 0 and e = 0.
 __global__ void update_reps_int8_kernel(const uint16_t* __restrict__ k, int8_t* __restrict__ codes,
                                         int8_t* __restrict__ exps,
                                         const int32_t* __restrict__ pages, int num_kv_heads,

@@ -91,8 +91,8 @@ TEST(CudaReps, MatchCpuBitExact) {
 
 // int8 representatives built on the device from the keys: code · 2^e equals the CPU cache's
 // value (quantize_rep of the f32 representative, stored exactly in bf16) for every channel, codes
-// lie in [−127, 127], the exponent byte e lies in [−126, 127] and is the smallest that fits (some
-// |code| ≥ 64).
+// lie in [−127, 127], the exponent byte e lies in [−126, 127] and is the smallest that fits
+// (some |code| ≥ 64).
 TEST(CudaReps, Int8MatchCpu) {
   CISA_REQUIRE_GPU();
   std::mt19937 rng(12);
