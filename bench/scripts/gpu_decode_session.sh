@@ -7,8 +7,10 @@
 # Everything comes back under $OUT as summary.log and all.tgz, which holds tests/ and model/
 # (gpu_prebuilt_session.sh's session.log, gpu_tests.log, results.tgz) and layer/
 # (layer_<precision>[_<rep>].json/.log, anchors.json/.log).
-# With a base binary (BASE_XZ, default .devbin/base/cisa.xz), its int8 decode rows run after ours
-# in every repetition (layer_base_int8_<rep>.json): an A/B on the same machine. LAYER_REPS
+# With a base binary (BASE_XZ, default .devbin/base/cisa.xz), its decode rows (the precisions in
+# BASE_PRECS, default int8) run after ours in every repetition (layer_base_<precision>_<rep>.json):
+# an A/B on the same machine. AB_SETS: ';'-separated option sets of `cisa bench layer` run with our
+# binary at int8 after those, in every repetition (layer_int8_set<i>_<rep>.json). LAYER_REPS
 # (default 1) repeats the layer rows; NO_MODEL=1 skips the whole-model rows.
 # Run on the device (carry .devbin):
 #   CISA_COMMIT=<label> PROBES=bench/score_read_probe NEW_ARGS="..." BASE_ARGS="..." \
@@ -25,23 +27,32 @@ BASE=
 if [ -f "${BASE_XZ:-.devbin/base/cisa.xz}" ]; then
   xz -dc "${BASE_XZ:-.devbin/base/cisa.xz}" >"$B/cisa_base" && chmod +x "$B/cisa_base" && BASE=$B/cisa_base
 fi
+IFS=';' read -r -a sets <<<"${AB_SETS:-}"
 for rep in $(seq "${LAYER_REPS:-1}"); do
   sfx=; [ "$rep" -gt 1 ] && sfx=_$rep
-  for p in native int8 base; do
-    X=$B/cisa prec=$p dump=()
-    [ "$p" = base ] && { [ -n "$BASE" ] || continue; X=$BASE prec=int8; }
-    [ "$p" = int8 ] && [ "$rep" = 1 ] && dump=(--dump-lists /tmp/decode_lists)
-    name=layer_$p$sfx; [ "$p" = base ] && name=layer_base_int8_$rep
+  runs=(native int8)
+  [ -n "$BASE" ] && for bp in ${BASE_PRECS:-int8}; do runs+=("base:$bp"); done
+  for i in "${!sets[@]}"; do runs+=("set:$i"); done
+  for r in "${runs[@]}"; do
+    X=$B/cisa prec=$r dump=() extra=() name=layer_$r$sfx
+    case $r in
+      base:*) X=$BASE prec=${r#base:} name=layer_base_${r#base:}_$rep ;;
+      set:*) prec=int8 name=layer_int8_set${r#set:}_$rep
+        read -r -a extra <<<"${sets[${r#set:}]}" ;;
+    esac
+    [ "$r" = int8 ] && [ "$rep" = 1 ] && dump=(--dump-lists /tmp/decode_lists)
     timeout 150 "$X" bench layer --backend cuda --json --phase decode --rep-precision "$prec" \
-      "${dump[@]}" >"$L/$name.json" 2>"$L/$name.log"
-    echo "[$(date +%H:%M:%S)] $name rc=$?" | tee -a "$L/session.log"
+      "${dump[@]}" "${extra[@]}" >"$L/$name.json" 2>"$L/$name.log"
+    rc=$?  # before the date's command substitution below resets $?
+    echo "[$(date +%H:%M:%S)] $name (${extra[*]}) rc=$rc" | tee -a "$L/session.log"
     grep -E "cisa G=1" "$L/$name.log" | tee -a "$L/session.log"
   done
 done
 PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" \
   --lists /tmp/decode_lists --cisa "$L/layer_int8.json" --out "$L/anchors.json" --no-flex \
   --gather-geometries none >"$L/anchors.log" 2>&1
-echo "[$(date +%H:%M:%S)] anchors rc=$?" | tee -a "$L/session.log"
+rc=$?
+echo "[$(date +%H:%M:%S)] anchors rc=$rc" | tee -a "$L/session.log"
 [ -n "${NO_MODEL:-}" ] || OUT=$O/model TESTS=" " PROBES="" REPS=${REPS:-1} TOKENS=${TOKENS:-128} \
   bash bench/scripts/gpu_prebuilt_session.sh
 # The device returns only a few files a call: everything goes into one archive beside one summary.

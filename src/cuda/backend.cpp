@@ -247,12 +247,13 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                         P.head_dim, P.d_scores.as<float>(), P.d_pages.as<int32_t>(),
                                         P.d_chunks.as<int32_t>(), s),
             "cuda: fused scoring and top-k");
-      return cuda_status(detail::launch_score(
-                             P.d_streams, static_cast<int64_t>(P.streams.size()), P.max_score_span,
-                             P.max_stream_lists, P.d_lists, P.block_pages, rep_args(layer),
-                             P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(), own_index_q,
-                             P.num_kv_heads, P.head_dim, P.quest, P.d_scores.as<float>(), keep, s),
-                         "cuda: scoring");
+      return cuda_status(
+          detail::launch_score(P.d_streams, static_cast<int64_t>(P.streams.size()),
+                               P.max_score_span, P.max_stream_lists, P.d_lists, P.block_pages,
+                               rep_args(layer), P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
+                               own_index_q, P.num_kv_heads, P.head_dim, P.quest, P.score_tiles,
+                               P.d_scores.as<float>(), keep, s),
+          "cuda: scoring");
     }
     case SelectStage::kTopK:
       if (P.sel.empty()) return Status::Ok();
@@ -394,6 +395,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           static_cast<int64_t>(P.options.attention_kernel),
                           int64_t{P.options.ws_copy_warps},
                           int64_t{P.options.topk_cluster_min_scores},
+                          int64_t{P.score_tiles},
                           int64_t{P.fused_cluster},
                           int64_t{P.topk_staged},
                           rp.budget,

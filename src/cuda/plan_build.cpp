@@ -39,6 +39,21 @@ int topk_cluster_min_scores(const PlanOptions& options) {
                                              : options.topk_cluster_min_scores;
 }
 
+// Tiles of kScoreFewChunks chunks per block of the few-list scoring kernel: the option, or just
+// enough that the blocks of every stream fit one wave of tiles::score_few_min_blocks(true)
+// blocks an SM (each block then pays its setup once; tile_sizes.cuh kScoreFewTilesPerBlock
+// when it is not 0).
+int32_t score_tiles_per_block(const Plan::Impl& P) {
+  if (P.options.score_tiles_per_block > 0) return P.options.score_tiles_per_block;
+  if (tiles::kScoreFewTilesPerBlock > 0) return tiles::kScoreFewTilesPerBlock;
+  const int64_t tiles =
+      (int64_t{P.max_score_span} + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks;
+  const int64_t wave = int64_t{device_sms()} * tiles::score_few_min_blocks(true);
+  const int64_t per_stream =
+      std::max<int64_t>(1, wave / std::max<int64_t>(1, static_cast<int64_t>(P.streams.size())));
+  return static_cast<int32_t>(std::max<int64_t>(1, (tiles + per_stream - 1) / per_stream));
+}
+
 Status validate_layer(const DeviceLayer& layer) {
   if (!layer.k || !layer.v) return invalid_argument("cuda: the layer's K or V pointer is null");
   if (layer.page_size != tiles::kPageSize)
@@ -257,6 +272,7 @@ Status finish_plan(Plan::Impl& P) {
   // one block of early exits, and a decode batch keeps its launch arguments for many steps.
   P.max_fixed = (P.max_fixed + kFixedQuantum - 1) / kFixedQuantum * kFixedQuantum;
   P.max_score_span = (P.max_score_span + kSpanQuantum - 1) / kSpanQuantum * kSpanQuantum;
+  P.score_tiles = score_tiles_per_block(P);
   CISA_RETURN_IF_ERROR(plan_fused_select(P));
   CISA_RETURN_IF_ERROR(plan_topk_staged(P));
   CISA_RETURN_IF_ERROR(plan_attention(P));
@@ -304,6 +320,9 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
         "cuda: PlanOptions::fused_select_cluster must be -1 (auto), 0 (off) or 1, 2, 4, 8, 16 "
         "(got " +
         std::to_string(c) + ")");
+  if (options.score_tiles_per_block < 0 || options.score_tiles_per_block > 1024)
+    return invalid_argument("cuda: PlanOptions::score_tiles_per_block must be in [0, 1024] (got " +
+                            std::to_string(options.score_tiles_per_block) + ")");
   if (options.blocks_per_sm < 0 || options.blocks_per_sm > 1024)
     return invalid_argument("cuda: PlanOptions::blocks_per_sm must be in [0, 1024] (got " +
                             std::to_string(options.blocks_per_sm) + ")");

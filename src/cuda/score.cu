@@ -5,6 +5,7 @@
 // representatives and d = 256); mean representatives at d ≤ 128 go to score_prefill.cu (bf16
 // tensor cores, or an FMA kernel that keeps them in registers); streams of few lists (decode)
 // take a warp-per-chunk kernel.
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -135,15 +136,21 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   }
 }
 
-// Streams with at most kScoreFewLists lists (decode): each block takes kScoreFewChunks chunks.
-// Their physical page IDs are read first, all at once and coalesced, into shared memory, so the
-// representative loads that follow no longer wait on a block-table load each (v2 was latency-
-// bound on that dependent pair: 1.0 TB/s). A chunk's representative is then read by D/kChan
-// lanes, 16 bytes (8 bf16 or 16 int8 channels, rep_read.cuh) each, U loads in flight per lane
-// before any arithmetic; q̄ lives in registers (kChan channels per lane per list) and the partial
-// sums meet by xor shuffles.
+// Streams with at most kScoreFewLists lists (decode): a block takes tiles of kScoreFewChunks
+// chunks of one stream, tiles blockIdx.x, blockIdx.x + gridDim.x, ... (launch_score's
+// tiles_per_block of them at most), so its setup (the stream, its lists and their index queries:
+// four dependent reads before the first representative) is paid once for all of them. Each
+// tile's physical page IDs are read at once, coalesced, into shared memory (the next tile's into
+// registers while this tile is scored), so the representative loads that follow never wait on a
+// block-table load each (v2 was latency-bound on that dependent pair: 1.0 TB/s). A chunk's
+// representative is then read by D/kChan lanes, 16 bytes (8 bf16 or 16 int8 channels,
+// rep_read.cuh) each, U loads in flight per lane before any arithmetic; q̄ lives in registers
+// (kChan channels per lane per list) and the partial sums meet by xor shuffles. One list per
+// stream (every decode list) bounds the registers for tiles::score_few_min_blocks blocks an SM:
+// int8 took 112 registers, two blocks an SM.
 template <int D, bool kQuest, int NL, bool kInt8>
-__global__ void __launch_bounds__(tiles::kScoreThreads)
+__global__ void __launch_bounds__(tiles::kScoreThreads,
+                                  NL == 1 ? tiles::score_few_min_blocks(kInt8) : 1)
     score_few_kernel(const ScoreStream* __restrict__ streams, const ListDesc* __restrict__ lists,
                      const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
                      const int8_t* __restrict__ exps, const float* __restrict__ qbar,
@@ -157,17 +164,30 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   constexpr int U = kQuest ? 4 : 8;  // 16-byte loads in flight per lane (quest: 2 per chunk)
   constexpr int WARPS = tiles::kScoreThreads / 32;
   constexpr int NCB = tiles::kScoreFewChunks;
-  constexpr int PER_ROUND = WARPS * U * CPL;  // chunks of the block per round
+  constexpr int PER_ROUND = WARPS * U * CPL;       // chunks of the block per round
+  constexpr int PPT = NCB / tiles::kScoreThreads;  // page IDs per thread and tile
   static_assert(NCB % PER_ROUND == 0, "rounds must tile the block's chunks");
+  static_assert(NCB % tiles::kScoreThreads == 0, "page IDs must tile the block's threads");
   __shared__ int32_t page_s[NCB];
   const ScoreStream S = streams[blockIdx.y];
+  const int32_t span = S.elig_end_max - S.elig_begin;
+  int32_t tile = static_cast<int32_t>(blockIdx.x);
+  if (tile * NCB >= span) return;
+  // Page IDs of tile t (of its first min(NCB, span − t·NCB) chunks) into registers; read before
+  // the keep flag below, so that the two reads overlap.
+  const int32_t* table = block_pages + S.table_begin + S.elig_begin;
+  int32_t pid[PPT];
+  const auto read_pages = [&](int32_t t) {
+    const int32_t n = min(NCB, span - t * NCB);
+#pragma unroll
+    for (int j = 0; j < PPT; ++j) {
+      const int i = j * tiles::kScoreThreads + static_cast<int>(threadIdx.x);
+      pid[j] = i < n ? __ldg(table + t * NCB + i) : 0;
+    }
+  };
+  read_pages(tile);
   // A decode list that keeps its earlier selection (reuse.cuh) is not scored.
   if (keep && keep[S.first_list]) return;
-  const int32_t c0 = S.elig_begin + static_cast<int32_t>(blockIdx.x) * NCB;
-  if (c0 >= S.elig_end_max) return;
-  const int nc = min(NCB, S.elig_end_max - c0);
-  const int32_t* table = block_pages + S.table_begin + c0;
-  for (int i = threadIdx.x; i < nc; i += blockDim.x) page_s[i] = table[i];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int nl = min(NL, S.num_lists);
@@ -193,41 +213,52 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
     end[l] = l < nl ? lists[li].elig_end : 0;
     out[l] = lists[li].score_begin - lists[li].elig_begin;
   }
-  __syncthreads();
   const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
-  for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
-    uint4 lo[U], hi[kQuest ? U : 1];
-    int ex[kInt8 ? U : 1] = {};  // int8: each chunk's exponent (a register each: no byte packing)
+  for (;;) {
+    const int32_t c0 = S.elig_begin + tile * NCB;
+    const int nc = min(NCB, span - tile * NCB);
+    __syncthreads();  // the previous tile's rounds are done with page_s
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = r0 + (warp * U + u) * CPL + grp;
-      lo[u] = make_uint4(0, 0, 0, 0);
-      if constexpr (kQuest) hi[u] = make_uint4(0, 0, 0, 0);
-      if (c < nc) {
-        const int64_t rep = static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv;
-        const uint8_t* r = reps + rep * row_bytes + sub * 16;
-        lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
-        if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
-        if constexpr (kInt8)
-          if (sub == 0) ex[u] = __ldg(exps + rep);
+    for (int j = 0; j < PPT; ++j) page_s[j * tiles::kScoreThreads + threadIdx.x] = pid[j];
+    const int32_t next = tile + static_cast<int32_t>(gridDim.x);
+    if (next * NCB < span) read_pages(next);
+    __syncthreads();
+    for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
+      uint4 lo[U], hi[kQuest ? U : 1];
+      int ex[kInt8 ? U : 1] = {};  // int8: each chunk's exponent (a register each: no byte packing)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = r0 + (warp * U + u) * CPL + grp;
+        lo[u] = make_uint4(0, 0, 0, 0);
+        if constexpr (kQuest) hi[u] = make_uint4(0, 0, 0, 0);
+        if (c < nc) {
+          const int64_t rep = static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv;
+          const uint8_t* r = reps + rep * row_bytes + sub * 16;
+          lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
+          if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
+          if constexpr (kInt8)
+            if (sub == 0) ex[u] = __ldg(exps + rep);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = r0 + (warp * U + u) * CPL + grp;
+        float rl[CH], rh[CH];
+        dev::unpack16<kInt8>(lo[u], rl);
+        if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
+#pragma unroll
+        for (int l = 0; l < NL; ++l) {
+          if (l >= nl) break;
+          float acc = dev::lane_score<kQuest, CH>(q[l], rl, rh);
+#pragma unroll
+          for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+          if (sub == 0 && c < nc && c0 + c < end[l])
+            scores[out[l] + c0 + c] = dev::finish_score<kInt8>(acc, ex, kInt8 ? u : 0, inv_sqrt_d);
+        }
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = r0 + (warp * U + u) * CPL + grp;
-      float rl[CH], rh[CH];
-      dev::unpack16<kInt8>(lo[u], rl);
-      if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
-#pragma unroll
-      for (int l = 0; l < NL; ++l) {
-        if (l >= nl) break;
-        float acc = dev::lane_score<kQuest, CH>(q[l], rl, rh);
-#pragma unroll
-        for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (sub == 0 && c < nc && c0 + c < end[l])
-          scores[out[l] + c0 + c] = dev::finish_score<kInt8>(acc, ex, kInt8 ? u : 0, inv_sqrt_d);
-      }
-    }
+    if (next * NCB >= span) return;
+    tile = next;
   }
 }
 
@@ -307,16 +338,18 @@ cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_
                          int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
                          const RepArgs& reps, const float* qbar, const uint16_t* qsplit,
                          const float* index_q, int num_kv_heads, int head_dim, bool quest,
-                         float* scores, const int32_t* keep, cudaStream_t stream) {
+                         int tiles_per_block, float* scores, const int32_t* keep,
+                         cudaStream_t stream) {
   if (index_q && !score_takes_index_queries(max_lists, index_q)) return cudaErrorInvalidValue;
   if (reps.int8 && !reps.exps) return cudaErrorInvalidValue;
   if (num_streams <= 0 || max_span <= 0) return cudaSuccess;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cudaError_t err = cudaSuccess;
   if (max_lists <= tiles::kScoreFewLists) {
-    const dim3 grid(
-        static_cast<unsigned>((max_span + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks),
-        static_cast<unsigned>(num_streams));
+    const int64_t tiles = (int64_t{max_span} + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks;
+    const int64_t per_block = std::max(1, tiles_per_block);
+    const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
+                    static_cast<unsigned>(num_streams));
     auto* launch = head_dim == 64    ? &launch_few_d<64>
                    : head_dim == 128 ? &launch_few_d<128>
                    : head_dim == 256 ? &launch_few_d<256>

@@ -25,11 +25,14 @@ cudaError_t launch_index_queries(const ListDesc* lists, const int32_t* sel_lists
 // decision), or the packed index queries of launch_index_queries, from which the few-list
 // kernel computes each list's q̄ itself (bit for bit the same), saving that launch; only where
 // score_takes_index_queries says so (≤ kScoreFewLists lists per stream, 16-byte aligned).
+// tiles_per_block: the few-list kernel's tiles of kScoreFewChunks chunks per block (≥ 1; the plan's
+// score_tiles_per_block).
 bool score_takes_index_queries(int32_t max_lists, const float* index_q);
 cudaError_t launch_score(const ScoreStream* streams, int64_t num_streams, int32_t max_span,
                          int32_t max_lists, const ListDesc* lists, const int32_t* block_pages,
                          const RepArgs& reps, const float* qbar, const uint16_t* qsplit,
                          const float* index_q, int num_kv_heads, int head_dim, bool quest,
-                         float* scores, const int32_t* keep, cudaStream_t stream);
+                         int tiles_per_block, float* scores, const int32_t* keep,
+                         cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

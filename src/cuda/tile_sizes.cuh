@@ -94,6 +94,17 @@ constexpr int kScoreFewLists = 8;
 // sweep before any representative, so the block pays one block-table latency, not one per
 // chunk; 512 chunks at d = 128 are 128 KB of representatives, 4 rounds of 8 loads per lane.
 constexpr int kScoreFewChunks = 512;
+// Tiles of kScoreFewChunks chunks a few-list block scores one after the other (blocks
+// blockIdx.x + i·gridDim.x), paying its setup once; 0: as many as fill one wave of blocks
+// (plan_build.cpp score_tiles_per_block). PlanOptions::score_tiles_per_block overrides it.
+constexpr int kScoreFewTilesPerBlock = 0;
+// Blocks per SM the few-list kernel asks of the register allocator for one list per stream (every
+// decode list), at 256 threads: int8 at most 80 registers a thread (3 blocks; unbounded it took
+// 112, two blocks an SM), bf16 at most 64 (4 blocks, as it had unbounded before the tile loop);
+// no spills at any head dim.
+constexpr int score_few_min_blocks(bool int8) {
+  return int8 ? 3 : 4;
+}
 
 // Streams of more lists with mean representatives at d ≤ 128 (prefill) use score_regs_kernel:
 // one chunk written per thread (kScoreThreads chunks per block), representatives held in

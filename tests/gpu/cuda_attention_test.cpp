@@ -620,9 +620,11 @@ TEST(CudaBackendErrors, BadInputsGiveClearStatuses) {
   EXPECT_EQ(cisa::cuda::plan_sparse(layer, tables, batch, 4, {.budget = -1}, &plan).code(),
             cisa::StatusCode::kInvalidArgument);
   // Planner switches out of range are refused, whichever plan they are given to.
-  for (cisa::cuda::PlanOptions bad : {cisa::cuda::PlanOptions{.blocks_per_sm = -1},
-                                      cisa::cuda::PlanOptions{.blocks_per_sm = 1025},
-                                      cisa::cuda::PlanOptions{.ws_copy_warps = 2}}) {
+  for (cisa::cuda::PlanOptions bad :
+       {cisa::cuda::PlanOptions{.blocks_per_sm = -1},
+        cisa::cuda::PlanOptions{.blocks_per_sm = 1025}, cisa::cuda::PlanOptions{.ws_copy_warps = 2},
+        cisa::cuda::PlanOptions{.score_tiles_per_block = -1},
+        cisa::cuda::PlanOptions{.score_tiles_per_block = 1025}}) {
     st = cisa::cuda::plan_dense(layer, tables, batch, 4, 0, &plan, bad);
     EXPECT_EQ(st.code(), cisa::StatusCode::kInvalidArgument) << st.to_string();
     EXPECT_NE(st.message().find("PlanOptions::"), std::string::npos) << st.message();

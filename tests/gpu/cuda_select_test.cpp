@@ -347,9 +347,10 @@ TEST(CudaSelect, TopkStagedOnLongLists) {
 // Decode batches (one query per sequence, one list per score stream) take the few-lists score
 // kernel with one list in registers, then either top-k path (one block per list: these lists are
 // short; or a cluster per list); spans of 500–1,300 eligible chunks cover several of its
-// 512-chunk blocks and a partial last block. With mean representatives they also take the fused
-// selection (select_fused.cu) at the cluster size the planner picks and at forced sizes 1, 4 and
-// 16, whose scores and lists must equal the two-kernel path's bit for bit.
+// 512-chunk tiles and a partial last tile, scored a tile a block or 2 and 3 tiles a block (the
+// tile loop, PlanOptions::score_tiles_per_block). With mean representatives they also take the
+// fused selection (select_fused.cu) at the cluster size the planner picks and at forced sizes 1, 4
+// and 16, whose scores and lists must equal the two-kernel path's bit for bit.
 void decode_batch_matches_cpu(RepPrecision prec) {
   std::mt19937 rng(31);
   const std::vector<Case> cases = {
@@ -369,6 +370,8 @@ void decode_batch_matches_cpu(RepPrecision prec) {
       {"two kernels, q̄ from the index-query kernel", {.topk_staged = false}, true},
       {"two kernels, top-k in clusters", {.topk_cluster_min_scores = 0}},
       {"two kernels, top-k staged (v7, the default)", {}},
+      {"two kernels, 2 score tiles a block", {.score_tiles_per_block = 2}},
+      {"two kernels, 3 score tiles a block", {.score_tiles_per_block = 3}},
       {"fused, planner's cluster", {.fused_select_cluster = -1}},
       {"fused, cluster 1", {.fused_select_cluster = 1}},
       {"fused, cluster 4", {.fused_select_cluster = 4}},

@@ -34,7 +34,7 @@ struct Options {
   bool contiguous = false;  // block tables in pool order instead of a random permutation
   // Planner switches for A/B runs (cuda::PlanOptions).
   std::string attention_kernel = "auto";
-  int64_t blocks_per_sm = 0, ws_copy_warps = 0;
+  int64_t blocks_per_sm = 0, ws_copy_warps = 0, score_tiles = 0;
   bool mma_unions = false, topk_one_block = false;
   std::string rep_precision = "native";  // native (bf16) or int8 representatives
   bool int8() const { return rep_precision == "int8"; }
@@ -45,6 +45,7 @@ struct Options {
                                                           : cuda::AttentionKernel::kAuto;
     p.blocks_per_sm = static_cast<int>(blocks_per_sm);
     p.ws_copy_warps = static_cast<int>(ws_copy_warps);
+    p.score_tiles_per_block = static_cast<int>(score_tiles);
     p.wgmma_unions = !mma_unions;
     p.topk_staged = !topk_one_block;
     return p;

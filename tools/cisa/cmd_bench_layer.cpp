@@ -283,6 +283,10 @@ int run(int argc, char** argv) {
              "off, for A/B runs)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
+  a.add_int("--score-tiles", &o.score_tiles,
+            "tiles of 512 chunks per block of the decode scoring kernel (default 0: "
+            "tile_sizes.cuh's)",
+            {0, 1024});
   a.add_int("--ws-copy-warps", &o.ws_copy_warps,
             "producer warps copying K/V in 128-row wgmma tiles: 1, or 0 for the default", {0, 1});
   a.add_choice("--rep-precision", &o.rep_precision, {"native", "int8"},
@@ -369,6 +373,7 @@ int run(int argc, char** argv) {
                             "mma.sync elsewhere (union tasks included; --mma-unions)";
   if (popt.blocks_per_sm > 0) doc["blocks_per_sm"] = popt.blocks_per_sm;
   if (popt.ws_copy_warps > 0) doc["ws_copy_warps"] = popt.ws_copy_warps;
+  if (popt.score_tiles_per_block > 0) doc["score_tiles_per_block"] = popt.score_tiles_per_block;
   doc["wgmma_unions"] = popt.wgmma_unions;
   doc["topk_staged"] = popt.topk_staged;
   doc["rep_precision"] = o.rep_precision;
