@@ -173,8 +173,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
   const int32_t span = S.elig_end_max - S.elig_begin;
   int32_t tile = static_cast<int32_t>(blockIdx.x);
   if (tile * NCB >= span) return;
-  // Page IDs of tile t (of its first min(NCB, span − t·NCB) chunks) into registers; read before
-  // the keep flag below, so that the two reads overlap.
+  // Page IDs of tile t (of its first min(NCB, span − t·NCB) chunks) into registers.
   const int32_t* table = block_pages + S.table_begin + S.elig_begin;
   int32_t pid[PPT];
   const auto read_pages = [&](int32_t t) {
@@ -186,8 +185,9 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
     }
   };
   read_pages(tile);
-  // A decode list that keeps its earlier selection (reuse.cuh) is not scored.
-  if (keep && keep[S.first_list]) return;
+  // A decode list that keeps its earlier selection (reuse.cuh) is not scored. The flag is tested
+  // after q̄'s reads below are issued, so that they overlap it.
+  const bool kept = keep && keep[S.first_list];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int nl = min(NL, S.num_lists);
@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
     end[l] = l < nl ? lists[li].elig_end : 0;
     out[l] = lists[li].score_begin - lists[li].elig_begin;
   }
+  if (kept) return;
   const int64_t row_bytes = int64_t{kQuest ? 2 * D : D} * RB::kBytes;
   for (;;) {
     const int32_t c0 = S.elig_begin + tile * NCB;

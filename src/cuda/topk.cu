@@ -54,10 +54,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
                 const int32_t* __restrict__ keep) {
   dev::dependent_start();
   __shared__ TopkShared<kThreads> sh;
-  // A decode list that keeps its earlier selection (reuse.cuh) got its pages from the decision
-  // kernel; every block of its cluster leaves before the first cluster barrier.
-  if (keep && keep[sel[blockIdx.x / kCluster]]) return;
   const ListSlice x = list_slice<kCluster>(lists, sel, scores);
+  // A decode list that keeps its earlier selection (reuse.cuh) got its pages from the decision
+  // kernel; every block of its cluster leaves before the first cluster barrier. (The flag is read
+  // after the list's descriptor is asked for, so that the two reads overlap.)
+  if (keep && keep[sel[blockIdx.x / kCluster]]) return;
   const float* s = x.s;
   radix_topk_slice<kThreads, (kCluster > 1), kCache>(
       x.L, x.lo, x.hi, x.rank, kCluster, [s](int32_t i) { return __float_as_uint(s[i]); },
