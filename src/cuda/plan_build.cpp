@@ -39,21 +39,6 @@ int topk_cluster_min_scores(const PlanOptions& options) {
                                              : options.topk_cluster_min_scores;
 }
 
-// Tiles of kScoreFewChunks chunks per block of the few-list scoring kernel: the option, or just
-// enough that the blocks of every stream fit one wave of tiles::score_few_min_blocks(true)
-// blocks an SM (each block then pays its setup once; tile_sizes.cuh kScoreFewTilesPerBlock
-// when it is not 0).
-int32_t score_tiles_per_block(const Plan::Impl& P) {
-  if (P.options.score_tiles_per_block > 0) return P.options.score_tiles_per_block;
-  if (tiles::kScoreFewTilesPerBlock > 0) return tiles::kScoreFewTilesPerBlock;
-  const int64_t tiles =
-      (int64_t{P.max_score_span} + tiles::kScoreFewChunks - 1) / tiles::kScoreFewChunks;
-  const int64_t wave = int64_t{device_sms()} * tiles::score_few_min_blocks(true);
-  const int64_t per_stream =
-      std::max<int64_t>(1, wave / std::max<int64_t>(1, static_cast<int64_t>(P.streams.size())));
-  return static_cast<int32_t>(std::max<int64_t>(1, (tiles + per_stream - 1) / per_stream));
-}
-
 Status validate_layer(const DeviceLayer& layer) {
   if (!layer.k || !layer.v) return invalid_argument("cuda: the layer's K or V pointer is null");
   if (layer.page_size != tiles::kPageSize)
@@ -272,7 +257,8 @@ Status finish_plan(Plan::Impl& P) {
   // one block of early exits, and a decode batch keeps its launch arguments for many steps.
   P.max_fixed = (P.max_fixed + kFixedQuantum - 1) / kFixedQuantum * kFixedQuantum;
   P.max_score_span = (P.max_score_span + kSpanQuantum - 1) / kSpanQuantum * kSpanQuantum;
-  P.score_tiles = score_tiles_per_block(P);
+  P.score_tiles = P.options.score_tiles_per_block > 0 ? P.options.score_tiles_per_block
+                                                      : tiles::kScoreFewTilesPerBlock;
   CISA_RETURN_IF_ERROR(plan_fused_select(P));
   CISA_RETURN_IF_ERROR(plan_topk_staged(P));
   CISA_RETURN_IF_ERROR(plan_attention(P));

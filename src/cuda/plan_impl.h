@@ -76,7 +76,7 @@ struct Plan::Impl {
   std::vector<int32_t> sel;  // lists that select
   std::vector<detail::ScoreStream> streams;
   int32_t max_score_span = 0, max_stream_lists = 0;  // largest eligible range of a stream
-  int32_t score_tiles = 1;   // tiles per block of the few-list scoring kernel (score.cuh)
+  int32_t score_tiles = 1;   // PlanOptions::score_tiles_per_block resolved (score.cuh)
   int fused_cluster = 0;     // > 0: scoring and top-k by select_fused.cu, clusters of this size
   bool topk_staged = false;  // top-k by topk_staged.cu (v7), one block a list
   PlanOptions options;       // the switches the plan was built with (run_attention reads them too)
@@ -122,9 +122,6 @@ struct Plan::Impl {
 
 // The current device's SM count (132 where it cannot be read).
 int device_sms();
-
-// PlanOptions::score_tiles_per_block resolved for the plan's streams (plan_build.cpp).
-int32_t score_tiles_per_block(const Plan::Impl& P);
 
 // PlanOptions::topk_cluster_min_scores resolved (-1: tiles::kTopkClusterMinScores).
 int topk_cluster_min_scores(const PlanOptions& options);

@@ -95,13 +95,19 @@ constexpr int kScoreFewLists = 8;
 // chunk; 512 chunks at d = 128 are 128 KB of representatives, 4 rounds of 8 loads per lane.
 constexpr int kScoreFewChunks = 512;
 // Tiles of kScoreFewChunks chunks a few-list block scores one after the other (blocks
-// blockIdx.x + i·gridDim.x), paying its setup once; 0: as many as fill one wave of blocks
-// (plan_build.cpp score_tiles_per_block). PlanOptions::score_tiles_per_block overrides it.
-constexpr int kScoreFewTilesPerBlock = 0;
+// blockIdx.x + i·gridDim.x), paying its setup once per block (PlanOptions::score_tiles_per_block
+// overrides it). Measured (H200, 2026-12-06, int8 decode scoring ms at 4:1 / 32:1 / 32:2, two
+// runs each): 1 tile 0.054 / 0.104–0.105 / 0.097–0.098, 2 tiles 0.052 / 0.103 / 0.093–0.095,
+// 4 tiles 0.059 / 0.100–0.103 / 0.093, 8 tiles 0.055–0.056 / 0.106–0.107 / 0.099, one wave of
+// blocks (6 / 11 / 6 tiles) 0.054–0.056 / 0.103–0.105 / 0.094. The register bound below, not
+// the loop, made most of the gain over the earlier kernel (0.065 / 0.126 / 0.118).
+constexpr int kScoreFewTilesPerBlock = 2;
 // Blocks per SM the few-list kernel asks of the register allocator for one list per stream (every
 // decode list), at 256 threads: int8 at most 80 registers a thread (3 blocks; unbounded it took
 // 112, two blocks an SM), bf16 at most 64 (4 blocks, as it had unbounded before the tile loop);
-// no spills at any head dim.
+// no spills at any head dim. With the keep flag read after the other setup reads (score.cu) it
+// took decode scoring from 0.065 to 0.054 ms (int8) and 0.087 to 0.078 (bf16) at 4:1 x 16
+// (H200, 2026-12-06, bench/results/decode_h200_2026-12-06/).
 constexpr int score_few_min_blocks(bool int8) {
   return int8 ? 3 : 4;
 }

@@ -140,8 +140,8 @@ struct PlanOptions {
   // clusters at any length (tests of both paths).
   int topk_cluster_min_scores = -1;
   // Tiles of 512 eligible chunks each block of the decode scoring kernel (streams of at most 8
-  // lists) scores, paying its setup once for all of them; 0: enough that its blocks fit one wave
-  // on the GPU. At most 1024 (A/B runs: `cisa bench layer --score-tiles n`).
+  // lists) scores, paying its setup once for all of them; 0 for tile_sizes.cuh's
+  // kScoreFewTilesPerBlock (2). At most 1024 (A/B runs: `cisa bench layer --score-tiles n`).
   int score_tiles_per_block = 0;
   // Top-k v7 (topk_staged.cu): where top-k would run one block a list (many lists: prefill), the
   // same block reads its list's scores once and keeps the keys' top 16 bits in shared memory,
