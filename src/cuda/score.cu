@@ -138,8 +138,10 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
 
 // Streams with at most kScoreFewLists lists (decode): a block takes tiles of kScoreFewChunks
 // chunks of one stream, tiles blockIdx.x, blockIdx.x + gridDim.x, ... (launch_score's
-// tiles_per_block of them at most), so its setup (the stream, its lists and their index queries:
-// four dependent reads before the first representative) is paid once for all of them. Each
+// tiles_per_block of them at most), so its setup (the stream; then its lists, the keep flag and
+// the first tile's page IDs, all issued before the flag is tested; then the index queries: three
+// dependent reads before the first representative, four before the flag moved) is paid once for
+// all of them. Each
 // tile's physical page IDs are read at once, coalesced, into shared memory (the next tile's into
 // registers while this tile is scored), so the representative loads that follow never wait on a
 // block-table load each (v2 was latency-bound on that dependent pair: 1.0 TB/s). A chunk's
