@@ -136,20 +136,19 @@ __global__ void __launch_bounds__(tiles::kScoreThreads)
   }
 }
 
-// Streams with at most kScoreFewLists lists (decode): a block takes tiles of kScoreFewChunks
-// chunks of one stream, tiles blockIdx.x, blockIdx.x + gridDim.x, ... (launch_score's
-// tiles_per_block of them at most), so its setup (the stream; then its lists, the keep flag and
-// the first tile's page IDs, all issued before the flag is tested; then the index queries: three
-// dependent reads before the first representative, four before the flag moved) is paid once for
-// all of them. Each
-// tile's physical page IDs are read at once, coalesced, into shared memory (the next tile's into
-// registers while this tile is scored), so the representative loads that follow never wait on a
-// block-table load each (v2 was latency-bound on that dependent pair: 1.0 TB/s). A chunk's
-// representative is then read by D/kChan lanes, 16 bytes (8 bf16 or 16 int8 channels,
-// rep_read.cuh) each, U loads in flight per lane before any arithmetic; q̄ lives in registers
-// (kChan channels per lane per list) and the partial sums meet by xor shuffles. One list per
-// stream (every decode list) bounds the registers for tiles::score_few_min_blocks blocks an SM:
-// int8 took 112 registers, two blocks an SM.
+// Streams with at most kScoreFewLists lists (decode): a block takes tiles of kScoreFewChunks chunks
+// of one stream, tiles blockIdx.x, blockIdx.x + gridDim.x, ... (launch_score's tiles_per_block of
+// them at most), so its setup (the stream; then its lists, the keep flag and the first tile's page
+// IDs, all issued before the flag is tested; then the index queries: three dependent reads before
+// the first representative, four before the flag moved) is paid once for all of them. Each tile's
+// physical page IDs are read at once, coalesced, into shared memory (the next tile's into registers
+// while this tile is scored), so the representative loads that follow never wait on a block-table
+// load each (v2 was latency-bound on that dependent pair: 1.0 TB/s). A chunk's representative is
+// then read by D/kChan lanes, 16 bytes (8 bf16 or 16 int8 channels, rep_read.cuh) each, U loads in
+// flight per lane before any arithmetic; q̄ lives in registers (kChan channels per lane per list)
+// and the partial sums meet by xor shuffles. One list per stream (every decode list) bounds the
+// registers for tiles::score_few_min_blocks blocks an SM: int8 took 112 registers, two blocks an
+// SM.
 template <int D, bool kQuest, int NL, bool kInt8>
 __global__ void __launch_bounds__(tiles::kScoreThreads,
                                   NL == 1 ? tiles::score_few_min_blocks(kInt8) : 1)
