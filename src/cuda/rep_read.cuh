@@ -71,46 +71,6 @@ __device__ __forceinline__ float lane_score(const float* q, const float* lo, con
   return acc;
 }
 
-// The xor reduction of U values at once over a chunk's lanes (offsets O, O/2, …, 1, as
-// `acc += __shfl_xor_sync(acc, o)` on each value), as a reduce-scatter: while a lane holds N > 1
-// values it keeps one half (the upper one where its lane bit O is set) and adds to it what its
-// partner sends of the same values, so every pairwise sum is the one the plain reduction forms,
-// in the same order (the same bits), with 2 · (N − 1) selects and N − 1 shuffles instead of
-// U · log2(2·O) shuffles. Leaves the sums of values reduce_scatter_first(sub) … + max(1, U / 2O) −
-// 1 in v[0 …]; once one value is left, the remaining offsets reduce it as before.
-template <int O, int N, int U>
-__device__ __forceinline__ void reduce_scatter_step(float (&v)[U], int sub) {
-  if constexpr (O > 0) {
-    if constexpr (N > 1) {
-      const bool up = (sub & O) != 0;
-#pragma unroll
-      for (int j = 0; j < N / 2; ++j) {
-        const float send = up ? v[j] : v[j + N / 2];
-        const float keep = up ? v[j + N / 2] : v[j];
-        v[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-      }
-      reduce_scatter_step<O / 2, N / 2, U>(v, sub);
-    } else {
-      v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
-      reduce_scatter_step<O / 2, 1, U>(v, sub);
-    }
-  }
-}
-template <int O, int U>
-__device__ __forceinline__ void reduce_scatter(float (&v)[U], int sub) {
-  reduce_scatter_step<O, U, U>(v, sub);
-}
-
-// The index of the first value whose sum reduce_scatter<O, U> leaves in lane sub's v[0].
-template <int O, int U>
-__device__ __forceinline__ int reduce_scatter_first(int sub) {
-  int first = 0, n = U;
-#pragma unroll
-  for (int o = O; o > 0 && n > 1; o >>= 1, n /= 2)
-    if (sub & o) first += n / 2;
-  return first;
-}
-
 // A chunk's score from its lanes' summed dot product: bf16 as before (times 1/√d), int8 times
 // the representative's scale 2^e first (exps[i]: its exponent, as loaded from the exponent bytes;
 // the decode kernels keep one int register per chunk, which a byte array would pack).

@@ -192,13 +192,6 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
   const int nl = min(NL, S.num_lists);
-  // One list: after the reduce-scatter (rep_read.cuh) this lane holds the sums of chunk slots
-  // first … first + NF − 1 of each round; with fewer slots than lanes (U < LPC) only one lane of
-  // each run of LPC / U holding the same slot stores it.
-  constexpr int NF = U >= LPC ? U / LPC : 1;
-  const int first = dev::reduce_scatter_first<LPC / 2, U>(sub);
-  constexpr int kRun = U >= LPC ? 1 : LPC / U;  // lanes that end with the same sums
-  const bool finisher = sub % kRun == 0;
   float q[NL][CH];
   int32_t end[NL];
   int64_t out[NL];
@@ -234,9 +227,7 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
     __syncthreads();
     for (int r0 = 0; r0 < nc; r0 += PER_ROUND) {
       uint4 lo[U], hi[kQuest ? U : 1];
-      // int8: a chunk's exponent, a register each (no byte packing); one list (NL = 1): the
-      // exponents of the NF chunks this lane finishes, else of every chunk, in lane sub = 0.
-      int ex[kInt8 ? (NL == 1 ? NF : U) : 1] = {};
+      int ex[kInt8 ? U : 1] = {};  // int8: each chunk's exponent (a register each: no byte packing)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = r0 + (warp * U + u) * CPL + grp;
@@ -247,55 +238,24 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
           const uint8_t* r = reps + rep * row_bytes + sub * 16;
           lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
           if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
-          if constexpr (kInt8 && NL > 1)
+          if constexpr (kInt8)
             if (sub == 0) ex[u] = __ldg(exps + rep);
         }
       }
-      if constexpr (kInt8 && NL == 1) {
 #pragma unroll
-        for (int j = 0; j < NF; ++j) {
-          const int c = r0 + (warp * U + first + j) * CPL + grp;
-          if (finisher && c < nc)
-            ex[j] = __ldg(exps + static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv);
-        }
-      }
-      if constexpr (NL == 1) {
-        // Every chunk's lane sums, then a reduce-scatter over the chunk's LPC lanes: the same
-        // pairwise sums as the xor reduction below, in the same order (bit for bit), but each
-        // lane ends with whole sums of its own NF chunks, so a warp's scores leave in one store.
-        float part[U];
+      for (int u = 0; u < U; ++u) {
+        const int c = r0 + (warp * U + u) * CPL + grp;
+        float rl[CH], rh[CH];
+        dev::unpack16<kInt8>(lo[u], rl);
+        if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float rl[CH], rh[CH];
-          dev::unpack16<kInt8>(lo[u], rl);
-          if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
-          part[u] = dev::lane_score<kQuest, CH>(q[0], rl, rh);
-        }
-        dev::reduce_scatter<LPC / 2, U>(part, sub);
+        for (int l = 0; l < NL; ++l) {
+          if (l >= nl) break;
+          float acc = dev::lane_score<kQuest, CH>(q[l], rl, rh);
 #pragma unroll
-        for (int j = 0; j < NF; ++j) {
-          const int c = r0 + (warp * U + first + j) * CPL + grp;
-          if (finisher && c < nc && c0 + c < end[0])
-            scores[out[0] + c0 + c] =
-                dev::finish_score<kInt8>(part[j], ex, kInt8 ? j : 0, inv_sqrt_d);
-        }
-      } else {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = r0 + (warp * U + u) * CPL + grp;
-          float rl[CH], rh[CH];
-          dev::unpack16<kInt8>(lo[u], rl);
-          if constexpr (kQuest) dev::unpack16<kInt8>(hi[u], rh);
-#pragma unroll
-          for (int l = 0; l < NL; ++l) {
-            if (l >= nl) break;
-            float acc = dev::lane_score<kQuest, CH>(q[l], rl, rh);
-#pragma unroll
-            for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (sub == 0 && c < nc && c0 + c < end[l])
-              scores[out[l] + c0 + c] =
-                  dev::finish_score<kInt8>(acc, ex, kInt8 ? u : 0, inv_sqrt_d);
-          }
+          for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+          if (sub == 0 && c < nc && c0 + c < end[l])
+            scores[out[l] + c0 + c] = dev::finish_score<kInt8>(acc, ex, kInt8 ? u : 0, inv_sqrt_d);
         }
       }
     }
