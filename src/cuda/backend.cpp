@@ -131,9 +131,9 @@ std::string Plan::kernels() const {
     s += "fused with scoring, clusters of " + std::to_string(P.fused_cluster);
   else if (P.topk_staged)
     s += "one block a list, keys staged in shared memory";
-  else if (detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
-                                          topk_cluster_min_scores(P.options)))
-    s += "in registers, clusters of " + std::to_string(tiles::kTopkCluster);
+  else if (P.topk_clusters > 0)
+    s += "in registers, clusters of " + std::to_string(tiles::kTopkCluster) + " (" +
+         std::to_string(P.topk_clusters) + " at once)";
   else
     s += "one block a list";
   return s;

@@ -205,6 +205,19 @@ Status plan_topk_staged(Plan::Impl& P) {
                      "cuda plan: top-k shared memory (staged)");
 }
 
+// Whether top-k runs register clusters (topk.cu), and how many of them the device runs at once.
+Status plan_topk_clusters(Plan::Impl& P) {
+  P.topk_clusters = 0;
+  if (P.fused_cluster > 0 || P.topk_staged || P.sel.empty() ||
+      !detail::topk_register_clusters(static_cast<int64_t>(P.sel.size()), P.max_score_span,
+                                      topk_cluster_min_scores(P.options)))
+    return Status::Ok();
+  P.topk_clusters = detail::prepare_topk_clusters();
+  if (P.topk_clusters < 1)
+    return internal_error("cuda plan: the top-k cluster kernel cannot run on this device");
+  return Status::Ok();
+}
+
 // Sizes the lists (already described in P.lists), score streams, attention work; uploads.
 Status finish_plan(Plan::Impl& P) {
   int64_t out = 0, score = 0;
@@ -261,6 +274,7 @@ Status finish_plan(Plan::Impl& P) {
                                                       : tiles::kScoreFewTilesPerBlock;
   CISA_RETURN_IF_ERROR(plan_fused_select(P));
   CISA_RETURN_IF_ERROR(plan_topk_staged(P));
+  CISA_RETURN_IF_ERROR(plan_topk_clusters(P));
   CISA_RETURN_IF_ERROR(plan_attention(P));
   CISA_RETURN_IF_ERROR(upload_metadata(P));
   const size_t ucap = static_cast<size_t>(std::max<int64_t>(1, P.union_capacity)) * sizeof(int32_t);

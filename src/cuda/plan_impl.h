@@ -79,6 +79,7 @@ struct Plan::Impl {
   int32_t score_tiles = 1;   // PlanOptions::score_tiles_per_block resolved (score.cuh)
   int fused_cluster = 0;     // > 0: scoring and top-k by select_fused.cu, clusters of this size
   bool topk_staged = false;  // top-k by topk_staged.cu (v7), one block a list
+  int topk_clusters = 0;     // > 0: top-k by register clusters (topk.cu), this many at once
   PlanOptions options;       // the switches the plan was built with (run_attention reads them too)
   SelectionParams params;    // plan_sparse's parameters (reuse reads budget, window, sinks, r)
   int64_t reuse_candidates = 0;  // lists with reuse_seq >= 0

@@ -136,6 +136,11 @@ constexpr int kScoreMmaThreads = 256;
 // 8 is the portable cluster size limit.
 constexpr int kTopkClusterThreads = 512;
 constexpr int kTopkCluster = 8;
+// Cluster blocks an SM holds (the kernel's register bound: 64 a thread at 2). At one (103
+// registers) a cluster of 8 took 8 SMs of one GPC, and ncu on an H100 counted 15 clusters at
+// once (GPCs of 14-18 SMs): the 16 lists of a 4:1 x 16 decode step ran in two waves, the 32 of
+// 32:1 in three (SMs active 48 % of the kernel's 41 µs, call5_h100_ncu of 2026-12-06).
+constexpr int kTopkClusterBlocksPerSm = 2;
 // Measured (H200, v3): clusters took decode top-k from 0.074 to 0.033 ms (16 lists) but prefill
 // from 1.14 to 1.96 ms (2,048 lists) and 0.15 to 0.25 ms (256 lists): clusters only up to 64
 // lists (512 blocks); beyond, one block of kTopkThreads per list.

@@ -47,11 +47,12 @@ __device__ __forceinline__ ListSlice list_slice(const ListDesc* __restrict__ lis
 // kCluster blocks of kThreads per list (kCluster = 1: one block, no cluster barriers); kCache
 // keys per thread held in registers (topk_radix.cuh).
 template <int kCluster, int kThreads, int kCache>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
-    topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
-                int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
-                const int32_t* __restrict__ keep) {
+__global__ void __cluster_dims__(kCluster, 1, 1)
+    __launch_bounds__(kThreads, kCluster > 1 ? tiles::kTopkClusterBlocksPerSm : 1)
+        topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                    const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
+                    int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
+                    const int32_t* __restrict__ keep) {
   dev::dependent_start();
   __shared__ TopkShared<kThreads> sh;
   const ListSlice x = list_slice<kCluster>(lists, sel, scores);
@@ -70,6 +71,33 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
 
 bool topk_register_clusters(int64_t num_sel, int64_t max_scores, int64_t cluster_min_scores) {
   return num_sel <= tiles::kTopkClusterMaxLists && max_scores >= cluster_min_scores;
+}
+
+int prepare_topk_clusters() {
+  constexpr int C = tiles::kTopkCluster, T = tiles::kTopkClusterThreads, K = tiles::kTopkCachedKeys;
+  auto* kernel = topk_kernel<C, T, K>;
+  // The driver sizes the shared-memory carveout for the blocks an SM can hold; asking for the
+  // largest one makes sure that the two blocks the register bound allows (~39 KB each) both fit.
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(C);
+  cfg.blockDim = dim3(T);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
 }
 
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,

@@ -24,6 +24,11 @@ cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t
 // list: at most tiles::kTopkClusterMaxLists lists, the longest of at least cluster_min_scores.
 bool topk_register_clusters(int64_t num_sel, int64_t max_scores, int64_t cluster_min_scores);
 
+// Prepares the cluster kernel (its shared-memory carveout, at plan time: not a stream operation)
+// and returns how many of its clusters the device runs at once (0 if the query fails). More lists
+// than that run in waves, each as long as one list's select.
+int prepare_topk_clusters();
+
 // v7 (PlanOptions::topk_staged, topk_staged.cu): one block a list, the keys' top 16 bits staged in
 // shared memory, the scores read once (lists of at most tiles::kTopkStagedMaxKeys eligible
 // chunks: topk_staged_fits). prepare_topk_staged sets the kernel's shared-memory attribute (at

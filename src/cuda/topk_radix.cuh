@@ -58,7 +58,9 @@ struct TopkShared {
 // the keys before the warp's row, and every kept key is written at once. The kept keys' page IDs
 // are read from the block table before the scan, so that read overlaps it. (The loop below read
 // the slice's keys again from memory, 8 a thread per round, and each kept key's page ID after two
-// scans: three dependent L2 round trips per round.)
+// scans: three dependent L2 round trips per round.) The ballots are taken again after the scan
+// rather than kept across it: two masks a key row held 32 registers, and without them a cluster
+// block fits in 64 registers, two blocks an SM (tiles::kTopkClusterBlocksPerSm).
 template <int kThreads, int kRegs>
 __device__ __forceinline__ void compact_cached(
     const ListDesc& L, int32_t lo, int32_t hi, uint32_t T, int need_eq, int base, int eq_base,
@@ -68,16 +70,15 @@ __device__ __forceinline__ void compact_cached(
   static_assert(kRegs <= kMaxCachedKeys && kRegs * W <= kThreads, "one scan entry per row·warp");
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const uint32_t before = (1u << lane) - 1u;  // the lanes before this one
-  uint32_t gt_mask[kRegs], eq_mask[kRegs];
   int32_t page[kRegs];
 #pragma unroll
   for (int j = 0; j < kRegs; ++j) {
     const int32_t i = lo + j * kThreads + tid;
     const bool valid = i < hi, gt = valid && cached[j] > T, eq = valid && cached[j] == T;
     page[j] = gt || eq ? table[L.elig_begin + i] : 0;
-    gt_mask[j] = __ballot_sync(0xffffffffu, gt);
-    eq_mask[j] = __ballot_sync(0xffffffffu, eq);
-    if (lane == 0) sh.row_counts[j * W + warp] = __popc(eq_mask[j]) << 16 | __popc(gt_mask[j]);
+    const uint32_t gt_mask = __ballot_sync(0xffffffffu, gt);
+    const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
+    if (lane == 0) sh.row_counts[j * W + warp] = __popc(eq_mask) << 16 | __popc(gt_mask);
   }
   __syncthreads();
   // At most kThreads · kCache ≤ 2^14 keys a slice: both counts fit their 16 bits.
@@ -91,10 +92,13 @@ __device__ __forceinline__ void compact_cached(
   const int avail = max(0, need_eq - eq_base);  // keys == T this slice may still take
 #pragma unroll
   for (int j = 0; j < kRegs; ++j) {
+    const bool valid = lo + j * kThreads + tid < hi;
+    const bool gt = valid && cached[j] > T, eq = valid && cached[j] == T;
+    const uint32_t gt_mask = __ballot_sync(0xffffffffu, gt);
+    const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
     const int pre = sh.row_counts[j * W + warp];
-    const int gt_before = (pre & 0xffff) + __popc(gt_mask[j] & before);
-    const int eq_before = (pre >> 16) + __popc(eq_mask[j] & before);
-    const bool gt = (gt_mask[j] >> lane) & 1u, eq = (eq_mask[j] >> lane) & 1u;
+    const int gt_before = (pre & 0xffff) + __popc(gt_mask & before);
+    const int eq_before = (pre >> 16) + __popc(eq_mask & before);
     if (gt || (eq && eq_before < avail)) {
       const int64_t at = out0 + base + gt_before + min(eq_before, avail);
       pages[at] = page[j];
