@@ -11,7 +11,8 @@
 # BASE_PRECS, default int8) run after ours in every repetition (layer_base_<precision>_<rep>.json):
 # an A/B on the same machine. AB_SETS: ';'-separated option sets of `cisa bench layer` run with our
 # binary at int8 after those, in every repetition (layer_int8_set<i>_<rep>.json). LAYER_REPS
-# (default 1) repeats the layer rows; NO_MODEL=1 skips the whole-model rows.
+# (default 1) repeats the layer rows; NO_MODEL=1 skips the whole-model rows. BASE2_XZ: a second
+# base binary, run at int8 after the first in every repetition (layer_base2_int8_<rep>.json).
 # Run on the device (carry .devbin):
 #   CISA_COMMIT=<label> PROBES=bench/score_read_probe NEW_ARGS="..." BASE_ARGS="..." \
 #     bash bench/scripts/gpu_decode_session.sh
@@ -27,16 +28,22 @@ BASE=
 if [ -f "${BASE_XZ:-.devbin/base/cisa.xz}" ]; then
   xz -dc "${BASE_XZ:-.devbin/base/cisa.xz}" >"$B/cisa_base" && chmod +x "$B/cisa_base" && BASE=$B/cisa_base
 fi
+BASE2=
+if [ -n "${BASE2_XZ:-}" ] && [ -f "$BASE2_XZ" ]; then
+  xz -dc "$BASE2_XZ" >"$B/cisa_base2" && chmod +x "$B/cisa_base2" && BASE2=$B/cisa_base2
+fi
 IFS=';' read -r -a sets <<<"${AB_SETS:-}"
 for rep in $(seq "${LAYER_REPS:-1}"); do
   sfx=; [ "$rep" -gt 1 ] && sfx=_$rep
   runs=(native int8)
   [ -n "$BASE" ] && for bp in ${BASE_PRECS:-int8}; do runs+=("base:$bp"); done
+  [ -n "$BASE2" ] && runs+=("base2:int8")
   for i in "${!sets[@]}"; do runs+=("set:$i"); done
   for r in "${runs[@]}"; do
     X=$B/cisa prec=$r dump=() extra=() name=layer_$r$sfx
     case $r in
       base:*) X=$BASE prec=${r#base:} name=layer_base_${r#base:}_$rep ;;
+      base2:*) X=$BASE2 prec=int8 name=layer_base2_int8_$rep ;;
       set:*) prec=int8 name=layer_int8_set${r#set:}_$rep
         read -r -a extra <<<"${sets[${r#set:}]}" ;;
     esac
@@ -45,7 +52,7 @@ for rep in $(seq "${LAYER_REPS:-1}"); do
       "${dump[@]}" "${extra[@]}" >"$L/$name.json" 2>"$L/$name.log"
     rc=$?  # before the date's command substitution below resets $?
     echo "[$(date +%H:%M:%S)] $name (${extra[*]}) rc=$rc" | tee -a "$L/session.log"
-    grep -E "cisa G=1" "$L/$name.log" | tee -a "$L/session.log"
+    grep -E "cisa G=1|cisa r=8|clusters of" "$L/$name.log" | tee -a "$L/session.log"
   done
 done
 PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/anchors_layer.py --commit "${CISA_COMMIT:-unknown}" \
