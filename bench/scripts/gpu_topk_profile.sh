@@ -2,8 +2,9 @@
 # ncu of the decode top-k cluster kernel (topk_kernel) in one `cisa bench layer` decode step, with
 # the SASS-level source counters (which instructions the warps stall on). Run after
 # gpu_prebuilt_session.sh or gpu_decode_session.sh has unpacked the binaries into
-# /tmp/prebuilt_bins (carry .devbin). Writes under $OUT/ncu_topk/: <name>.txt (the sections) and
-# <name>_sass.csv.xz (per-instruction samples) for our binary and, when present, each base binary.
+# /tmp/prebuilt_bins (carry .devbin). Writes $OUT/ncu_topk.tgz (the device returns few files) with
+# <name>.txt (the sections) and <name>_sass.csv (per-instruction samples) for our binary and, when
+# present, each base binary; the headline metrics go to stdout.
 # GEOMETRY (default 4:1) picks the layer geometry.
 set -u
 O=${OUT:-$PWD/gpu-topk-out}/ncu_topk
@@ -19,8 +20,9 @@ for name in cisa cisa_base cisa_base2; do
     --rep-precision int8 --iters 2 --warmup 1 >"$O/${name}_run.log" 2>&1
   echo "[$(date +%H:%M:%S)] ncu $name rc=$?"
   ncu --import "$O/$name.ncu-rep" >"$O/$name.txt" 2>&1
-  ncu --import "$O/$name.ncu-rep" --page source --print-source sass --csv 2>&1 | xz -9 >"$O/${name}_sass.csv.xz"
+  ncu --import "$O/$name.ncu-rep" --page source --print-source sass --csv >"$O/${name}_sass.csv" 2>&1
   rm -f "$O/$name.ncu-rep"
   grep -E "Duration|Elapsed Cycles|SM Active Cycles|Issued Warp|Max Active Clusters|Registers Per" \
     "$O/$name.txt"
 done
+tar -C "$O/.." -czf "$O.tgz" ncu_topk && rm -rf "$O"

@@ -43,7 +43,7 @@ constexpr int kMaxCachedKeys = 16;
 template <int kThreads>
 struct TopkShared {
   typename cub::BlockScan<int, kThreads>::TempStorage scan_tmp;
-  alignas(16) int hist[256 * 32];
+  int hist[256 * 32];
   int slice_hist[2][256];  // this block's histogram, double-buffered across passes
   int slice_count[2];      // keys > T and keys == T in this block's slice
   int pick_digit, pick_above;
@@ -108,7 +108,7 @@ __device__ __forceinline__ void compact_cached(
 }
 
 // Zeroes the lane-private histogram (every thread of the block calls this; a barrier follows
-// before the first count). Needed once a select: pick_digit leaves the histogram zeroed.
+// before the first count).
 template <int kThreads>
 __device__ __forceinline__ void clear_hist(TopkShared<kThreads>& sh) {
   for (int i = threadIdx.x; i < 256 * 32; i += kThreads) sh.hist[i] = 0;
@@ -116,9 +116,7 @@ __device__ __forceinline__ void clear_hist(TopkShared<kThreads>& sh) {
 
 // The digit of one radix pass, once every thread has counted its keys into sh.hist: the 32 lane
 // copies of each bin are summed into slice_hist[buf] (thread t sums digit t, starting at copy
-// t mod 32 so that a warp's reads hit 32 distinct banks) and zeroed by the thread that summed
-// them, so that the next pass counts into a clear histogram after the barriers below (no clear
-// and barrier of its own); after `barrier` (a cluster barrier when
+// t mod 32 so that a warp's reads hit 32 distinct banks); after `barrier` (a cluster barrier when
 // C > 1) the C blocks' slice histograms are summed through `remote`; the digit d is the one where
 // the count of keys with digit >= d first reaches `remaining`. Returns d (x) and the count of keys
 // with a larger digit (y), the same in every thread. (A block writes slice_hist[buf] again two
@@ -133,8 +131,6 @@ __device__ __forceinline__ int2 pick_digit(TopkShared<kThreads>& sh, int buf, in
     int c = 0;
     for (int j = 0; j < 32; ++j) c += sh.hist[tid * 32 + ((j + tid) & 31)];
     sh.slice_hist[buf][tid] = c;
-    int4* row = reinterpret_cast<int4*>(&sh.hist[tid * 32]);
-    for (int j = 0; j < 8; ++j) row[j] = make_int4(0, 0, 0, 0);
   }
   barrier();
   // Suffix sums over digits (thread t holds digit 255 - t).
@@ -209,10 +205,10 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
     for (int j = 0; j < kRegs; ++j) cached[j] = to_key(cached[j]);
   }
   if (!take_all) {
-    clear_hist(sh);  // later passes find it cleared by pick_digit
-    __syncthreads();
     int buf = 0;
     for (int shift = 24; shift >= 0; shift -= 8, buf ^= 1) {
+      clear_hist(sh);
+      __syncthreads();
       if (use_cache) {
 #pragma unroll
         for (int j = 0; j < kRegs; ++j)

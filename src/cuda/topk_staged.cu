@@ -116,8 +116,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int remaining = k;
     const int2 d1 = pick_digit(sh, 0, 1, remaining, block_barrier, own);
     remaining -= d1.y;
-    // 2. Radix pass 2 (bits 16-23) over the staged keys of pass 1's digit (pick_digit left the
-    // histogram cleared).
+    // 2. Radix pass 2 (bits 16-23) over the staged keys of pass 1's digit.
+    clear_hist(sh);
+    __syncthreads();
     for (int32_t i = tid * 8; i < n; i += kThreads * 8) {
       uint32_t valid;
       const uint4 h8 = staged8(hi16, i, n, &valid);
@@ -162,11 +163,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int c = j * kThreads + tid;
         ck[j] = c < nc ? key_at(cand[c]) : 0u;
       }
+      clear_hist(sh);
+      __syncthreads();
 #pragma unroll
       for (int j = 0; j < kCandPerThread; ++j)
         if (j * kThreads + tid < nc) atomicAdd(&sh.hist[((ck[j] >> 8) & 255u) * 32 + lane], 1);
       const int2 d3 = pick_digit(sh, 0, 1, remaining, block_barrier, own);
       remaining -= d3.y;
+      clear_hist(sh);
+      __syncthreads();
 #pragma unroll
       for (int j = 0; j < kCandPerThread; ++j)
         if (j * kThreads + tid < nc && ((ck[j] >> 8) & 255u) == static_cast<uint32_t>(d3.x))
