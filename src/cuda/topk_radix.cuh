@@ -36,9 +36,6 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// The most keys per thread radix_topk_slice holds in registers (kCache).
-constexpr int kMaxCachedKeys = 16;
-
 // The shared memory of radix_topk_slice (declared __shared__ by the kernel).
 template <int kThreads>
 struct TopkShared {
@@ -47,65 +44,7 @@ struct TopkShared {
   int slice_hist[2][256];  // this block's histogram, double-buffered across passes
   int slice_count[2];      // keys > T and keys == T in this block's slice
   int pick_digit, pick_above;
-  // The compaction of a slice held in registers: per (key row, warp), the counts of keys == T
-  // (high 16 bits) and > T (low 16 bits), then their exclusive prefix in index order.
-  int row_counts[kMaxCachedKeys * (kThreads / 32)];
 };
-
-// The ordered compaction of a slice whose keys are in registers (key j of a thread is slice index
-// lo + j·kThreads + tid, so index order is (j, thread) order): a ballot per key row gives each
-// key's rank among its warp's keys > T and == T, one block scan over the (row, warp) counts gives
-// the keys before the warp's row, and every kept key is written at once. The kept keys' page IDs
-// are read from the block table before the scan, so that read overlaps it. (The loop below read
-// the slice's keys again from memory, 8 a thread per round, and each kept key's page ID after two
-// scans: three dependent L2 round trips per round.) The ballots are taken again after the scan
-// rather than kept across it: two masks a key row held 32 registers, and without them a cluster
-// block fits in 64 registers, two blocks an SM (tiles::kTopkClusterBlocksPerSm).
-template <int kThreads, int kRegs>
-__device__ __forceinline__ void compact_cached(
-    const ListDesc& L, int32_t lo, int32_t hi, uint32_t T, int need_eq, int base, int eq_base,
-    const uint32_t (&cached)[kRegs], const int32_t* __restrict__ table, int32_t* __restrict__ pages,
-    int32_t* __restrict__ chunks, TopkShared<kThreads>& sh) {
-  constexpr int W = kThreads / 32;
-  static_assert(kRegs <= kMaxCachedKeys && kRegs * W <= kThreads, "one scan entry per row·warp");
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const uint32_t before = (1u << lane) - 1u;  // the lanes before this one
-  int32_t page[kRegs];
-#pragma unroll
-  for (int j = 0; j < kRegs; ++j) {
-    const int32_t i = lo + j * kThreads + tid;
-    const bool valid = i < hi, gt = valid && cached[j] > T, eq = valid && cached[j] == T;
-    page[j] = gt || eq ? table[L.elig_begin + i] : 0;
-    const uint32_t gt_mask = __ballot_sync(0xffffffffu, gt);
-    const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
-    if (lane == 0) sh.row_counts[j * W + warp] = __popc(eq_mask) << 16 | __popc(gt_mask);
-  }
-  __syncthreads();
-  // At most kThreads · kCache ≤ 2^14 keys a slice: both counts fit their 16 bits.
-  int prefix;
-  cub::BlockScan<int, kThreads>(sh.scan_tmp)
-      .ExclusiveSum(tid < kRegs * W ? sh.row_counts[tid] : 0, prefix);
-  __syncthreads();
-  if (tid < kRegs * W) sh.row_counts[tid] = prefix;
-  __syncthreads();
-  const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  const int avail = max(0, need_eq - eq_base);  // keys == T this slice may still take
-#pragma unroll
-  for (int j = 0; j < kRegs; ++j) {
-    const bool valid = lo + j * kThreads + tid < hi;
-    const bool gt = valid && cached[j] > T, eq = valid && cached[j] == T;
-    const uint32_t gt_mask = __ballot_sync(0xffffffffu, gt);
-    const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
-    const int pre = sh.row_counts[j * W + warp];
-    const int gt_before = (pre & 0xffff) + __popc(gt_mask & before);
-    const int eq_before = (pre >> 16) + __popc(eq_mask & before);
-    if (gt || (eq && eq_before < avail)) {
-      const int64_t at = out0 + base + gt_before + min(eq_before, avail);
-      pages[at] = page[j];
-      chunks[at] = L.elig_begin + lo + j * kThreads + tid;
-    }
-  }
-}
 
 // Zeroes the lane-private histogram (every thread of the block calls this; a barrier follows
 // before the first count).
@@ -156,12 +95,9 @@ __device__ __forceinline__ int2 pick_digit(TopkShared<kThreads>& sh, int buf, in
 // calls so that a pass issues its kLoads reads before it converts any (a read followed by its
 // conversion under the bounds check made each read wait for the one before: top-k at 2 x 1M
 // took 37 instead of 25 µs per layer). kClustered: the C blocks of the list form a cluster
-// (C = 1 needs no barrier between blocks). kCache > 0: a slice of at most kThreads · kCache
-// keys is read once into registers (key j of a thread is lo + j·kThreads + tid) and the four
-// radix passes and the slice counts use those, instead of reading the slice again in every pass
-// (two dependent L2 round trips per pass at 2 x 1M); a longer slice reads as without it. Every
-// thread of the block calls this.
-template <int kThreads, bool kClustered, int kCache = 0, class Load, class ToKey>
+// (C = 1 needs no barrier between blocks). Every thread of the block calls this. (A cluster
+// whose slices fit its registers selects by topk_cluster.cuh instead.)
+template <int kThreads, bool kClustered, class Load, class ToKey>
 __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, int32_t hi,
                                                  int rank, int C, Load load, ToKey to_key,
                                                  const int32_t* __restrict__ table,
@@ -192,31 +128,12 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
   uint32_t prefix = 0, mask = 0;
   int remaining = k;  // how many of the top k are still to be found among keys matching prefix
   const bool take_all = k >= n;
-  constexpr int kRegs = kCache > 0 ? kCache : 1;
-  uint32_t cached[kRegs];  // the slice's keys when use_cache (indices ≥ hi hold 0 and are skipped)
-  const bool use_cache = kCache > 0 && !take_all && hi - lo <= kThreads * kCache;
-  if (use_cache) {
-#pragma unroll
-    for (int j = 0; j < kRegs; ++j) {
-      const int32_t i = lo + j * kThreads + tid;
-      cached[j] = i < hi ? load(i) : 0u;
-    }
-#pragma unroll
-    for (int j = 0; j < kRegs; ++j) cached[j] = to_key(cached[j]);
-  }
   if (!take_all) {
     int buf = 0;
     for (int shift = 24; shift >= 0; shift -= 8, buf ^= 1) {
       clear_hist(sh);
       __syncthreads();
-      if (use_cache) {
-#pragma unroll
-        for (int j = 0; j < kRegs; ++j)
-          if (lo + j * kThreads + tid < hi && (cached[j] & mask) == prefix)
-            atomicAdd(&sh.hist[((cached[j] >> shift) & 255u) * 32 + lane], 1);
-      }
-      // Without the register copy, the slice is read again (from hi on: no trip with it).
-      for (int32_t i0 = use_cache ? hi : lo; i0 < hi; i0 += kThreads * kLoads) {
+      for (int32_t i0 = lo; i0 < hi; i0 += kThreads * kLoads) {
         uint32_t raw[kLoads];
 #pragma unroll
         for (int j = 0; j < kLoads; ++j) {
@@ -243,14 +160,7 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
   int base = 0, eq_base = 0;
   if (C > 1) {
     int n_gt = 0, n_eq_slice = 0;
-    if (use_cache) {
-#pragma unroll
-      for (int j = 0; j < kRegs; ++j) {
-        const bool valid = lo + j * kThreads + tid < hi;
-        n_gt += valid && cached[j] > T ? 1 : 0;
-        n_eq_slice += valid && cached[j] == T ? 1 : 0;
-      }
-    } else if (!take_all) {
+    if (!take_all) {
       for (int32_t i = lo + tid; i < hi; i += kThreads) {
         const uint32_t key = to_key(load(i));
         n_gt += key > T ? 1 : 0;
@@ -275,13 +185,6 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
     barrier();  // no block leaves (freeing its shared memory) while another still reads it
   }
 
-  if constexpr (kCache > 0) {
-    if (use_cache) {
-      compact_cached<kThreads, kRegs>(L, lo, hi, T, need_eq, base, eq_base, cached, table, pages,
-                                      chunks, sh);
-      return;
-    }
-  }
   for (int32_t i0 = lo; i0 < hi; i0 += kThreads * kItems) {
     const int32_t first = i0 + tid * kItems;
     uint32_t key[kItems];

@@ -483,23 +483,27 @@ void ties_and_nan_follow_the_spec_order(RepPrecision prec) {
   // prefill kernel, tensor cores with its f32 path for non-finite representatives), then one
   // decode query (one list).
   // The decode query also runs the fused selection (select_fused.cu).
-  // Each also takes top-k on the one-block kernel and staged (v7).
+  // Each also takes top-k on the one-block kernel, staged (v7) and in register clusters (v8,
+  // whose slices of ~37 keys here put the tied keys of the threshold in several blocks).
   for (int64_t count : {64, 160, 1})
-    for (const int variant : {0, 1, 2})  // 0: one block; 1: staged (v7); 2: fused selection
+    // 0: one block; 1: staged (v7); 2: fused selection; 3: register clusters (v8)
+    for (const int variant : {0, 1, 2, 3})
       for (int64_t budget : {10, 97, 150}) {
         const int fused = variant == 2 ? -1 : 0;
-        const bool staged = variant == 1;
+        const bool staged = variant == 1, clusters = variant == 3;
         if (fused != 0 && count != 1) continue;
         SCOPED_TRACE("queries " + std::to_string(count) + (fused ? ", fused selection" : "") +
-                     (staged ? ", top-k staged" : ""));
+                     (staged ? ", top-k staged" : "") + (clusters ? ", top-k clusters" : ""));
         s.batch = {{seq, n - count, static_cast<int32_t>(count)}};
         SelectionParams p{.budget = budget, .window = 8, .qshare = 16};
+        cuda::PlanOptions options{.topk_staged = staged, .fused_select_cluster = fused};
+        if (clusters) options.topk_cluster_min_scores = 0;
         cuda::Plan plan;
-        ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan,
-                                      {.topk_staged = staged, .fused_select_cluster = fused})
-                        .ok());
+        ASSERT_TRUE(
+            cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 2, p, &plan, options).ok());
         ASSERT_EQ(plan.impl()->fused_cluster > 0, fused != 0);
         ASSERT_EQ(plan.impl()->topk_staged, staged);
+        ASSERT_EQ(plan.impl()->topk_clusters > 0, clusters);
         DevVec<float> iq;
         iq.upload(s.index_q);
         PageLists gpu, cpu;

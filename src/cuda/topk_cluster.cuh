@@ -1,0 +1,239 @@
+// The radix select of a decode list by a cluster of blocks whose slices of the list's keys sit in
+// registers (topk.cu's cluster kernel, v8). The same select as topk_radix.cuh's — four 8-bit
+// passes find the k-th largest order key T and how many keys equal to T are kept, and the kept
+// keys are written in index order — with the cluster's exchanges pushed instead of pulled:
+//
+// - A pass's histogram: each block adds its slice's nonzero bin counts into every block's
+//   `totals` (remote reductions into distributed shared memory) before one cluster barrier;
+//   after it, each block finds its digit in its own shared memory. (v3-v7 had every block read
+//   the C slice histograms of all blocks after the barrier, then run a block scan and three
+//   more block barriers.)
+// - The digit: every warp scans the 256 totals itself (8 bins a lane, one warp suffix scan), so
+//   that the pass needs no block barrier after the cluster barrier.
+// - The lane-private histograms and the totals are double-buffered across passes: a pass clears
+//   the buffers the next pass counts into, which were last read before this pass's barriers.
+// - The slice counts of the compaction: each block stores its counts of keys > T and == T in the
+//   blocks ranked after it, arrives at the cluster barrier, scans its own rows while the barrier
+//   completes, and no block reads another's shared memory afterwards (v5-v7 needed a second
+//   cluster barrier so that no block left while another still read it).
+//
+// The first pass counts while the cluster barrier that orders the zeroed buffers completes (its
+// arrival comes before the key loads). ncu of v7 on an H100 (bench/results/topk_waves_2026-12-06)
+// put 20 % of the warps' samples at the cluster barriers and 17 % in the block scan and barriers
+// after each.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "plan_types.h"
+#include "topk_radix.cuh"
+
+namespace cisa::cuda::detail {
+
+// The most keys per thread cluster_select holds in registers (kCache).
+constexpr int kMaxCachedKeys = 16;
+
+namespace cluster_dsm {
+
+// The shared::cluster address of `p` (this block's shared memory) in the block of rank r.
+__device__ __forceinline__ uint32_t addr_in(const void* p, int r) {
+  const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(r));
+  return remote;
+}
+
+__device__ __forceinline__ void add(uint32_t addr, int v) {
+  asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;" ::"r"(addr), "r"(v)
+               : "memory");
+}
+
+__device__ __forceinline__ void store2(uint32_t addr, int a, int b) {
+  asm volatile("st.shared::cluster.v2.s32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
+
+// The two halves of a cluster barrier: arrive publishes this thread's earlier writes (release),
+// wait returns once every thread of the cluster has arrived and makes theirs visible (acquire).
+__device__ __forceinline__ void arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+}  // namespace cluster_dsm
+
+template <int kThreads, int kCluster>
+struct ClusterTopkShared {
+  int hist[2][256 * 32];  // lane-private counts (bin b of lane j at [b·32 + j]), per pass parity
+  alignas(16) int totals[2][256];  // the cluster's counts of a pass, added by every block
+  int2 counts[kCluster];  // (keys > T, keys == T) of the slices ranked before this block's
+  int slice_gt, slice_eq;
+  // Per (key row, warp): the counts of keys == T (high 16 bits) and > T (low 16 bits), then
+  // their exclusive prefix in index order.
+  int row_counts[kMaxCachedKeys * (kThreads / 32)];
+  typename cub::BlockScan<int, kThreads>::TempStorage scan_tmp;
+};
+
+// The digit d of a pass from the cluster's 256 bin totals: the one where the count of keys with
+// digit >= d first reaches `remaining`; also the count of keys with a larger digit. Computed by
+// every warp alike (lane l holds digits 8l..8l+7), so no barrier follows it.
+__device__ __forceinline__ int2 pick_from_totals(const int* __restrict__ totals, int remaining) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int4 a = reinterpret_cast<const int4*>(totals)[lane * 2];
+  const int4 b = reinterpret_cast<const int4*>(totals)[lane * 2 + 1];
+  const int bins[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  int own = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) own += bins[j];
+  int incl = own;  // keys with digit >= 8·lane
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int v = __shfl_down_sync(0xffffffffu, incl, off);
+    if (lane + off < 32) incl += v;
+  }
+  // Lanes whose digits reach `remaining` form a prefix 0..L; the digit lies in lane L's eight.
+  const uint32_t reach = __ballot_sync(0xffffffffu, incl >= remaining);
+  const int L = 31 - __clz(static_cast<int>(reach));
+  int digit = 0, above = 0;
+  if (lane == L) {
+    int acc = incl - own;  // keys with digit >= 8·(L + 1)
+#pragma unroll
+    for (int j = 7; j >= 0; --j) {
+      if (acc + bins[j] >= remaining) {
+        digit = 8 * L + j;
+        above = acc;
+        break;
+      }
+      acc += bins[j];
+    }
+  }
+  return make_int2(__shfl_sync(0xffffffffu, digit, L), __shfl_sync(0xffffffffu, above, L));
+}
+
+// Selects list L's top L.k keys by the C = kCluster blocks of a cluster, block `rank` owning
+// slice [lo, hi) of its eligible range (indices relative to L.elig_begin) and writing its kept
+// keys' page IDs and chunk indices into the list's selected part. Preconditions, uniform across
+// the cluster: L.k < the range's length, and every slice holds at most kThreads · kCache keys
+// (key j of a thread is lo + j·kThreads + tid). load(i) reads score i. Every thread of every
+// block of the cluster calls this.
+template <int kThreads, int kCluster, int kCache, class Load>
+__device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, int32_t hi, int rank,
+                                               Load load, const int32_t* __restrict__ table,
+                                               int32_t* __restrict__ pages,
+                                               int32_t* __restrict__ chunks,
+                                               ClusterTopkShared<kThreads, kCluster>& sh) {
+  namespace dsm = cluster_dsm;
+  constexpr int W = kThreads / 32;
+  static_assert(kCache <= kMaxCachedKeys && kCache * W <= kThreads, "one scan entry per row·warp");
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+
+  // Zero what the first pass counts into, then arrive: the barrier completes while the keys load.
+  for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[0][i] = 0;
+  if (tid < 256) sh.totals[0][tid] = 0;
+  if (tid == 0) sh.slice_gt = sh.slice_eq = 0;
+  dsm::arrive();
+  // All of a thread's reads are issued before the first conversion waits for one.
+  float v[kCache];
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int32_t i = lo + j * kThreads + tid;
+    v[j] = i < hi ? load(i) : 0.0f;
+  }
+  uint32_t key[kCache];  // entries past the slice hold 0; every use below tests the bound
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) key[j] = order_key(v[j]);
+  dsm::wait();
+
+  uint32_t prefix = 0, mask = 0;
+  int remaining = L.k;  // how many of the top k are still to be found among keys matching prefix
+#pragma unroll 1
+  for (int pass = 0; pass < 4; ++pass) {
+    const int b = pass & 1, shift = 24 - 8 * pass;
+#pragma unroll
+    for (int j = 0; j < kCache; ++j)
+      if (lo + j * kThreads + tid < hi && (key[j] & mask) == prefix)
+        atomicAdd(&sh.hist[b][((key[j] >> shift) & 255u) * 32 + lane], 1);
+    // The next pass's lane-private buffer: last summed before the previous cluster barrier.
+    for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[b ^ 1][i] = 0;
+    __syncthreads();  // every count of this pass is in hist[b]
+    if (tid < 256) {
+      int c = 0;
+      for (int j = 0; j < 32; ++j) c += sh.hist[b][tid * 32 + ((j + tid) & 31)];
+      if (c != 0)
+        for (int r = 0; r < kCluster; ++r) dsm::add(dsm::addr_in(&sh.totals[b][tid], r), c);
+      // The next pass's totals: this block's warps read them last in the previous pass (before
+      // the barrier above); the other blocks add into them only after the barrier below.
+      sh.totals[b ^ 1][tid] = 0;
+    }
+    dsm::arrive();
+    dsm::wait();
+    const int2 picked = pick_from_totals(sh.totals[b], remaining);
+    remaining -= picked.y;
+    prefix |= static_cast<uint32_t>(picked.x) << shift;
+    mask |= 255u << shift;
+  }
+  const uint32_t T = prefix;
+  const int need_eq = remaining;  // keys == T the list keeps, the first in index order
+
+  // This slice's kept candidates: their page IDs (read now, so that the reads overlap the
+  // exchange below) and per (row, warp) counts; the slice's totals.
+  int32_t page[kCache];
+  int warp_gt = 0, warp_eq = 0;
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int32_t i = lo + j * kThreads + tid;
+    const bool valid = i < hi, gt = valid && key[j] > T, eq = valid && key[j] == T;
+    page[j] = gt || eq ? table[L.elig_begin + i] : 0;
+    const int n_gt = __popc(__ballot_sync(0xffffffffu, gt));
+    const int n_eq = __popc(__ballot_sync(0xffffffffu, eq));
+    if (lane == 0) sh.row_counts[j * W + warp] = n_eq << 16 | n_gt;
+    warp_gt += n_gt;
+    warp_eq += n_eq;
+  }
+  if (lane == 0) {
+    if (warp_gt) atomicAdd(&sh.slice_gt, warp_gt);
+    if (warp_eq) atomicAdd(&sh.slice_eq, warp_eq);
+  }
+  __syncthreads();
+  // The slice's counts go to every block ranked after this one (kept keys are taken in index
+  // order, and slices are in rank order).
+  if (tid > rank && tid < kCluster)
+    dsm::store2(dsm::addr_in(&sh.counts[rank], tid), sh.slice_gt, sh.slice_eq);
+  dsm::arrive();
+  // The rows' offsets within the slice while the counts travel. At most kThreads · kCache ≤ 2^14
+  // keys a slice: both counts fit their 16 bits.
+  int row_prefix;
+  cub::BlockScan<int, kThreads>(sh.scan_tmp)
+      .ExclusiveSum(tid < kCache * W ? sh.row_counts[tid] : 0, row_prefix);
+  __syncthreads();
+  if (tid < kCache * W) sh.row_counts[tid] = row_prefix;
+  __syncthreads();
+  dsm::wait();
+  int base = 0, eq_base = 0;  // keys taken, and keys == T seen, in the slices before this one
+  for (int r = 0; r < rank; ++r) {
+    const int2 c = sh.counts[r];
+    base += c.x + min(c.y, max(0, need_eq - eq_base));
+    eq_base += c.y;
+  }
+  const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
+  const int avail = max(0, need_eq - eq_base);  // keys == T this slice may still take
+  const uint32_t before = (1u << lane) - 1u;    // the lanes before this one
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int32_t i = lo + j * kThreads + tid;
+    const bool valid = i < hi, gt = valid && key[j] > T, eq = valid && key[j] == T;
+    const uint32_t gt_mask = __ballot_sync(0xffffffffu, gt);
+    const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
+    const int pre = sh.row_counts[j * W + warp];
+    const int gt_before = (pre & 0xffff) + __popc(gt_mask & before);
+    const int eq_before = (pre >> 16) + __popc(eq_mask & before);
+    if (gt || (eq && eq_before < avail)) {
+      const int64_t at = out0 + base + gt_before + min(eq_before, avail);
+      pages[at] = page[j];
+      chunks[at] = L.elig_begin + i;
+    }
+  }
+}
+
+}  // namespace cisa::cuda::detail
