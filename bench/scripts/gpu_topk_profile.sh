@@ -11,9 +11,9 @@ O=${OUT:-$PWD/gpu-topk-out}/ncu_topk
 B=/tmp/prebuilt_bins
 mkdir -p "$O"
 export LD_LIBRARY_PATH=$PWD/.devbin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for name in cisa cisa_base cisa_base2; do
+for name in ${PROFILE_BINS:-cisa cisa_base cisa_base2}; do
   [ -x "$B/$name" ] || continue
-  timeout 240 ncu --kernel-name regex:"topk_kernel" --launch-skip 2 --launch-count 1 \
+  timeout 240 ncu --kernel-name regex:"topk_(cluster_)?kernel" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
     --section LaunchStats --section SourceCounters --export "$O/$name" --force-overwrite \
     "$B/$name" bench layer --backend cuda --phase decode --geometry "${GEOMETRY:-4:1}" \

@@ -83,9 +83,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1)
                             const float* __restrict__ scores,
                             const int32_t* __restrict__ block_pages, int32_t* __restrict__ pages,
                             int32_t* __restrict__ chunks, const int32_t* __restrict__ keep) {
-  dev::dependent_start();
   extern __shared__ __align__(16) unsigned char smem[];
+  // The list descriptors are the plan's, uploaded before the step and written by no kernel: they
+  // are read before the wait for the scoring kernel, so that a block launched early (pdl.cuh)
+  // has them when the scores are ready.
   const ListSlice x = list_slice<kCluster>(lists, sel, scores);
+  dev::dependent_start();
   // Every block of a list that keeps its selection leaves before the first cluster barrier.
   if (keep && keep[sel[blockIdx.x / kCluster]]) return;
   const float* s = x.s;
