@@ -1,26 +1,27 @@
 // The radix select of a decode list by a cluster of blocks whose slices of the list's keys sit in
-// registers (topk.cu's cluster kernel, v8). The same select as topk_radix.cuh's — four 8-bit
-// passes find the k-th largest order key T and how many keys equal to T are kept, and the kept
-// keys are written in index order — with the cluster's exchanges pushed instead of pulled:
+// registers (topk.cu's cluster kernel). The same select as topk_radix.cuh's — four 8-bit passes
+// find the k-th largest order key T and how many keys equal to T are kept, and the kept keys are
+// written in index order — with the cluster's exchanges pushed, not pulled, and awaited on
+// transaction barriers instead of cluster barriers:
 //
-// - A pass's histogram: each block adds its slice's nonzero bin counts into every block's
-//   `totals` (remote reductions into distributed shared memory) before one cluster barrier;
-//   after it, each block finds its digit in its own shared memory. (v3-v7 had every block read
-//   the C slice histograms of all blocks after the barrier, then run a block scan and three
-//   more block barriers.)
-// - The digit: every warp scans the 256 totals itself (8 bins a lane, one warp suffix scan), so
-//   that the pass needs no block barrier after the cluster barrier.
-// - The lane-private histograms and the totals are double-buffered across passes: a pass clears
-//   the buffers the next pass counts into, which were last read before this pass's barriers.
+// - A pass's histogram: each block stores its slice's 256 bin counts into its own slot of every
+//   block's shared memory (st.async, counted in bytes by the receiver's mbarrier of that pass
+//   parity); each block waits for its 8 KB, sums the slots and finds the digit. v8 added the
+//   counts into remote totals and waited at a cluster barrier, whose release took a GPU-wide
+//   memory barrier (MEMBAR.ALL.GPU, ERRBAR: 19 % of the warps' samples in ncu). v3-v7 had every
+//   block read the slice histograms of all blocks after a cluster barrier, then run a block scan
+//   and three more block barriers.
+// - The digit: every warp scans the 256 totals itself (8 bins a lane, one warp suffix scan).
+// - The lane-private histograms and the slots are double-buffered across passes: a pass clears
+//   the histogram the next pass counts into, and a block can only store into a slot of parity b
+//   for pass p + 2 after it has received this block's counts of pass p + 1, which this block
+//   sends after it has summed the slot for pass p.
 // - The slice counts of the compaction: each block stores its counts of keys > T and == T in the
-//   blocks ranked after it, arrives at the cluster barrier, scans its own rows while the barrier
-//   completes, and no block reads another's shared memory afterwards (v5-v7 needed a second
-//   cluster barrier so that no block left while another still read it).
+//   blocks ranked after it (another mbarrier), scans its own rows while they travel, and no block
+//   reads another's shared memory.
 //
-// The first pass counts while the cluster barrier that orders the zeroed buffers completes (its
-// arrival comes before the key loads). ncu of v7 on an H100 (bench/results/topk_waves_2026-12-06)
-// put 20 % of the warps' samples at the cluster barriers and 17 % in the block scan and barriers
-// after each.
+// One cluster barrier remains, at the start (all blocks running, the mbarriers initialised); its
+// arrival comes before the key loads, so it completes while they are in flight.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -43,13 +44,50 @@ __device__ __forceinline__ uint32_t addr_in(const void* p, int r) {
   return remote;
 }
 
-__device__ __forceinline__ void add(uint32_t addr, int v) {
-  asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;" ::"r"(addr), "r"(v)
-               : "memory");
+__device__ __forceinline__ uint32_t local(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void store2(uint32_t addr, int a, int b) {
-  asm volatile("st.shared::cluster.v2.s32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
+// Stores to another block's shared memory (addr), counted in bytes by that block's mbarrier
+// (bar, also a shared::cluster address).
+__device__ __forceinline__ void store_async(uint32_t addr, int v, uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.s32 [%0], %1, [%2];" ::"r"(addr),
+      "r"(v), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void store_async2(uint32_t addr, int a, int b, uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.s32 [%0], {%1, %2}, [%3];" ::"r"(
+          addr),
+      "r"(a), "r"(b), "r"(bar)
+      : "memory");
+}
+
+// A transaction barrier of one arrival (this block's thread 0) and a byte count.
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(local(bar)) : "memory");
+}
+// Makes the initialised barriers visible to the cluster's other blocks (before a cluster barrier).
+__device__ __forceinline__ void bar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// The arrival of the barrier's current phase, which then completes once `bytes` have come.
+__device__ __forceinline__ void bar_expect(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(local(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of the given parity has completed; what was stored for it is visible.
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(local(bar)), "r"(parity)
+        : "memory");
 }
 
 // The two halves of a cluster barrier: arrive publishes this thread's earlier writes (release),
@@ -65,9 +103,12 @@ __device__ __forceinline__ void wait() {
 
 template <int kThreads, int kCluster>
 struct ClusterTopkShared {
-  int hist[2][256 * 32];  // lane-private counts (bin b of lane j at [b·32 + j]), per pass parity
-  alignas(16) int totals[2][256];  // the cluster's counts of a pass, added by every block
-  int2 counts[kCluster];  // (keys > T, keys == T) of the slices ranked before this block's
+  int hist[2][256 * 32];            // lane-private counts (bin b of lane j at [b·32 + j])
+  int slot[2][kCluster][256];       // each block's slice histogram of a pass, per pass parity
+  alignas(16) int totals[256];      // the cluster's counts of the current pass
+  int2 counts[kCluster];            // (keys > T, keys == T) of the slices ranked before this one
+  alignas(8) uint64_t pass_bar[2];  // the slots' transaction barriers, per pass parity
+  alignas(8) uint64_t counts_bar;   // counts' transaction barrier
   int slice_gt, slice_eq;
   // Per (key row, warp): the counts of keys == T (high 16 bits) and > T (low 16 bits), then
   // their exclusive prefix in index order.
@@ -128,10 +169,21 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
   static_assert(kCache <= kMaxCachedKeys && kCache * W <= kThreads, "one scan entry per row·warp");
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
 
-  // Zero what the first pass counts into, then arrive: the barrier completes while the keys load.
+  constexpr int kPassBytes = kCluster * 256 * static_cast<int>(sizeof(int));
+  if (tid == 0) {
+    dsm::bar_init(&sh.pass_bar[0]);
+    dsm::bar_init(&sh.pass_bar[1]);
+    dsm::bar_init(&sh.counts_bar);
+    dsm::bar_init_fence();
+    // Passes 0 and 1, and the counts of the slices before this one (8 bytes each).
+    dsm::bar_expect(&sh.pass_bar[0], kPassBytes);
+    dsm::bar_expect(&sh.pass_bar[1], kPassBytes);
+    dsm::bar_expect(&sh.counts_bar, rank * static_cast<int>(sizeof(int2)));
+    sh.slice_gt = sh.slice_eq = 0;
+  }
   for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[0][i] = 0;
-  if (tid < 256) sh.totals[0][tid] = 0;
-  if (tid == 0) sh.slice_gt = sh.slice_eq = 0;
+  // Every block running and its barriers initialised before any block stores into another; the
+  // barrier completes while the keys load.
   dsm::arrive();
   // All of a thread's reads are issued before the first conversion waits for one.
   float v[kCache];
@@ -154,21 +206,26 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
     for (int j = 0; j < kCache; ++j)
       if (lo + j * kThreads + tid < hi && (key[j] & mask) == prefix)
         atomicAdd(&sh.hist[b][((key[j] >> shift) & 255u) * 32 + lane], 1);
-    // The next pass's lane-private buffer: last summed before the previous cluster barrier.
+    // The next pass's lane-private counts: last summed before this block's previous wait.
     for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[b ^ 1][i] = 0;
     __syncthreads();  // every count of this pass is in hist[b]
     if (tid < 256) {
       int c = 0;
       for (int j = 0; j < 32; ++j) c += sh.hist[b][tid * 32 + ((j + tid) & 31)];
-      if (c != 0)
-        for (int r = 0; r < kCluster; ++r) dsm::add(dsm::addr_in(&sh.totals[b][tid], r), c);
-      // The next pass's totals: this block's warps read them last in the previous pass (before
-      // the barrier above); the other blocks add into them only after the barrier below.
-      sh.totals[b ^ 1][tid] = 0;
+      for (int r = 0; r < kCluster; ++r)
+        dsm::store_async(dsm::addr_in(&sh.slot[b][rank][tid], r), c,
+                         dsm::addr_in(&sh.pass_bar[b], r));
     }
-    dsm::arrive();
-    dsm::wait();
-    const int2 picked = pick_from_totals(sh.totals[b], remaining);
+    dsm::bar_wait(&sh.pass_bar[b], static_cast<uint32_t>(pass >> 1) & 1u);
+    if (tid == 0 && pass + 2 < 4) dsm::bar_expect(&sh.pass_bar[b], kPassBytes);
+    if (tid < 256) {
+      int t = 0;
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) t += sh.slot[b][r][tid];
+      sh.totals[tid] = t;
+    }
+    __syncthreads();  // (the warps' picks of the previous pass read totals before the first)
+    const int2 picked = pick_from_totals(sh.totals, remaining);
     remaining -= picked.y;
     prefix |= static_cast<uint32_t>(picked.x) << shift;
     mask |= 255u << shift;
@@ -199,8 +256,8 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
   // The slice's counts go to every block ranked after this one (kept keys are taken in index
   // order, and slices are in rank order).
   if (tid > rank && tid < kCluster)
-    dsm::store2(dsm::addr_in(&sh.counts[rank], tid), sh.slice_gt, sh.slice_eq);
-  dsm::arrive();
+    dsm::store_async2(dsm::addr_in(&sh.counts[rank], tid), sh.slice_gt, sh.slice_eq,
+                      dsm::addr_in(&sh.counts_bar, tid));
   // The rows' offsets within the slice while the counts travel. At most kThreads · kCache ≤ 2^14
   // keys a slice: both counts fit their 16 bits.
   int row_prefix;
@@ -209,7 +266,7 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
   __syncthreads();
   if (tid < kCache * W) sh.row_counts[tid] = row_prefix;
   __syncthreads();
-  dsm::wait();
+  dsm::bar_wait(&sh.counts_bar, 0);
   int base = 0, eq_base = 0;  // keys taken, and keys == T seen, in the slices before this one
   for (int r = 0; r < rank; ++r) {
     const int2 c = sh.counts[r];
