@@ -344,6 +344,30 @@ TEST(CudaSelect, TopkStagedOnLongLists) {
   }
 }
 
+// Decode lists long enough for the register clusters of top-k (topk.cu, clusters of 8 blocks of
+// 512 threads, 16 keys a thread): a 600,000-token sequence (37,500 chunks: slices of ~4,700 keys,
+// in registers, topk_cluster.cuh) and a 1,100,000-token one (68,750 chunks: slices over 8,192 keys,
+// so its cluster takes the radix select from global memory), in one launch.
+TEST(CudaSelect, TopkClustersOnLongDecodeLists) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(43);
+  const std::vector<int64_t> len = {600000, 1100000};
+  const SelectionParams p{.budget = 2000, .window = 64, .qshare = 1, .sink_pages = 1};
+  auto s = make_setup(1, 64, RepKind::kMean, len, {{0, len[0] - 1, 1}, {1, len[1] - 1, 1}}, rng,
+                      RepPrecision::kInt8);
+  DeviceMirror m;
+  m.build(*s.cache, 0, 2);
+  DevVec<float> iq;
+  iq.upload(s.index_q);
+  cuda::Plan plan;
+  ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), s.batch, 4, p, &plan).ok());
+  EXPECT_GT(plan.impl()->topk_clusters, 0);
+  EXPECT_EQ(plan.selected_lists(), 2);
+  PageLists gpu;
+  std::vector<float> scores;
+  ASSERT_NO_FATAL_FAILURE(run_and_check_lists(s, p, m, iq.data(), plan, &gpu, &scores));
+}
+
 // Decode batches (one query per sequence, one list per score stream) take the few-lists score
 // kernel with one list in registers, then either top-k path (one block per list: these lists are
 // short; or a cluster per list); spans of 500–1,300 eligible chunks cover several of its
