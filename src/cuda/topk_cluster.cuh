@@ -8,7 +8,7 @@
 //   block's shared memory (st.async, counted in bytes by the receiver's mbarrier of that pass
 //   parity); each block waits for its 8 KB, sums the slots and finds the digit. v8 added the
 //   counts into remote totals and waited at a cluster barrier, whose release took a GPU-wide
-//   memory barrier (MEMBAR.ALL.GPU, ERRBAR: 19 % of the warps' samples in ncu). v3-v7 had every
+//   memory barrier (MEMBAR.ALL.GPU, ERRBAR: 19 % of the warps' samples in ncu). v3-v6 had every
 //   block read the slice histograms of all blocks after a cluster barrier, then run a block scan
 //   and three more block barriers.
 // - The digit: every warp scans the 256 totals itself (8 bins a lane, one warp suffix scan).
