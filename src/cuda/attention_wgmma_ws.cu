@@ -30,6 +30,7 @@
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_tile.cuh"
 #include "common.cuh"
+#include "mbarrier.cuh"
 #include "pdl.cuh"
 #include "tile_sizes.cuh"
 #include "wgmma.cuh"
@@ -80,32 +81,11 @@ constexpr size_t ws_smem_bytes() {
          kSw128AtomBytes;
 }
 
-__device__ __forceinline__ uint32_t saddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(saddr(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(saddr(b)) : "memory");
-}
 // The barrier receives this thread's arrival once all of its earlier cp.async copies have landed
 // (noinc: the arrival is part of the count the barrier was initialised with).
 __device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(saddr(b)) : "memory");
-}
-// Waits until the phase of parity `parity` has completed (acquire: the stage's data and page
-// starts are visible afterwards).
-__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
-        "0, p;\n}\n"
-        : "=r"(done)
-        : "r"(saddr(b)), "r"(parity)
-        : "memory");
-  } while (!done);
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(dev::smem_addr(b))
+               : "memory");
 }
 __device__ __forceinline__ void named_sync(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
@@ -129,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(CW >= 1 && CW <= 4 && RW >= 1 && NP % RW == 0,
                 "copy warps split a ring's tile pages evenly");
   extern __shared__ __align__(128) uint8_t smem_w[];
-  const uint32_t s0 = saddr(smem_w);
+  const uint32_t s0 = dev::smem_addr(smem_w);
   uint8_t* base = smem_w + (((s0 + kSw128AtomBytes - 1) & ~(kSw128AtomBytes - 1)) - s0);
   // Rings [RINGS] of K stages [ST][kTileBytes] then V stages; then meta [RINGS][ST][kMeta],
   // full [RINGS][ST], empty [RINGS][ST].
@@ -166,10 +146,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     const int n_wg0 = PAIR ? 1 : a.tasks[blockIdx.x].rows > 64 ? 2 : 1;
     for (int s = 0; s < S::RINGS * ST; ++s) {
-      mbar_init(&full_all[s], 32 * RW + 1);
-      mbar_init(&empty_all[s], 4 * n_wg0);  // one arrival per consumer warp with rows
+      dev::mbar_init(&full_all[s], 32 * RW + 1);
+      dev::mbar_init(&empty_all[s], 4 * n_wg0);  // one arrival per consumer warp with rows
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    dev::mbar_init_fence();
   }
   __syncthreads();
 
@@ -215,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t src_lane = (lane / 16) * kD + c16 * 8;
     for (int64_t j = 0;; ++j) {
       const int stage = static_cast<int>(j % ST);
-      if (j >= ST) mbar_wait(&empty[stage], static_cast<uint32_t>((j / ST - 1) & 1));
+      if (j >= ST) dev::mbar_wait(&empty[stage], static_cast<uint32_t>((j / ST - 1) & 1));
       const int64_t p0 = j * NP;
       if (p0 >= wbase + 32) {
         wbase += 32;
@@ -249,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (sub == 0 && lane == 0) mt[NP] = valid ? 1 : 0;
       __syncwarp();
       mbar_arrive_on_copies(&full[stage]);
-      if (sub == 0 && lane == 0) mbar_arrive(&full[stage]);  // after the page starts and the flag
+      if (sub == 0 && lane == 0)
+        dev::mbar_arrive(&full[stage]);  // after the page starts and the flag
       if (!valid) break;
     }
     dev::cp_async_wait<0>();
@@ -289,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_s = [&](int stage) { wg_issue_qk<NT>(s, qf, ks + stage * kTileBytes); };
   auto issue_pv = [&](int stage) { wg_issue_pv<NT>(o, pa, vs + stage * kTileBytes); };
   auto wait_full = [&](int j) {  // false: the producer ended the task at tile j
-    mbar_wait(&full[j % ST], static_cast<uint32_t>((j / ST) & 1));
+    dev::mbar_wait(&full[j % ST], static_cast<uint32_t>((j / ST) & 1));
     return meta[(j % ST) * kMeta + NP] != 0;
   };
   auto softmax = [&](int j) {
@@ -304,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto release = [&](int j) {  // this warp's MMAs no longer read the stage of tile j
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[j % ST]);
+    if (lane == 0) dev::mbar_arrive(&empty[j % ST]);
   };
   // Turns: warpgroup g waits on barrier 1 + g (its own 128 threads + the other's 128 arrivals)
   // and passes the turn by arriving on the other's. Warpgroup 1 lets warpgroup 0 go first.

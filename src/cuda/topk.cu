@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
       pages, chunks, sh);
 }
 
-// v8: kCluster blocks of kThreads per list, each holding its slice of the keys in registers
+// v9: kCluster blocks of kThreads per list, each holding its slice of the keys in registers
 // (kCache a thread) for the passes of topk_cluster.cuh; a list too long for that, or one that
 // keeps every key, takes the radix select of topk_radix.cuh from global memory in the same
 // cluster. Dynamic shared memory: cluster_topk_smem().
@@ -124,7 +124,7 @@ int prepare_topk_clusters() {
   constexpr int C = tiles::kTopkCluster, T = tiles::kTopkClusterThreads, K = tiles::kTopkCachedKeys;
   auto* kernel = topk_cluster_kernel<C, T, K>;
   // The driver sizes the shared-memory carveout for the blocks an SM can hold; asking for the
-  // largest one makes sure that the two blocks the register bound allows (~68 KB each) both fit.
+  // largest one makes sure that the two blocks the register bound allows (~83 KB each) both fit.
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(cluster_topk_smem())) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,

@@ -26,6 +26,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "mbarrier.cuh"
 #include "plan_types.h"
 #include "topk_radix.cuh"
 
@@ -38,14 +39,11 @@ namespace cluster_dsm {
 
 // The shared::cluster address of `p` (this block's shared memory) in the block of rank r.
 __device__ __forceinline__ uint32_t addr_in(const void* p, int r) {
-  const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(r));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(dev::smem_addr(p)), "r"(r));
   return remote;
-}
-
-__device__ __forceinline__ uint32_t local(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // Stores to another block's shared memory (addr), counted in bytes by that block's mbarrier
@@ -62,32 +60,6 @@ __device__ __forceinline__ void store_async2(uint32_t addr, int a, int b, uint32
           addr),
       "r"(a), "r"(b), "r"(bar)
       : "memory");
-}
-
-// A transaction barrier of one arrival (this block's thread 0) and a byte count.
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(local(bar)) : "memory");
-}
-// Makes the initialised barriers visible to the cluster's other blocks (before a cluster barrier).
-__device__ __forceinline__ void bar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// The arrival of the barrier's current phase, which then completes once `bytes` have come.
-__device__ __forceinline__ void bar_expect(uint64_t* bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(local(bar)),
-               "r"(bytes)
-               : "memory");
-}
-// Waits until the phase of the given parity has completed; what was stored for it is visible.
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-        "%2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(local(bar)), "r"(parity)
-        : "memory");
 }
 
 // The two halves of a cluster barrier: arrive publishes this thread's earlier writes (release),
@@ -171,14 +143,15 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
 
   constexpr int kPassBytes = kCluster * 256 * static_cast<int>(sizeof(int));
   if (tid == 0) {
-    dsm::bar_init(&sh.pass_bar[0]);
-    dsm::bar_init(&sh.pass_bar[1]);
-    dsm::bar_init(&sh.counts_bar);
-    dsm::bar_init_fence();
+    // One arrival a phase (this thread's, with the bytes it expects).
+    dev::mbar_init(&sh.pass_bar[0], 1);
+    dev::mbar_init(&sh.pass_bar[1], 1);
+    dev::mbar_init(&sh.counts_bar, 1);
+    dev::mbar_init_fence();
     // Passes 0 and 1, and the counts of the slices before this one (8 bytes each).
-    dsm::bar_expect(&sh.pass_bar[0], kPassBytes);
-    dsm::bar_expect(&sh.pass_bar[1], kPassBytes);
-    dsm::bar_expect(&sh.counts_bar, rank * static_cast<int>(sizeof(int2)));
+    dev::mbar_arrive_expect_tx(&sh.pass_bar[0], kPassBytes);
+    dev::mbar_arrive_expect_tx(&sh.pass_bar[1], kPassBytes);
+    dev::mbar_arrive_expect_tx(&sh.counts_bar, rank * static_cast<int>(sizeof(int2)));
     sh.slice_gt = sh.slice_eq = 0;
   }
   for (int i = tid; i < 256 * 32; i += kThreads) sh.hist[0][i] = 0;
@@ -216,8 +189,8 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
         dsm::store_async(dsm::addr_in(&sh.slot[b][rank][tid], r), c,
                          dsm::addr_in(&sh.pass_bar[b], r));
     }
-    dsm::bar_wait(&sh.pass_bar[b], static_cast<uint32_t>(pass >> 1) & 1u);
-    if (tid == 0 && pass + 2 < 4) dsm::bar_expect(&sh.pass_bar[b], kPassBytes);
+    dev::mbar_wait<true>(&sh.pass_bar[b], static_cast<uint32_t>(pass >> 1) & 1u);
+    if (tid == 0 && pass + 2 < 4) dev::mbar_arrive_expect_tx(&sh.pass_bar[b], kPassBytes);
     if (tid < 256) {
       int t = 0;
 #pragma unroll
@@ -266,7 +239,7 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
   __syncthreads();
   if (tid < kCache * W) sh.row_counts[tid] = row_prefix;
   __syncthreads();
-  dsm::bar_wait(&sh.counts_bar, 0);
+  dev::mbar_wait<true>(&sh.counts_bar, 0);
   int base = 0, eq_base = 0;  // keys taken, and keys == T seen, in the slices before this one
   for (int r = 0; r < rank; ++r) {
     const int2 c = sh.counts[r];
