@@ -40,7 +40,7 @@ Status cuda_status(cudaError_t err, const char* what) {
   return internal_error(m);
 }
 
-Status DeviceBuffer::reserve(size_t bytes, const char* what) {
+Status DeviceBuffer::reserve(size_t bytes, const char* what, bool zero) {
   if (bytes <= bytes_) return Status::Ok();
   if (ptr_) cudaFree(ptr_);
   ptr_ = nullptr;
@@ -48,6 +48,7 @@ Status DeviceBuffer::reserve(size_t bytes, const char* what) {
   const size_t rounded = (bytes + bytes / 8 + 255) / 256 * 256;
   CISA_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ptr_, rounded), what));
   bytes_ = rounded;
+  if (zero) CISA_RETURN_IF_ERROR(cuda_status(cudaMemset(ptr_, 0, rounded), what));
   return Status::Ok();
 }
 
@@ -228,7 +229,8 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                 P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.block_pages,
                 rep_args(layer), P.quest, index_q, P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
                 P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, P.d_reuse_partials.as<void>(),
-                keep, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+                P.d_reuse_tickets.as<uint32_t>(), keep, P.d_pages.as<int32_t>(),
+                P.d_chunks.as<int32_t>(), s),
             "cuda: selection reuse decision"));
       else if (P.fused_cluster > 0 ||
                !detail::score_takes_index_queries(P.max_stream_lists, index_q))
@@ -412,7 +414,7 @@ uint64_t plan_launch_key(const Plan& plan) {
            P.d_chunks.as<void>(), P.d_scores.as<void>(), P.d_qbar.as<void>(), P.d_qsplit.as<void>(),
            P.d_partial_out.as<void>(), P.d_partial_lse.as<void>(), P.d_upages.as<void>(),
            P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>(),
-           P.d_keep.as<void>(), P.d_reuse_partials.as<void>()})
+           P.d_keep.as<void>(), P.d_reuse_partials.as<void>(), P.d_reuse_tickets.as<void>()})
     ptr(p);
   return h;
 }

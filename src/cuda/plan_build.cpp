@@ -295,6 +295,9 @@ Status finish_plan(Plan::Impl& P) {
       P.d_reuse_partials.reserve(detail::reuse_partial_bytes(static_cast<int64_t>(P.lists.size())),
                                  "cuda plan: reuse check partials"));
   CISA_RETURN_IF_ERROR(
+      P.d_reuse_tickets.reserve(std::max<size_t>(1, P.lists.size()) * sizeof(uint32_t),
+                                "cuda plan: reuse check tickets", /*zero=*/true));
+  CISA_RETURN_IF_ERROR(
       P.d_qbar.reserve(std::max<size_t>(1, P.lists.size()) * P.head_dim * sizeof(float),
                        "cuda plan: index queries"));
   CISA_RETURN_IF_ERROR(

@@ -25,7 +25,8 @@ class DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  Status reserve(size_t bytes, const char* what);
+  // Grows to at least `bytes` (contents lost on growth; zeroed there when `zero` is set).
+  Status reserve(size_t bytes, const char* what, bool zero = false);
   template <class T>
   T* as() const {
     return static_cast<T*>(ptr_);
@@ -119,6 +120,7 @@ struct Plan::Impl {
   DeviceBuffer d_upages, d_uchunks, d_umask, d_ucounts;
   DeviceBuffer d_keep;  // int32 per list: 1 when a decode list keeps its selection (reuse.cuh)
   DeviceBuffer d_reuse_partials;  // the reuse check's and commit's per-block partials (reuse.cuh)
+  DeviceBuffer d_reuse_tickets;   // uint32 per list, zero between launches (launch_reuse_decide)
 };
 
 // The current device's SM count (132 where it cannot be read).

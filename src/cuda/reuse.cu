@@ -247,87 +247,41 @@ struct CheckPartial {
   uint32_t lowest_kept, highest_new;
 };
 
-// The check, spread over kCheckParts blocks per selecting list (a list's ~8,200 chunks at 2 x 1M
-// under `mass` took ~0.33 ms a layer on one block): block (list, part) scores its slice of the
-// check's chunks under the row's index query (computed here, bit for bit as write_index_query
-// does) and writes its lowest S key, highest N key and sums to partials[list][part]. Lists that
-// run no check write nothing; reuse_decide reads the partials of checked lists only.
-template <int D, bool kQuest, bool kInt8>
-__global__ void __launch_bounds__(kDecideThreads)
-    reuse_check_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                       const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
-                       const int8_t* __restrict__ exps, const float* __restrict__ index_q, int H,
-                       float inv_sqrt_d, ReuseParams rp, ReuseState st,
-                       CheckPartial* __restrict__ partials) {
-  dev::dependent_start();
-  __shared__ Candidate C;
-  __shared__ float q_s[D];
-  __shared__ uint32_t lowest_kept, highest_new;
-  const int32_t li = sel[blockIdx.x];
-  const ListDesc L = lists[li];
-  if (L.reuse_seq < 0) return;
-  if (threadIdx.x == 0) {
-    C = candidate(L, st, rp, H);
-    lowest_kept = 0xffffffffu;
-    highest_new = 0u;
-  }
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    float qi[1];
-    index_query_channels<1>(L, index_q, H, D, i, qi);
-    q_s[i] = qi[0];
-  }
-  __syncthreads();
-  if (!C.checked) return;  // uniform: C is shared
-  const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
-  const auto begin = static_cast<int32_t>(static_cast<int64_t>(C.total) * part / parts);
-  const auto end = static_cast<int32_t>(static_cast<int64_t>(C.total) * (part + 1) / parts);
-  MassSums ms = no_mass();
-  check_scores<D, kQuest, kInt8>(L.kv, st.chunks + C.slot * st.k_stride, L.k,
-                                 static_cast<int32_t>(C.nb), C.nn, C.stride0, begin, end,
-                                 block_pages + L.table_begin, reps, exps, q_s, H, inv_sqrt_d,
-                                 &lowest_kept, &highest_new, C.mass, ms);
-  __syncthreads();
-  if (C.mass) ms = block_mass(ms);  // thread 0's result
-  if (threadIdx.x == 0) {
-    CheckPartial& out = partials[static_cast<int64_t>(blockIdx.x) * parts + part];
-    out.ms = ms;
-    out.lowest_kept = lowest_kept;
-    out.highest_new = highest_new;
-  }
+// A check partial as the deciding block reads it: from L2 (ld.cg), since the other blocks of the
+// list wrote it in this launch.
+__device__ __forceinline__ CheckPartial load_partial(const CheckPartial* p) {
+  CheckPartial r;
+  r.ms.m = __ldcg(&p->ms.m);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.ms.s[i] = __ldcg(&p->ms.s[i]);
+  r.lowest_kept = __ldcg(&p->lowest_kept);
+  r.highest_new = __ldcg(&p->highest_new);
+  return r;
 }
 
-// The decision, one block per selecting list, after reuse_check: the list's index query (the
-// index-query kernel's work, in this launch instead: scoring reads it for lists that select),
-// the keep flag, the counters, and for a kept list S's pages in its selected part. A checked
-// list's partials are merged in part order (deterministic).
-__global__ void __launch_bounds__(kDecideThreads)
-    reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                        const int32_t* __restrict__ block_pages, const float* __restrict__ index_q,
-                        float* __restrict__ qbar, uint16_t* __restrict__ qsplit, int H, int D,
-                        ReuseParams rp, ReuseState st, int parts,
-                        const CheckPartial* __restrict__ partials, int32_t* __restrict__ keep,
-                        int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
-  dev::dependent_start();
+// The decision for one selecting list, by one block (every thread calls it): the list's index
+// query (the index-query kernel's work, here instead: scoring reads it for lists that select),
+// the keep flag, the counters, and for a kept list S's pages in its selected part. C was
+// computed by this block before any block changed the list's state; p holds the list's check
+// partials (null when the list runs no check), merged in part order (deterministic).
+__device__ void decide_list(const ListDesc& L, int32_t li, const Candidate& C,
+                            const CheckPartial* p, int parts, const int32_t* __restrict__ table,
+                            const float* __restrict__ index_q, float* __restrict__ qbar,
+                            uint16_t* __restrict__ qsplit, int H, int D, const ReuseParams& rp,
+                            const ReuseState& st, int32_t* __restrict__ keep,
+                            int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
   __shared__ int32_t verdict;
-  const int32_t li = sel[blockIdx.x];
-  const ListDesc L = lists[li];
   write_index_query(L, li, index_q, H, D, qbar, qsplit);
-  if (L.reuse_seq < 0) {
-    if (threadIdx.x == 0) keep[li] = 0;
-    return;
-  }
-  const int32_t* S = nullptr;
   if (threadIdx.x == 0) {
-    const Candidate C = candidate(L, st, rp, H);
     bool ok = C.ok;
-    if (C.checked) {
-      const CheckPartial* p = partials + static_cast<int64_t>(blockIdx.x) * parts;
+    if (p) {
       uint32_t lowest = 0xffffffffu, highest = 0u;
       MassSums ms = no_mass();
       for (int i = 0; i < parts; ++i) {
-        lowest = min(lowest, p[i].lowest_kept);
-        highest = max(highest, p[i].highest_new);
-        if (C.mass) ms = merge_mass(ms, p[i].ms);
+        const CheckPartial q = load_partial(p + i);
+        lowest = min(lowest, q.lowest_kept);
+        highest = max(highest, q.highest_new);
+        if (C.mass) ms = merge_mass(ms, q.ms);
       }
       ok = !(highest > lowest);  // equal keys go to the kept chunk's smaller index
       if (C.mass && ok) {
@@ -342,7 +296,7 @@ __global__ void __launch_bounds__(kDecideThreads)
     if (!st.repeat) {
       auto* n = reinterpret_cast<unsigned long long*>(st.stats);
       atomicAdd(n + (ok ? 1 : 0), 1ull);  // reused : selected
-      if (C.checked) {
+      if (p) {
         atomicAdd(n + 2, 1ull);
         if (!ok) atomicAdd(n + 3, 1ull);
       }
@@ -351,11 +305,87 @@ __global__ void __launch_bounds__(kDecideThreads)
   }
   __syncthreads();
   if (verdict == 0) return;
-  S = st.chunks + state_slot(L, st, H) * st.k_stride;
   // S as chosen at a0, into the selected part of this row's list (sinks, window and tail are
   // this row's own, written at plan time).
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  copy_chunks(S, L.k, block_pages + L.table_begin, chunks + out0, pages + out0);
+  copy_chunks(st.chunks + C.slot * st.k_stride, L.k, table, chunks + out0, pages + out0);
+}
+
+// The check and the decision in one launch, kCheckParts blocks per selecting list (the check of
+// a list's ~8,200 chunks at 2 x 1M under `mass` took ~0.33 ms a layer on one block). Block
+// (list, part) scores its slice of the check's chunks under the row's index query (computed
+// here, bit for bit as write_index_query does) and writes its lowest S key, highest N key and
+// sums to partials[list][part]; the list's last block to finish (a ticket per list, which wraps
+// back to 0 for the next launch) merges them and decides. A list that runs no check is decided
+// by its first block at once, and one that is no candidate gets its index query and keep = 0
+// there. Every block of a list computes C before the decision changes the list's state: the
+// decider of a checked list is the last block to arrive, and an unchecked list's other blocks,
+// whether they read the state before or after its change, find no check to run.
+template <int D, bool kQuest, bool kInt8>
+__global__ void __launch_bounds__(kDecideThreads)
+    reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                        const int32_t* __restrict__ block_pages, const uint8_t* __restrict__ reps,
+                        const int8_t* __restrict__ exps, const float* __restrict__ index_q,
+                        float* __restrict__ qbar, uint16_t* __restrict__ qsplit, int H,
+                        float inv_sqrt_d, ReuseParams rp, ReuseState st,
+                        CheckPartial* __restrict__ partials, uint32_t* __restrict__ tickets,
+                        int32_t* __restrict__ keep, int32_t* __restrict__ pages,
+                        int32_t* __restrict__ chunks) {
+  dev::dependent_start();
+  __shared__ ListDesc L;  // in shared memory: the check's registers are not held for the decision
+  __shared__ Candidate C;
+  __shared__ float q_s[D];
+  __shared__ uint32_t lowest_kept, highest_new;
+  __shared__ bool last;
+  const int32_t li = sel[blockIdx.x];
+  const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
+  if (threadIdx.x == 0) {
+    L = lists[li];
+    if (L.reuse_seq >= 0) C = candidate(L, st, rp, H);
+    lowest_kept = 0xffffffffu;
+    highest_new = 0u;
+  }
+  __syncthreads();
+  const int32_t* table = block_pages + L.table_begin;
+  if (L.reuse_seq < 0) {
+    if (part != 0) return;
+    write_index_query(L, li, index_q, H, D, qbar, qsplit);
+    if (threadIdx.x == 0) keep[li] = 0;
+    return;
+  }
+  if (!C.checked) {  // uniform: C is shared
+    if (part == 0)
+      decide_list(L, li, C, nullptr, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep,
+                  pages, chunks);
+    return;
+  }
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float qi[1];
+    index_query_channels<1>(L, index_q, H, D, i, qi);
+    q_s[i] = qi[0];
+  }
+  __syncthreads();
+  const auto begin = static_cast<int32_t>(static_cast<int64_t>(C.total) * part / parts);
+  const auto end = static_cast<int32_t>(static_cast<int64_t>(C.total) * (part + 1) / parts);
+  MassSums ms = no_mass();
+  check_scores<D, kQuest, kInt8>(L.kv, st.chunks + C.slot * st.k_stride, L.k,
+                                 static_cast<int32_t>(C.nb), C.nn, C.stride0, begin, end, table,
+                                 reps, exps, q_s, H, inv_sqrt_d, &lowest_kept, &highest_new, C.mass,
+                                 ms);
+  __syncthreads();
+  if (C.mass) ms = block_mass(ms);  // thread 0's result
+  CheckPartial* const mine = partials + static_cast<int64_t>(blockIdx.x) * parts;
+  if (threadIdx.x == 0) {
+    mine[part] = CheckPartial{ms, lowest_kept, highest_new};
+    __threadfence();  // the partial is visible before the ticket says so
+    last = atomicInc(tickets + blockIdx.x, static_cast<unsigned>(parts - 1)) ==
+           static_cast<unsigned>(parts - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  decide_list(L, li, C, mine, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep, pages,
+              chunks);
 }
 
 // A candidate that selected afresh: S ← the selected part of its list, a0 = last use = its row,
@@ -431,34 +461,29 @@ cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists,
                                 const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
                                 int num_kv_heads, int head_dim, const ReuseParams& rp,
-                                const ReuseState& st, void* partials, int32_t* keep, int32_t* pages,
-                                int32_t* chunks, cudaStream_t stream) {
+                                const ReuseState& st, void* partials, uint32_t* tickets,
+                                int32_t* keep, int32_t* pages, int32_t* chunks,
+                                cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  if ((reps.int8 && !reps.exps) || !partials) return cudaErrorInvalidValue;
+  if ((reps.int8 && !reps.exps) || !partials || !tickets) return cudaErrorInvalidValue;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
-  auto* part = static_cast<CheckPartial*>(partials);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const dim3 grid(static_cast<unsigned>(num_sel), kCheckParts);
-  using Kernel =
-      void (*)(const ListDesc*, const int32_t*, const int32_t*, const uint8_t*, const int8_t*,
-               const float*, int, float, ReuseParams, ReuseState, CheckPartial*);
+  using Kernel = void (*)(const ListDesc*, const int32_t*, const int32_t*, const uint8_t*,
+                          const int8_t*, const float*, float*, uint16_t*, int, float, ReuseParams,
+                          ReuseState, CheckPartial*, uint32_t*, int32_t*, int32_t*, int32_t*);
   Kernel kernels[3][2][2] = {
-      {{reuse_check_kernel<64, false, false>, reuse_check_kernel<64, false, true>},
-       {reuse_check_kernel<64, true, false>, reuse_check_kernel<64, true, true>}},
-      {{reuse_check_kernel<128, false, false>, reuse_check_kernel<128, false, true>},
-       {reuse_check_kernel<128, true, false>, reuse_check_kernel<128, true, true>}},
-      {{reuse_check_kernel<256, false, false>, reuse_check_kernel<256, false, true>},
-       {reuse_check_kernel<256, true, false>, reuse_check_kernel<256, true, true>}}};
+      {{reuse_decide_kernel<64, false, false>, reuse_decide_kernel<64, false, true>},
+       {reuse_decide_kernel<64, true, false>, reuse_decide_kernel<64, true, true>}},
+      {{reuse_decide_kernel<128, false, false>, reuse_decide_kernel<128, false, true>},
+       {reuse_decide_kernel<128, true, false>, reuse_decide_kernel<128, true, true>}},
+      {{reuse_decide_kernel<256, false, false>, reuse_decide_kernel<256, false, true>},
+       {reuse_decide_kernel<256, true, false>, reuse_decide_kernel<256, true, true>}}};
   const int di = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
-  cudaError_t err =
-      launch_dependent(kernels[di][quest ? 1 : 0][reps.int8 ? 1 : 0], grid, kDecideThreads, 0,
-                       stream, lists, sel_lists, block_pages, reps.data, reps.exps, index_q,
-                       num_kv_heads, inv_sqrt_d, rp, st, part);
-  if (err != cudaSuccess) return err;
-  return launch_dependent(reuse_decide_kernel, static_cast<unsigned>(num_sel), kDecideThreads, 0,
-                          stream, lists, sel_lists, block_pages, index_q, qbar, qsplit,
-                          num_kv_heads, head_dim, rp, st, int{kCheckParts},
-                          static_cast<const CheckPartial*>(part), keep, pages, chunks);
+  return launch_dependent(kernels[di][quest ? 1 : 0][reps.int8 ? 1 : 0],
+                          dim3(static_cast<unsigned>(num_sel), kCheckParts), kDecideThreads, 0,
+                          stream, lists, sel_lists, block_pages, reps.data, reps.exps, index_q,
+                          qbar, qsplit, num_kv_heads, inv_sqrt_d, rp, st,
+                          static_cast<CheckPartial*>(partials), tickets, keep, pages, chunks);
 }
 
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,

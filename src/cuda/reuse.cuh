@@ -1,12 +1,12 @@
 // Selection reuse across decode steps on the device (the rule: core/plan.h and docs/design.md;
 // the state: cuda/backend.h ReuseState). Two kernels around scoring and top-k of one layer:
 //
-//   reuse_decide (with the index queries) → scores (kept lists skipped) → top-k (kept lists
-//   skipped) → reuse_commit → unions
+//   reuse_decide (the check, the index queries, the decision) → scores (kept lists skipped) →
+//   top-k (kept lists skipped) → reuse_commit → unions
 //
-// reuse_check (kCheckParts blocks per list, each a slice of the check's chunks) and reuse_decide
-// (one block per selecting list, merging them in order) write keep[list] for every selecting list
-// (0 for lists that are not reuse candidates). A candidate keeps S iff the parameters S was chosen
+// reuse_decide (kCheckParts blocks per list, each a slice of the check's chunks; the list's last
+// block merges them in order and decides) writes keep[list] for every selecting list (0 for
+// lists that are not reuse candidates). A candidate keeps S iff the parameters S was chosen
 // under equal the plan's, its row directly follows S's last use, S is younger than r steps and the
 // new-chunks check passes: the chunks N that became eligible since S was chosen are scored with
 // S under the row's index query, exactly as the decode score kernel scores them (same lanes,
@@ -45,15 +45,18 @@ struct ReuseParams {
 // results the deciding (committing) block merges in order.
 size_t reuse_partial_bytes(int64_t num_sel);
 
-// Two launches: the check (scoring S, N and under `mass` the sample, spread over blocks), then the
-// decision, one block per selecting list, which also writes every selecting list's index query
-// (qbar, qsplit: launch_index_queries' outputs), so with reuse the index-query launch is left out.
+// One launch: the check (scoring S, N and under `mass` the sample, spread over blocks) and the
+// decision, made by each list's last block to finish (tickets: a uint32 per selecting list,
+// zero before the first launch and left zero by every launch). It also writes every selecting list's
+// index query (qbar, qsplit: launch_index_queries' outputs), so with reuse the index-query launch
+// is left out.
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
                                 int num_kv_heads, int head_dim, const ReuseParams& rp,
-                                const ReuseState& st, void* partials, int32_t* keep, int32_t* pages,
-                                int32_t* chunks, cudaStream_t stream);
+                                const ReuseState& st, void* partials, uint32_t* tickets,
+                                int32_t* keep, int32_t* pages, int32_t* chunks,
+                                cudaStream_t stream);
 
 // scores: the plan's score array (read under check_mass only, by a sums launch before the commit).
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,

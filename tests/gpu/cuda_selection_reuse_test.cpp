@@ -84,12 +84,33 @@ struct DeviceReuse {
   }
 };
 
+// run_select captured into a CUDA graph and launched once: the reuse decision's tickets
+// (reuse.cuh) are left at zero by every launch, so a replayed step decides as an eager one.
+void run_select_in_graph(const cuda::Plan& plan, const cuda::DeviceLayer& layer, const float* iq,
+                         const cuda::ReuseState& rs) {
+  cudaStream_t st = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  const Status ran = cuda::run_select(plan, layer, iq, st, &rs);
+  cudaGraph_t g = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(st, &g);
+  ASSERT_TRUE(ran.ok()) << ran.message();
+  CUDA_OK(ended);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+  CUDA_OK(cudaGraphLaunch(exec, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(st);
+}
+
 // One decode step of the batch for one layer slot: the reuse plan's lists against the host
 // model; updates the model unless `repeat`.
 void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<BatchEntry>& batch,
                 const std::vector<int32_t>& slots, const SelectionParams& p, int layer_slot,
                 const std::vector<float>& iq_host, DeviceReuse& dr, HostReuse& host, bool repeat,
-                int64_t* kept_lists, bool topk_staged = true) {
+                int64_t* kept_lists, bool topk_staged = true, bool graph = false) {
   const int H = cache.num_kv_heads();
   DevVec<float> iq;
   iq.upload(iq_host);
@@ -116,7 +137,12 @@ void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<Ba
   auto* P = plan.impl();
   cudaMemset(P->d_pages.as<void>(), 0xff, P->d_pages.bytes());
   cudaMemset(P->d_chunks.as<void>(), 0xff, P->d_chunks.bytes());
-  ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr, &rs).ok());
+  if (graph) {
+    run_select_in_graph(plan, m.layer, iq.data(), rs);
+    if (::testing::Test::HasFatalFailure()) return;
+  } else {
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, iq.data(), nullptr, &rs).ok());
+  }
   CUDA_OK(cudaDeviceSynchronize());
   PageLists got;
   ASSERT_TRUE(cuda::download_page_lists(plan, &got).ok());
@@ -226,6 +252,9 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     bool topk_staged = true;  // PlanOptions::topk_staged (v7; off: the one-block kernel), whose
                               // kept lists' blocks leave at once
     RepPrecision prec = RepPrecision::kNative;
+    // Every step captured into a CUDA graph (run_select_in_graph), and every entry a reuse
+    // candidate (steps where every list keeps, and steps where some select).
+    bool graph = false;
   };
   std::vector<Case> cases = {
       {2, 128, RepKind::kMean, {.budget = 24, .window = 4, .qshare = 1, .sink_pages = 1}},
@@ -249,12 +278,17 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     cases.push_back(cases[i]);
     cases.back().prec = RepPrecision::kInt8;
   }
+  // Graphs: the check new-chunks and mass, the staged and the one-block top-k.
+  for (const size_t i : {size_t{0}, size_t{3}, cases.size() - 1}) {
+    cases.push_back(cases[i]);
+    cases.back().graph = true;
+  }
   std::mt19937 rng(77);
   for (const Case& c : cases) {
     SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " r=" +
                  std::to_string(c.p.reuse_steps) + " check " + reuse_check_name(c.p.reuse_check) +
                  (c.topk_staged ? " top-k staged" : " top-k one block") + " reps " +
-                 rep_precision_name(c.prec));
+                 rep_precision_name(c.prec) + (c.graph ? " graphs" : ""));
     const std::vector<int64_t> len = {4000, 2600, 3300};
     int64_t pages = 0;
     for (auto n : len) pages += n / kB + 2;
@@ -273,13 +307,13 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     DeviceReuse dr(4, 2, c.hkv, static_cast<int>(c.p.budget) + 5);
     ASSERT_TRUE(cuda::reset_reuse_state(dr.st, c.hkv, -1, nullptr).ok());
     HostReuse host;
-    // Entries 0 and 1 keep state (slots 2 and 0), entry 2 none (−1).
-    const std::vector<int32_t> slots = {2, 0, -1};
+    // Entries 0 and 1 keep state (slots 2 and 0), entry 2 none (−1; in graphs, slot 1).
+    const std::vector<int32_t> slots = {2, 0, c.graph ? 1 : -1};
     // Index queries drift slowly from a base per (layer, sequence), with an unrelated query now
     // and then, so the check both passes and fails.
     std::vector<std::vector<float>> base(2);
     for (auto& b : base) b = random_vec(rng, len.size() * static_cast<size_t>(c.hkv * c.d));
-    int64_t kept = 0;
+    int64_t kept = 0, all_kept = 0;  // lists kept; steps where every list kept
     std::vector<int64_t> pos = {1900, 1500, 2100};
     for (int step = 0; step < 72; ++step) {
       std::vector<BatchEntry> batch;
@@ -288,10 +322,14 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
         std::vector<float> iq = base[static_cast<size_t>(layer)];
         const bool jump = rng() % 11 == 0;
         for (auto& x : iq) x = jump ? random_vec(rng, 1)[0] : x + 0.15f * random_vec(rng, 1)[0];
-        check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, false, &kept, c.topk_staged);
+        const int64_t kept_before = kept;
+        check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, false, &kept, c.topk_staged,
+                   c.graph);
         if (::testing::Test::HasFatalFailure()) return;
+        all_kept += kept - kept_before == static_cast<int64_t>(len.size()) * c.hkv ? 1 : 0;
         if (step % 9 == 4) {  // the re-plan of a first attend: the same lists, nothing counted
-          check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, true, &kept, c.topk_staged);
+          check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, true, &kept, c.topk_staged,
+                     c.graph);
           if (::testing::Test::HasFatalFailure()) return;
         }
       }
@@ -305,6 +343,9 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     }
     EXPECT_GT(kept, 0);
     EXPECT_GT(host.stats.selected, 0);
+    if (c.graph) {
+      EXPECT_GT(all_kept, 0);
+    }
     if (c.p.reuse_check != ReuseCheck::kNone) {
       EXPECT_GT(host.stats.checked, 0);
     }
