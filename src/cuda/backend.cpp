@@ -224,14 +224,14 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
         return invalid_argument("cuda: null index query pointer for a plan that selects");
       if (!layer.reps) return invalid_argument("cuda: the layer has no representative pointer");
       if (reuse)  // index queries, and which decode lists keep their selection (pages written)
-        CISA_RETURN_IF_ERROR(cuda_status(
-            detail::launch_reuse_decide(
-                P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.block_pages,
-                rep_args(layer), P.quest, index_q, P.d_qbar.as<float>(), P.d_qsplit.as<uint16_t>(),
-                P.num_kv_heads, P.head_dim, reuse_params(P), *reuse, P.d_reuse_partials.as<void>(),
-                P.d_reuse_tickets.as<uint32_t>(), keep, P.d_pages.as<int32_t>(),
-                P.d_chunks.as<int32_t>(), s),
-            "cuda: selection reuse decision"));
+        CISA_RETURN_IF_ERROR(
+            cuda_status(detail::launch_reuse_decide(
+                            P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()), P.block_pages,
+                            rep_args(layer), P.quest, index_q, P.d_qbar.as<float>(),
+                            P.d_qsplit.as<uint16_t>(), P.num_kv_heads, P.head_dim, reuse_params(P),
+                            *reuse, P.d_reuse_partials.as<void>(), P.d_reuse_tickets.as<uint32_t>(),
+                            keep, P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), s),
+                        "cuda: selection reuse decision"));
       else if (P.fused_cluster > 0 ||
                !detail::score_takes_index_queries(P.max_stream_lists, index_q))
         CISA_RETURN_IF_ERROR(cuda_status(
@@ -257,27 +257,35 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
                                P.d_scores.as<float>(), keep, s),
           "cuda: scoring");
     }
-    case SelectStage::kTopK:
+    case SelectStage::kTopK: {
       if (P.sel.empty()) return Status::Ok();
+      // Fresh selections of decode rows become their sequences' state: stored by the top-k
+      // kernel as it writes them, or under `mass` (u0 from the scores) by a commit after it.
+      const detail::ReuseParams rp = reuse ? reuse_params(P) : detail::ReuseParams{};
+      const bool commit_after = reuse && rp.check_mass;
+      if (reuse && P.fused_cluster > 0)  // plan_fused_select refuses this
+        return internal_error("cuda: fused selection cannot commit reused selections");
+      detail::TopkCommit commit;
+      if (reuse && !commit_after) commit = {.st = *reuse, .rp = rp, .num_kv_heads = P.num_kv_heads};
       if (P.topk_staged)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_topk_staged(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
                                        P.max_score_span, P.d_scores.as<float>(), P.block_pages,
-                                       P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), keep, s),
+                                       P.d_pages.as<int32_t>(), P.d_chunks.as<int32_t>(), keep,
+                                       commit, s),
             "cuda: top-k (staged)"));
       else if (P.fused_cluster == 0)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_topk(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
                                 P.max_score_span, topk_cluster_min_scores(P.options),
                                 P.d_scores.as<float>(), P.block_pages, P.d_pages.as<int32_t>(),
-                                P.d_chunks.as<int32_t>(), keep, s),
+                                P.d_chunks.as<int32_t>(), keep, commit, s),
             "cuda: top-k"));
-      if (reuse)  // fresh selections of decode rows become their sequences' state
+      if (commit_after)
         CISA_RETURN_IF_ERROR(cuda_status(
             detail::launch_reuse_commit(P.d_lists, P.d_sel, static_cast<int64_t>(P.sel.size()),
-                                        P.num_kv_heads, reuse_params(P), *reuse, keep,
-                                        P.d_chunks.as<int32_t>(), P.d_scores.as<float>(),
-                                        P.d_reuse_partials.as<void>(), s),
+                                        P.num_kv_heads, rp, *reuse, keep, P.d_chunks.as<int32_t>(),
+                                        P.d_scores.as<float>(), P.d_reuse_partials.as<void>(), s),
             "cuda: selection reuse state"));
       return cuda_status(
           detail::launch_build_unions(
@@ -285,6 +293,7 @@ Status run_select_stage(const Plan& plan, const DeviceLayer& layer, const float*
               P.d_chunks.as<int32_t>(), P.block_pages, P.d_upages.as<int32_t>(),
               P.d_uchunks.as<int32_t>(), P.d_umask.as<int32_t>(), P.d_ucounts.as<int32_t>(), s),
           "cuda: union lists");
+    }
   }
   return invalid_argument("cuda: unknown selection stage");
 }

@@ -8,6 +8,7 @@
 #include "pdl.cuh"
 #include "rep_read.cuh"
 #include "reuse.cuh"
+#include "reuse_commit.cuh"
 #include "topk_radix.cuh"
 
 namespace cisa::cuda::detail {
@@ -19,10 +20,6 @@ constexpr int kCheckParts = 16;  // blocks per selecting list for the check and 
 
 __device__ __forceinline__ bool same_sets(const ReuseInfo& I, const ReuseParams& rp) {
   return I.budget == rp.budget && I.window == rp.window && I.sink_pages == rp.sink_pages;
-}
-
-__device__ __forceinline__ int64_t state_slot(const ListDesc& L, const ReuseState& st, int H) {
-  return (static_cast<int64_t>(L.reuse_seq) * st.num_layer_slots + st.layer_slot) * H + L.kv;
 }
 
 // The check `mass`'s sums (core/plan.h), in fp64: Σ e^{s − m} over S, over N, over every chunk
@@ -355,8 +352,8 @@ __global__ void __launch_bounds__(kDecideThreads)
   }
   if (!C.checked) {  // uniform: C is shared
     if (part == 0)
-      decide_list(L, li, C, nullptr, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep,
-                  pages, chunks);
+      decide_list(L, li, C, nullptr, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep, pages,
+                  chunks);
     return;
   }
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -368,10 +365,9 @@ __global__ void __launch_bounds__(kDecideThreads)
   const auto begin = static_cast<int32_t>(static_cast<int64_t>(C.total) * part / parts);
   const auto end = static_cast<int32_t>(static_cast<int64_t>(C.total) * (part + 1) / parts);
   MassSums ms = no_mass();
-  check_scores<D, kQuest, kInt8>(L.kv, st.chunks + C.slot * st.k_stride, L.k,
-                                 static_cast<int32_t>(C.nb), C.nn, C.stride0, begin, end, table,
-                                 reps, exps, q_s, H, inv_sqrt_d, &lowest_kept, &highest_new, C.mass,
-                                 ms);
+  check_scores<D, kQuest, kInt8>(
+      L.kv, st.chunks + C.slot * st.k_stride, L.k, static_cast<int32_t>(C.nb), C.nn, C.stride0,
+      begin, end, table, reps, exps, q_s, H, inv_sqrt_d, &lowest_kept, &highest_new, C.mass, ms);
   __syncthreads();
   if (C.mass) ms = block_mass(ms);  // thread 0's result
   CheckPartial* const mine = partials + static_cast<int64_t>(blockIdx.x) * parts;
@@ -388,14 +384,10 @@ __global__ void __launch_bounds__(kDecideThreads)
               chunks);
 }
 
-// A candidate that selected afresh: S ← the selected part of its list, a0 = last use = its row,
-// and under `mass` u0 = 1 − Σ_S / Σ_E over the list's scores (0 under the other checks).
+// Under `mass`, a candidate that selected afresh: S ← the selected part of its list, a0 = last
+// use = its row, u0 = 1 − Σ_S / Σ_E over the list's scores (under the other checks the top-k
+// kernels commit: reuse_commit.cuh).
 constexpr int kCommitThreads = 256;
-
-__device__ __forceinline__ bool commits(const ListDesc& L, const ReuseState& st,
-                                        const int32_t* keep, int32_t li) {
-  return !st.repeat && L.reuse_seq >= 0 && !keep[li] && L.k <= st.k_stride;
-}
 
 // Under `mass`, before the commit: block (list, part) sums e^s over its slice of the list's
 // scores (class kInStride: all of E) and of its fresh selection's chunks (kInS) into
@@ -441,14 +433,11 @@ __global__ void __launch_bounds__(kCommitThreads)
   const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
   copy_chunks(chunks + out0, L.k, nullptr, S, nullptr);
   if (threadIdx.x != 0) return;
-  double u0 = 0;
-  if (rp.check_mass) {  // the partials of reuse_commit_sums, in part order
-    MassSums ms = no_mass();
-    for (int i = 0; i < parts; ++i)
-      ms = merge_mass(ms, partials[static_cast<int64_t>(blockIdx.x) * parts + i].ms);
-    u0 = ms.s[kInStride] > 0 ? 1.0 - ms.s[kInS] / ms.s[kInStride] : 0.0;
-  }
-  st.info[slot] = ReuseInfo{L.first_pos, L.first_pos, rp.budget, rp.window, rp.sink_pages, u0};
+  MassSums ms = no_mass();  // the partials of reuse_commit_sums, in part order
+  for (int i = 0; i < parts; ++i)
+    ms = merge_mass(ms, partials[static_cast<int64_t>(blockIdx.x) * parts + i].ms);
+  const double u0 = ms.s[kInStride] > 0 ? 1.0 - ms.s[kInS] / ms.s[kInStride] : 0.0;
+  st.info[slot] = fresh_info(L, rp, u0);
 }
 
 }  // namespace
@@ -491,14 +480,12 @@ cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists,
                                 const int32_t* keep, const int32_t* chunks, const float* scores,
                                 void* partials, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
-  if (rp.check_mass && (!scores || !partials)) return cudaErrorInvalidValue;
+  if (!rp.check_mass || !scores || !partials) return cudaErrorInvalidValue;
   auto* part = static_cast<CheckPartial*>(partials);
-  if (rp.check_mass) {
-    const cudaError_t err = launch_dependent(
-        reuse_commit_sums_kernel, dim3(static_cast<unsigned>(num_sel), kCheckParts), kCommitThreads,
-        0, stream, lists, sel_lists, st, keep, chunks, scores, part);
-    if (err != cudaSuccess) return err;
-  }
+  const cudaError_t err =
+      launch_dependent(reuse_commit_sums_kernel, dim3(static_cast<unsigned>(num_sel), kCheckParts),
+                       kCommitThreads, 0, stream, lists, sel_lists, st, keep, chunks, scores, part);
+  if (err != cudaSuccess) return err;
   return launch_dependent(reuse_commit_kernel, static_cast<unsigned>(num_sel), kCommitThreads, 0,
                           stream, lists, sel_lists, num_kv_heads, rp, st, keep, chunks,
                           int{kCheckParts}, static_cast<const CheckPartial*>(part));

@@ -2,7 +2,8 @@
 // the state: cuda/backend.h ReuseState). Two kernels around scoring and top-k of one layer:
 //
 //   reuse_decide (the check, the index queries, the decision) → scores (kept lists skipped) →
-//   top-k (kept lists skipped) → reuse_commit → unions
+//   top-k (kept lists skipped; it commits fresh selections) → [reuse_commit, `mass` only] →
+//   unions
 //
 // reuse_decide (kCheckParts blocks per list, each a slice of the check's chunks; the list's last
 // block merges them in order and decides) writes keep[list] for every selecting list (0 for
@@ -16,8 +17,9 @@
 // fp64 with a running maximum carried through the blocks' reductions, so they need no second
 // pass over the representatives. A kept list gets S's pages written into its selected part
 // here, and its last use moved to the row.
-// reuse_commit, after top-k, stores the fresh selection of every candidate that did not keep S,
-// and under `mass` its u0 from the list's scores (one more read of them, spread over blocks).
+// The fresh selection of every candidate that did not keep S is stored as its state by the top-k
+// kernel as it writes it (TopkCommit), or under `mass` by reuse_commit after top-k, with its u0
+// from the list's scores (one more read of them, spread over blocks).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +42,14 @@ struct ReuseParams {
   double mass_slack;         // SelectionParams::reuse_mass_slack (check_mass only)
 };
 
+// The commit folded into a top-k launch (reuse_commit.cuh): st.chunks null for none (no reuse,
+// or the check `mass`, whose commit is launch_reuse_commit after top-k).
+struct TopkCommit {
+  ReuseState st{};
+  ReuseParams rp{};
+  int32_t num_kv_heads = 0;
+};
+
 // Bytes of the partials buffer (the plan's d_reuse_partials) for num_sel selecting lists: the
 // check and the commit's sums each spread a list over a fixed number of blocks, whose partial
 // results the deciding (committing) block merges in order.
@@ -47,9 +57,9 @@ size_t reuse_partial_bytes(int64_t num_sel);
 
 // One launch: the check (scoring S, N and under `mass` the sample, spread over blocks) and the
 // decision, made by each list's last block to finish (tickets: a uint32 per selecting list,
-// zero before the first launch and left zero by every launch). It also writes every selecting list's
-// index query (qbar, qsplit: launch_index_queries' outputs), so with reuse the index-query launch
-// is left out.
+// zero before the first launch and left zero by every launch). It also writes every selecting
+// list's index query (qbar, qsplit: launch_index_queries' outputs), so with reuse the index-query
+// launch is left out.
 cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 const int32_t* block_pages, const RepArgs& reps, bool quest,
                                 const float* index_q, float* qbar, uint16_t* qsplit,
@@ -58,7 +68,8 @@ cudaError_t launch_reuse_decide(const ListDesc* lists, const int32_t* sel_lists,
                                 int32_t* keep, int32_t* pages, int32_t* chunks,
                                 cudaStream_t stream);
 
-// scores: the plan's score array (read under check_mass only, by a sums launch before the commit).
+// The commit under the check `mass` (the top-k kernels commit under the others): the sums of u0
+// over the list's scores (the plan's score array), then S and ReuseInfo.
 cudaError_t launch_reuse_commit(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                 int num_kv_heads, const ReuseParams& rp, const ReuseState& st,
                                 const int32_t* keep, const int32_t* chunks, const float* scores,

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   radix_topk_slice<kThreads, true>(
       L, lo, hi, rank, C, [lo](int32_t i) { return keys[i - lo]; },
-      [](uint32_t key) { return key; }, table, pages, chunks, sh);
+      [](uint32_t key) { return key; }, table, pages, chunks, nullptr, sh);  // no reuse here
 }
 
 // A launch of `blocks` blocks of kThreads in clusters of `cluster` (cfg.attrs points at attr).

@@ -23,6 +23,7 @@
 
 #include "common.cuh"
 #include "pdl.cuh"
+#include "reuse_commit.cuh"
 #include "tile_sizes.cuh"
 #include "topk.cuh"
 #include "topk_cluster.cuh"
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
     topk_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                 const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
                 int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
-                const int32_t* __restrict__ keep) {
+                const int32_t* __restrict__ keep, TopkCommit commit) {
   dev::dependent_start();
   __shared__ TopkShared<kThreads> sh;
   const ListSlice x = list_slice<1>(lists, sel, scores);
@@ -68,11 +69,12 @@ __global__ void __launch_bounds__(kThreads)
   // kernel. (The flag is read after the list's descriptor is asked for, so that the two reads
   // overlap.)
   if (keep && keep[sel[blockIdx.x]]) return;
+  int32_t* const state = topk_commit_target(commit, x.L, keep, sel[blockIdx.x], threadIdx.x == 0);
   const float* s = x.s;
   radix_topk_slice<kThreads, false>(
       x.L, x.lo, x.hi, x.rank, 1, [s](int32_t i) { return __float_as_uint(s[i]); },
       [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, block_pages + x.L.table_begin,
-      pages, chunks, sh);
+      pages, chunks, state, sh);
 }
 
 // v9: kCluster blocks of kThreads per list, each holding its slice of the keys in registers
@@ -80,12 +82,12 @@ __global__ void __launch_bounds__(kThreads)
 // keeps every key, takes the radix select of topk_radix.cuh from global memory in the same
 // cluster. Dynamic shared memory: cluster_topk_smem().
 template <int kCluster, int kThreads, int kCache>
-__global__ void __cluster_dims__(kCluster, 1, 1)
-    __launch_bounds__(kThreads, tiles::kTopkClusterBlocksPerSm)
-        topk_cluster_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
-                            const float* __restrict__ scores,
-                            const int32_t* __restrict__ block_pages, int32_t* __restrict__ pages,
-                            int32_t* __restrict__ chunks, const int32_t* __restrict__ keep) {
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads,
+                                                                   tiles::kTopkClusterBlocksPerSm)
+    topk_cluster_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
+                        const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
+                        int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
+                        const int32_t* __restrict__ keep, TopkCommit commit) {
   extern __shared__ __align__(16) unsigned char smem[];
   // The list descriptors are the plan's, uploaded before the step and written by no kernel: they
   // are read before the wait for the scoring kernel, so that a block launched early (pdl.cuh)
@@ -94,18 +96,21 @@ __global__ void __cluster_dims__(kCluster, 1, 1)
   dev::dependent_start();
   // Every block of a list that keeps its selection leaves before the first cluster barrier.
   if (keep && keep[sel[blockIdx.x / kCluster]]) return;
+  // Each block stores the entries it writes; the first block of the list, the slot's ReuseInfo.
+  int32_t* const state = topk_commit_target(commit, x.L, keep, sel[blockIdx.x / kCluster],
+                                            x.rank == 0 && threadIdx.x == 0);
   const float* s = x.s;
   const int32_t* table = block_pages + x.L.table_begin;
   // Uniform across the cluster: every block's slice holds at most ceil(n / kCluster) keys.
   const int64_t n = x.L.elig_end - x.L.elig_begin;
   if (x.L.k < n && (n + kCluster - 1) / kCluster <= int64_t{kThreads} * kCache)
     cluster_select<kThreads, kCluster, kCache>(
-        x.L, x.lo, x.hi, x.rank, [s](int32_t i) { return s[i]; }, table, pages, chunks,
+        x.L, x.lo, x.hi, x.rank, [s](int32_t i) { return s[i]; }, table, pages, chunks, state,
         *reinterpret_cast<ClusterTopkShared<kThreads, kCluster>*>(smem));
   else
     radix_topk_slice<kThreads, true>(
         x.L, x.lo, x.hi, x.rank, kCluster, [s](int32_t i) { return __float_as_uint(s[i]); },
-        [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, table, pages, chunks,
+        [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, table, pages, chunks, state,
         *reinterpret_cast<TopkShared<kThreads>*>(smem));
 }
 
@@ -153,17 +158,17 @@ int prepare_topk_clusters() {
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                         int64_t max_scores, int64_t cluster_min_scores, const float* scores,
                         const int32_t* block_pages, int32_t* pages, int32_t* chunks,
-                        const int32_t* keep, cudaStream_t stream) {
+                        const int32_t* keep, const TopkCommit& commit, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   constexpr int C = tiles::kTopkCluster, T = tiles::kTopkClusterThreads, K = tiles::kTopkCachedKeys;
   if (topk_register_clusters(num_sel, max_scores, cluster_min_scores))
     launch_dependent(topk_cluster_kernel<C, T, K>, static_cast<unsigned>(num_sel * C), T,
                      cluster_topk_smem(), stream, lists, sel_lists, scores, block_pages, pages,
-                     chunks, keep);
+                     chunks, keep, commit);
   else
     launch_dependent(topk_kernel<tiles::kTopkThreads>, static_cast<unsigned>(num_sel),
                      tiles::kTopkThreads, 0, stream, lists, sel_lists, scores, block_pages, pages,
-                     chunks, keep);
+                     chunks, keep, commit);
   return cudaGetLastError();
 }
 

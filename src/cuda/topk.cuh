@@ -8,17 +8,19 @@
 #include <cstdint>
 
 #include "plan_types.h"
+#include "reuse.cuh"
 
 namespace cisa::cuda::detail {
 
 // A cluster of blocks per list when there are at most kTopkClusterMaxLists lists and the longest
 // eligible range of a selecting list is at least cluster_min_scores (max_scores: the plan's bound
 // on it); else one block per list. keep: null, or a flag per list (reuse.cuh); flagged lists
-// keep their earlier selection and are skipped.
+// keep their earlier selection and are skipped. commit: the reuse commit of the lists that
+// selected afresh, made as the selection is written (reuse_commit.cuh; none by default).
 cudaError_t launch_topk(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                         int64_t max_scores, int64_t cluster_min_scores, const float* scores,
                         const int32_t* block_pages, int32_t* pages, int32_t* chunks,
-                        const int32_t* keep, cudaStream_t stream);
+                        const int32_t* keep, const TopkCommit& commit, cudaStream_t stream);
 
 // Whether launch_topk runs a cluster of blocks a list (keys in registers) rather than one block a
 // list: at most tiles::kTopkClusterMaxLists lists, the longest of at least cluster_min_scores.
@@ -39,6 +41,6 @@ cudaError_t prepare_topk_staged(int64_t max_scores);
 cudaError_t launch_topk_staged(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                int64_t max_scores, const float* scores, const int32_t* block_pages,
                                int32_t* pages, int32_t* chunks, const int32_t* keep,
-                               cudaStream_t stream);
+                               const TopkCommit& commit, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

@@ -126,7 +126,8 @@ __device__ __forceinline__ int2 pick_from_totals(const int* __restrict__ totals,
 
 // Selects list L's top L.k keys by the C = kCluster blocks of a cluster, block `rank` owning
 // slice [lo, hi) of its eligible range (indices relative to L.elig_begin) and writing its kept
-// keys' page IDs and chunk indices into the list's selected part. Preconditions, uniform across
+// keys' page IDs and chunk indices into the list's selected part (and the chunk indices into
+// state, where it is not null: the reuse commit, reuse_commit.cuh). Preconditions, uniform across
 // the cluster: L.k < the range's length, and every slice holds at most kThreads · kCache keys
 // (key j of a thread is lo + j·kThreads + tid). load(i) reads score i. Every thread of every
 // block of the cluster calls this.
@@ -135,6 +136,7 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
                                                Load load, const int32_t* __restrict__ table,
                                                int32_t* __restrict__ pages,
                                                int32_t* __restrict__ chunks,
+                                               int32_t* __restrict__ state,
                                                ClusterTopkShared<kThreads, kCluster>& sh) {
   namespace dsm = cluster_dsm;
   constexpr int W = kThreads / 32;
@@ -259,9 +261,10 @@ __device__ __forceinline__ void cluster_select(const ListDesc& L, int32_t lo, in
     const int gt_before = (pre & 0xffff) + __popc(gt_mask & before);
     const int eq_before = (pre >> 16) + __popc(eq_mask & before);
     if (gt || (eq && eq_before < avail)) {
-      const int64_t at = out0 + base + gt_before + min(eq_before, avail);
-      pages[at] = page[j];
-      chunks[at] = L.elig_begin + i;
+      const int32_t at = base + gt_before + min(eq_before, avail);
+      pages[out0 + at] = page[j];
+      chunks[out0 + at] = L.elig_begin + i;
+      if (state) state[at] = L.elig_begin + i;
     }
   }
 }

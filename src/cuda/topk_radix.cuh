@@ -95,15 +95,14 @@ __device__ __forceinline__ int2 pick_digit(TopkShared<kThreads>& sh, int buf, in
 // calls so that a pass issues its kLoads reads before it converts any (a read followed by its
 // conversion under the bounds check made each read wait for the one before: top-k at 2 x 1M
 // took 37 instead of 25 µs per layer). kClustered: the C blocks of the list form a cluster
-// (C = 1 needs no barrier between blocks). Every thread of the block calls this. (A cluster
-// whose slices fit its registers selects by topk_cluster.cuh instead.)
+// (C = 1 needs no barrier between blocks). state: null, or where entry i of the selected part
+// is also stored (the reuse commit, reuse_commit.cuh). Every thread of the block calls this. (A
+// cluster whose slices fit its registers selects by topk_cluster.cuh instead.)
 template <int kThreads, bool kClustered, class Load, class ToKey>
-__device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, int32_t hi,
-                                                 int rank, int C, Load load, ToKey to_key,
-                                                 const int32_t* __restrict__ table,
-                                                 int32_t* __restrict__ pages,
-                                                 int32_t* __restrict__ chunks,
-                                                 TopkShared<kThreads>& sh) {
+__device__ __forceinline__ void radix_topk_slice(
+    const ListDesc& L, int32_t lo, int32_t hi, int rank, int C, Load load, ToKey to_key,
+    const int32_t* __restrict__ table, int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
+    int32_t* __restrict__ state, TopkShared<kThreads>& sh) {
   namespace cg = cooperative_groups;
   using Scan = cub::BlockScan<int, kThreads>;
   constexpr int kItems = 8;  // consecutive scores per thread in the compaction pass
@@ -217,6 +216,7 @@ __device__ __forceinline__ void radix_topk_slice(const ListDesc& L, int32_t lo, 
       const int32_t c = L.elig_begin + first + j;
       pages[out0 + pos] = table[c];
       chunks[out0 + pos] = c;
+      if (state) state[pos] = c;
       ++pos;
     }
     base += total;

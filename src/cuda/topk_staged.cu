@@ -23,6 +23,7 @@
 
 #include "common.cuh"
 #include "pdl.cuh"
+#include "reuse_commit.cuh"
 #include "tile_sizes.cuh"
 #include "topk.cuh"
 #include "topk_radix.cuh"
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     topk_staged_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
                        const float* __restrict__ scores, const int32_t* __restrict__ block_pages,
                        int32_t* __restrict__ pages, int32_t* __restrict__ chunks,
-                       const int32_t* __restrict__ keep, int32_t slots) {
+                       const int32_t* __restrict__ keep, TopkCommit commit, int32_t slots) {
   dev::dependent_start();
   extern __shared__ uint4 staged_mem[];
   __shared__ TopkShared<kThreads> sh;
@@ -80,6 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int warp_gt[kWarps], warp_eq[kWarps];
   if (keep && keep[sel[blockIdx.x]]) return;
   const ListDesc L = lists[sel[blockIdx.x]];
+  int32_t* const state = topk_commit_target(commit, L, keep, sel[blockIdx.x], threadIdx.x == 0);
   const int32_t n = L.elig_end - L.elig_begin, k = L.k;
   const float* __restrict__ s = scores + L.score_begin;
   const int32_t* table = block_pages + L.table_begin;
@@ -233,10 +235,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < 8; ++j) {
           const bool is_gt = gt >> j & 1u, is_eq = eq >> j & 1u;
           if (is_gt || (is_eq && e < need_eq)) {
-            const int64_t at = out0 + g + min(e, need_eq);
+            const int32_t at = g + min(e, need_eq);
             const int32_t c = L.elig_begin + i + j;
-            pages[at] = table[c];
-            chunks[at] = c;
+            pages[out0 + at] = table[c];
+            chunks[out0 + at] = c;
+            if (state) state[at] = c;
           }
           g += is_gt ? 1 : 0;
           e += is_eq ? 1 : 0;
@@ -250,7 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!staged)
     radix_topk_slice<kThreads, false>(
         L, 0, n, 0, 1, [s](int32_t i) { return __float_as_uint(s[i]); },
-        [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, table, pages, chunks, sh);
+        [](uint32_t bits) { return order_key(__uint_as_float(bits)); }, table, pages, chunks, state,
+        sh);
 }
 
 }  // namespace
@@ -268,12 +272,12 @@ cudaError_t prepare_topk_staged(int64_t max_scores) {
 cudaError_t launch_topk_staged(const ListDesc* lists, const int32_t* sel_lists, int64_t num_sel,
                                int64_t max_scores, const float* scores, const int32_t* block_pages,
                                int32_t* pages, int32_t* chunks, const int32_t* keep,
-                               cudaStream_t stream) {
+                               const TopkCommit& commit, cudaStream_t stream) {
   if (num_sel <= 0) return cudaSuccess;
   if (!topk_staged_fits(max_scores)) return cudaErrorInvalidValue;
   return launch_dependent(topk_staged_kernel, static_cast<unsigned>(num_sel), kThreads,
                           staged_smem_bytes(max_scores), stream, lists, sel_lists, scores,
-                          block_pages, pages, chunks, keep,
+                          block_pages, pages, chunks, keep, commit,
                           static_cast<int32_t>(staged_slots(max_scores)));
 }
 

@@ -110,7 +110,8 @@ void run_select_in_graph(const cuda::Plan& plan, const cuda::DeviceLayer& layer,
 void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<BatchEntry>& batch,
                 const std::vector<int32_t>& slots, const SelectionParams& p, int layer_slot,
                 const std::vector<float>& iq_host, DeviceReuse& dr, HostReuse& host, bool repeat,
-                int64_t* kept_lists, bool topk_staged = true, bool graph = false) {
+                int64_t* kept_lists, bool topk_staged = true, bool graph = false,
+                int cluster_min = -1) {
   const int H = cache.num_kv_heads();
   DevVec<float> iq;
   iq.upload(iq_host);
@@ -128,9 +129,11 @@ void check_step(const PagedKvCache& cache, DeviceMirror& m, const std::vector<Ba
 
   cuda::Plan plan;
   ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), batch, H, p, &plan,
-                                {.topk_staged = topk_staged, .reuse_slots = slots})
+                                {.topk_cluster_min_scores = cluster_min,
+                                 .topk_staged = topk_staged,
+                                 .reuse_slots = slots})
                   .ok());
-  ASSERT_EQ(plan.impl()->topk_staged, topk_staged);
+  ASSERT_EQ(plan.impl()->topk_staged, topk_staged && cluster_min != 0);
   cuda::ReuseState rs = dr.st;
   rs.layer_slot = layer_slot;
   rs.repeat = repeat;
@@ -255,6 +258,9 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     // Every step captured into a CUDA graph (run_select_in_graph), and every entry a reuse
     // candidate (steps where every list keeps, and steps where some select).
     bool graph = false;
+    // PlanOptions::topk_cluster_min_scores: 0 takes the cluster top-k (keys in registers) at
+    // these lengths, which commits the fresh selections as the other kernels do.
+    int cluster_min = -1;
   };
   std::vector<Case> cases = {
       {2, 128, RepKind::kMean, {.budget = 24, .window = 4, .qshare = 1, .sink_pages = 1}},
@@ -283,12 +289,18 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
     cases.push_back(cases[i]);
     cases.back().graph = true;
   }
+  // The cluster top-k: new-chunks (it commits), and mass (reuse_commit does).
+  for (const size_t i : {size_t{0}, size_t{4}}) {
+    cases.push_back(cases[i]);
+    cases.back().cluster_min = 0;
+  }
   std::mt19937 rng(77);
   for (const Case& c : cases) {
     SCOPED_TRACE("hkv=" + std::to_string(c.hkv) + " d=" + std::to_string(c.d) + " r=" +
                  std::to_string(c.p.reuse_steps) + " check " + reuse_check_name(c.p.reuse_check) +
                  (c.topk_staged ? " top-k staged" : " top-k one block") + " reps " +
-                 rep_precision_name(c.prec) + (c.graph ? " graphs" : ""));
+                 rep_precision_name(c.prec) + (c.graph ? " graphs" : "") +
+                 (c.cluster_min == 0 ? " cluster top-k" : ""));
     const std::vector<int64_t> len = {4000, 2600, 3300};
     int64_t pages = 0;
     for (auto n : len) pages += n / kB + 2;
@@ -324,12 +336,12 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
         for (auto& x : iq) x = jump ? random_vec(rng, 1)[0] : x + 0.15f * random_vec(rng, 1)[0];
         const int64_t kept_before = kept;
         check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, false, &kept, c.topk_staged,
-                   c.graph);
+                   c.graph, c.cluster_min);
         if (::testing::Test::HasFatalFailure()) return;
         all_kept += kept - kept_before == static_cast<int64_t>(len.size()) * c.hkv ? 1 : 0;
         if (step % 9 == 4) {  // the re-plan of a first attend: the same lists, nothing counted
           check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, true, &kept, c.topk_staged,
-                     c.graph);
+                     c.graph, c.cluster_min);
           if (::testing::Test::HasFatalFailure()) return;
         }
       }
