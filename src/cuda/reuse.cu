@@ -207,6 +207,11 @@ struct Candidate {
   int64_t slot, nb, stride0;
   int32_t nn, total;  // the check's chunks: S, N, then (mass) the sample's stride
   bool ok, checked, mass;
+  // An unchecked list's blocks copy their shares of S into it where this holds: `ok`, or, read
+  // after the list's first block decided to keep S and moved its last use to the row, the same
+  // rule with last use = row. Where it holds and `ok` does not (a row decided twice at one
+  // position), the list selects afresh and top-k overwrites every entry copied.
+  bool copy;
 };
 
 __device__ __forceinline__ Candidate candidate(const ListDesc& L, const ReuseState& st,
@@ -217,11 +222,14 @@ __device__ __forceinline__ Candidate candidate(const ListDesc& L, const ReuseSta
   const int64_t a = L.first_pos;
   const int32_t k = L.k;
   c.ok = c.I.selected_at >= 0 && same_sets(c.I, rp) && k <= st.k_stride;
-  if (st.repeat)
+  if (st.repeat) {
     c.ok = c.ok && c.I.last_used == a;
-  else
-    c.ok = c.ok && c.I.last_used >= c.I.selected_at && a == c.I.last_used + 1 &&
-           a - c.I.selected_at < rp.reuse_steps;
+    c.copy = c.ok;
+  } else {
+    const bool young = c.I.last_used >= c.I.selected_at && a - c.I.selected_at < rp.reuse_steps;
+    c.copy = c.ok && young && (a == c.I.last_used + 1 || a == c.I.last_used);
+    c.ok = c.ok && young && a == c.I.last_used + 1;
+  }
   // newly_eligible (plan.h): [c(a0) − W, c(a) − W), from the sinks on.
   c.nb = max(rp.sink_pages, c.I.selected_at / 16 - rp.window);
   const int64_t ne = max(c.nb, a / 16 - rp.window);
@@ -256,17 +264,29 @@ __device__ __forceinline__ CheckPartial load_partial(const CheckPartial* p) {
   return r;
 }
 
+// Entries [c0, c1) of S as chosen at a0, into the selected part of this row's list (sinks,
+// window and tail are this row's own, written at plan time).
+__device__ __forceinline__ void copy_share(const ListDesc& L, const Candidate& C,
+                                           const ReuseState& st, const int32_t* __restrict__ table,
+                                           int32_t* __restrict__ chunks,
+                                           int32_t* __restrict__ pages, int32_t c0, int32_t c1) {
+  const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin) + c0;
+  copy_chunks(st.chunks + C.slot * st.k_stride + c0, c1 - c0, table, chunks + out0, pages + out0);
+}
+
 // The decision for one selecting list, by one block (every thread calls it): the list's index
 // query (the index-query kernel's work, here instead: scoring reads it for lists that select),
-// the keep flag, the counters, and for a kept list S's pages in its selected part. C was
-// computed by this block before any block changed the list's state; p holds the list's check
-// partials (null when the list runs no check), merged in part order (deterministic).
+// the keep flag, the counters, and for a kept list entries [c0, c1) of S's pages in its selected
+// part. C was computed by this block before any block changed the list's state; p holds the
+// list's check partials (null when the list runs no check), merged in part order
+// (deterministic).
 __device__ void decide_list(const ListDesc& L, int32_t li, const Candidate& C,
                             const CheckPartial* p, int parts, const int32_t* __restrict__ table,
                             const float* __restrict__ index_q, float* __restrict__ qbar,
                             uint16_t* __restrict__ qsplit, int H, int D, const ReuseParams& rp,
                             const ReuseState& st, int32_t* __restrict__ keep,
-                            int32_t* __restrict__ pages, int32_t* __restrict__ chunks) {
+                            int32_t* __restrict__ pages, int32_t* __restrict__ chunks, int32_t c0,
+                            int32_t c1) {
   __shared__ int32_t verdict;
   write_index_query(L, li, index_q, H, D, qbar, qsplit);
   if (threadIdx.x == 0) {
@@ -301,11 +321,7 @@ __device__ void decide_list(const ListDesc& L, int32_t li, const Candidate& C,
     }
   }
   __syncthreads();
-  if (verdict == 0) return;
-  // S as chosen at a0, into the selected part of this row's list (sinks, window and tail are
-  // this row's own, written at plan time).
-  const int64_t out0 = L.out_begin + (L.pre_end - L.pre_begin);
-  copy_chunks(st.chunks + C.slot * st.k_stride, L.k, table, chunks + out0, pages + out0);
+  if (verdict != 0) copy_share(L, C, st, table, chunks, pages, c0, c1);
 }
 
 // The check and the decision in one launch, kCheckParts blocks per selecting list (the check of
@@ -313,11 +329,13 @@ __device__ void decide_list(const ListDesc& L, int32_t li, const Candidate& C,
 // (list, part) scores its slice of the check's chunks under the row's index query (computed
 // here, bit for bit as write_index_query does) and writes its lowest S key, highest N key and
 // sums to partials[list][part]; the list's last block to finish (a ticket per list, which wraps
-// back to 0 for the next launch) merges them and decides. A list that runs no check is decided
-// by its first block at once, and one that is no candidate gets its index query and keep = 0
-// there. Every block of a list computes C before the decision changes the list's state: the
-// decider of a checked list is the last block to arrive, and an unchecked list's other blocks,
-// whether they read the state before or after its change, find no check to run.
+// back to 0 for the next launch) merges them and decides. A list that runs no check (every
+// kept step but the 1 in 16 where a page leaves the window) is decided by its first block at
+// once while every block copies its share of S (k / kCheckParts entries: one round of loads
+// instead of a block's k), and one that is no candidate gets its index query and keep = 0
+// there. The decider of a checked list is the last block to arrive, so every block has read
+// the list's state before it changes; an unchecked list's other blocks, whether they read it
+// before or after its change, find no check to run (Candidate::copy says which copy).
 template <int D, bool kQuest, bool kInt8>
 __global__ void __launch_bounds__(kDecideThreads)
     reuse_decide_kernel(const ListDesc* __restrict__ lists, const int32_t* __restrict__ sel,
@@ -328,16 +346,18 @@ __global__ void __launch_bounds__(kDecideThreads)
                         CheckPartial* __restrict__ partials, uint32_t* __restrict__ tickets,
                         int32_t* __restrict__ keep, int32_t* __restrict__ pages,
                         int32_t* __restrict__ chunks) {
-  dev::dependent_start();
   __shared__ ListDesc L;  // in shared memory: the check's registers are not held for the decision
   __shared__ Candidate C;
   __shared__ float q_s[D];
   __shared__ uint32_t lowest_kept, highest_new;
   __shared__ bool last;
+  // The plan's list descriptors are written by no kernel: read before the wait (pdl.cuh), so
+  // that they arrive while the kernel before this one finishes.
   const int32_t li = sel[blockIdx.x];
   const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
+  if (threadIdx.x == 0) L = lists[li];
+  dev::dependent_start();
   if (threadIdx.x == 0) {
-    L = lists[li];
     if (L.reuse_seq >= 0) C = candidate(L, st, rp, H);
     lowest_kept = 0xffffffffu;
     highest_new = 0u;
@@ -351,9 +371,15 @@ __global__ void __launch_bounds__(kDecideThreads)
     return;
   }
   if (!C.checked) {  // uniform: C is shared
+    // The first block decides; every block copies its share of S where the list may keep it
+    // (Candidate::copy: the first block's decision may already have moved the last use).
+    const auto c0 = static_cast<int32_t>(static_cast<int64_t>(L.k) * part / parts);
+    const auto c1 = static_cast<int32_t>(static_cast<int64_t>(L.k) * (part + 1) / parts);
     if (part == 0)
       decide_list(L, li, C, nullptr, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep, pages,
-                  chunks);
+                  chunks, c0, c1);
+    else if (C.copy)
+      copy_share(L, C, st, table, chunks, pages, c0, c1);
     return;
   }
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -381,7 +407,7 @@ __global__ void __launch_bounds__(kDecideThreads)
   if (!last) return;
   __threadfence();
   decide_list(L, li, C, mine, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep, pages,
-              chunks);
+              chunks, 0, L.k);
 }
 
 // Under `mass`, a candidate that selected afresh: S ← the selected part of its list, a0 = last

@@ -339,6 +339,11 @@ TEST(CudaSelectionReuse, DecodeListsFollowTheRule) {
                    c.graph, c.cluster_min);
         if (::testing::Test::HasFatalFailure()) return;
         all_kept += kept - kept_before == static_cast<int64_t>(len.size()) * c.hkv ? 1 : 0;
+        if (step % 13 == 6) {  // the same row decided again (not a repeat): it selects afresh
+          check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, false, &kept, c.topk_staged,
+                     c.graph, c.cluster_min);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
         if (step % 9 == 4) {  // the re-plan of a first attend: the same lists, nothing counted
           check_step(*cache, m, batch, slots, c.p, layer, iq, dr, host, true, &kept, c.topk_staged,
                      c.graph, c.cluster_min);

@@ -18,7 +18,9 @@ namespace cisa::cli::layer_bench {
 // per-step rows' step_ms: step = other + (fresh step + (r − 1) · kept step) / r, where a kept
 // step's empty kernels cost what they cost inside a graph, not a launch each. The new-chunks
 // check scores k + 1 chunks on the 1 step in 16 where a page leaves the window; that is not in
-// `kept` (it is 1/16 of one list's k extra dot products).
+// `kept` (it is 1/16 of one list's k extra dot products). The kept step is also timed by parts
+// (attention alone, then with each selection stage before it added), printed and in the JSON as
+// kept_step_parts_ms.
 void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense_ms) {
   const Options& o = run.o;
   const Geometry& geo = run.geo;
@@ -67,6 +69,21 @@ void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense
   // graph's repeat rule needs.
   const double fresh_step = step(st);
   const double kept_step = step(repeat);
+  // The kept step by parts: graphs of attention alone, then with the selection stages before it
+  // added one at a time (setup; the decision and scoring; top-k), the last being kept_step. The
+  // differences are what each stage's launches add to a kept step.
+  auto kept_part = [&](int stages) {
+    return graph_ms(
+        [&](cudaStream_t s) {
+          const cuda::SelectStage order[] = {cuda::SelectStage::kSetup, cuda::SelectStage::kScore,
+                                             cuda::SelectStage::kTopK};
+          for (int i = 0; i < stages; ++i)
+            (void)cuda::run_select_stage(plan, layer, buf.index_q, order[i], s, &repeat);
+          (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
+        },
+        o);
+  };
+  const double parts[3] = {kept_part(0), kept_part(1), kept_part(2)};
   int64_t n[4] = {};
   cudaMemcpy(n, stats, sizeof(n), cudaMemcpyDeviceToHost);
   cudaFree(chunks);
@@ -74,6 +91,12 @@ void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense
   cudaFree(stats);
   if (!cuda_ok(cudaGetLastError(), "reuse run")) return;
   const bool stepped = fresh_step > 0 && kept_step > 0;
+  if (stepped)
+    std::fprintf(run.table_out,
+                 "%-5s decode  cisa kept graph step by parts: attention %7s ms  + setup %7s  "
+                 "+ decision, scoring %7s  + top-k %7s\n",
+                 geo.name.c_str(), fmt(parts[0]).c_str(), fmt(parts[1]).c_str(),
+                 fmt(parts[2]).c_str(), fmt(kept_step).c_str());
   for (const int64_t r : {2, 4, 8}) {
     const double busy = fixed_ms + (fresh + static_cast<double>(r - 1) * kept) / r;
     const double step_ms = other + (fresh_step + static_cast<double>(r - 1) * kept_step) / r;
@@ -86,6 +109,7 @@ void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense
       j["fresh_step_ms"] = fresh_step;
       j["kept_step_ms"] = kept_step;
       j["step_ms"] = step_ms;
+      j["kept_step_parts_ms"] = {parts[0], parts[1], parts[2], kept_step};
     }
     j["speedup_vs_own_dense"] = dense_ms / busy;
     j["lists_selected"] = n[0];
