@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[NT / 2];          // scores of the tile being softmaxed, then its P (f32)
   uint32_t pa[NT / 16][4];  // P of the tile whose P·V is issued
 
-  // S = Q·Kᵀ and O += P·V of the tile in `stage` (issued, not waited; attention_wgmma_tile.cuh).
+  // S = Q·Kᵀ and O += P·V of the tile in `stage` (issued, not waited;
+  // attention_wgmma_tile.cuh).
   auto issue_s = [&](int stage) { wg_issue_qk<NT>(s, qf, ks + stage * kTileBytes); };
   auto issue_pv = [&](int stage) { wg_issue_pv<NT>(o, pa, vs + stage * kTileBytes); };
   auto wait_full = [&](int j) {  // false: the producer ended the task at tile j

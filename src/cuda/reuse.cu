@@ -18,6 +18,12 @@ constexpr int kDecideThreads = 256;
 constexpr int kCheckUnroll = 4;  // check_scores' chunk slots per warp and round
 constexpr int kCheckParts = 16;  // blocks per selecting list for the check and the commit's sums
 
+// Bound i of `parts` near-equal slices of [0, n): slice p is [part_bound(n, p, parts),
+// part_bound(n, p + 1, parts)).
+__device__ __forceinline__ int32_t part_bound(int32_t n, int i, int parts) {
+  return static_cast<int32_t>(static_cast<int64_t>(n) * i / parts);
+}
+
 __device__ __forceinline__ bool same_sets(const ReuseInfo& I, const ReuseParams& rp) {
   return I.budget == rp.budget && I.window == rp.window && I.sink_pages == rp.sink_pages;
 }
@@ -84,8 +90,8 @@ __device__ MassSums block_mass(MassSums a) {
 }
 
 // The check's chunks [begin, end) of [0, total): c is S[c] for c < k, nb + (c − k) for c < k + nn
-// (N), else the sample's stride, stride0 + kReuseMassStrideDevice · (c − k − nn) (`mass` only). D/8
-// lanes per chunk, kChan channels per lane (rep_read.cuh), then the lanes' partial sums by xor
+// (N), else the sample's stride, stride0 + kReuseMassStrideDevice · (c − k − nn) (`mass` only).
+// D/8 lanes per chunk, kChan channels per lane (rep_read.cuh), then the lanes' partial sums by xor
 // shuffles, times the scale (int8) and 1/√d: score_few_kernel's arithmetic. Leaves, in shared
 // memory, the lowest order key of S and the highest of N, and with `mass` each thread's sums (S's
 // chunk j is on the stride iff j ≡ stride0 (mod kReuseMassStrideDevice)).
@@ -373,8 +379,8 @@ __global__ void __launch_bounds__(kDecideThreads)
   if (!C.checked) {  // uniform: C is shared
     // The first block decides; every block copies its share of S where the list may keep it
     // (Candidate::copy: the first block's decision may already have moved the last use).
-    const auto c0 = static_cast<int32_t>(static_cast<int64_t>(L.k) * part / parts);
-    const auto c1 = static_cast<int32_t>(static_cast<int64_t>(L.k) * (part + 1) / parts);
+    const int32_t c0 = part_bound(L.k, part, parts);
+    const int32_t c1 = part_bound(L.k, part + 1, parts);
     if (part == 0)
       decide_list(L, li, C, nullptr, parts, table, index_q, qbar, qsplit, H, D, rp, st, keep, pages,
                   chunks, c0, c1);
@@ -388,8 +394,8 @@ __global__ void __launch_bounds__(kDecideThreads)
     q_s[i] = qi[0];
   }
   __syncthreads();
-  const auto begin = static_cast<int32_t>(static_cast<int64_t>(C.total) * part / parts);
-  const auto end = static_cast<int32_t>(static_cast<int64_t>(C.total) * (part + 1) / parts);
+  const int32_t begin = part_bound(C.total, part, parts);
+  const int32_t end = part_bound(C.total, part + 1, parts);
   MassSums ms = no_mass();
   check_scores<D, kQuest, kInt8>(
       L.kv, st.chunks + C.slot * st.k_stride, L.k, static_cast<int32_t>(C.nb), C.nn, C.stride0,
@@ -429,10 +435,10 @@ __global__ void __launch_bounds__(kCommitThreads)
   if (!commits(L, st, keep, li)) return;
   const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
   const int32_t n = L.elig_end - L.elig_begin;
-  const auto e0 = static_cast<int32_t>(static_cast<int64_t>(n) * part / parts);
-  const auto e1 = static_cast<int32_t>(static_cast<int64_t>(n) * (part + 1) / parts);
-  const auto s0 = static_cast<int32_t>(static_cast<int64_t>(L.k) * part / parts);
-  const auto s1 = static_cast<int32_t>(static_cast<int64_t>(L.k) * (part + 1) / parts);
+  const int32_t e0 = part_bound(n, part, parts);
+  const int32_t e1 = part_bound(n, part + 1, parts);
+  const int32_t s0 = part_bound(L.k, part, parts);
+  const int32_t s1 = part_bound(L.k, part + 1, parts);
   // The chunks of S are absolute; the list's scores start at elig_begin.
   const float* sc = scores + L.score_begin;
   const int32_t* picked = chunks + L.out_begin + (L.pre_end - L.pre_begin);

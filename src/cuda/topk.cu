@@ -12,12 +12,12 @@
 // barrier and one cluster barrier a pass. v9: the exchanges by st.async, awaited on transaction
 // barriers, with no cluster barrier after the first (topk_cluster.cuh). On an H100, 4:1 x 16
 // decode top-k went 0.036 (v5) → 0.026-0.027 (v6) → 0.026 (v8) → 0.024 ms (v9), 32:1 x 32
-// 0.050 → 0.041 → 0.038 → 0.034 (bench/results/topk_waves_2026-12-06). v1/v2 ran one 1024-thread
-// block per list: 0.072 ms for the 16 lists of a decode step, 16 SMs busy and 5 dependent sweeps of
-// 65 K scores each. With many lists (prefill) the GPU is full anyway and the cluster barriers only
-// cost (v3 measured top-k 1.7x slower at 2,048 lists), so there each list keeps one 1024-thread
-// block (or topk_staged.cu's). Decode lists of one (sequence, KV group) each may instead be
-// selected by select_fused.cu, which scores and selects in one kernel.
+// 0.050 → 0.041 → 0.038 → 0.034 (bench/results/topk_waves_2026-12-06). v1/v2 ran one
+// 1024-thread block per list: 0.072 ms for the 16 lists of a decode step, 16 SMs busy and 5
+// dependent sweeps of 65 K scores each. With many lists (prefill) the GPU is full anyway and the
+// cluster barriers only cost (v3 measured top-k 1.7x slower at 2,048 lists), so there each list
+// keeps one 1024-thread block (or topk_staged.cu's). Decode lists of one (sequence, KV group) each
+// may instead be selected by select_fused.cu, which scores and selects in one kernel.
 
 #include <algorithm>
 

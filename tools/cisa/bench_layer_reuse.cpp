@@ -53,10 +53,15 @@ void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense
     (void)cuda::run_select_stage(plan, layer, buf.index_q, cuda::SelectStage::kScore, nullptr, &rs);
     (void)cuda::run_select_stage(plan, layer, buf.index_q, cuda::SelectStage::kTopK, nullptr, &rs);
   };
-  auto step = [&](const cuda::ReuseState& rs) {
+  // A graph of the first `stages` selection stages (setup, the decision and scoring, top-k: all
+  // three are run_select) and attention, replayed.
+  auto graph_step = [&](const cuda::ReuseState& rs, int stages) {
     return graph_ms(
         [&](cudaStream_t s) {
-          (void)cuda::run_select(plan, layer, buf.index_q, s, &rs);
+          const cuda::SelectStage order[] = {cuda::SelectStage::kSetup, cuda::SelectStage::kScore,
+                                             cuda::SelectStage::kTopK};
+          for (int i = 0; i < stages; ++i)
+            (void)cuda::run_select_stage(plan, layer, buf.index_q, order[i], s, &rs);
           (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
         },
         o);
@@ -67,23 +72,11 @@ void reuse_rows(const PhaseRun& run, double other, double fixed_ms, double dense
   const double kept = median_ms([&] { select(repeat); }, o);
   // The fresh graph first: it leaves every slot's last use at this position, which the kept
   // graph's repeat rule needs.
-  const double fresh_step = step(st);
-  const double kept_step = step(repeat);
-  // The kept step by parts: graphs of attention alone, then with the selection stages before it
-  // added one at a time (setup; the decision and scoring; top-k), the last being kept_step. The
-  // differences are what each stage's launches add to a kept step.
-  auto kept_part = [&](int stages) {
-    return graph_ms(
-        [&](cudaStream_t s) {
-          const cuda::SelectStage order[] = {cuda::SelectStage::kSetup, cuda::SelectStage::kScore,
-                                             cuda::SelectStage::kTopK};
-          for (int i = 0; i < stages; ++i)
-            (void)cuda::run_select_stage(plan, layer, buf.index_q, order[i], s, &repeat);
-          (void)cuda::run_attention(plan, layer, buf.q, 0.0f, buf.out, buf.lse, s);
-        },
-        o);
-  };
-  const double parts[3] = {kept_part(0), kept_part(1), kept_part(2)};
+  const double fresh_step = graph_step(st, 3);
+  const double kept_step = graph_step(repeat, 3);
+  // The kept step by parts: attention alone, then with the selection stages before it added one
+  // at a time (the last being kept_step). The differences are what each stage's launches add.
+  const double parts[3] = {graph_step(repeat, 0), graph_step(repeat, 1), graph_step(repeat, 2)};
   int64_t n[4] = {};
   cudaMemcpy(n, stats, sizeof(n), cudaMemcpyDeviceToHost);
   cudaFree(chunks);
