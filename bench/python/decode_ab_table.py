@@ -3,9 +3,9 @@
 
 Reads the archive the script returns (all.tgz: layer/layer_<run>.json from `cisa bench layer
 --json`, layer/anchors.json from anchors_layer.py) and prints, for every run and geometry, the
-int8/native decode row (top-k, scoring, busy and graph-step ms) and the reuse r = 8 row (kept and
-fresh graph steps, per-step busy and graph step), each with its ratio to the best dense anchor of
-the same call (busy / step).
+int8/native decode row (top-k, scoring, busy and graph-step ms) and the reuse rows of the r in
+--reuse (default 2, 4, 8: kept and fresh graph steps, per-step busy and graph step), each with its
+ratio to the best dense anchor of the same call (busy / step).
 
   python3 bench/python/decode_ab_table.py bench/results/<folder>/<call>/all.tgz
 """
@@ -18,7 +18,9 @@ import tarfile
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("archive", help="all.tgz of a gpu_decode_session.sh call")
+    ap.add_argument("--reuse", default="2,4,8", help="comma-separated r of the reuse rows")
     args = ap.parse_args()
+    reuse = {int(r) for r in args.reuse.split(",") if r}
     rows = collections.defaultdict(dict)
     best = {}
     with tarfile.open(args.archive) as t:
@@ -40,8 +42,8 @@ def main():
                     rows[run][(r["geometry"], "")] = (
                         f"top-k {r['topk_ms']:.3f} score {r['scoring_ms']:.3f}",
                         r["busy_ms"], r["step_ms"])
-                elif r.get("method") == "cisa-reuse" and r.get("reuse_steps") == 8:
-                    rows[run][(r["geometry"], "r=8")] = (
+                elif r.get("method") == "cisa-reuse" and r.get("reuse_steps") in reuse:
+                    rows[run][(r["geometry"], f"r={r['reuse_steps']}")] = (
                         f"kept {r['kept_step_ms']:.3f} fresh {r['fresh_step_ms']:.3f}",
                         r["busy_ms"], r["step_ms"])
     print("best dense ms:", {g: round(v, 3) for g, v in best.items()})
