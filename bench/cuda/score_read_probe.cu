@@ -30,6 +30,14 @@
 //     dp4a       the query as three int8 digits (q/s ~ d1 + d2/256 + d3/65536) and one IDP4A a
 //                digit and 4 codes: 0.75 instructions a code, integer sums converted at the end
 //     u16        16 loads a lane in flight instead of 8 (more bytes in flight a warp)
+//   int8 staging (the kernels' form: magic conversion, 1-byte exponent array, 512 chunks a
+//                block, one KV head; `int8 magic exp8` is that form with register loads):
+//     cpasync SC/NS  the block's representatives copied into a ring of NS shared-memory stages
+//                of SC chunks by cp.async (16 bytes a copy, no registers held while in flight),
+//                the arithmetic reading the stage NS - 1 stages behind the copies; the block's
+//                page IDs and exponents read first. Asks whether int8 scoring waits on loads that
+//                registers cannot keep in flight (ncu, H100: 69 % of DRAM bandwidth, 0.58
+//                instructions issued a scheduler and cycle).
 //
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a -cudart static bench/cuda/score_read_probe.cu \
 //          -o score_read_probe       (or the CMake target score_read_probe)
@@ -277,6 +285,92 @@ struct Case {
   bool random_tables;
 };
 
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One KV head (H = 1), int8 codes with the magic conversion and the 1-byte exponent array: the
+// block's NCB chunks in NCB / SC stages, copied NS - 1 stages ahead into a shared ring.
+template <int NCB, int SC, int NS>
+__global__ void __launch_bounds__(kThreads)
+    score_cpasync_kernel(const uint8_t* __restrict__ reps, const int8_t* __restrict__ exps,
+                         const int32_t* __restrict__ tables, int64_t pages_per_seq,
+                         const float* __restrict__ qs, float* __restrict__ scores) {
+  constexpr int LPC = kLanesPerChunk<Elem::kInt8M>, CPL = 32 / LPC, WARPS = kThreads / 32;
+  constexpr int STAGES = NCB / SC, COPIES = SC * LPC / kThreads, CPW = SC / WARPS;
+  static_assert(SC * LPC % kThreads == 0 && CPW % CPL == 0, "whole copies and loads");
+  __shared__ int32_t page_s[NCB];
+  __shared__ int32_t ex_s[NCB];
+  extern __shared__ uint4 ring[];  // NS stages of SC chunks x LPC 16-byte pieces
+  const int seq = blockIdx.y;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * NCB;
+  const int32_t* table = tables + seq * pages_per_seq + c0;
+  for (int i = threadIdx.x; i < NCB; i += kThreads) {
+    const int32_t page = __ldg(table + i);
+    page_s[i] = page;
+    ex_s[i] = __ldg(exps + page);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPC, grp = lane / LPC;
+  float q[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) q[i] = qs[seq * kD + sub * 16 + i];
+  __syncthreads();
+  const auto issue = [&](int s) {
+    if (s < STAGES) {
+      uint4* dst = ring + (s % NS) * SC * LPC;
+#pragma unroll
+      for (int j = 0; j < COPIES; ++j) {
+        const int e = j * kThreads + static_cast<int>(threadIdx.x);
+        const int32_t page = page_s[s * SC + e / LPC];
+        cp_async16(dst + e, reps + static_cast<int64_t>(page) * kD + (e % LPC) * 16);
+      }
+    }
+    cp_async_commit();  // empty groups too: the count of groups behind stays NS - 2
+  };
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) issue(s);
+#pragma unroll 1
+  for (int s = 0; s < STAGES; ++s) {
+    cp_async_wait<NS - 2>();
+    __syncthreads();  // stage s landed for every thread; stage s - 1's slot is free
+    issue(s + NS - 1);
+    const uint4* buf = ring + (s % NS) * SC * LPC;
+#pragma unroll
+    for (int u = 0; u < CPW / CPL; ++u) {
+      const int c = warp * CPW + u * CPL + grp;
+      float acc = dot16<Elem::kInt8M>(buf[c * LPC + sub], q);
+#pragma unroll
+      for (int o = LPC / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if (sub == 0)
+        scores[seq * pages_per_seq + c0 + s * SC + c] =
+            acc * __int_as_float((ex_s[s * SC + c] + 127) << 23);
+    }
+  }
+}
+
+template <int NCB, int SC, int NS>
+void launch_cpasync(const Case& c, int64_t pages, const uint8_t* reps, const int8_t* exps,
+                    const int32_t* tables, const float* q, float* scores) {
+  constexpr int smem = NS * SC * kD;
+  static bool attr = false;
+  if (!attr) {
+    CHECK(cudaFuncSetAttribute(score_cpasync_kernel<NCB, SC, NS>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attr = true;
+  }
+  score_cpasync_kernel<NCB, SC, NS>
+      <<<dim3(static_cast<unsigned>(pages / NCB), c.seqs), kThreads, smem>>>(reps, exps, tables,
+                                                                             pages, q, scores);
+}
+
 template <int NCB, int H, bool ALLKV, bool SWAP, bool PIPE, Elem E = Elem::kBf16,
           Scale S = Scale::kExp8, int U = 8>
 void launch(const Case& c, int64_t pages, const uint8_t* reps, const void* scales,
@@ -395,6 +489,21 @@ void run_case(const Case& c) {
     launch<512, H, false, false, false, Elem::kInt8M, Scale::kF32>(c, pages, reps8, scales, tables,
                                                                    q, scores);
   });
+  byte8("int8 magic exp8 512", [&] {
+    launch<512, H, false, false, false, Elem::kInt8M>(c, pages, reps8, exps, tables, q, scores);
+  });
+  if constexpr (H == 1) {
+    byte8("cpasync 64/4",
+          [&] { launch_cpasync<512, 64, 4>(c, pages, reps8, exps, tables, q, scores); });
+    byte8("cpasync 128/3",
+          [&] { launch_cpasync<512, 128, 3>(c, pages, reps8, exps, tables, q, scores); });
+    byte8("cpasync 128/4",
+          [&] { launch_cpasync<512, 128, 4>(c, pages, reps8, exps, tables, q, scores); });
+    byte8("cpasync 32/8",
+          [&] { launch_cpasync<512, 32, 8>(c, pages, reps8, exps, tables, q, scores); });
+    byte8("cpasync 1024 128/4",
+          [&] { launch_cpasync<1024, 128, 4>(c, pages, reps8, exps, tables, q, scores); });
+  }
   scaled("int8 dp4a 512", [&] {
     launch<512, H, false, false, false, Elem::kInt8D, Scale::kF32>(c, pages, reps8, scales, tables,
                                                                    q, scores);
