@@ -7,6 +7,12 @@ int8/native decode row (top-k, scoring, busy and graph-step ms) and the reuse ro
 --reuse (default 2, 4, 8: kept and fresh graph steps, per-step busy and graph step), each with its
 ratio to the best dense anchor of the same call (busy / step).
 
+The last column is the graph step's ratio as a share of the byte ratio: the dense step's bytes
+(the cache it reads) over the bytes a CISA step must read, the selected pages' K/V every step and
+the representatives once per fresh selection (kv_bytes + rep_bytes / r of the run's own row). At
+that share of the dense kernel's read rate a step would reach the ratio printed; 100 % means
+reading exactly those bytes as fast as the best dense kernel reads the cache.
+
   python3 bench/python/decode_ab_table.py bench/results/<folder>/<call>/all.tgz
 """
 import argparse
@@ -15,43 +21,69 @@ import json
 import tarfile
 
 
+def byte_ratio(dense_bytes, cisa_row, r):
+    """Dense bytes over a CISA step's: the selected K/V each step, the representatives 1/r."""
+    return dense_bytes / (cisa_row["kv_bytes"] + cisa_row["rep_bytes"] / r)
+
+
+def read_runs(members, reuse):
+    """members: (name, parsed JSON) of the archive's layer/*.json. Returns the best dense anchor
+    ms by geometry and, per run, {(geometry, tag): (what, busy ms, step ms, byte ratio)}."""
+    rows = collections.defaultdict(dict)
+    best = {}
+    for name, d in members:
+        if name == "layer/anchors.json":
+            for r in d["anchors"]:
+                if r.get("phase") == "decode" and r.get("method") in ("cudnn", "flash"):
+                    g = r["geometry"]
+                    best[g] = min(best.get(g, float("inf")), r["ms"])
+            continue
+        run = name[len("layer/"):-len(".json")]
+        res = [r for r in d.get("results", []) if r.get("phase") == "decode"]
+        dense = {r["geometry"]: r["kv_bytes"] for r in res if r.get("method") == "dense"}
+        cisa = {r["geometry"]: r for r in res if r.get("method") == "cisa"}
+
+        def ratio_of(geo, r):
+            c = cisa.get(geo)
+            if geo not in dense or c is None or "rep_bytes" not in c:
+                return None
+            return byte_ratio(dense[geo], c, r)
+
+        for r in res:
+            geo = r["geometry"]
+            if r.get("method") == "cisa":
+                rows[run][(geo, "")] = (f"top-k {r['topk_ms']:.3f} score {r['scoring_ms']:.3f}",
+                                        r["busy_ms"], r["step_ms"], ratio_of(geo, 1))
+            elif r.get("method") == "cisa-reuse" and r.get("reuse_steps") in reuse:
+                n = r["reuse_steps"]
+                rows[run][(geo, f"r={n}")] = (
+                    f"kept {r['kept_step_ms']:.3f} fresh {r['fresh_step_ms']:.3f}",
+                    r["busy_ms"], r["step_ms"], ratio_of(geo, n))
+    return best, rows
+
+
+def table(best, rows):
+    out = ["best dense ms: " + str({g: round(v, 3) for g, v in best.items()})]
+    for run in sorted(rows):
+        for (geo, tag), (what, busy, step, bytes_x) in sorted(rows[run].items()):
+            a = best.get(geo)
+            ratio = f"{a / busy:.2f}x / {a / step:.2f}x" if a else ""
+            share = f"  of bytes {bytes_x:.2f}x: {a / step / bytes_x:.0%}" if a and bytes_x else ""
+            out.append(f"{run:22s} {geo:5s} {tag:4s} {what:28s} busy {busy:.3f} step {step:.3f}"
+                       f"  {ratio}{share}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("archive", help="all.tgz of a gpu_decode_session.sh call")
     ap.add_argument("--reuse", default="2,4,8", help="comma-separated r of the reuse rows")
     args = ap.parse_args()
     reuse = {int(r) for r in args.reuse.split(",") if r}
-    rows = collections.defaultdict(dict)
-    best = {}
     with tarfile.open(args.archive) as t:
-        for m in t.getmembers():
-            if not (m.name.startswith("layer/") and m.name.endswith(".json")):
-                continue
-            d = json.load(t.extractfile(m))
-            if m.name == "layer/anchors.json":
-                for r in d["anchors"]:
-                    if r.get("phase") == "decode" and r.get("method") in ("cudnn", "flash"):
-                        g = r["geometry"]
-                        best[g] = min(best.get(g, float("inf")), r["ms"])
-                continue
-            run = m.name[len("layer/"):-len(".json")]
-            for r in d.get("results", []):
-                if r.get("phase") != "decode":
-                    continue
-                if r.get("method") == "cisa":
-                    rows[run][(r["geometry"], "")] = (
-                        f"top-k {r['topk_ms']:.3f} score {r['scoring_ms']:.3f}",
-                        r["busy_ms"], r["step_ms"])
-                elif r.get("method") == "cisa-reuse" and r.get("reuse_steps") in reuse:
-                    rows[run][(r["geometry"], f"r={r['reuse_steps']}")] = (
-                        f"kept {r['kept_step_ms']:.3f} fresh {r['fresh_step_ms']:.3f}",
-                        r["busy_ms"], r["step_ms"])
-    print("best dense ms:", {g: round(v, 3) for g, v in best.items()})
-    for run in sorted(rows):
-        for (geo, tag), (what, busy, step) in sorted(rows[run].items()):
-            a = best.get(geo)
-            ratio = f"{a / busy:.2f}x / {a / step:.2f}x" if a else ""
-            print(f"{run:22s} {geo:5s} {tag:4s} {what:28s} busy {busy:.3f} step {step:.3f}  {ratio}")
+        members = [(m.name, json.load(t.extractfile(m))) for m in t.getmembers()
+                   if m.name.startswith("layer/") and m.name.endswith(".json")]
+    print("\n".join(table(*read_runs(members, reuse))))
 
 
 if __name__ == "__main__":
