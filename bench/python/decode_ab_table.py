@@ -13,6 +13,12 @@ the representatives once per fresh selection (kv_bytes + rep_bytes / r of the ru
 that share of the dense kernel's read rate a step would reach the ratio printed; 100 % means
 reading exactly those bytes as fast as the best dense kernel reads the cache.
 
+Runs at other budgets (`cisa bench layer --budget k`, e.g. gpu_decode_session.sh's
+AB_SETS="--budget 2048;--budget 8192") add a least-squares line per geometry through the
+decode attention times of every run with scattered pages against the K/V bytes they read:
+its intercept is what an attention launch costs whatever it reads, its slope the rate at which
+it reads the pages, beside the best dense kernel's rate over the whole cache in the same call.
+
   python3 bench/python/decode_ab_table.py bench/results/<folder>/<call>/all.tgz
 """
 import argparse
@@ -62,6 +68,41 @@ def read_runs(members, reuse):
     return best, rows
 
 
+def attention_fit(members):
+    """Per geometry, a least-squares line ms = fixed + bytes / rate through the decode attention
+    times of the runs with scattered pages (block tables a random permutation of the pool), if
+    they read at least two different byte counts. Returns {geometry: (points, fixed ms, rate
+    TB/s, budgets)} and {geometry: best dense anchor's TB/s}."""
+    pts = collections.defaultdict(list)
+    dense_rate = {}
+    for name, d in members:
+        if name == "layer/anchors.json":
+            best = {}
+            for r in d["anchors"]:
+                if r.get("phase") == "decode" and r.get("method") in ("cudnn", "flash"):
+                    if r["geometry"] not in best or r["ms"] < best[r["geometry"]]["ms"]:
+                        best[r["geometry"]] = r
+            dense_rate = {g: r["tb_s"] for g, r in best.items() if "tb_s" in r}
+            continue
+        if "pool order" in d.get("block_tables", ""):
+            continue
+        for r in d.get("results", []):
+            if (r.get("phase") == "decode" and r.get("method") == "cisa"
+                    and "attention_ms" in r and "kv_bytes" in r):
+                pts[r["geometry"]].append((r["kv_bytes"], r["attention_ms"], d.get("budget")))
+    fits = {}
+    for geo, p in pts.items():
+        n = len(p)
+        mx = sum(x for x, _, _ in p) / n
+        my = sum(y for _, y, _ in p) / n
+        sxx = sum((x - mx) ** 2 for x, _, _ in p)
+        if sxx == 0:
+            continue
+        slope = sum((x - mx) * (y - my) for x, y, _ in p) / sxx  # ms per byte
+        fits[geo] = (n, my - slope * mx, 1e-9 / slope, sorted({b for _, _, b in p if b}))
+    return fits, dense_rate
+
+
 def table(best, rows):
     out = ["best dense ms: " + str({g: round(v, 3) for g, v in best.items()})]
     for run in sorted(rows):
@@ -84,6 +125,11 @@ def main():
         members = [(m.name, json.load(t.extractfile(m))) for m in t.getmembers()
                    if m.name.startswith("layer/") and m.name.endswith(".json")]
     print("\n".join(table(*read_runs(members, reuse))))
+    fits, dense_rate = attention_fit(members)
+    for geo, (n, fixed, rate, budgets) in sorted(fits.items()):
+        d = f", best dense kernel {dense_rate[geo]:.2f} TB/s" if geo in dense_rate else ""
+        print(f"attention fit {geo:5s} ({n} runs, budgets {budgets}): fixed {fixed * 1e3:.1f} us, "
+              f"pages read at {rate:.2f} TB/s{d}")
 
 
 if __name__ == "__main__":

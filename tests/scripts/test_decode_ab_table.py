@@ -6,7 +6,9 @@ One run with a dense row of 1,600 bytes, a CISA row reading 100 bytes of K/V and
 representatives, and reuse rows at r = 2 and 3; anchors with cuDNN at 2.0 ms and FlashAttention
 at 1.6 ms. The byte ratios are 1600 / 160 = 10, 1600 / 130 and 1600 / 120; a step of 0.2 ms is
 1.6 / 0.2 = 8x, 80 % of 10x. A second run without the dense row prints no byte share, an r not
-asked for is left out, and the command line reads the same archive.
+asked for is left out, and the command line reads the same archive. The attention fit: runs
+at three budgets on the line ms = 0.012 + bytes / 2.5e9 give 12 us and 2.5 TB/s, a run with
+pool-order pages is left out, and one budget alone gives no line.
 """
 import io
 import json
@@ -19,11 +21,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "..", "bench", "python")
 sys.path.insert(0, BENCH)
-from decode_ab_table import read_runs, table  # noqa: E402
+from decode_ab_table import attention_fit, read_runs, table  # noqa: E402
 
 ANCHORS = {"anchors": [
-    {"geometry": "4:1", "phase": "decode", "method": "cudnn", "ms": 2.0},
-    {"geometry": "4:1", "phase": "decode", "method": "flash", "ms": 1.6},
+    {"geometry": "4:1", "phase": "decode", "method": "cudnn", "ms": 2.0, "tb_s": 2.4},
+    {"geometry": "4:1", "phase": "decode", "method": "flash", "ms": 1.6, "tb_s": 3.0},
     {"geometry": "4:1", "phase": "decode", "method": "sdpa-math", "ms": 0.1},
     {"geometry": "4:1", "phase": "prefill", "method": "cudnn", "ms": 0.5}]}
 
@@ -73,7 +75,32 @@ def main():
         out = subprocess.run([sys.executable, os.path.join(BENCH, "decode_ab_table.py"), path,
                               "--reuse", "2,3"], capture_output=True, text=True, check=True)
         assert out.stdout.splitlines() == lines, (out.stdout, lines)
+    check_fit()
     print("ok")
+
+
+def budget_run(budget, kv_bytes, attention_ms, tables="random permutation of the pool"):
+    return {"budget": budget, "block_tables": tables, "results": [
+        {"geometry": "4:1", "phase": "decode", "method": "cisa", "kv_bytes": kv_bytes,
+         "attention_ms": attention_ms},
+        {"geometry": "4:1", "phase": "prefill", "method": "cisa", "kv_bytes": 1,
+         "attention_ms": 50.0}]}
+
+
+def check_fit():
+    # ms = 0.012 + bytes / 2.5e9 (2.5 TB/s); the pool-order run is off the line and left out.
+    line = [(2048, 300e6), (4096, 550e6), (4096, 550e6), (8192, 1050e6)]
+    members = [("layer/anchors.json", ANCHORS)]
+    members += [("layer/run%d.json" % i, budget_run(k, b, 0.012 + b / 2.5e9))
+                for i, (k, b) in enumerate(line)]
+    members.append(("layer/pool.json", budget_run(4096, 550e6, 0.01, "pool order (x)")))
+    fits, dense_rate = attention_fit(members)
+    assert set(fits) == {"4:1"} and dense_rate == {"4:1": 3.0}, (fits, dense_rate)
+    n, fixed, rate, budgets = fits["4:1"]
+    assert n == 4 and budgets == [2048, 4096, 8192], fits
+    assert abs(fixed - 0.012) < 1e-12 and abs(rate - 2.5) < 1e-9, fits
+    # One byte count only (the same budget twice): no line.
+    assert attention_fit(members[:1] + [members[2], members[3]])[0] == {}, "one budget"
 
 
 if __name__ == "__main__":
