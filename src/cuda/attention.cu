@@ -45,6 +45,81 @@ __device__ __forceinline__ int swz(int tok, int chunk) {
   return kSwizzled<D> ? chunk ^ (tok & 7) : chunk;
 }
 
+// Merged row r of merge task M on one warp (merge_kernel, and the fused merge at the end of
+// attention_kernel). Lane s reads the LSE of split s (32 splits per pass); lane c owns channels
+// 4c … 4c + 3 (+128 for d = 256) and reads them as one 16-byte load per split, every split's load
+// issued before the first use, weights broadcast from lane s by shuffle. CG: the partials were
+// written by other blocks of the same launch, so they are read from L2 (ld.global.cg), not
+// through this SM's L1; the values, and so the result bits, are the same.
+template <int D, bool CG>
+__device__ __forceinline__ void merge_row(const AttentionArgs& a, const MergeTask& M, int r,
+                                          int lane) {
+  constexpr int NC = D / 4 > 32 ? 2 : 1;  // float4 groups per lane
+  const ListDesc L = a.lists[M.list];
+  const int hg = a.num_q_heads / a.num_kv_heads;
+  const float* plse = a.partial_lse + M.partial + r;  // split s at plse[s · rows]
+  const auto lse_of = [&](int s) {
+    const float* p = plse + static_cast<int64_t>(s) * M.rows;
+    return CG ? __ldcg(p) : *p;
+  };
+  float mx = -INFINITY;
+  for (int s = lane; s < M.splits; s += 32) mx = fmaxf(mx, lse_of(s));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float4 acc[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const bool has = lane * 4 < D;  // d = 64: lanes 16 … 31 hold no channels
+  float sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s0 = 0; s0 < M.splits; s0 += 32) {
+      const int s = s0 + lane;
+      const float w = s < M.splits ? expf(lse_of(s) - mx) : 0.0f;
+      sum += w;
+      const int n = min(32, M.splits - s0);
+      const float4* po = reinterpret_cast<const float4*>(
+          a.partial_out + (M.partial + static_cast<int64_t>(s0) * M.rows + r) * D);
+      const int64_t step = static_cast<int64_t>(M.rows) * (D / 4);  // one split, in float4
+#pragma unroll 16
+      for (int j = 0; j < n; ++j) {
+        const float wj = __shfl_sync(0xffffffffu, w, j);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (!has) continue;
+          const float4* pv = po + j * step + lane + 32 * c;
+          const float4 v = CG ? __ldcg(pv) : *pv;
+          acc[c].x = fmaf(wj, v.x, acc[c].x);
+          acc[c].y = fmaf(wj, v.y, acc[c].y);
+          acc[c].z = fmaf(wj, v.z, acc[c].z);
+          acc[c].w = fmaf(wj, v.w, acc[c].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  const int lr = M.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
+  const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  float* dst = a.out + hr * D;
+  const bool vec = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;  // callers may pass any float*
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    if (!has) continue;
+    const float4 v = make_float4(acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv);
+    float* d4 = dst + 4 * (lane + 32 * c);
+    if (vec) {
+      *reinterpret_cast<float4*>(d4) = v;
+    } else {
+      d4[0] = v.x;
+      d4[1] = v.y;
+      d4[2] = v.z;
+      d4[3] = v.w;
+    }
+  }
+  if (a.lse && lane == 0) a.lse[hr] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+}
+
 // PW > 1 (few rows per list: decode): the warps split each tile's pages as well as its rows.
 // Warp w takes rows 16·(w mod RW) … +15 and pages [ph·NP/PW, (ph+1)·NP/PW) of every tile, where
 // ph = w / RW and RW = WARPS / PW; the PW partial softmax states of a row meet at the end by
@@ -53,7 +128,10 @@ __device__ __forceinline__ int swz(int tok, int chunk) {
 // UNI: the launch holds union tasks. Launches without them use an instantiation without the
 // union masks (v3 measured the union logic costing ~10 % on full-tile prefill: 243 vs 229
 // registers at d = 128).
-template <int D, int WARPS, int PW, bool UNI>
+// FM (PlanOptions::fused_merge, PW > 1 only): a task with a merge takes a ticket after storing
+// its partials, and the merge task's last split block merges them (merge_row), so no merge
+// launch follows. The ticket wraps back to zero as the last block takes it.
+template <int D, int WARPS, int PW, bool UNI, bool FM>
 __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
   dev::dependent_start();
   constexpr int B = tiles::kPageSize;
@@ -306,92 +384,50 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
     }
     warp_active = warp_active && ph == 0;
   }
-  if (!warp_active) return;
-  store_rows<D>(a, L, blockIdx.x, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
+  if constexpr (!FM) {
+    if (!warp_active) return;
+    store_rows<D>(a, L, blockIdx.x, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
+  } else {
+    if (warp_active)
+      store_rows<D>(a, L, blockIdx.x, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
+    const int32_t mi = __ldg(&a.tasks[blockIdx.x].merge);  // block-uniform
+    if (mi < 0) return;
+    __shared__ bool last;
+    __threadfence();  // this thread's partials are visible before the ticket says so
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const auto splits = static_cast<unsigned>(a.merges[mi].splits);
+      last = atomicInc(a.merge_tickets + mi, splits - 1) == splits - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const MergeTask M = a.merges[mi];
+    for (int r = warp; r < M.rows; r += WARPS) merge_row<D, true>(a, M, r, lane);
+  }
 }
 
 // One warp per merged row: block (x, y) takes rows y·W … y·W + W − 1 of merge task x (W warps),
 // so a decode merge of 32 rows × 17 splits runs on 32 warps, not 4 (v3–v5: one block per task,
-// each warp walking 8 rows one after another, ~7 dependent L2 round trips per row). Lane s reads
-// the LSE of split s (32 splits per pass); lane c owns channels 4c … 4c + 3 (+128 for d = 256)
-// and reads them as one 16-byte load per split, every split's load issued before the first use,
-// weights broadcast from lane s by shuffle.
+// each warp walking 8 rows one after another, ~7 dependent L2 round trips per row); each warp
+// runs merge_row.
 template <int D>
 __global__ void merge_kernel(const AttentionArgs a) {
   dev::dependent_start();
-  constexpr int NC = D / 4 > 32 ? 2 : 1;  // float4 groups per lane
   const MergeTask M = a.merges[blockIdx.x];
-  const int lane = threadIdx.x % 32;
   const int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= M.rows) return;
-  const ListDesc L = a.lists[M.list];
-  const int hg = a.num_q_heads / a.num_kv_heads;
-  const float* plse = a.partial_lse + M.partial + r;  // split s at plse[s · rows]
-  float mx = -INFINITY;
-  for (int s = lane; s < M.splits; s += 32) mx = fmaxf(mx, plse[static_cast<int64_t>(s) * M.rows]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float4 acc[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const bool has = lane * 4 < D;  // d = 64: lanes 16 … 31 hold no channels
-  float sum = 0.0f;
-  if (mx != -INFINITY) {
-    for (int s0 = 0; s0 < M.splits; s0 += 32) {
-      const int s = s0 + lane;
-      const float w = s < M.splits ? expf(plse[static_cast<int64_t>(s) * M.rows] - mx) : 0.0f;
-      sum += w;
-      const int n = min(32, M.splits - s0);
-      const float4* po = reinterpret_cast<const float4*>(
-          a.partial_out + (M.partial + static_cast<int64_t>(s0) * M.rows + r) * D);
-      const int64_t step = static_cast<int64_t>(M.rows) * (D / 4);  // one split, in float4
-#pragma unroll 16
-      for (int j = 0; j < n; ++j) {
-        const float wj = __shfl_sync(0xffffffffu, w, j);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          if (!has) continue;
-          const float4 v = po[j * step + lane + 32 * c];
-          acc[c].x = fmaf(wj, v.x, acc[c].x);
-          acc[c].y = fmaf(wj, v.y, acc[c].y);
-          acc[c].z = fmaf(wj, v.z, acc[c].z);
-          acc[c].w = fmaf(wj, v.w, acc[c].w);
-        }
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  }
-  const int lr = M.row0 + r, p = lr / hg, head = L.kv * hg + lr % hg;
-  const int64_t hr = (L.q_row + p) * a.num_q_heads + head;
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  float* dst = a.out + hr * D;
-  const bool vec = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;  // callers may pass any float*
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    if (!has) continue;
-    const float4 v = make_float4(acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv);
-    float* d4 = dst + 4 * (lane + 32 * c);
-    if (vec) {
-      *reinterpret_cast<float4*>(d4) = v;
-    } else {
-      d4[0] = v.x;
-      d4[1] = v.y;
-      d4[2] = v.z;
-      d4[3] = v.w;
-    }
-  }
-  if (a.lse && lane == 0) a.lse[hr] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+  merge_row<D, false>(a, M, r, threadIdx.x % 32);
 }
 
-template <int D, int WARPS, int PW, bool UNI>
+template <int D, int WARPS, int PW, bool UNI, bool FM = false>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
   cudaError_t err =
-      cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI>,
+      cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI, FM>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  launch_dependent(attention_kernel<D, WARPS, PW, UNI>, static_cast<unsigned>(num_tasks),
+  launch_dependent(attention_kernel<D, WARPS, PW, UNI, FM>, static_cast<unsigned>(num_tasks),
                    WARPS * 32, smem, stream, a);
   return cudaGetLastError();
 }
@@ -406,8 +442,13 @@ cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int
   }
   if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
-    if (page_warps == 4) return launch_typed<D, 4, 4, false>(a, num_tasks, stream);
-    if (page_warps == 2) return launch_typed<D, 4, 2, false>(a, num_tasks, stream);
+    const bool fm = a.merge_tickets != nullptr;
+    if (page_warps == 4)
+      return fm ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)
+                : launch_typed<D, 4, 4, false>(a, num_tasks, stream);
+    if (page_warps == 2)
+      return fm ? launch_typed<D, 4, 2, false, true>(a, num_tasks, stream)
+                : launch_typed<D, 4, 2, false>(a, num_tasks, stream);
   }
   return launch_typed<D, 4, 1, false>(a, num_tasks, stream);
 }

@@ -33,6 +33,9 @@ struct AttentionArgs {
   float* lse;               // [rows][num_q_heads] f32 or nullptr
   float* partial_out;       // [partial rows][head_dim] f32
   float* partial_lse;       // [partial rows] f32
+  // PlanOptions::fused_merge: one ticket per MergeTask (zero between launches), and the last
+  // split block of each merge task merges its partials (no merge launch); null: launch_merge.
+  uint32_t* merge_tickets;
   int num_kv_heads, num_q_heads, head_dim;
   int32_t window;  // sliding window in tokens, 0: none
   float scale;     // multiplies q·k
@@ -41,6 +44,7 @@ struct AttentionArgs {
 // warps: 4 or 8 (row tile 64 or 128). page_warps (1, 2 or 4; > 1 only with 4 warps, d ≤ 128 and
 // no union tasks): groups of warps that split each tile's pages, for lists of ≤ 64/page_warps rows.
 // unions: the tasks include union tasks (selects the kernel instantiation that handles them).
+// With a.merge_tickets (page_warps > 1 only) the split merge runs inside this launch.
 cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
                              bool unions, cudaStream_t stream);
 // max_rows: the most rows of any merge task (the grid has one warp per row of the largest).

@@ -124,6 +124,7 @@ std::string Plan::kernels() const {
     s += mainloop(P.wgmma_big, 8) + ", " + std::to_string(P.big_tasks) + " tasks) then ";
   s += mainloop(P.wgmma, P.warps);
   if (P.page_warps > 1) s += ", pages split over " + std::to_string(P.page_warps) + " warps";
+  if (P.fused_merge) s += ", split merge in the last split block";
   if (!P.unions.empty()) s += ", " + std::to_string(P.unions.size()) + " unions";
   s += ")";
   if (P.sel.empty()) return s + "; no selection";
@@ -334,6 +335,7 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   a.lse = lse;
   a.partial_out = P.d_partial_out.as<float>();
   a.partial_lse = P.d_partial_lse.as<float>();
+  a.merge_tickets = P.fused_merge ? P.d_merge_tickets.as<uint32_t>() : nullptr;
   a.num_kv_heads = P.num_kv_heads;
   a.num_q_heads = P.num_q_heads;
   a.head_dim = P.head_dim;
@@ -358,6 +360,7 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
                                            !P.unions.empty(), s)
           : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
       "cuda: attention"));
+  if (P.fused_merge) return Status::Ok();  // merged by each merge task's last split block
   return cuda_status(
       detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
       "cuda: split-KV merge");
@@ -409,6 +412,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.score_tiles},
                           int64_t{P.fused_cluster},
                           int64_t{P.topk_staged},
+                          int64_t{P.fused_merge},
                           rp.budget,
                           rp.window,
                           rp.sink_pages,
@@ -423,7 +427,8 @@ uint64_t plan_launch_key(const Plan& plan) {
            P.d_chunks.as<void>(), P.d_scores.as<void>(), P.d_qbar.as<void>(), P.d_qsplit.as<void>(),
            P.d_partial_out.as<void>(), P.d_partial_lse.as<void>(), P.d_upages.as<void>(),
            P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>(),
-           P.d_keep.as<void>(), P.d_reuse_partials.as<void>(), P.d_reuse_tickets.as<void>()})
+           P.d_keep.as<void>(), P.d_reuse_partials.as<void>(), P.d_reuse_tickets.as<void>(),
+           P.d_merge_tickets.as<void>()})
     ptr(p);
   return h;
 }

@@ -143,6 +143,7 @@ Status plan_attention(Plan::Impl& P) {
       t.partial = -1;
       t.union_id = union_at[L];
       t.stride = u.stride;
+      t.merge = -1;
       P.tasks.push_back(t);
       return;
     }
@@ -169,6 +170,7 @@ Status plan_attention(Plan::Impl& P) {
         t.page0 = d.out_begin + n * sp / splits;
         t.page1 = d.out_begin + n * (sp + 1) / splits;
         t.partial = splits > 1 ? base + sp * R : -1;
+        t.merge = splits > 1 ? static_cast<int32_t>(P.merges.size()) : -1;
         P.tasks.push_back(t);
       }
       if (splits > 1) {
@@ -185,6 +187,8 @@ Status plan_attention(Plan::Impl& P) {
   P.big_tasks = static_cast<int64_t>(P.tasks.size());
   for (size_t L = 0; L < P.lists.size(); ++L)
     if (!big(P.groups[L / static_cast<size_t>(H)])) emit(L);
+  P.fused_merge = P.options.fused_merge && P.page_warps > 1 && !P.wgmma && P.big_tasks == 0 &&
+                  !P.merges.empty();
   return Status::Ok();
 }
 

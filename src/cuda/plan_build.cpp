@@ -308,6 +308,9 @@ Status finish_plan(Plan::Impl& P) {
                               "cuda plan: split-KV partials"));
   CISA_RETURN_IF_ERROR(P.d_partial_lse.reserve(std::max<int64_t>(1, P.partial_rows) * sizeof(float),
                                                "cuda plan: split-KV partial lse"));
+  if (P.fused_merge)
+    CISA_RETURN_IF_ERROR(P.d_merge_tickets.reserve(
+        P.merges.size() * sizeof(uint32_t), "cuda plan: split-KV merge tickets", /*zero=*/true));
   return Status::Ok();
 }
 

@@ -99,6 +99,9 @@ struct Plan::Impl {
   // the launch of the others. 0 in every other plan: one launch.
   int64_t big_tasks = 0;
   bool wgmma_big = false;
+  // PlanOptions::fused_merge taken: one launch of page-split tasks (mma.sync) with merges, which
+  // the last split block of each merge task runs (d_merge_tickets); no merge launch.
+  bool fused_merge = false;
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)
   int64_t max_fixed = 0;   // most fixed entries (dense range / sinks + window + tail) of a list
@@ -121,6 +124,7 @@ struct Plan::Impl {
   DeviceBuffer d_keep;  // int32 per list: 1 when a decode list keeps its selection (reuse.cuh)
   DeviceBuffer d_reuse_partials;  // the reuse check's and commit's per-block partials (reuse.cuh)
   DeviceBuffer d_reuse_tickets;   // uint32 per list, zero between launches (launch_reuse_decide)
+  DeviceBuffer d_merge_tickets;   // uint32 per merge task, zero between launches (fused_merge)
 };
 
 // The current device's SM count (132 where it cannot be read).

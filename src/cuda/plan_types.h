@@ -62,6 +62,7 @@ struct AttnTask {
                          // page1 is the capacity, the kernel reads the true size)
   int64_t partial;       // −1: writes the output; else first row of its partial slot
   int32_t union_id, stride;
+  int32_t merge;  // its MergeTask (split-KV partials), else −1; read by fused-merge launches
 };
 
 // KV-outer work unit of small query groups (v3): up to kUnionGroups consecutive QShare groups of

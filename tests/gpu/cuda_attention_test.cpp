@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "cisa/cpu/attention.h"
 #include "cisa/cpu/selection.h"
@@ -152,7 +154,17 @@ void expect_dense_lists(const World& w, const cuda::Plan& plan, int64_t window) 
 
 struct Shape {
   int hkv, hq, d;
+  std::string name() const {
+    return "hkv=" + std::to_string(hkv) + " hq=" + std::to_string(hq) + " d=" + std::to_string(d);
+  }
 };
+
+// Four decode entries (one query row each). The 40,000-token entry is split into more than 32
+// parts (2,500 pages / kMinSplitPages): a merge reads the split LSEs in two passes of 32 lanes.
+World decode_world(const Shape& sh, std::mt19937& rng) {
+  return make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000, 40000},
+                    {{0, 4999, 1}, {1, 3000, 1}, {2, 11999, 1}, {3, 39999, 1}}, rng);
+}
 
 TEST(CudaAttention, DenseMatchesCpu) {
   CISA_REQUIRE_GPU();
@@ -293,12 +305,8 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
        {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}, Shape{1, 16, 64}, Shape{1, 4, 256}}) {
     const int hg = sh.hq / sh.hkv;
     const int want_pw = sh.d > cuda::tiles::kPageSplitMaxHeadDim ? 1 : hg <= 16 ? 4 : 2;
-    SCOPED_TRACE("hkv=" + std::to_string(sh.hkv) + " hq=" + std::to_string(sh.hq) +
-                 " d=" + std::to_string(sh.d));
-    // The 40,000-token entry is split into more than 32 parts (2,500 pages / kMinSplitPages):
-    // the merge reads the split LSEs in two passes of 32 lanes.
-    auto w = make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000, 40000},
-                        {{0, 4999, 1}, {1, 3000, 1}, {2, 11999, 1}, {3, 39999, 1}}, rng);
+    SCOPED_TRACE(sh.name());
+    auto w = decode_world(sh, rng);
     DeviceMirror m;
     m.build(*w.cache, 0, 4);
     {
@@ -323,6 +331,76 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
     diq.upload(iq);
     ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
     run_and_compare(w, m, plan, 0);
+  }
+}
+
+// PlanOptions::fused_merge: the last split block of each list merges the partials inside the
+// attention launch. The merge is the merge launch's own code (merge_row), so outputs and LSEs
+// must equal the merge launch's bit for bit, dense and CISA, in every page-split shape, with a
+// list of more than 32 splits (two LSE passes); a second and third run check that the tickets
+// wrapped back to zero, and the CPU engine checks the fused plan on its own.
+TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}}) {
+    SCOPED_TRACE(sh.name());
+    auto w = decode_world(sh, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 4);
+    DevVec<uint16_t> dq;
+    dq.upload(w.qh);
+    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
+    DevVec<float> diq;
+    diq.upload(iq);
+    const SelectionParams p{.budget = 40, .window = 8, .qshare = 1};
+    for (const bool sparse : {false, true}) {
+      SCOPED_TRACE(sparse ? "cisa" : "dense");
+      const auto run = [&](bool fused, int runs, std::vector<float>* out_h,
+                           std::vector<float>* lse_h) {
+        cuda::Plan plan;
+        const cuda::PlanOptions opt{.fused_merge = fused};
+        ASSERT_TRUE(
+            (sparse ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, opt)
+                    : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt))
+                .ok());
+        const auto* P = plan.impl();
+        ASSERT_GT(P->page_warps, 1);
+        ASSERT_FALSE(P->merges.empty());
+        EXPECT_EQ(P->fused_merge, fused);
+        EXPECT_EQ(plan.kernels().find("split merge in the last split block") != std::string::npos,
+                  fused);
+        if (!sparse) {
+          EXPECT_TRUE(std::any_of(P->merges.begin(), P->merges.end(), [](const auto& mt) {
+            return mt.splits > 32;
+          })) << "a list of more than 32 splits";
+        }
+        ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
+        DevVec<float> out(static_cast<size_t>(w.rows * w.hq * sh.d)),
+            lse(static_cast<size_t>(w.rows * w.hq));
+        for (int i = 0; i < runs; ++i) {
+          out.poison();
+          lse.poison();
+          const Status st =
+              cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          CUDA_OK(cudaDeviceSynchronize());
+          if (i == 0) {
+            *out_h = out.download();
+            *lse_h = lse.download();
+          } else {
+            EXPECT_EQ(out.download(), *out_h) << "run " << i;
+            EXPECT_EQ(lse.download(), *lse_h) << "run " << i;
+          }
+        }
+        if (fused) run_and_compare(w, m, plan, 0);
+      };
+      std::vector<float> out0, lse0, out1, lse1;
+      ASSERT_NO_FATAL_FAILURE(run(false, 1, &out0, &lse0));
+      ASSERT_NO_FATAL_FAILURE(run(true, 3, &out1, &lse1));
+      ASSERT_EQ(out0.size(), out1.size());
+      EXPECT_EQ(0, std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(lse0.data(), lse1.data(), lse0.size() * sizeof(float)));
+    }
   }
 }
 

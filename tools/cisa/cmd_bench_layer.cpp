@@ -281,6 +281,9 @@ int run(int argc, char** argv) {
              "prefill top-k on the one-block kernel that reads the scores once a radix pass "
              "instead of v7's (keys' top 16 bits staged in shared memory; PlanOptions::topk_staged "
              "off, for A/B runs)");
+  a.add_flag("--fused-merge", &o.fused_merge,
+             "decode: the last split block of each list merges the split-KV partials inside the "
+             "attention launch, no merge launch (PlanOptions::fused_merge, for A/B runs)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--score-tiles", &o.score_tiles,
@@ -376,6 +379,7 @@ int run(int argc, char** argv) {
   if (popt.score_tiles_per_block > 0) doc["score_tiles_per_block"] = popt.score_tiles_per_block;
   doc["wgmma_unions"] = popt.wgmma_unions;
   doc["topk_staged"] = popt.topk_staged;
+  doc["fused_merge"] = popt.fused_merge;
   doc["rep_precision"] = o.rep_precision;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";

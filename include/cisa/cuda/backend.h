@@ -159,6 +159,12 @@ struct PlanOptions {
   // cannot run a plan's lists that way). Plans with other lists (prefill groups, Quest
   // representatives) take the two kernels whatever this says.
   int fused_select_cluster = 0;
+  // Page-split (decode) plans whose lists split across blocks: the last block of each list's
+  // splits merges their partials inside the attention launch instead of a merge launch after it
+  // (the same merge arithmetic, so the same bits). Off by default until measured; plans without
+  // page-split warps take the merge launch whatever this says (`cisa bench layer --fused-merge`;
+  // Plan::kernels() names the path taken).
+  bool fused_merge = false;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
   // keeps no state and always selects. Needed by plan_sparse when reuse_steps > 1 (the plan
