@@ -32,17 +32,26 @@ def byte_ratio(dense_bytes, cisa_row, r):
     return dense_bytes / (cisa_row["kv_bytes"] + cisa_row["rep_bytes"] / r)
 
 
-def read_runs(members, reuse):
-    """members: (name, parsed JSON) of the archive's layer/*.json. Returns the best dense anchor
-    ms by geometry and, per run, {(geometry, tag): (what, busy ms, step ms, byte ratio)}."""
-    rows = collections.defaultdict(dict)
+def best_dense(members):
+    """members: (name, parsed JSON) of the archive's layer/*.json. The fastest decode anchor of
+    cuDNN and FlashAttention by geometry (its row of layer/anchors.json: ms, and tb_s)."""
     best = {}
     for name, d in members:
+        if name != "layer/anchors.json":
+            continue
+        for r in d["anchors"]:
+            if r.get("phase") == "decode" and r.get("method") in ("cudnn", "flash"):
+                if r["geometry"] not in best or r["ms"] < best[r["geometry"]]["ms"]:
+                    best[r["geometry"]] = r
+    return best
+
+
+def read_runs(members, reuse):
+    """Per run of members (as best_dense's), {(geometry, tag): (what, busy ms, step ms, byte
+    ratio)}."""
+    rows = collections.defaultdict(dict)
+    for name, d in members:
         if name == "layer/anchors.json":
-            for r in d["anchors"]:
-                if r.get("phase") == "decode" and r.get("method") in ("cudnn", "flash"):
-                    g = r["geometry"]
-                    best[g] = min(best.get(g, float("inf")), r["ms"])
             continue
         run = name[len("layer/"):-len(".json")]
         res = [r for r in d.get("results", []) if r.get("phase") == "decode"]
@@ -65,26 +74,17 @@ def read_runs(members, reuse):
                 rows[run][(geo, f"r={n}")] = (
                     f"kept {r['kept_step_ms']:.3f} fresh {r['fresh_step_ms']:.3f}",
                     r["busy_ms"], r["step_ms"], ratio_of(geo, n))
-    return best, rows
+    return rows
 
 
 def attention_fit(members):
     """Per geometry, a least-squares line ms = fixed + bytes / rate through the decode attention
     times of the runs with scattered pages (block tables a random permutation of the pool), if
     they read at least two different byte counts. Returns {geometry: (points, fixed ms, rate
-    TB/s, budgets)} and {geometry: best dense anchor's TB/s}."""
+    TB/s, budgets)}."""
     pts = collections.defaultdict(list)
-    dense_rate = {}
     for name, d in members:
-        if name == "layer/anchors.json":
-            best = {}
-            for r in d["anchors"]:
-                if r.get("phase") == "decode" and r.get("method") in ("cudnn", "flash"):
-                    if r["geometry"] not in best or r["ms"] < best[r["geometry"]]["ms"]:
-                        best[r["geometry"]] = r
-            dense_rate = {g: r["tb_s"] for g, r in best.items() if "tb_s" in r}
-            continue
-        if "pool order" in d.get("block_tables", ""):
+        if name == "layer/anchors.json" or "pool order" in d.get("block_tables", ""):
             continue
         for r in d.get("results", []):
             if (r.get("phase") == "decode" and r.get("method") == "cisa"
@@ -100,7 +100,7 @@ def attention_fit(members):
             continue
         slope = sum((x - mx) * (y - my) for x, y, _ in p) / sxx  # ms per byte
         fits[geo] = (n, my - slope * mx, 1e-9 / slope, sorted({b for _, _, b in p if b}))
-    return fits, dense_rate
+    return fits
 
 
 def table(best, rows):
@@ -124,10 +124,11 @@ def main():
     with tarfile.open(args.archive) as t:
         members = [(m.name, json.load(t.extractfile(m))) for m in t.getmembers()
                    if m.name.startswith("layer/") and m.name.endswith(".json")]
-    print("\n".join(table(*read_runs(members, reuse))))
-    fits, dense_rate = attention_fit(members)
-    for geo, (n, fixed, rate, budgets) in sorted(fits.items()):
-        d = f", best dense kernel {dense_rate[geo]:.2f} TB/s" if geo in dense_rate else ""
+    best = best_dense(members)
+    print("\n".join(table({g: r["ms"] for g, r in best.items()}, read_runs(members, reuse))))
+    for geo, (n, fixed, rate, budgets) in sorted(attention_fit(members).items()):
+        tb_s = best.get(geo, {}).get("tb_s")
+        d = f", best dense kernel {tb_s:.2f} TB/s" if tb_s else ""
         print(f"attention fit {geo:5s} ({n} runs, budgets {budgets}): fixed {fixed * 1e3:.1f} us, "
               f"pages read at {rate:.2f} TB/s{d}")
 

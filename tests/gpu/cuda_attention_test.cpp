@@ -89,9 +89,10 @@ void expect_close(const World& w, const std::vector<float>& want_out,
   }
 }
 
-// Runs the GPU plan's attention and the CPU's on the GPU's lists; compares.
-void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
-                     int64_t window) {
+// Runs the GPU plan's attention on w's queries into outputs poisoned with NaN; *out_h, *lse_h:
+// what it wrote.
+void attend_on_device(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
+                      std::vector<float>* out_h, std::vector<float>* lse_h) {
   const int d = w.cache->head_dim();
   DevVec<uint16_t> dq;
   dq.upload(w.qh);
@@ -103,6 +104,15 @@ void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& pl
       cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr);
   ASSERT_TRUE(run.ok()) << run.to_string();
   CUDA_OK(cudaDeviceSynchronize());
+  *out_h = out.download();
+  *lse_h = lse.download();
+}
+
+// Runs the GPU plan's attention and the CPU's on the GPU's lists; compares.
+void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
+                     int64_t window) {
+  std::vector<float> out, lse;
+  ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
   PageLists lists;
   ASSERT_TRUE(cuda::download_page_lists(plan, &lists).ok());
   std::vector<float> want_out(out.size()), want_lse(lse.size());
@@ -111,7 +121,7 @@ void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& pl
   auto st = attend(*w.cache, 0, w.batch, lists, w.q.data(), w.hq, {.sliding_window = window},
                    want_out.data(), want_lse.data(), pool, &ws);
   ASSERT_TRUE(st.ok()) << st.to_string();
-  expect_close(w, want_out, want_lse, out.download(), lse.download());
+  expect_close(w, want_out, want_lse, out, lse);
 }
 
 // A sparse plan end to end: the union lists poisoned, selection on the device index queries diq,
@@ -347,8 +357,6 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
     auto w = decode_world(sh, rng);
     DeviceMirror m;
     m.build(*w.cache, 0, 4);
-    DevVec<uint16_t> dq;
-    dq.upload(w.qh);
     auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
     DevVec<float> diq;
     diq.upload(iq);
@@ -375,21 +383,15 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
           })) << "a list of more than 32 splits";
         }
         ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
-        DevVec<float> out(static_cast<size_t>(w.rows * w.hq * sh.d)),
-            lse(static_cast<size_t>(w.rows * w.hq));
         for (int i = 0; i < runs; ++i) {
-          out.poison();
-          lse.poison();
-          const Status st =
-              cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out.data(), lse.data(), nullptr);
-          ASSERT_TRUE(st.ok()) << st.to_string();
-          CUDA_OK(cudaDeviceSynchronize());
+          std::vector<float> out, lse;
+          ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
           if (i == 0) {
-            *out_h = out.download();
-            *lse_h = lse.download();
+            *out_h = out;
+            *lse_h = lse;
           } else {
-            EXPECT_EQ(out.download(), *out_h) << "run " << i;
-            EXPECT_EQ(lse.download(), *lse_h) << "run " << i;
+            EXPECT_EQ(out, *out_h) << "run " << i;
+            EXPECT_EQ(lse, *lse_h) << "run " << i;
           }
         }
         if (fused) run_and_compare(w, m, plan, 0);

@@ -21,7 +21,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "..", "bench", "python")
 sys.path.insert(0, BENCH)
-from decode_ab_table import attention_fit, read_runs, table  # noqa: E402
+from decode_ab_table import attention_fit, best_dense, read_runs, table  # noqa: E402
 
 ANCHORS = {"anchors": [
     {"geometry": "4:1", "phase": "decode", "method": "cudnn", "ms": 2.0, "tb_s": 2.4},
@@ -49,8 +49,9 @@ def layer(with_dense):
 def main():
     members = [("layer/anchors.json", ANCHORS), ("layer/layer_int8.json", layer(True)),
                ("layer/layer_base.json", layer(False))]
-    best, rows = read_runs(members, {2, 3})
+    best = {g: r["ms"] for g, r in best_dense(members).items()}
     assert best == {"4:1": 1.6}, best  # the faster of cuDNN and FlashAttention, decode only
+    rows = read_runs(members, {2, 3})
     ours = rows["layer_int8"]
     assert set(ours) == {("4:1", ""), ("4:1", "r=2"), ("4:1", "r=3")}, ours
     for tag, expect in (("", 10.0), ("r=2", 1600 / 130), ("r=3", 1600 / 120)):
@@ -94,13 +95,14 @@ def check_fit():
     members += [("layer/run%d.json" % i, budget_run(k, b, 0.012 + b / 2.5e9))
                 for i, (k, b) in enumerate(line)]
     members.append(("layer/pool.json", budget_run(4096, 550e6, 0.01, "pool order (x)")))
-    fits, dense_rate = attention_fit(members)
+    fits = attention_fit(members)
+    dense_rate = {g: r["tb_s"] for g, r in best_dense(members).items()}
     assert set(fits) == {"4:1"} and dense_rate == {"4:1": 3.0}, (fits, dense_rate)
     n, fixed, rate, budgets = fits["4:1"]
     assert n == 4 and budgets == [2048, 4096, 8192], fits
     assert abs(fixed - 0.012) < 1e-12 and abs(rate - 2.5) < 1e-9, fits
     # One byte count only (the same budget twice): no line.
-    assert attention_fit(members[:1] + [members[2], members[3]])[0] == {}, "one budget"
+    assert attention_fit(members[:1] + [members[2], members[3]]) == {}, "one budget"
 
 
 if __name__ == "__main__":
