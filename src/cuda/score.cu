@@ -236,10 +236,10 @@ __global__ void __launch_bounds__(tiles::kScoreThreads,
         if (c < nc) {
           const int64_t rep = static_cast<int64_t>(page_s[c]) * num_kv_heads + S.kv;
           const uint8_t* r = reps + rep * row_bytes + sub * 16;
-          lo[u] = __ldg(reinterpret_cast<const uint4*>(r));
-          if constexpr (kQuest) hi[u] = __ldg(reinterpret_cast<const uint4*>(r + D * RB::kBytes));
+          lo[u] = dev::load_rep_streaming(r);
+          if constexpr (kQuest) hi[u] = dev::load_rep_streaming(r + D * RB::kBytes);
           if constexpr (kInt8)
-            if (sub == 0) ex[u] = __ldg(exps + rep);
+            if (sub == 0) ex[u] = dev::load_exp_resident(exps + rep);
         }
       }
 #pragma unroll

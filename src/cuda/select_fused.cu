@@ -84,9 +84,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         ex[u] = 0;
         if (c < cnt) {
           const int64_t rep = static_cast<int64_t>(keys[c]) * num_kv_heads + L.kv;
-          v[u] = __ldg(reinterpret_cast<const uint4*>(reps + rep * D * RB::kBytes + sub * 16));
+          v[u] = dev::load_rep_streaming(reps + rep * D * RB::kBytes + sub * 16);
           if constexpr (kInt8)
-            if (sub == 0) ex[u] = __ldg(rep_exps + rep);
+            if (sub == 0) ex[u] = dev::load_exp_resident(rep_exps + rep);
         }
       }
       __syncwarp();  // every lane has read its page IDs before sub 0 overwrites them with keys

@@ -360,7 +360,9 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
     auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
     DevVec<float> diq;
     diq.upload(iq);
-    const SelectionParams p{.budget = 40, .window = 8, .qshare = 1};
+    // A budget of 192 chunks: lists of ~200 pages split in 3 (tiles::kMinSplitPages), where the
+    // 40 of the other decode tests make lists too short to split.
+    const SelectionParams p{.budget = 192, .window = 8, .qshare = 1};
     for (const bool sparse : {false, true}) {
       SCOPED_TRACE(sparse ? "cisa" : "dense");
       const auto run = [&](bool fused, int runs, std::vector<float>* out_h,
