@@ -5,19 +5,22 @@ A device call profiles `cisa bench layer --phase decode --geometry G --budget K`
 launches alike, one process per file) with
 
     ncu --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum[,dram__bytes_read.sum] \
+        --metrics gpu__time_duration.sum[,dram__bytes_read.sum][,sm__cycles_active.avg,\
+                  sm__cycles_active.min,sm__cycles_elapsed.max] \
         -k regex:"attention_kernel|merge_kernel" --csv --page raw cisa bench layer ... \
         > ncu_<geo>_<budget>[_<tag>].csv     (geo written 4x1, 32x1, ...)
 
 (bench/results/decode_fixed_cost_2026-12-07/call2_h100/call.sh). For every file this prints each
-kernel's CISA launches: their count and median time (and DRAM bytes when measured). The dense
-decode kernel is the same attention kernel reading the whole cache, ~10x longer: launches of a
-kernel that take more than half its longest are the dense ones (a merge launch goes with the
-attention launch before it); of other kernels the long and the short launches are shown apart (a
-scoring launch of a kept selection returns early). For each geometry and tag with two or more budgets it fits the CISA attention
-(plus merge) medians against the budget: the intercept is the time a launch costs whatever it
-reads (µs at budget 0, the window's pages included), the slope the rate its chunks stream at
-(`--chunk-bytes`: K/V bytes per chunk of the budget, all sequences and KV heads together).
+kernel's CISA launches: their count and median time (and, when measured, the DRAM bytes and how
+busy the SMs were: the mean SM's active cycles over the launch's elapsed ones, and the least busy
+SM's). The dense decode kernel is the same attention kernel reading the whole cache, ~10x longer:
+launches of a kernel that take more than half its longest, where others take less, are the dense
+ones (a merge launch goes with the attention launch before it); of other kernels the long and the
+short launches are shown apart (a scoring launch of a kept selection returns early). For each
+geometry and tag with two or more budgets it fits the CISA attention (plus merge) medians against
+the budget: the intercept is the time a launch costs whatever it reads (us at budget 0, the
+window's pages included), the slope the rate its chunks stream at (`--chunk-bytes`: K/V bytes per
+chunk of the budget, all sequences and KV heads together).
 
     python3 bench/python/ncu_kernel_fit.py call2_h100/ncu.tgz [--chunk-bytes 4:1=131072,...]
 """
@@ -35,8 +38,16 @@ CHUNK_BYTES = {"4:1": 16 * 8192, "32:1": 32 * 8192, "32:2": 32 * 8192}
 NAME = re.compile(r"ncu_(\d+)x(\d+)_(\d+)(?:_(.+))?\.csv$")
 
 
+def number(row, key):
+    value = row.get(key)
+    return float(value.replace(",", "")) if value else None
+
+
 def read_csv(text):
-    """The profiled launches of one ncu --csv --page raw output: [(kernel, us, dram_bytes)]."""
+    """The profiled launches of one ncu --csv --page raw output: [(kernel, us, extra)], extra
+    holding what else was measured: "dram" (bytes read), "busy" and "first" (the SMs' mean and
+    least active cycles over the launch's elapsed cycles, from sm__cycles_active.avg / .min and
+    sm__cycles_elapsed.max)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -47,37 +58,52 @@ def read_csv(text):
             continue  # the units row
         kernel = re.sub(r"^void\s+", "", row["Kernel Name"]).split("(")[0].split("<")[0]
         kernel = kernel.split("::")[-1]
-        ns = float(row["gpu__time_duration.sum"].replace(",", ""))
-        dram = row.get("dram__bytes_read.sum")
-        out.append((kernel, ns / 1000.0, float(dram.replace(",", "")) if dram else None))
+        extra = {}
+        if number(row, "dram__bytes_read.sum") is not None:
+            extra["dram"] = number(row, "dram__bytes_read.sum")
+        elapsed = number(row, "sm__cycles_elapsed.max")
+        if elapsed and number(row, "sm__cycles_active.avg") is not None:
+            extra["busy"] = number(row, "sm__cycles_active.avg") / elapsed
+            extra["first"] = number(row, "sm__cycles_active.min") / elapsed
+        out.append((kernel, number(row, "gpu__time_duration.sum") / 1000.0, extra))
     return out
 
 
 def split_launches(launches):
-    """{kernel: {"long": [(us, dram)], "short": [...]}}. A launch is long when it takes more than
-    half its kernel's longest launch. The long attention launches are the dense ones; a merge
-    launch takes the class of the attention launch before it; other kernels (scoring) have
-    long launches that scan and short ones that return early (a kept selection)."""
-    longest = {}
+    """{kernel: {"long": [(us, extra)], "short": [...]}}. A launch is long when it takes more than
+    half its kernel's longest launch and some launch of the kernel takes less. The long attention
+    launches are the dense ones; a merge launch takes the class of the attention launch before it;
+    other kernels (scoring) have long launches that scan and short ones that return early (a kept
+    selection)."""
+    longest, shortest = {}, {}
     for kernel, us, _ in launches:
         longest[kernel] = max(longest.get(kernel, 0.0), us)
+        shortest[kernel] = min(shortest.get(kernel, us), us)
     by = {}
     last_attention = "short"
-    for kernel, us, dram in launches:
-        cls = "long" if us > 0.5 * longest[kernel] else "short"
+    for kernel, us, extra in launches:
+        # One cluster (no launch under half the longest): every launch counts as short.
+        two = shortest[kernel] <= 0.5 * longest[kernel]
+        cls = "long" if two and us > 0.5 * longest[kernel] else "short"
         if "attention" in kernel:
             last_attention = cls
         elif "merge" in kernel:
             cls = last_attention
-        by.setdefault(kernel, {"long": [], "short": []})[cls].append((us, dram))
+        by.setdefault(kernel, {"long": [], "short": []})[cls].append((us, extra))
     return by
 
 
 def describe(rows):
     med = statistics.median(us for us, _ in rows)
-    dram = [d for _, d in rows if d is not None]
-    extra = f" {statistics.median(dram) / 1e6:.1f} MB" if dram else ""
-    return f"x{len(rows)} {med:.1f} us{extra}"
+    out = f"x{len(rows)} {med:.1f} us"
+    dram = [x["dram"] for _, x in rows if "dram" in x]
+    if dram:
+        out += f" {statistics.median(dram) / 1e6:.1f} MB"
+    busy = [x["busy"] for _, x in rows if "busy" in x]
+    if busy:
+        first = statistics.median(x["first"] for _, x in rows if "first" in x)
+        out += f" SMs busy {100 * statistics.median(busy):.1f} % (first done {100 * first:.0f} %)"
+    return out
 
 
 def fit(points):
@@ -132,7 +158,9 @@ def main(argv=None):
         if len({b for b, _ in points}) < 2:
             continue
         b0, slope = fit(points)
-        rate = f", chunks at {chunk_bytes[geo] / slope / 1e6:.2f} TB/s" if geo in chunk_bytes else ""
+        rate = ""
+        if geo in chunk_bytes:
+            rate = f", chunks at {chunk_bytes[geo] / slope / 1e6:.2f} TB/s"
         print(f"in-kernel fit {geo} {tag or 'default':12s} budgets {sorted(b for b, _ in points)}: "
               f"attention + merge = {b0:.1f} us + {slope * 1000:.2f} ns per chunk{rate}")
     return 0

@@ -8,7 +8,8 @@ thousands separators): two dense attention launches of 2,000 us, each followed b
 of 5 us. So the CISA attention medians are 50, 90 and 170 us; the fit gives 15.0 us (10 plus
 the 5 us merge) + 40.00 ns per chunk, and 131,072 bytes a chunk stream at 131072 / 40e-9 =
 3.28 TB/s. A fourth file (another tag, one budget) gives no line. A scoring file shows its
-long (scanning) and short (returning at once) launches apart.
+long (scanning) and short (returning at once) launches apart. A balance file (SM active cycles
+avg 900 and min 750 over 1,000 elapsed) prints the SMs busy 90.0 % and the least busy at 75 %.
 """
 import io
 import os
@@ -49,6 +50,12 @@ def check(cond, what):
 def main():
     files = {f"ncu_4x1_{b}.csv": attention_file(b) for b in (1000, 2000, 4000)}
     files["ncu_4x1_4096_fm.csv"] = attention_file(4096)
+    files["ncu_balance_4x1.csv"] = (
+        "==PROF== Connected\n"
+        '"ID","Kernel Name","gpu__time_duration.sum","sm__cycles_active.avg",'
+        '"sm__cycles_active.min","sm__cycles_elapsed.max"\n'
+        '"","","nsecond","cycle","cycle","cycle"\n'
+        '"0","void attention_kernel<1>(A)","186,000","900","750","1,000"\n')
     files["ncu_4x1_cisa.csv"] = csv_text([("score_few_kernel", 55_500, 139_000_000)] * 3 +
                                          [("score_few_kernel", 7_400, 2_100_000)] * 2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,6 +83,9 @@ def main():
         score = next(l for l in text.splitlines() if l.startswith("ncu_4x1_cisa.csv"))
         check("score_few_kernel short x2 7.4 us 2.1 MB" in score and
               "score_few_kernel long x3 55.5 us 139.0 MB" in score, "scoring launches apart")
+        bal = next(l for l in text.splitlines() if l.startswith("ncu_balance_4x1.csv"))
+        check("attention_kernel cisa x1 186.0 us SMs busy 90.0 % (first done 75 %)" in bal,
+              "SM balance")
         cli = subprocess.run([sys.executable, SCRIPT, archive], capture_output=True, text=True)
         check(cli.returncode == 0 and cli.stdout == text, "the command line prints the same")
     print("ok")
