@@ -161,9 +161,11 @@ struct PlanOptions {
   int fused_select_cluster = 0;
   // Page-split (decode) plans whose lists split across blocks: the last block of each list's
   // splits merges their partials inside the attention launch instead of a merge launch after it
-  // (the same merge arithmetic, so the same bits). Off by default until measured; plans without
-  // page-split warps take the merge launch whatever this says (`cisa bench layer --fused-merge`;
-  // Plan::kernels() names the path taken).
+  // (the same merge arithmetic, so the same bits). Off by default: on an H100 it saved ~2 us of a
+  // 4:1 decode launch and cost ~20 us at 32:1, where one block merges 32 rows at the end of the
+  // grid (bench/results/decode_fixed_cost_2026-12-07/). Plans without page-split warps take the
+  // merge launch whatever this says (`cisa bench layer --fused-merge`; Plan::kernels() names the
+  // path taken).
   bool fused_merge = false;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
