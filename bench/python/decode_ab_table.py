@@ -77,6 +77,19 @@ def read_runs(members, reuse):
     return rows
 
 
+def line_fit(points):
+    """Least-squares line through [(x, y)]: (intercept, slope), or None where every x is the
+    same."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - slope * mx, slope
+
+
 def attention_fit(members):
     """Per geometry, a least-squares line ms = fixed + bytes / rate through the decode attention
     times of the runs with scattered pages (block tables a random permutation of the pool), if
@@ -92,14 +105,11 @@ def attention_fit(members):
                 pts[r["geometry"]].append((r["kv_bytes"], r["attention_ms"], d.get("budget")))
     fits = {}
     for geo, p in pts.items():
-        n = len(p)
-        mx = sum(x for x, _, _ in p) / n
-        my = sum(y for _, y, _ in p) / n
-        sxx = sum((x - mx) ** 2 for x, _, _ in p)
-        if sxx == 0:
+        line = line_fit([(x, y) for x, y, _ in p])
+        if line is None:
             continue
-        slope = sum((x - mx) * (y - my) for x, y, _ in p) / sxx  # ms per byte
-        fits[geo] = (n, my - slope * mx, 1e-9 / slope, sorted({b for _, _, b in p if b}))
+        fixed, slope = line  # ms, ms per byte
+        fits[geo] = (len(p), fixed, 1e-9 / slope, sorted({b for _, _, b in p if b}))
     return fits
 
 

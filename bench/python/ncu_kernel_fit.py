@@ -32,6 +32,8 @@ import statistics
 import sys
 import tarfile
 
+from decode_ab_table import line_fit
+
 # K/V bytes per chunk of the budget in `cisa bench layer` (16 tokens x d = 128 x bf16 x K and V,
 # times sequences x KV heads): 4:1 x 16, 32:1 x 32, 32:2 x 16 (2 KV heads).
 CHUNK_BYTES = {"4:1": 16 * 8192, "32:1": 32 * 8192, "32:2": 32 * 8192}
@@ -106,16 +108,6 @@ def describe(rows):
     return out
 
 
-def fit(points):
-    """Least-squares line through [(x, y)]: (intercept, slope)."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return my - slope * mx, slope
-
-
 def read_members(path):
     """[(file name, text)] of a .tgz of CSVs, or of one CSV."""
     if path.endswith((".tgz", ".tar.gz")):
@@ -157,7 +149,7 @@ def main(argv=None):
     for (geo, tag), points in sorted(series.items()):
         if len({b for b, _ in points}) < 2:
             continue
-        b0, slope = fit(points)
+        b0, slope = line_fit(points)
         rate = ""
         if geo in chunk_bytes:
             rate = f", chunks at {chunk_bytes[geo] / slope / 1e6:.2f} TB/s"
