@@ -132,8 +132,7 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, const MergeTas
 // its partials, and the merge task's last split block merges them (merge_row), so no merge
 // launch follows. The ticket wraps back to zero as the last block takes it.
 template <int D, int WARPS, int PW, bool UNI, bool FM>
-__global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
-  dev::dependent_start();
+__device__ __forceinline__ void attention_task(const AttentionArgs a, const int task) {
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
   constexpr int NP = NT / B;
@@ -149,7 +148,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
   uint16_t* ks = smem;                 // [ST][NT][LD]
   uint16_t* vs = smem + ST * NT * LD;  // [ST][NT][LD]
 
-  const AttnTask t = a.tasks[blockIdx.x];
+  const AttnTask t = a.tasks[task];
+  if (PW > 1 && t.rows == 0) return;  // an unused slot (PlanOptions::even_shares)
   const int hg = a.num_q_heads / a.num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, tq = lane & 3;
   const int rt = warp % RW, ph = warp / RW;  // row tile and page phase of this warp
@@ -386,11 +386,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
   }
   if constexpr (!FM) {
     if (!warp_active) return;
-    store_rows<D>(a, L, blockIdx.x, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
+    store_rows<D>(a, L, task, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
   } else {
-    if (warp_active)
-      store_rows<D>(a, L, blockIdx.x, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
-    const int32_t mi = __ldg(&a.tasks[blockIdx.x].merge);  // block-uniform
+    if (warp_active) store_rows<D>(a, L, task, t.row0, row_base, rows_w, gr, tq, &o[0][0], m, l);
+    const int32_t mi = __ldg(&a.tasks[task].merge);  // block-uniform
     if (mi < 0) return;
     __shared__ bool last;
     __threadfence();  // this thread's partials are visible before the ticket says so
@@ -404,6 +403,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const Attentio
     __threadfence();
     const MergeTask M = a.merges[mi];
     for (int r = warp; r < M.rows; r += WARPS) merge_row<D, true>(a, M, r, lane);
+  }
+}
+
+// Tasks [blockIdx.x · n, … + n) of the launch, one after the other: n = 1 but in page-split
+// launches with AttentionArgs::tasks_per_block (PlanOptions::even_shares), where a block's
+// share of pages can end one list and start the next. A task's return is the end of that task.
+template <int D, int WARPS, int PW, bool UNI, bool FM>
+__global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
+  dev::dependent_start();
+  if constexpr (PW > 1) {
+    const int n = a.tasks_per_block > 1 ? a.tasks_per_block : 1;
+    for (int j = 0; j < n; ++j)
+      attention_task<D, WARPS, PW, UNI, FM>(a, static_cast<int>(blockIdx.x) * n + j);
+  } else {
+    attention_task<D, WARPS, PW, UNI, FM>(a, static_cast<int>(blockIdx.x));
   }
 }
 

@@ -36,6 +36,9 @@ struct AttentionArgs {
   // PlanOptions::fused_merge: one ticket per MergeTask (zero between launches), and the last
   // split block of each merge task merges its partials (no merge launch); null: launch_merge.
   uint32_t* merge_tickets;
+  // Tasks a block runs, one after the other: block b takes tasks [b · n, b · n + n); a task
+  // with rows = 0 is an unused slot (PlanOptions::even_shares). 1 (or 0): task b on block b.
+  int tasks_per_block;
   int num_kv_heads, num_q_heads, head_dim;
   int32_t window;  // sliding window in tokens, 0: none
   float scale;     // multiplies q·k

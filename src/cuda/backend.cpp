@@ -125,6 +125,8 @@ std::string Plan::kernels() const {
   s += mainloop(P.wgmma, P.warps);
   if (P.page_warps > 1) s += ", pages split over " + std::to_string(P.page_warps) + " warps";
   if (P.fused_merge) s += ", split merge in the last split block";
+  if (P.tasks_per_block > 1)
+    s += ", even shares (" + std::to_string(P.tasks_per_block) + " tasks a block)";
   if (!P.unions.empty()) s += ", " + std::to_string(P.unions.size()) + " unions";
   s += ")";
   if (P.sel.empty()) return s + "; no selection";
@@ -336,6 +338,7 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   a.partial_out = P.d_partial_out.as<float>();
   a.partial_lse = P.d_partial_lse.as<float>();
   a.merge_tickets = P.fused_merge ? P.d_merge_tickets.as<uint32_t>() : nullptr;
+  a.tasks_per_block = P.tasks_per_block;
   a.num_kv_heads = P.num_kv_heads;
   a.num_q_heads = P.num_q_heads;
   a.head_dim = P.head_dim;
@@ -354,12 +357,13 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
                     "cuda: attention (128-row tiles)"));
   a.tasks = P.d_tasks + P.big_tasks;
   const auto n_tasks = static_cast<int64_t>(P.tasks.size()) - P.big_tasks;
-  CISA_RETURN_IF_ERROR(cuda_status(
-      P.wgmma && a.scale > 0.0f
-          ? detail::launch_attention_wgmma(a, n_tasks, P.warps, v5, P.options.ws_copy_warps,
-                                           !P.unions.empty(), s)
-          : detail::launch_attention(a, n_tasks, P.warps, P.page_warps, !P.unions.empty(), s),
-      "cuda: attention"));
+  CISA_RETURN_IF_ERROR(
+      cuda_status(P.wgmma && a.scale > 0.0f
+                      ? detail::launch_attention_wgmma(
+                            a, n_tasks, P.warps, v5, P.options.ws_copy_warps, !P.unions.empty(), s)
+                      : detail::launch_attention(a, n_tasks / P.tasks_per_block, P.warps,
+                                                 P.page_warps, !P.unions.empty(), s),
+                  "cuda: attention"));
   if (P.fused_merge) return Status::Ok();  // merged by each merge task's last split block
   return cuda_status(
       detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),

@@ -25,6 +25,106 @@ int device_sms() {
   return sms;
 }
 
+namespace {
+
+// Entries of a list's page list (its capacity: the fixed ranges and the budget).
+int64_t list_size(const detail::ListDesc& d) {
+  return static_cast<int64_t>(d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+}
+
+// PlanOptions::even_shares: a page-split plan's pages (every list's row tiles, in list order)
+// cut into `target` equal shares, one a block; a share that crosses the end of a row tile's
+// pages holds a task of each (tasks [b · S, b · S + S) of block b, S = P.tasks_per_block, an
+// unused slot has rows = 0). A row tile read by several tasks merges their partials as the split
+// plan's merges do. Returns false (nothing planned) where it does not apply: no page-split warps,
+// unions, fused merge, batch invariance, an empty list, fewer pages than kMinSplitPages, or more
+// than kMaxShareTasks tasks a block (many short lists: the split plan serves them).
+bool even_shares(Plan::Impl& P, int64_t pairs, int64_t target) {
+  constexpr int64_t kMaxShareTasks = 4;
+  if (!P.options.even_shares || P.page_warps == 1 || P.wgmma || !P.unions.empty() ||
+      P.options.fused_merge || P.options.batch_invariant || pairs >= target)
+    return false;
+  const int hg = P.num_q_heads / P.num_kv_heads;
+  const auto H = static_cast<size_t>(P.num_kv_heads);
+  struct Unit {
+    int32_t list, row0, rows;
+    int64_t begin, pages;
+  };
+  std::vector<Unit> units;
+  int64_t total = 0;
+  for (size_t L = 0; L < P.lists.size(); ++L) {
+    const auto& g = P.groups[L / H];
+    const auto& d = P.lists[L];
+    const int64_t n = list_size(d);
+    const int64_t rows = (g.last - g.first + 1) * hg;
+    if (n == 0) return false;  // its rows still need a task that writes them
+    for (int64_t r0 = 0; r0 < rows; r0 += 16 * P.warps) {
+      units.push_back({static_cast<int32_t>(L), static_cast<int32_t>(r0),
+                       static_cast<int32_t>(std::min<int64_t>(16 * P.warps, rows - r0)),
+                       d.out_begin, n});
+      total += n;
+    }
+  }
+  const int64_t blocks = std::min(target, total / tiles::kMinSplitPages);
+  if (blocks < 1 || units.empty()) return false;
+  // Block b takes pages [b · total / blocks, (b + 1) · total / blocks) of the units laid end to
+  // end.
+  std::vector<std::vector<detail::AttnTask>> per_block(static_cast<size_t>(blocks));
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> unit_tasks(units.size());  // (block, slot)
+  size_t u = 0;
+  int64_t u_start = 0;  // first page of unit u in the concatenation
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t p = total * b / blocks;
+    const int64_t end = total * (b + 1) / blocks;
+    while (p < end) {
+      while (p >= u_start + units[u].pages) u_start += units[u++].pages;
+      const Unit& x = units[u];
+      const int64_t stop = std::min(end, u_start + x.pages);
+      detail::AttnTask t{};
+      t.list = x.list;
+      t.row0 = x.row0;
+      t.rows = x.rows;
+      t.page0 = x.begin + (p - u_start);
+      t.page1 = x.begin + (stop - u_start);
+      t.partial = -1;
+      t.merge = -1;
+      unit_tasks[u].emplace_back(b, static_cast<int64_t>(per_block[static_cast<size_t>(b)].size()));
+      per_block[static_cast<size_t>(b)].push_back(t);
+      p = stop;
+    }
+  }
+  size_t S = 1;
+  for (const auto& v : per_block) S = std::max(S, v.size());
+  if (static_cast<int64_t>(S) > kMaxShareTasks) return false;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& ts = unit_tasks[i];
+    if (ts.size() < 2) continue;
+    const int32_t R = units[i].rows;
+    const int64_t base = P.partial_rows;
+    for (size_t sp = 0; sp < ts.size(); ++sp) {
+      auto& t = per_block[static_cast<size_t>(ts[sp].first)][static_cast<size_t>(ts[sp].second)];
+      t.partial = base + static_cast<int64_t>(sp) * R;
+      t.merge = static_cast<int32_t>(P.merges.size());
+    }
+    P.merges.push_back({units[i].list, units[i].row0, R, static_cast<int32_t>(ts.size()), base});
+    P.partial_rows += static_cast<int64_t>(ts.size()) * R;
+    P.merge_max_rows = std::max(P.merge_max_rows, static_cast<int>(R));
+  }
+  detail::AttnTask unused{};
+  unused.partial = -1;
+  unused.merge = -1;  // rows = 0: the block skips the slot
+  for (auto& v : per_block) {
+    v.resize(S, unused);
+    P.tasks.insert(P.tasks.end(), v.begin(), v.end());
+  }
+  P.tasks_per_block = static_cast<int>(S);
+  P.big_tasks = 0;
+  P.fused_merge = false;
+  return true;
+}
+
+}  // namespace
+
 // Work decomposition of attention: row tiles of 16·warps rows, page splits to fill the GPU.
 Status plan_attention(Plan::Impl& P) {
   const int sms = device_sms();
@@ -50,9 +150,6 @@ Status plan_attention(Plan::Impl& P) {
   P.union_smem = 0;
   std::vector<int32_t> union_at(P.lists.size(),
                                 -1);  // union id at its first list, −2 other members
-  const auto list_size = [](const detail::ListDesc& d) {
-    return static_cast<int64_t>(d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
-  };
   if (P.group_unions && !invariant && P.head_dim <= tiles::kUnionMaxHeadDim) {
     const size_t ng = P.groups.size();
     const auto small = [&](size_t g) {
@@ -181,6 +278,8 @@ Status plan_attention(Plan::Impl& P) {
       }
     }
   };
+  P.tasks_per_block = 1;
+  if (even_shares(P, pairs, target)) return Status::Ok();
   // Tasks of 128-row groups first (the first launch of a mixed plan), then the others.
   for (size_t L = 0; L < P.lists.size(); ++L)
     if (big(P.groups[L / static_cast<size_t>(H)])) emit(L);

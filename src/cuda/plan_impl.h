@@ -102,6 +102,9 @@ struct Plan::Impl {
   // PlanOptions::fused_merge taken: one launch of page-split tasks (mma.sync) with merges, which
   // the last split block of each merge task runs (d_merge_tickets); no merge launch.
   bool fused_merge = false;
+  // PlanOptions::even_shares taken: block b runs tasks [b · S, b · S + S), S = tasks_per_block
+  // (a slot with rows = 0 is unused); 1 in every other plan (task b on block b).
+  int tasks_per_block = 1;
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)
   int64_t max_fixed = 0;   // most fixed entries (dense range / sinks + window + tail) of a list

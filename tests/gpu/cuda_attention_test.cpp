@@ -6,6 +6,7 @@
 #ifdef CISA_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -404,6 +405,76 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
       ASSERT_EQ(out0.size(), out1.size());
       EXPECT_EQ(0, std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(float)));
       EXPECT_EQ(0, std::memcmp(lse0.data(), lse1.data(), lse0.size() * sizeof(float)));
+    }
+  }
+}
+
+// PlanOptions::even_shares: the plan's pages cut into equal shares, one a block, a share that
+// crosses a list's end running a task of each list. The tasks must tile every list's pages
+// exactly once (block-major slots, unused slots rows = 0), some block must hold two tasks, the
+// outputs must match the CPU engine on the same lists, and repeated runs the same bits.
+TEST(CudaAttention, EvenSharesMatchCpu) {
+  CISA_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}}) {
+    SCOPED_TRACE(sh.name());
+    auto w = decode_world(sh, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 4);
+    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
+    DevVec<float> diq;
+    diq.upload(iq);
+    const SelectionParams p{.budget = 192, .window = 8, .qshare = 1};
+    for (const bool sparse : {false, true}) {
+      SCOPED_TRACE(sparse ? "cisa" : "dense");
+      cuda::Plan plan;
+      const cuda::PlanOptions opt{.even_shares = true};
+      ASSERT_TRUE((sparse
+                       ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, opt)
+                       : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt))
+                      .ok());
+      const auto* P = plan.impl();
+      ASSERT_GT(P->page_warps, 1);
+      ASSERT_GT(P->tasks_per_block, 1) << "a share crossing a list's end";
+      EXPECT_NE(plan.kernels().find("even shares"), std::string::npos);
+      const auto S = static_cast<size_t>(P->tasks_per_block);
+      ASSERT_EQ(P->tasks.size() % S, 0u);
+      // Every list's pages [out_begin, out_begin + size) covered once, in order, by its tasks.
+      std::vector<int64_t> next(P->lists.size());
+      for (size_t L = 0; L < P->lists.size(); ++L) next[L] = P->lists[L].out_begin;
+      int64_t sizes = 0, shared = 0, shares_min = INT64_MAX, shares_max = 0;
+      for (size_t b = 0; b < P->tasks.size() / S; ++b) {
+        int64_t share = 0;
+        for (size_t j = 0; j < S; ++j) {
+          const auto& t = P->tasks[b * S + j];
+          if (t.rows == 0) continue;
+          ASSERT_EQ(t.page0, next[static_cast<size_t>(t.list)]) << "block " << b << " slot " << j;
+          ASSERT_LT(t.page0, t.page1);
+          next[static_cast<size_t>(t.list)] = t.page1;
+          share += t.page1 - t.page0;
+        }
+        shared += share;
+        shares_min = std::min(shares_min, share);
+        shares_max = std::max(shares_max, share);
+      }
+      for (size_t L = 0; L < P->lists.size(); ++L) {
+        const auto& d = P->lists[L];
+        const int64_t size = (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
+        EXPECT_EQ(next[L], d.out_begin + size) << "list " << L;
+        sizes += size;
+      }
+      EXPECT_EQ(shared, sizes);
+      EXPECT_LE(shares_max - shares_min, 1) << "equal shares";
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
+      std::vector<float> out0, lse0;
+      ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out0, &lse0));
+      for (int i = 0; i < 2; ++i) {
+        std::vector<float> out, lse;
+        ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
+        EXPECT_EQ(out, out0) << "run " << i;
+        EXPECT_EQ(lse, lse0) << "run " << i;
+      }
+      run_and_compare(w, m, plan, 0);
     }
   }
 }

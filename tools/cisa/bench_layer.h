@@ -35,7 +35,7 @@ struct Options {
   // Planner switches for A/B runs (cuda::PlanOptions).
   std::string attention_kernel = "auto";
   int64_t blocks_per_sm = 0, ws_copy_warps = 0, score_tiles = 0;
-  bool mma_unions = false, topk_one_block = false, fused_merge = false;
+  bool mma_unions = false, topk_one_block = false, fused_merge = false, even_shares = false;
   std::string rep_precision = "native";  // native (bf16) or int8 representatives
   bool int8() const { return rep_precision == "int8"; }
   cuda::PlanOptions plan_options() const {
@@ -49,6 +49,7 @@ struct Options {
     p.wgmma_unions = !mma_unions;
     p.topk_staged = !topk_one_block;
     p.fused_merge = fused_merge;
+    p.even_shares = even_shares;
     return p;
   }
 };

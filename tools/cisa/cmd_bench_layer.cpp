@@ -284,6 +284,9 @@ int run(int argc, char** argv) {
   a.add_flag("--fused-merge", &o.fused_merge,
              "decode: the last split block of each list merges the split-KV partials inside the "
              "attention launch, no merge launch (PlanOptions::fused_merge, for A/B runs)");
+  a.add_flag("--even-shares", &o.even_shares,
+             "decode: every block slot gets an equal share of the plan's pages, a share that "
+             "crosses a list's end running two tasks (PlanOptions::even_shares, for A/B runs)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--score-tiles", &o.score_tiles,
@@ -380,6 +383,7 @@ int run(int argc, char** argv) {
   doc["wgmma_unions"] = popt.wgmma_unions;
   doc["topk_staged"] = popt.topk_staged;
   doc["fused_merge"] = popt.fused_merge;
+  doc["even_shares"] = popt.even_shares;
   doc["rep_precision"] = o.rep_precision;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";

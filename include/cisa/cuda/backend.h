@@ -167,6 +167,15 @@ struct PlanOptions {
   // merge launch whatever this says (`cisa bench layer --fused-merge`; Plan::kernels() names the
   // path taken).
   bool fused_merge = false;
+  // Page-split (decode) plans: instead of splitting each list into the same number of tasks
+  // (16 lists on 264 block slots: 16 splits, 256 blocks), the plan's pages laid end to end are
+  // cut into one equal share a block slot, and a share that ends one list and starts the next
+  // runs both parts one after the other in its block (two tasks, two partials). Every SM gets
+  // the same work; the same merge arithmetic, other partial boundaries (other bits than the split
+  // plan's, the same on every run). Off by default until measured (`cisa bench layer
+  // --even-shares`; Plan::kernels() names the path taken). Plans where it does not apply
+  // (no page-split warps, unions, fused_merge, batch_invariant) ignore it.
+  bool even_shares = false;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
   // keeps no state and always selects. Needed by plan_sparse when reuse_steps > 1 (the plan
