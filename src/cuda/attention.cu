@@ -131,7 +131,7 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, const MergeTas
 // FM (PlanOptions::fused_merge, PW > 1 only): a task with a merge takes a ticket after storing
 // its partials, and the merge task's last split block merges them (merge_row), so no merge
 // launch follows. The ticket wraps back to zero as the last block takes it.
-template <int D, int WARPS, int PW, bool UNI, bool FM>
+template <int D, int WARPS, int PW, bool UNI, bool FM, bool SH>
 __device__ __forceinline__ void attention_task(const AttentionArgs a, const int task) {
   constexpr int B = tiles::kPageSize;
   constexpr int NT = tiles::kStageTokens<D>;
@@ -149,7 +149,7 @@ __device__ __forceinline__ void attention_task(const AttentionArgs a, const int 
   uint16_t* vs = smem + ST * NT * LD;  // [ST][NT][LD]
 
   const AttnTask t = a.tasks[task];
-  if (PW > 1 && t.rows == 0) return;  // an unused slot (PlanOptions::even_shares)
+  if (SH && t.rows == 0) return;  // an unused slot (PlanOptions::even_shares)
   const int hg = a.num_q_heads / a.num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, tq = lane & 3;
   const int rt = warp % RW, ph = warp / RW;  // row tile and page phase of this warp
@@ -406,18 +406,61 @@ __device__ __forceinline__ void attention_task(const AttentionArgs a, const int 
   }
 }
 
-// Tasks [blockIdx.x · n, … + n) of the launch, one after the other: n = 1 but in page-split
-// launches with AttentionArgs::tasks_per_block (PlanOptions::even_shares), where a block's
-// share of pages can end one list and start the next. A task's return is the end of that task.
-template <int D, int WARPS, int PW, bool UNI, bool FM>
+// AttentionArgs::sm_claims: the slot this block runs, one of its SM's if one is free, else the
+// first free slot of another SM (a block that found its SM's slots taken: an SM that ran more
+// blocks than its slots because others were busy at the launch). Launches have exactly
+// num_sms · slots_per_sm blocks, so every slot is taken once. Counters past slots_per_sm only
+// grow until the reset.
+__device__ __forceinline__ int claim_sm_slot(const AttentionArgs& a) {
+  __shared__ int slot_s;
+  if (threadIdx.x == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    int slot = -1;
+    if (static_cast<int>(sm) < a.num_sms) {
+      const uint32_t k = atomicAdd(a.sm_claims + sm, 1u);
+      if (k < static_cast<uint32_t>(a.slots_per_sm))
+        slot = static_cast<int>(sm) * a.slots_per_sm + static_cast<int>(k);
+    }
+    for (int s = 0; slot < 0 && s < a.num_sms; ++s) {
+      if (__ldcg(a.sm_claims + s) >= static_cast<uint32_t>(a.slots_per_sm)) continue;
+      const uint32_t k = atomicAdd(a.sm_claims + s, 1u);
+      if (k < static_cast<uint32_t>(a.slots_per_sm))
+        slot = s * a.slots_per_sm + static_cast<int>(k);
+    }
+    slot_s = slot >= 0 ? slot : static_cast<int>(blockIdx.x);  // (unreachable: grid = slots)
+  }
+  __syncthreads();
+  return slot_s;
+}
+
+// The last block of the launch to finish zeroes the claim counters for the next launch.
+__device__ __forceinline__ void release_sm_slots(const AttentionArgs& a) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  uint32_t* done = a.sm_claims + a.num_sms;
+  __threadfence();
+  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
+  for (int s = 0; s < a.num_sms; ++s) a.sm_claims[s] = 0;
+  *done = 0;
+  __threadfence();
+}
+
+// Task blockIdx.x, or (SH: page-split launches of PlanOptions::even_shares, their own
+// instantiation so that the others keep their code) tasks [slot · n, … + n) one after the
+// other, n = AttentionArgs::tasks_per_block, where a block's share of pages can end one list
+// and start the next; slot = blockIdx.x, or with sm_claims the slot the block claimed. A task's
+// return is the end of that task.
+template <int D, int WARPS, int PW, bool UNI, bool FM, bool SH>
 __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
   dev::dependent_start();
-  if constexpr (PW > 1) {
+  if constexpr (SH) {
     const int n = a.tasks_per_block > 1 ? a.tasks_per_block : 1;
-    for (int j = 0; j < n; ++j)
-      attention_task<D, WARPS, PW, UNI, FM>(a, static_cast<int>(blockIdx.x) * n + j);
+    const int slot = a.sm_claims ? claim_sm_slot(a) : static_cast<int>(blockIdx.x);
+    for (int j = 0; j < n; ++j) attention_task<D, WARPS, PW, UNI, FM, SH>(a, slot * n + j);
+    if (a.sm_claims) release_sm_slots(a);
   } else {
-    attention_task<D, WARPS, PW, UNI, FM>(a, static_cast<int>(blockIdx.x));
+    attention_task<D, WARPS, PW, UNI, FM, SH>(a, static_cast<int>(blockIdx.x));
   }
 }
 
@@ -434,14 +477,14 @@ __global__ void merge_kernel(const AttentionArgs a) {
   merge_row<D, false>(a, M, r, threadIdx.x % 32);
 }
 
-template <int D, int WARPS, int PW, bool UNI, bool FM = false>
+template <int D, int WARPS, int PW, bool UNI, bool FM = false, bool SH = false>
 cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
   cudaError_t err =
-      cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI, FM>,
+      cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI, FM, SH>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  launch_dependent(attention_kernel<D, WARPS, PW, UNI, FM>, static_cast<unsigned>(num_tasks),
+  launch_dependent(attention_kernel<D, WARPS, PW, UNI, FM, SH>, static_cast<unsigned>(num_tasks),
                    WARPS * 32, smem, stream, a);
   return cudaGetLastError();
 }
@@ -457,12 +500,15 @@ cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int
   if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
     const bool fm = a.merge_tickets != nullptr;
+    const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr;  // (never with fm)
     if (page_warps == 4)
-      return fm ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)
-                : launch_typed<D, 4, 4, false>(a, num_tasks, stream);
+      return fm   ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)
+             : sh ? launch_typed<D, 4, 4, false, false, true>(a, num_tasks, stream)
+                  : launch_typed<D, 4, 4, false>(a, num_tasks, stream);
     if (page_warps == 2)
-      return fm ? launch_typed<D, 4, 2, false, true>(a, num_tasks, stream)
-                : launch_typed<D, 4, 2, false>(a, num_tasks, stream);
+      return fm   ? launch_typed<D, 4, 2, false, true>(a, num_tasks, stream)
+             : sh ? launch_typed<D, 4, 2, false, false, true>(a, num_tasks, stream)
+                  : launch_typed<D, 4, 2, false>(a, num_tasks, stream);
   }
   return launch_typed<D, 4, 1, false>(a, num_tasks, stream);
 }

@@ -39,6 +39,11 @@ struct AttentionArgs {
   // Tasks a block runs, one after the other: block b takes tasks [b · n, b · n + n); a task
   // with rows = 0 is an unused slot (PlanOptions::even_shares). 1 (or 0): task b on block b.
   int tasks_per_block;
+  // PlanOptions::sm_rates: num_sms + 1 counters (zero between launches); a block claims one of
+  // the slots_per_sm slots of the SM it runs on (another SM's free slot when those are taken)
+  // and runs that slot's tasks; the last block zeroes the counters. Null: slot blockIdx.x.
+  uint32_t* sm_claims;
+  int num_sms, slots_per_sm;
   int num_kv_heads, num_q_heads, head_dim;
   int32_t window;  // sliding window in tokens, 0: none
   float scale;     // multiplies q·k

@@ -125,8 +125,9 @@ std::string Plan::kernels() const {
   s += mainloop(P.wgmma, P.warps);
   if (P.page_warps > 1) s += ", pages split over " + std::to_string(P.page_warps) + " warps";
   if (P.fused_merge) s += ", split merge in the last split block";
-  if (P.tasks_per_block > 1)
-    s += ", even shares (" + std::to_string(P.tasks_per_block) + " tasks a block)";
+  if (P.tasks_per_block > 1 || P.sm_claims)
+    s += std::string(", even shares") + (P.sm_claims ? " by SM rate" : "") + " (" +
+         std::to_string(P.tasks_per_block) + " tasks a block)";
   if (!P.unions.empty()) s += ", " + std::to_string(P.unions.size()) + " unions";
   s += ")";
   if (P.sel.empty()) return s + "; no selection";
@@ -339,6 +340,9 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   a.partial_lse = P.d_partial_lse.as<float>();
   a.merge_tickets = P.fused_merge ? P.d_merge_tickets.as<uint32_t>() : nullptr;
   a.tasks_per_block = P.tasks_per_block;
+  a.sm_claims = P.sm_claims ? P.d_sm_claims.as<uint32_t>() : nullptr;
+  a.num_sms = device_sms();
+  a.slots_per_sm = P.slots_per_sm;
   a.num_kv_heads = P.num_kv_heads;
   a.num_q_heads = P.num_q_heads;
   a.head_dim = P.head_dim;
@@ -407,6 +411,9 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.merge_max_rows},
                           int64_t{P.warps},
                           int64_t{P.page_warps},
+                          int64_t{P.tasks_per_block},
+                          int64_t{P.sm_claims},
+                          int64_t{P.slots_per_sm},
                           int64_t{P.wgmma},
                           P.big_tasks,
                           int64_t{P.wgmma_big},
@@ -432,7 +439,7 @@ uint64_t plan_launch_key(const Plan& plan) {
            P.d_partial_out.as<void>(), P.d_partial_lse.as<void>(), P.d_upages.as<void>(),
            P.d_uchunks.as<void>(), P.d_umask.as<void>(), P.d_ucounts.as<void>(),
            P.d_keep.as<void>(), P.d_reuse_partials.as<void>(), P.d_reuse_tickets.as<void>(),
-           P.d_merge_tickets.as<void>()})
+           P.d_merge_tickets.as<void>(), P.d_sm_claims.as<void>()})
     ptr(p);
   return h;
 }

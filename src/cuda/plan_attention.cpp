@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -65,17 +66,36 @@ bool even_shares(Plan::Impl& P, int64_t pairs, int64_t target) {
       total += n;
     }
   }
-  const int64_t blocks = std::min(target, total / tiles::kMinSplitPages);
-  if (blocks < 1 || units.empty()) return false;
-  // Block b takes pages [b · total / blocks, (b + 1) · total / blocks) of the units laid end to
-  // end.
+  // PlanOptions::sm_rates: one slot of target / sms an SM, sized by the SM's rate.
+  const auto sms = static_cast<size_t>(device_sms());
+  const bool by_sm = P.sm_rates.size() == sms && target % static_cast<int64_t>(sms) == 0 &&
+                     std::all_of(P.sm_rates.begin(), P.sm_rates.end(),
+                                 [](float r) { return std::isfinite(r) && r > 0.0f; }) &&
+                     total / target >= tiles::kMinSplitPages;
+  const int64_t blocks = by_sm ? target : std::min(target, total / tiles::kMinSplitPages);
+  if (blocks < 1 || units.empty() || total < blocks) return false;
+  // Block (slot) b takes pages [bound[b], bound[b + 1]) of the units laid end to end.
+  std::vector<int64_t> bound(static_cast<size_t>(blocks) + 1);
+  if (by_sm) {
+    const int64_t per_sm = target / static_cast<int64_t>(sms);
+    double sum = 0.0;
+    for (float r : P.sm_rates) sum += static_cast<double>(r) * static_cast<double>(per_sm);
+    double acc = 0.0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      bound[static_cast<size_t>(b)] = std::llround(static_cast<double>(total) * acc / sum);
+      acc += P.sm_rates[static_cast<size_t>(b / per_sm)];
+    }
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) bound[static_cast<size_t>(b)] = total * b / blocks;
+  }
+  bound.back() = total;
   std::vector<std::vector<detail::AttnTask>> per_block(static_cast<size_t>(blocks));
   std::vector<std::vector<std::pair<int64_t, int64_t>>> unit_tasks(units.size());  // (block, slot)
   size_t u = 0;
   int64_t u_start = 0;  // first page of unit u in the concatenation
   for (int64_t b = 0; b < blocks; ++b) {
-    int64_t p = total * b / blocks;
-    const int64_t end = total * (b + 1) / blocks;
+    int64_t p = bound[static_cast<size_t>(b)];
+    const int64_t end = bound[static_cast<size_t>(b) + 1];
     while (p < end) {
       while (p >= u_start + units[u].pages) u_start += units[u++].pages;
       const Unit& x = units[u];
@@ -118,6 +138,8 @@ bool even_shares(Plan::Impl& P, int64_t pairs, int64_t target) {
     P.tasks.insert(P.tasks.end(), v.begin(), v.end());
   }
   P.tasks_per_block = static_cast<int>(S);
+  P.sm_claims = by_sm;
+  P.slots_per_sm = by_sm ? static_cast<int>(target / static_cast<int64_t>(sms)) : 0;
   P.big_tasks = 0;
   P.fused_merge = false;
   return true;
@@ -279,6 +301,8 @@ Status plan_attention(Plan::Impl& P) {
     }
   };
   P.tasks_per_block = 1;
+  P.sm_claims = false;
+  P.slots_per_sm = 0;
   if (even_shares(P, pairs, target)) return Status::Ok();
   // Tasks of 128-row groups first (the first launch of a mixed plan), then the others.
   for (size_t L = 0; L < P.lists.size(); ++L)

@@ -308,6 +308,10 @@ Status finish_plan(Plan::Impl& P) {
                               "cuda plan: split-KV partials"));
   CISA_RETURN_IF_ERROR(P.d_partial_lse.reserve(std::max<int64_t>(1, P.partial_rows) * sizeof(float),
                                                "cuda plan: split-KV partial lse"));
+  if (P.sm_claims)
+    CISA_RETURN_IF_ERROR(
+        P.d_sm_claims.reserve((static_cast<size_t>(device_sms()) + 1) * sizeof(uint32_t),
+                              "cuda plan: SM slot claims", /*zero=*/true));
   if (P.fused_merge)
     CISA_RETURN_IF_ERROR(P.d_merge_tickets.reserve(
         P.merges.size() * sizeof(uint32_t), "cuda plan: split-KV merge tickets", /*zero=*/true));
@@ -340,6 +344,8 @@ Status start_plan(const DeviceLayer& layer, const DeviceBlockTables& tables,
   auto& P = *plan->impl();
   P.options = options;
   P.options.reuse_slots = {};  // the caller's memory: plan_sparse reads it, the plan keeps none
+  P.sm_rates.assign(options.sm_rates.begin(), options.sm_rates.end());
+  P.options.sm_rates = {};  // the caller's memory: the plan keeps its copy
   P.params = {};
   P.reuse_candidates = 0;
   P.max_reuse_seq = -1;

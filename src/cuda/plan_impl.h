@@ -105,6 +105,12 @@ struct Plan::Impl {
   // PlanOptions::even_shares taken: block b runs tasks [b · S, b · S + S), S = tasks_per_block
   // (a slot with rows = 0 is unused); 1 in every other plan (task b on block b).
   int tasks_per_block = 1;
+  // PlanOptions::sm_rates taken (even shares sized by SM): block b runs the tasks of the slot it
+  // claims (d_sm_claims: a counter an SM and a done counter, zero between launches), slots
+  // [smid · slots_per_sm, … + slots_per_sm) for the SM it runs on; else slot b.
+  bool sm_claims = false;
+  int slots_per_sm = 0;
+  std::vector<float> sm_rates;  // PlanOptions::sm_rates, copied
   int64_t total_pages = 0, score_total = 0, partial_rows = 0;
   int merge_max_rows = 0;  // rows of the largest merge task (merge grid)
   int64_t max_fixed = 0;   // most fixed entries (dense range / sinks + window + tail) of a list
@@ -128,6 +134,7 @@ struct Plan::Impl {
   DeviceBuffer d_reuse_partials;  // the reuse check's and commit's per-block partials (reuse.cuh)
   DeviceBuffer d_reuse_tickets;   // uint32 per list, zero between launches (launch_reuse_decide)
   DeviceBuffer d_merge_tickets;   // uint32 per merge task, zero between launches (fused_merge)
+  DeviceBuffer d_sm_claims;       // uint32 per SM + 1, zero between launches (sm_claims)
 };
 
 // The current device's SM count (132 where it cannot be read).

@@ -479,6 +479,62 @@ TEST(CudaAttention, EvenSharesMatchCpu) {
   }
 }
 
+// PlanOptions::sm_rates: shares sized by each SM's rate, a block running the share of a slot of
+// the SM it landed on (claimed at its start, counters zeroed by the launch's last block). The
+// rates measure_sm_rates returns (one an SM, mean 1), and skewed ones; three runs give the same
+// bits (the claims were reset) and the outputs match the CPU engine.
+TEST(CudaAttention, EvenSharesBySmRateMatchCpu) {
+  CISA_REQUIRE_GPU();
+  const int sms = cuda::device_sms();
+  std::vector<float> measured;
+  ASSERT_TRUE(cuda::measure_sm_rates(&measured, int64_t{1} << 20, 3).ok());
+  ASSERT_EQ(measured.size(), static_cast<size_t>(sms));
+  double mean = 0.0;
+  for (float r : measured) {
+    EXPECT_GT(r, 0.2f);
+    EXPECT_LT(r, 5.0f);
+    mean += r / sms;
+  }
+  EXPECT_NEAR(mean, 1.0, 1e-3);
+  std::vector<float> skewed(static_cast<size_t>(sms));
+  for (int s = 0; s < sms; ++s)
+    skewed[static_cast<size_t>(s)] = 1.0f + 0.5f * static_cast<float>(s % 3);
+  std::mt19937 rng(37);
+  // 4 x 80,000 tokens: 20,000 pages, more than kMinSplitPages a block slot.
+  auto w = make_world(1, 4, 128, {80000, 80000, 80000, 80000},
+                      {{0, 79999, 1}, {1, 79999, 1}, {2, 79999, 1}, {3, 79999, 1}}, rng);
+  DeviceMirror m;
+  m.build(*w.cache, 0, 4);
+  auto iq = random_vec(rng, static_cast<size_t>(w.rows * 128));
+  DevVec<float> diq;
+  diq.upload(iq);
+  const SelectionParams p{.budget = 4500, .window = 8, .qshare = 1};
+  for (const auto* rates : {&measured, &skewed}) {
+    for (const bool sparse : {false, true}) {
+      SCOPED_TRACE(std::string(rates == &measured ? "measured" : "skewed") +
+                   (sparse ? " cisa" : " dense"));
+      cuda::Plan plan;
+      const cuda::PlanOptions opt{.even_shares = true, .sm_rates = *rates};
+      ASSERT_TRUE((sparse
+                       ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, opt)
+                       : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt))
+                      .ok());
+      ASSERT_TRUE(plan.impl()->sm_claims);
+      EXPECT_NE(plan.kernels().find("even shares by SM rate"), std::string::npos);
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
+      std::vector<float> out0, lse0;
+      ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out0, &lse0));
+      for (int i = 0; i < 2; ++i) {
+        std::vector<float> out, lse;
+        ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
+        EXPECT_EQ(out, out0) << "run " << i;
+        EXPECT_EQ(lse, lse0) << "run " << i;
+      }
+      run_and_compare(w, m, plan, 0);
+    }
+  }
+}
+
 // Page-split (decode) tasks longer than one page-ID segment (kSegPages), as the planner makes
 // them: the pipeline restarts mid-task and the last tile of each segment is ragged (zero-filled
 // rows). LongTasksMatchCpu covers the row-tile kernel; the benchmark's dense decode tasks are

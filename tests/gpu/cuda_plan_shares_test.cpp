@@ -140,6 +140,53 @@ TEST(CudaPlanShares, ShortListsWriteTheirOutput) {
   EXPECT_GT(whole, 0);
 }
 
+// PlanOptions::sm_rates: one slot an SM per decode block slot, each sized by its SM's rate; a
+// rate vector of the wrong size, or with a non-positive value, leaves equal shares.
+TEST(CudaPlanShares, SharesFollowSmRates) {
+  const int sms = cuda::device_sms();
+  std::vector<float> rates(static_cast<size_t>(sms), 1.0f);
+  for (int s = 0; s < sms; s += 5) rates[static_cast<size_t>(s)] = 1.25f;
+  cuda::Plan plan;
+  auto& P = *plan.impl();
+  decode_plan(P, 16, 4, 1, {4105}, {.even_shares = true, .sm_rates = rates});
+  P.sm_rates = rates;  // start_plan's copy (decode_plan sets only P.options)
+  ASSERT_TRUE(cuda::plan_attention(P).ok());
+  ASSERT_TRUE(P.sm_claims);
+  const int per_sm = P.slots_per_sm;
+  ASSERT_EQ(per_sm, cuda::tiles::kDecodeBlocksPerSm);
+  const auto S = static_cast<size_t>(P.tasks_per_block);
+  ASSERT_EQ(P.tasks.size(), S * static_cast<size_t>(sms * per_sm));
+  double rate_sum = 0.0;
+  for (float r : rates) rate_sum += r * per_sm;
+  int64_t total = 0;
+  for (const auto& d : P.lists) total += list_pages(d);
+  std::vector<int64_t> next(P.lists.size());
+  for (size_t L = 0; L < P.lists.size(); ++L) next[L] = P.lists[L].out_begin;
+  for (size_t b = 0; b < P.tasks.size() / S; ++b) {
+    int64_t share = 0;
+    for (size_t j = 0; j < S; ++j) {
+      const auto& t = P.tasks[b * S + j];
+      if (t.rows == 0) continue;
+      ASSERT_EQ(t.page0, next[static_cast<size_t>(t.list)]);
+      next[static_cast<size_t>(t.list)] = t.page1;
+      share += t.page1 - t.page0;
+    }
+    const double want =
+        static_cast<double>(total) * rates[b / static_cast<size_t>(per_sm)] / rate_sum;
+    EXPECT_NEAR(static_cast<double>(share), want, 1.0) << "slot " << b;
+  }
+  for (size_t L = 0; L < P.lists.size(); ++L)
+    EXPECT_EQ(next[L], P.lists[L].out_begin + list_pages(P.lists[L]));
+  for (const auto& bad : {std::vector<float>(rates.begin(), rates.end() - 1),
+                          std::vector<float>(static_cast<size_t>(sms), 0.0f)}) {
+    decode_plan(P, 16, 4, 1, {4105}, {.even_shares = true});
+    P.sm_rates = bad;
+    ASSERT_TRUE(cuda::plan_attention(P).ok());
+    EXPECT_FALSE(P.sm_claims);
+    EXPECT_EQ(P.tasks_per_block, 2);
+  }
+}
+
 // Where even shares do not apply the split plan is kept: the fused merge, batch invariance,
 // prefill-sized groups (no page-split warps) and a list without pages.
 TEST(CudaPlanShares, FallsBackToTheSplitPlan) {

@@ -36,6 +36,7 @@ struct Options {
   std::string attention_kernel = "auto";
   int64_t blocks_per_sm = 0, ws_copy_warps = 0, score_tiles = 0;
   bool mma_unions = false, topk_one_block = false, fused_merge = false, even_shares = false;
+  bool sm_rates = false;  // --sm-rates: measured once in the run, into PlanOptions::sm_rates
   std::string rep_precision = "native";  // native (bf16) or int8 representatives
   bool int8() const { return rep_precision == "int8"; }
   cuda::PlanOptions plan_options() const {

@@ -287,6 +287,9 @@ int run(int argc, char** argv) {
   a.add_flag("--even-shares", &o.even_shares,
              "decode: every block slot gets an equal share of the plan's pages, a share that "
              "crosses a list's end running two tasks (PlanOptions::even_shares, for A/B runs)");
+  a.add_flag("--sm-rates", &o.sm_rates,
+             "decode, with --even-shares: measure each SM's streaming rate once and size every "
+             "SM's shares by it, a block taking its SM's share (PlanOptions::sm_rates)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--score-tiles", &o.score_tiles,
@@ -367,7 +370,14 @@ int run(int argc, char** argv) {
       "decode splits, warp-per-row split-KV merge; union tasks on wgmma (v10; --mma-unions: on "
       "mma.sync); prefill top-k v7, keys' top 16 bits staged in shared memory (--topk-one-block: "
       "the one-block kernel)";
-  const cuda::PlanOptions popt = o.plan_options();
+  // --sm-rates: each SM's streaming rate, measured once, sizes the even shares.
+  std::vector<float> sm_rates;
+  if (o.sm_rates) must(cuda::measure_sm_rates(&sm_rates), "SM rates");
+  const cuda::PlanOptions popt = [&] {
+    cuda::PlanOptions p = o.plan_options();
+    p.sm_rates = sm_rates;
+    return p;
+  }();
   doc["attention_mainloop"] =
       popt.attention_kernel == cuda::AttentionKernel::kMma
           ? "mma.sync everywhere (--attention-kernel mma)"
@@ -384,6 +394,14 @@ int run(int argc, char** argv) {
   doc["topk_staged"] = popt.topk_staged;
   doc["fused_merge"] = popt.fused_merge;
   doc["even_shares"] = popt.even_shares;
+  if (!sm_rates.empty()) {
+    Json rates = Json::array();
+    for (float r : sm_rates) rates.push_back(static_cast<double>(r));
+    doc["sm_rates"] = rates;
+    const auto [lo, hi] = std::minmax_element(sm_rates.begin(), sm_rates.end());
+    std::fprintf(stderr, "SM rates (relative to their mean): min %.3f max %.3f\n",
+                 static_cast<double>(*lo), static_cast<double>(*hi));
+  }
   doc["rep_precision"] = o.rep_precision;
   doc["index_query_model"] =
       "per sequence and KV group: base ~ N(0,1) plus per-position noise N(0, 0.3^2)";

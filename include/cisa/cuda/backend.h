@@ -176,6 +176,12 @@ struct PlanOptions {
   // --even-shares`; Plan::kernels() names the path taken). Plans where it does not apply
   // (no page-split warps, unions, fused_merge, batch_invariant) ignore it.
   bool even_shares = false;
+  // With even_shares: each SM's relative rate of streaming device memory while every SM does
+  // (measure_sm_rates; one value an SM of the device, mean 1). A block then takes the share of
+  // the SM it runs on (it claims one of its SM's slots at its start), shares sized by the rates,
+  // so SMs that stream faster get more pages. Empty, or not one positive value an SM: equal
+  // shares. The caller's memory: the plan copies it.
+  std::span<const float> sm_rates;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
   // keeps no state and always selects. Needed by plan_sparse when reuse_steps > 1 (the plan
@@ -257,6 +263,13 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const float* q,
 // Recomputes the representatives of the listed full pages (all KV heads of this layer):
 // mean of the page's keys, or per-channel min then max (quest). pages: device int32 [n].
 Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream);
+
+// Each SM's rate of streaming device memory while every SM does (2 blocks an SM, each reading
+// `bytes_per_block` bytes of its own, `repeats` launches; an SM's time is the median over the
+// launches of its blocks' mean), as rates relative to their mean: (*rates)[smid], mean 1. For
+// PlanOptions::sm_rates. Synchronous; allocates 2 · SMs · bytes_per_block bytes for the call.
+Status measure_sm_rates(std::vector<float>* rates, int64_t bytes_per_block = int64_t{4} << 20,
+                        int repeats = 5);
 
 // Fills n device bf16 values with deterministic pseudo-random values (roughly normal, standard
 // deviation `scale`), for benchmarks that need gigabytes of non-zero K/V. data: device [n].
