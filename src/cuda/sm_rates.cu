@@ -8,9 +8,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;
 
-__global__ void __launch_bounds__(kThreads) sm_rate_kernel(const uint4* __restrict__ data,
-                                                           int64_t n_vec, int32_t* smid,
-                                                           int64_t* ns, uint32_t* sink) {
+__global__ void __launch_bounds__(kThreads)
+    sm_rate_kernel(const uint4* __restrict__ data, int64_t n_vec, int32_t* smid, int64_t* ns,
+                   uint32_t* sink) {
   __shared__ uint64_t t0;
   if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   __syncthreads();

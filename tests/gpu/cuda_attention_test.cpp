@@ -409,6 +409,23 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
   }
 }
 
+// Selection (index queries iq, or none for a dense plan), then attention three times: the same
+// bits every run (nothing a launch leaves behind changes the next), and the CPU engine's result
+// on the same lists.
+void select_run_thrice_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
+                                   const float* iq) {
+  ASSERT_TRUE(cuda::run_select(plan, m.layer, iq, nullptr).ok());
+  std::vector<float> out0, lse0;
+  ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out0, &lse0));
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> out, lse;
+    ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
+    EXPECT_EQ(out, out0) << "run " << i;
+    EXPECT_EQ(lse, lse0) << "run " << i;
+  }
+  run_and_compare(w, m, plan, 0);
+}
+
 // PlanOptions::even_shares: the plan's pages cut into equal shares, one a block, a share that
 // crosses a list's end running a task of each list. The tasks must tile every list's pages
 // exactly once (block-major slots, unused slots rows = 0), some block must hold two tasks, the
@@ -465,16 +482,8 @@ TEST(CudaAttention, EvenSharesMatchCpu) {
       }
       EXPECT_EQ(shared, sizes);
       EXPECT_LE(shares_max - shares_min, 1) << "equal shares";
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
-      std::vector<float> out0, lse0;
-      ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out0, &lse0));
-      for (int i = 0; i < 2; ++i) {
-        std::vector<float> out, lse;
-        ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
-        EXPECT_EQ(out, out0) << "run " << i;
-        EXPECT_EQ(lse, lse0) << "run " << i;
-      }
-      run_and_compare(w, m, plan, 0);
+      ASSERT_NO_FATAL_FAILURE(
+          select_run_thrice_and_compare(w, m, plan, sparse ? diq.data() : nullptr));
     }
   }
 }
@@ -521,16 +530,8 @@ TEST(CudaAttention, EvenSharesBySmRateMatchCpu) {
                       .ok());
       ASSERT_TRUE(plan.impl()->sm_claims);
       EXPECT_NE(plan.kernels().find("even shares by SM rate"), std::string::npos);
-      ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
-      std::vector<float> out0, lse0;
-      ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out0, &lse0));
-      for (int i = 0; i < 2; ++i) {
-        std::vector<float> out, lse;
-        ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
-        EXPECT_EQ(out, out0) << "run " << i;
-        EXPECT_EQ(lse, lse0) << "run " << i;
-      }
-      run_and_compare(w, m, plan, 0);
+      ASSERT_NO_FATAL_FAILURE(
+          select_run_thrice_and_compare(w, m, plan, sparse ? diq.data() : nullptr));
     }
   }
 }

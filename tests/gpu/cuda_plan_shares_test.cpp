@@ -48,6 +48,33 @@ int64_t list_pages(const cuda::detail::ListDesc& d) {
   return (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
 }
 
+// Walks the plan's block slots (tasks [b · S, b · S + S) of slot b): every list's pages must be
+// read once, in order, by tasks of nonzero length. Returns each slot's page count and, into
+// by_list, each list's tasks in page order.
+std::vector<int64_t> slot_shares(
+    const cuda::Plan::Impl& P,
+    std::map<int32_t, std::vector<const cuda::detail::AttnTask*>>* by_list = nullptr) {
+  const auto S = static_cast<size_t>(P.tasks_per_block);
+  std::vector<int64_t> next(P.lists.size()), shares;
+  for (size_t L = 0; L < P.lists.size(); ++L) next[L] = P.lists[L].out_begin;
+  for (size_t b = 0; b < P.tasks.size() / S; ++b) {
+    int64_t share = 0;
+    for (size_t j = 0; j < S; ++j) {
+      const auto& t = P.tasks[b * S + j];
+      if (t.rows == 0) continue;
+      EXPECT_EQ(t.page0, next[static_cast<size_t>(t.list)]) << "slot " << b << " task " << j;
+      EXPECT_LT(t.page0, t.page1);
+      next[static_cast<size_t>(t.list)] = t.page1;
+      share += t.page1 - t.page0;
+      if (by_list) (*by_list)[t.list].push_back(&t);
+    }
+    shares.push_back(share);
+  }
+  for (size_t L = 0; L < P.lists.size(); ++L)
+    EXPECT_EQ(next[L], P.lists[L].out_begin + list_pages(P.lists[L])) << "list " << L;
+  return shares;
+}
+
 TEST(CudaPlanShares, EqualSharesTileEveryList) {
   for (const int hq : {4, 32}) {
     SCOPED_TRACE("hq = " + std::to_string(hq));
@@ -68,28 +95,11 @@ TEST(CudaPlanShares, EqualSharesTileEveryList) {
     ASSERT_EQ(P.tasks.size(), S * static_cast<size_t>(2 * sms)) << "one share a block slot";
     EXPECT_FALSE(P.fused_merge);
     // Coverage: each list's pages once, in order; equal shares (±1 page).
-    std::vector<int64_t> next(P.lists.size());
-    for (size_t L = 0; L < P.lists.size(); ++L) next[L] = P.lists[L].out_begin;
-    int64_t lo = INT64_MAX, hi = 0;
     std::map<int32_t, std::vector<const cuda::detail::AttnTask*>> by_list;
-    for (size_t b = 0; b < P.tasks.size() / S; ++b) {
-      int64_t share = 0;
-      for (size_t j = 0; j < S; ++j) {
-        const auto& t = P.tasks[b * S + j];
-        if (t.rows == 0) continue;
-        ASSERT_EQ(t.page0, next[static_cast<size_t>(t.list)]);
-        ASSERT_LT(t.page0, t.page1);
-        EXPECT_EQ(t.rows, hq);
-        next[static_cast<size_t>(t.list)] = t.page1;
-        share += t.page1 - t.page0;
-        by_list[t.list].push_back(&t);
-      }
-      lo = std::min(lo, share);
-      hi = std::max(hi, share);
-    }
-    EXPECT_LE(hi - lo, 1);
-    for (size_t L = 0; L < P.lists.size(); ++L)
-      EXPECT_EQ(next[L], P.lists[L].out_begin + list_pages(P.lists[L]));
+    const auto shares = slot_shares(P, &by_list);
+    const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
+    EXPECT_LE(*hi - *lo, 1);
+    for (const auto& t : P.tasks) EXPECT_TRUE(t.rows == 0 || t.rows == hq);
     // Merges: one a list, its tasks' partial slots s · rows apart in page order, all distinct
     // and inside partial_rows.
     ASSERT_EQ(P.merges.size(), P.lists.size());
@@ -160,23 +170,12 @@ TEST(CudaPlanShares, SharesFollowSmRates) {
   for (float r : rates) rate_sum += r * per_sm;
   int64_t total = 0;
   for (const auto& d : P.lists) total += list_pages(d);
-  std::vector<int64_t> next(P.lists.size());
-  for (size_t L = 0; L < P.lists.size(); ++L) next[L] = P.lists[L].out_begin;
-  for (size_t b = 0; b < P.tasks.size() / S; ++b) {
-    int64_t share = 0;
-    for (size_t j = 0; j < S; ++j) {
-      const auto& t = P.tasks[b * S + j];
-      if (t.rows == 0) continue;
-      ASSERT_EQ(t.page0, next[static_cast<size_t>(t.list)]);
-      next[static_cast<size_t>(t.list)] = t.page1;
-      share += t.page1 - t.page0;
-    }
+  const auto shares = slot_shares(P);
+  for (size_t b = 0; b < shares.size(); ++b) {
     const double want =
         static_cast<double>(total) * rates[b / static_cast<size_t>(per_sm)] / rate_sum;
-    EXPECT_NEAR(static_cast<double>(share), want, 1.0) << "slot " << b;
+    EXPECT_NEAR(static_cast<double>(shares[b]), want, 1.0) << "slot " << b;
   }
-  for (size_t L = 0; L < P.lists.size(); ++L)
-    EXPECT_EQ(next[L], P.lists[L].out_begin + list_pages(P.lists[L]));
   for (const auto& bad : {std::vector<float>(rates.begin(), rates.end() - 1),
                           std::vector<float>(static_cast<size_t>(sms), 0.0f)}) {
     decode_plan(P, 16, 4, 1, {4105}, {.even_shares = true});
