@@ -170,17 +170,20 @@ struct PlanOptions {
   // Page-split (decode) plans: instead of splitting each list into the same number of tasks
   // (16 lists on 264 block slots: 16 splits, 256 blocks), the plan's pages laid end to end are
   // cut into one equal share a block slot, and a share that ends one list and starts the next
-  // runs both parts one after the other in its block (two tasks, two partials). Every SM gets
-  // the same work; the same merge arithmetic, other partial boundaries (other bits than the split
-  // plan's, the same on every run). Off by default until measured (`cisa bench layer
-  // --even-shares`; Plan::kernels() names the path taken). Plans where it does not apply
-  // (no page-split warps, unions, fused_merge, batch_invariant) ignore it.
+  // runs both parts one after the other in its block (two tasks, two partials). Every block
+  // slot gets the same work; the same merge arithmetic, other partial boundaries (other bits than
+  // the split plan's, the same on every run). Off: on an H100 it measured slower (4:1 attention
+  // 190.2 against 187.6 us in-kernel), because the SMs do not stream at one rate (24 of 132 ~20 %
+  // faster, docs/cuda.md); see sm_rates (`cisa bench layer --even-shares`; Plan::kernels() names
+  // the path taken). Plans where it does not apply (no page-split warps, unions, fused_merge,
+  // batch_invariant) ignore it.
   bool even_shares = false;
   // With even_shares: each SM's relative rate of streaming device memory while every SM does
   // (measure_sm_rates; one value an SM of the device, mean 1). A block then takes the share of
   // the SM it runs on (it claims one of its SM's slots at its start), shares sized by the rates,
   // so SMs that stream faster get more pages. Empty, or not one positive value an SM: equal
-  // shares. The caller's memory: the plan copies it.
+  // shares. Not yet measured on a device (`cisa bench layer --even-shares --sm-rates`). The
+  // caller's memory: the plan copies it.
   std::span<const float> sm_rates;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
