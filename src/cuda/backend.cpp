@@ -341,7 +341,7 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   a.merge_tickets = P.fused_merge ? P.d_merge_tickets.as<uint32_t>() : nullptr;
   a.tasks_per_block = P.tasks_per_block;
   a.sm_claims = P.sm_claims ? P.d_sm_claims.as<uint32_t>() : nullptr;
-  a.num_sms = device_sms();
+  a.num_sms = P.sm_claims ? static_cast<int>(P.sm_rates.size()) : 0;  // the plan's SMs
   a.slots_per_sm = P.slots_per_sm;
   a.num_kv_heads = P.num_kv_heads;
   a.num_q_heads = P.num_q_heads;

@@ -309,9 +309,8 @@ Status finish_plan(Plan::Impl& P) {
   CISA_RETURN_IF_ERROR(P.d_partial_lse.reserve(std::max<int64_t>(1, P.partial_rows) * sizeof(float),
                                                "cuda plan: split-KV partial lse"));
   if (P.sm_claims)
-    CISA_RETURN_IF_ERROR(
-        P.d_sm_claims.reserve((static_cast<size_t>(device_sms()) + 1) * sizeof(uint32_t),
-                              "cuda plan: SM slot claims", /*zero=*/true));
+    CISA_RETURN_IF_ERROR(P.d_sm_claims.reserve((P.sm_rates.size() + 1) * sizeof(uint32_t),
+                                               "cuda plan: SM slot claims", /*zero=*/true));
   if (P.fused_merge)
     CISA_RETURN_IF_ERROR(P.d_merge_tickets.reserve(
         P.merges.size() * sizeof(uint32_t), "cuda plan: split-KV merge tickets", /*zero=*/true));
