@@ -1,6 +1,7 @@
 // How fast each SM streams from device memory while every SM does (PlanOptions::sm_rates): on
-// an H100, the SMs of the two 12-SM GPCs finished the same decode attention work ~20 % sooner
-// than those of the 18-SM GPCs in every launch (bench/results/decode_sm_rates_2026-12-07/).
+// an H100, 24 of the 132 SMs (two groups of 12, likely two smaller GPCs) finished the same
+// decode attention work ~20 % sooner than the others in every launch
+// (bench/results/decode_sm_balance_2026-12-07/).
 #pragma once
 
 #include <cuda_runtime.h>
