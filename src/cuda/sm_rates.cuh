@@ -10,9 +10,9 @@
 
 namespace cisa::cuda::detail {
 
-// blocks_per_sm blocks an SM (one launch of sms · blocks_per_sm blocks) each read `bytes_per_block`
-// bytes of `data` (its own slice, 16-byte loads, `data` holds sms · blocks_per_sm slices) and
-// write their SM's ID and duration (ns, globaltimer) to smid[block], ns[block].
+// One launch of `blocks` blocks (measure_sm_rates: two an SM): block b reads `bytes_per_block`
+// bytes of its own slice of `data` (16-byte loads) and writes its SM's ID and its duration (ns,
+// globaltimer) to smid[b], ns[b]; ns has blocks + 1 entries (the last keeps the loads alive).
 cudaError_t launch_sm_rate_probe(const uint4* data, int64_t bytes_per_block, int blocks,
                                  int32_t* smid, int64_t* ns, cudaStream_t stream);
 

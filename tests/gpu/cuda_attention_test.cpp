@@ -16,6 +16,7 @@
 #include "cuda/plan_impl.h"
 #include "cuda/tile_sizes.cuh"
 #include "gpu/gpu_test_util.h"
+#include "gpu/plan_shares_util.h"
 #include "test_util.h"
 
 namespace cisa::test {
@@ -175,6 +176,13 @@ struct Shape {
 World decode_world(const Shape& sh, std::mt19937& rng) {
   return make_world(sh.hkv, sh.hq, sh.d, {5000, 3001, 12000, 40000},
                     {{0, 4999, 1}, {1, 3000, 1}, {2, 11999, 1}, {3, 39999, 1}}, rng);
+}
+
+// A CISA plan with selection p, or a dense one (no window), of w's batch with `opt`.
+Status plan_decode(const World& w, const DeviceMirror& m, bool sparse, const SelectionParams& p,
+                   const cuda::PlanOptions& opt, cuda::Plan* plan) {
+  return sparse ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, plan, opt)
+                : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, plan, opt);
 }
 
 TEST(CudaAttention, DenseMatchesCpu) {
@@ -370,10 +378,7 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
                            std::vector<float>* lse_h) {
         cuda::Plan plan;
         const cuda::PlanOptions opt{.fused_merge = fused};
-        ASSERT_TRUE(
-            (sparse ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, opt)
-                    : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt))
-                .ok());
+        ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
         const auto* P = plan.impl();
         ASSERT_GT(P->page_warps, 1);
         ASSERT_FALSE(P->merges.empty());
@@ -446,42 +451,16 @@ TEST(CudaAttention, EvenSharesMatchCpu) {
       SCOPED_TRACE(sparse ? "cisa" : "dense");
       cuda::Plan plan;
       const cuda::PlanOptions opt{.even_shares = true};
-      ASSERT_TRUE((sparse
-                       ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, opt)
-                       : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt))
-                      .ok());
+      ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
       const auto* P = plan.impl();
       ASSERT_GT(P->page_warps, 1);
       ASSERT_GT(P->tasks_per_block, 1) << "a share crossing a list's end";
       EXPECT_NE(plan.kernels().find("even shares"), std::string::npos);
-      const auto S = static_cast<size_t>(P->tasks_per_block);
-      ASSERT_EQ(P->tasks.size() % S, 0u);
-      // Every list's pages [out_begin, out_begin + size) covered once, in order, by its tasks.
-      std::vector<int64_t> next(P->lists.size());
-      for (size_t L = 0; L < P->lists.size(); ++L) next[L] = P->lists[L].out_begin;
-      int64_t sizes = 0, shared = 0, shares_min = INT64_MAX, shares_max = 0;
-      for (size_t b = 0; b < P->tasks.size() / S; ++b) {
-        int64_t share = 0;
-        for (size_t j = 0; j < S; ++j) {
-          const auto& t = P->tasks[b * S + j];
-          if (t.rows == 0) continue;
-          ASSERT_EQ(t.page0, next[static_cast<size_t>(t.list)]) << "block " << b << " slot " << j;
-          ASSERT_LT(t.page0, t.page1);
-          next[static_cast<size_t>(t.list)] = t.page1;
-          share += t.page1 - t.page0;
-        }
-        shared += share;
-        shares_min = std::min(shares_min, share);
-        shares_max = std::max(shares_max, share);
-      }
-      for (size_t L = 0; L < P->lists.size(); ++L) {
-        const auto& d = P->lists[L];
-        const int64_t size = (d.pre_end - d.pre_begin) + d.k + (d.post_end - d.post_begin);
-        EXPECT_EQ(next[L], d.out_begin + size) << "list " << L;
-        sizes += size;
-      }
-      EXPECT_EQ(shared, sizes);
-      EXPECT_LE(shares_max - shares_min, 1) << "equal shares";
+      ASSERT_EQ(P->tasks.size() % static_cast<size_t>(P->tasks_per_block), 0u);
+      // Every list's pages covered once, in order, by its tasks; equal shares.
+      const auto shares = slot_shares(*P);
+      const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
+      EXPECT_LE(*hi - *lo, 1) << "equal shares";
       ASSERT_NO_FATAL_FAILURE(
           select_run_thrice_and_compare(w, m, plan, sparse ? diq.data() : nullptr));
     }
@@ -524,10 +503,7 @@ TEST(CudaAttention, EvenSharesBySmRateMatchCpu) {
                    (sparse ? " cisa" : " dense"));
       cuda::Plan plan;
       const cuda::PlanOptions opt{.even_shares = true, .sm_rates = *rates};
-      ASSERT_TRUE((sparse
-                       ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan, opt)
-                       : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt))
-                      .ok());
+      ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
       ASSERT_TRUE(plan.impl()->sm_claims);
       EXPECT_NE(plan.kernels().find("even shares by SM rate"), std::string::npos);
       ASSERT_NO_FATAL_FAILURE(
@@ -763,9 +739,7 @@ TEST(CudaAttention, F32QueriesMatchTheirBf16Copy) {
       cuda::Plan plan;
       const cuda::PlanOptions opt{.attention_kernel = kernel};
       const Status planned =
-          sparse ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq,
-                                     {.budget = 40, .window = 4, .qshare = 16}, &plan, opt)
-                 : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, &plan, opt);
+          plan_decode(w, m, sparse, {.budget = 40, .window = 4, .qshare = 16}, opt, &plan);
       ASSERT_TRUE(planned.ok()) << planned.to_string();
       // Dense plans assemble their page lists in run_select's setup stage too.
       ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
