@@ -145,7 +145,7 @@ fi
 # ---- step graphs: only the targets they need, their test, the goal rows with graphs on and off ----
 if [ "$mode" = graphs ]; then
   if [ -z "${SKIP_BUILD:-}" ]; then
-    build_targets 330 cisa cuda_step_graph_test cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_select_test
+    build_targets 330 cisa cuda_step_graph_test cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_decode_attention_test cuda_select_test
   fi
   log "step-graph test"
   bounded 120 build/cuda/tests/cuda_step_graph_test >"$OUT/gpu_tests.log" 2>&1
@@ -182,7 +182,7 @@ if "cisa_vs_dense" in j: print("  cisa/dense decode %.2fx" % j["cisa_vs_dense"][
 EOF
   done
   log "other CUDA backend tests"
-  for t in cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_select_test; do
+  for t in cuda_backend_test cuda_backend_kv_test cuda_attention_test cuda_decode_attention_test cuda_select_test; do
     bounded 90 "build/cuda/tests/$t" >>"$OUT/gpu_tests.log" 2>&1
     log "$t rc=$?"
   done

@@ -15,7 +15,7 @@ M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throug
 # TESTS=1: the GPU tests of the last binary directory in BINS first (its cuda_*_test binaries).
 if [ -n "${TESTS:-}" ]; then
   tb=$(echo ${BINS:-} | awk '{print $NF}')
-  for t in cuda_select_test cuda_attention_test; do
+  for t in cuda_select_test cuda_attention_test cuda_decode_attention_test; do
     timeout 150 "$tb/$t" >"$OUT/$t.log" 2>&1
     log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')"
     grep -B3 -A12 "Failure" "$OUT/$t.log" | head -30

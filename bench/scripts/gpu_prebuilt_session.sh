@@ -7,7 +7,8 @@
 # Here (the CPU machine), from a `ci`-preset build (nvcc, sm_90a):
 #   mkdir -p .devbin/base
 #   tar -C build/ci -cJf .devbin/bins.tar.xz cisa tests/cuda_select_test tests/cuda_model_ops_test \
-#       tests/cuda_step_graph_test tests/cuda_backend_test tests/cuda_attention_test
+#       tests/cuda_step_graph_test tests/cuda_backend_test tests/cuda_attention_test \
+#       tests/cuda_decode_attention_test
 #   xz -c <base build>/cisa > .devbin/base/cisa.xz            # optional: the A/B base
 #   cp <cpp-httplib and brotli shared libraries> .devbin/      # what `cisa` links beside CUDA
 # On the device (carry .devbin):

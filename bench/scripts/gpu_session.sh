@@ -29,13 +29,14 @@ if [ -n "${CISA_PREBUILT:-}" ]; then
   log "prebuilt binaries from $CISA_PREBUILT"
   mkdir -p build/gpu-session/tests
   cp "$CISA_PREBUILT"/cisa build/gpu-session/cisa &&
-    cp "$CISA_PREBUILT"/cuda_select_test "$CISA_PREBUILT"/cuda_attention_test build/gpu-session/tests/ ||
+    cp "$CISA_PREBUILT"/cuda_select_test "$CISA_PREBUILT"/cuda_attention_test \
+       "$CISA_PREBUILT"/cuda_decode_attention_test build/gpu-session/tests/ ||
     { log "prebuilt binaries missing"; exit 1; }
 else
   log "configure + build"
   cmake -S . -B build/gpu-session -G Ninja -DCMAKE_BUILD_TYPE=Release -DCISA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCISA_BUILD_BENCH=OFF -DCISA_NATIVE=OFF >"$OUT/build.log" 2>&1 &&
-    ninja -C build/gpu-session -j16 cisa_cuda cuda_select_test cuda_attention_test >>"$OUT/build.log" 2>&1
+    ninja -C build/gpu-session -j16 cisa_cuda cuda_select_test cuda_attention_test cuda_decode_attention_test >>"$OUT/build.log" 2>&1
   rc=$?
   tail -3 "$OUT/build.log"
   if [ $rc -ne 0 ]; then log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; fi
@@ -53,7 +54,7 @@ fi
 
 if [ "$mode" != bench ]; then
   log "GPU tests"
-  for t in cuda_select_test cuda_attention_test; do
+  for t in cuda_select_test cuda_attention_test cuda_decode_attention_test; do
     ./build/gpu-session/tests/$t >"$OUT/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')" | tee -a "$OUT/session.log"
     grep -B3 -A12 "Failure" "$OUT/$t.log" | head -60
