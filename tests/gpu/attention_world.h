@@ -32,7 +32,7 @@ struct World {
 };
 
 inline World make_world(int hkv, int hq, int d, const std::vector<int64_t>& lengths,
-                 const std::vector<BatchEntry>& batch, std::mt19937& rng) {
+                        const std::vector<BatchEntry>& batch, std::mt19937& rng) {
   World w;
   int64_t total = 0;
   for (auto n : lengths) total += n / 16 + 2;
@@ -71,8 +71,8 @@ inline World make_world(int hkv, int hq, int d, const std::vector<int64_t>& leng
 // output element is off by at most ~2^-8·max|v| in the worst case; the L2 error, a sum of
 // independent roundings, sits far below. lse comes from f32 scores of exact bf16 products.
 inline void expect_close(const World& w, const std::vector<float>& want_out,
-                  const std::vector<float>& want_lse, const std::vector<float>& out,
-                  const std::vector<float>& lse) {
+                         const std::vector<float>& want_lse, const std::vector<float>& out,
+                         const std::vector<float>& lse) {
   ASSERT_EQ(want_out.size(), out.size());
   double err2 = 0, ref2 = 0, max_err = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -94,7 +94,7 @@ inline void expect_close(const World& w, const std::vector<float>& want_out,
 // Runs the GPU plan's attention on w's queries into outputs poisoned with NaN; *out_h, *lse_h:
 // what it wrote.
 inline void attend_on_device(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
-                      std::vector<float>* out_h, std::vector<float>* lse_h) {
+                             std::vector<float>* out_h, std::vector<float>* lse_h) {
   const int d = w.cache->head_dim();
   DevVec<uint16_t> dq;
   dq.upload(w.qh);
@@ -112,7 +112,7 @@ inline void attend_on_device(const World& w, const DeviceMirror& m, const cuda::
 
 // Runs the GPU plan's attention and the CPU's on the GPU's lists; compares.
 inline void run_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
-                     int64_t window) {
+                            int64_t window) {
   std::vector<float> out, lse;
   ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
   PageLists lists;
@@ -128,8 +128,9 @@ inline void run_and_compare(const World& w, const DeviceMirror& m, const cuda::P
 
 // A sparse plan end to end: the union lists poisoned, selection on the device index queries diq,
 // attention against the CPU (run_and_compare); *read: the pages its attention reads.
-inline void select_attend_and_compare(const World& w, const DeviceMirror& m, const DevVec<float>& diq,
-                               const cuda::Plan& plan, int64_t* read) {
+inline void select_attend_and_compare(const World& w, const DeviceMirror& m,
+                                      const DevVec<float>& diq, const cuda::Plan& plan,
+                                      int64_t* read) {
   auto* P = plan.impl();
   cudaMemset(P->d_upages.as<void>(), 0xff, P->d_upages.bytes());
   cudaMemset(P->d_uchunks.as<void>(), 0xff, P->d_uchunks.bytes());
@@ -179,8 +180,9 @@ inline World decode_world(const Shape& sh, std::mt19937& rng) {
 }
 
 // A CISA plan with selection p, or a dense one (no window), of w's batch with `opt`.
-inline Status plan_decode(const World& w, const DeviceMirror& m, bool sparse, const SelectionParams& p,
-                   const cuda::PlanOptions& opt, cuda::Plan* plan) {
+inline Status plan_decode(const World& w, const DeviceMirror& m, bool sparse,
+                          const SelectionParams& p, const cuda::PlanOptions& opt,
+                          cuda::Plan* plan) {
   return sparse ? cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, plan, opt)
                 : cuda::plan_dense(m.layer, m.block_tables(), w.batch, w.hq, 0, plan, opt);
 }
@@ -188,8 +190,8 @@ inline Status plan_decode(const World& w, const DeviceMirror& m, bool sparse, co
 // Selection (index queries iq, or none for a dense plan), then attention three times: the same
 // bits every run (nothing a launch leaves behind changes the next), and the CPU engine's result
 // on the same lists.
-inline void select_run_thrice_and_compare(const World& w, const DeviceMirror& m, const cuda::Plan& plan,
-                                   const float* iq) {
+inline void select_run_thrice_and_compare(const World& w, const DeviceMirror& m,
+                                          const cuda::Plan& plan, const float* iq) {
   ASSERT_TRUE(cuda::run_select(plan, m.layer, iq, nullptr).ok());
   std::vector<float> out0, lse0;
   ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out0, &lse0));

@@ -55,6 +55,29 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
   }
 }
 
+// The cases of the split-plan tests: three page-split shapes (decode_world), each with its mirror
+// and random index queries, a budget of 192 chunks (lists of ~200 pages split in 3,
+// tiles::kMinSplitPages, where the 40 of DecodeBatchesMatchCpu make lists too short to split);
+// f(w, m, sparse, p, iq) runs on the dense plan's case (iq null) and then the CISA plan's.
+template <class F>
+void for_split_decode_cases(uint32_t seed, F&& f) {
+  std::mt19937 rng(seed);
+  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}}) {
+    SCOPED_TRACE(sh.name());
+    auto w = decode_world(sh, rng);
+    DeviceMirror m;
+    m.build(*w.cache, 0, 4);
+    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
+    DevVec<float> diq;
+    diq.upload(iq);
+    const SelectionParams p{.budget = 192, .window = 8, .qshare = 1};
+    for (const bool sparse : {false, true}) {
+      SCOPED_TRACE(sparse ? "cisa" : "dense");
+      f(w, m, sparse, p, sparse ? diq.data() : nullptr);
+    }
+  }
+}
+
 // PlanOptions::fused_merge: the last split block of each list merges the partials inside the
 // attention launch. The merge is the merge launch's own code (merge_row), so outputs and LSEs
 // must equal the merge launch's bit for bit, dense and CISA, in every page-split shape, with a
@@ -62,60 +85,46 @@ TEST(CudaAttention, DecodeBatchesMatchCpu) {
 // wrapped back to zero, and the CPU engine checks the fused plan on its own.
 TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
   CISA_REQUIRE_GPU();
-  std::mt19937 rng(23);
-  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}}) {
-    SCOPED_TRACE(sh.name());
-    auto w = decode_world(sh, rng);
-    DeviceMirror m;
-    m.build(*w.cache, 0, 4);
-    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
-    DevVec<float> diq;
-    diq.upload(iq);
-    // A budget of 192 chunks: lists of ~200 pages split in 3 (tiles::kMinSplitPages), where the
-    // 40 of the other decode tests make lists too short to split.
-    const SelectionParams p{.budget = 192, .window = 8, .qshare = 1};
-    for (const bool sparse : {false, true}) {
-      SCOPED_TRACE(sparse ? "cisa" : "dense");
-      const auto run = [&](bool fused, int runs, std::vector<float>* out_h,
-                           std::vector<float>* lse_h) {
-        cuda::Plan plan;
-        const cuda::PlanOptions opt{.fused_merge = fused};
-        ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
-        const auto* P = plan.impl();
-        ASSERT_GT(P->page_warps, 1);
-        ASSERT_FALSE(P->merges.empty());
-        EXPECT_EQ(P->fused_merge, fused);
-        EXPECT_EQ(plan.kernels().find("split merge in the last split block") != std::string::npos,
-                  fused);
-        if (!sparse) {
-          EXPECT_TRUE(std::any_of(P->merges.begin(), P->merges.end(), [](const auto& mt) {
-            return mt.splits > 32;
-          })) << "a list of more than 32 splits";
+  for_split_decode_cases(23, [](const World& w, const DeviceMirror& m, bool sparse,
+                                const SelectionParams& p, const float* iq) {
+    const auto run = [&](bool fused, int runs, std::vector<float>* out_h,
+                         std::vector<float>* lse_h) {
+      cuda::Plan plan;
+      const cuda::PlanOptions opt{.fused_merge = fused};
+      ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
+      const auto* P = plan.impl();
+      ASSERT_GT(P->page_warps, 1);
+      ASSERT_FALSE(P->merges.empty());
+      EXPECT_EQ(P->fused_merge, fused);
+      EXPECT_EQ(plan.kernels().find("split merge in the last split block") != std::string::npos,
+                fused);
+      if (!sparse) {
+        EXPECT_TRUE(std::any_of(P->merges.begin(), P->merges.end(), [](const auto& mt) {
+          return mt.splits > 32;
+        })) << "a list of more than 32 splits";
+      }
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, iq, nullptr).ok());
+      for (int i = 0; i < runs; ++i) {
+        std::vector<float> out, lse;
+        ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
+        if (i == 0) {
+          *out_h = out;
+          *lse_h = lse;
+        } else {
+          EXPECT_EQ(out, *out_h) << "run " << i;
+          EXPECT_EQ(lse, *lse_h) << "run " << i;
         }
-        ASSERT_TRUE(cuda::run_select(plan, m.layer, sparse ? diq.data() : nullptr, nullptr).ok());
-        for (int i = 0; i < runs; ++i) {
-          std::vector<float> out, lse;
-          ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out, &lse));
-          if (i == 0) {
-            *out_h = out;
-            *lse_h = lse;
-          } else {
-            EXPECT_EQ(out, *out_h) << "run " << i;
-            EXPECT_EQ(lse, *lse_h) << "run " << i;
-          }
-        }
-        if (fused) run_and_compare(w, m, plan, 0);
-      };
-      std::vector<float> out0, lse0, out1, lse1;
-      ASSERT_NO_FATAL_FAILURE(run(false, 1, &out0, &lse0));
-      ASSERT_NO_FATAL_FAILURE(run(true, 3, &out1, &lse1));
-      ASSERT_EQ(out0.size(), out1.size());
-      EXPECT_EQ(0, std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(lse0.data(), lse1.data(), lse0.size() * sizeof(float)));
-    }
-  }
+      }
+      if (fused) run_and_compare(w, m, plan, 0);
+    };
+    std::vector<float> out0, lse0, out1, lse1;
+    ASSERT_NO_FATAL_FAILURE(run(false, 1, &out0, &lse0));
+    ASSERT_NO_FATAL_FAILURE(run(true, 3, &out1, &lse1));
+    ASSERT_EQ(out0.size(), out1.size());
+    EXPECT_EQ(0, std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(lse0.data(), lse1.data(), lse0.size() * sizeof(float)));
+  });
 }
-
 
 // PlanOptions::even_shares: the plan's pages cut into equal shares, one a block, a share that
 // crosses a list's end running a task of each list. The tasks must tile every list's pages
@@ -123,34 +132,22 @@ TEST(CudaAttention, FusedMergeEqualsMergeLaunch) {
 // outputs must match the CPU engine on the same lists, and repeated runs the same bits.
 TEST(CudaAttention, EvenSharesMatchCpu) {
   CISA_REQUIRE_GPU();
-  std::mt19937 rng(31);
-  for (Shape sh : {Shape{1, 4, 128}, Shape{2, 8, 64}, Shape{1, 32, 128}}) {
-    SCOPED_TRACE(sh.name());
-    auto w = decode_world(sh, rng);
-    DeviceMirror m;
-    m.build(*w.cache, 0, 4);
-    auto iq = random_vec(rng, static_cast<size_t>(w.rows * sh.hkv * sh.d));
-    DevVec<float> diq;
-    diq.upload(iq);
-    const SelectionParams p{.budget = 192, .window = 8, .qshare = 1};
-    for (const bool sparse : {false, true}) {
-      SCOPED_TRACE(sparse ? "cisa" : "dense");
-      cuda::Plan plan;
-      const cuda::PlanOptions opt{.even_shares = true};
-      ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
-      const auto* P = plan.impl();
-      ASSERT_GT(P->page_warps, 1);
-      ASSERT_GT(P->tasks_per_block, 1) << "a share crossing a list's end";
-      EXPECT_NE(plan.kernels().find("even shares"), std::string::npos);
-      ASSERT_EQ(P->tasks.size() % static_cast<size_t>(P->tasks_per_block), 0u);
-      // Every list's pages covered once, in order, by its tasks; equal shares.
-      const auto shares = slot_shares(*P);
-      const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
-      EXPECT_LE(*hi - *lo, 1) << "equal shares";
-      ASSERT_NO_FATAL_FAILURE(
-          select_run_thrice_and_compare(w, m, plan, sparse ? diq.data() : nullptr));
-    }
-  }
+  for_split_decode_cases(31, [](const World& w, const DeviceMirror& m, bool sparse,
+                                const SelectionParams& p, const float* iq) {
+    cuda::Plan plan;
+    const cuda::PlanOptions opt{.even_shares = true};
+    ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
+    const auto* P = plan.impl();
+    ASSERT_GT(P->page_warps, 1);
+    ASSERT_GT(P->tasks_per_block, 1) << "a share crossing a list's end";
+    EXPECT_NE(plan.kernels().find("even shares"), std::string::npos);
+    ASSERT_EQ(P->tasks.size() % static_cast<size_t>(P->tasks_per_block), 0u);
+    // Every list's pages covered once, in order, by its tasks; equal shares.
+    const auto shares = slot_shares(*P);
+    const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
+    EXPECT_LE(*hi - *lo, 1) << "equal shares";
+    ASSERT_NO_FATAL_FAILURE(select_run_thrice_and_compare(w, m, plan, iq));
+  });
 }
 
 // PlanOptions::sm_rates: shares sized by each SM's rate, a block running the share of a slot of
