@@ -182,8 +182,10 @@ struct PlanOptions {
   // (measure_sm_rates; one value an SM of the device, mean 1). A block then takes the share of
   // the SM it runs on (it claims one of its SM's slots at its start), shares sized by the rates,
   // so SMs that stream faster get more pages. Empty, or not one positive value an SM: equal
-  // shares. Not yet measured on a device (`cisa bench layer --even-shares --sm-rates`). The
-  // caller's memory: the plan copies it.
+  // shares. Measured slower on an H100 (`cisa bench layer --even-shares --sm-rates`, 4:1
+  // attention 195.4 against 188.7 us in-kernel): measure_sm_rates found the SMs' streaming rates
+  // within ±4 %, while attention's scattered page reads run 24 SMs ~20 % faster (docs/cuda.md).
+  // The caller's memory: the plan copies it.
   std::span<const float> sm_rates;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
