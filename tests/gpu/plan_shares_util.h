@@ -1,5 +1,5 @@
 // Checks of a plan's page-split work decomposition shared by the planner tests
-// (cuda_plan_shares_test.cpp) and the attention tests (cuda_attention_test.cpp).
+// (cuda_plan_shares_test.cpp) and the decode attention tests (cuda_decode_attention_test.cpp).
 #pragma once
 
 #include <gtest/gtest.h>

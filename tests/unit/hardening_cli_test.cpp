@@ -171,6 +171,15 @@ TEST_F(HardeningCli, BenchLayerHelpSucceedsInEveryBuild) {
   EXPECT_TRUE(has(r, "layer")) << r.out;
 }
 
+#ifdef CISA_WITH_CUDA
+// --sm-rates only sizes the shares of --even-shares: alone it is refused before any device work.
+TEST_F(HardeningCli, BenchLayerSmRatesNeedEvenShares) {
+  const CliRun r = cisa("bench layer --sm-rates");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(has(r, "add --even-shares")) << r.out;
+}
+#endif
+
 TEST_F(HardeningCli, InfoShowsHostileMetadataSafely) {
   cisa::testing::GgufBuilder g;
   g.add_string("general.architecture", "llama");

@@ -306,6 +306,9 @@ int run(int argc, char** argv) {
   if (o.context % kB || o.context < 2 * o.prefill || o.iters < 1 || o.warmup < 0 || o.prefill < 1) {
     return fail("need --context a multiple of 16 and >= 2 x --prefill-queries, --iters >= 1", 2);
   }
+  // The rates size the shares of --even-shares; alone they would be measured and then ignored.
+  if (o.sm_rates && !o.even_shares)
+    return fail("--sm-rates sizes --even-shares: add --even-shares", 2);
   std::string why;
   if (!cuda::device_available(&why)) {
     return fail("no usable CUDA device (" + why + ")");
