@@ -313,7 +313,8 @@ namespace {
 
 // run_attention on bf16 queries (q) or f32 ones (q_f32, rounded by the kernels as they load them).
 Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t* q,
-                      const float* q_f32, float scale, float* out, float* lse, void* stream) {
+                      const float* q_f32, float scale, float* out, float* lse, void* stream,
+                      int64_t* block_clock = nullptr) {
   const auto& P = *plan.impl();
   if ((!q && !q_f32) || !out) return invalid_argument("cuda: null query or output pointer");
   if (q_f32 && reinterpret_cast<uintptr_t>(q_f32) % 8 != 0)
@@ -343,6 +344,7 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   a.sm_claims = P.sm_claims ? P.d_sm_claims.as<uint32_t>() : nullptr;
   a.num_sms = P.sm_claims ? static_cast<int>(P.sm_rates.size()) : 0;  // the plan's SMs
   a.slots_per_sm = P.slots_per_sm;
+  a.block_clock = block_clock;
   a.num_kv_heads = P.num_kv_heads;
   a.num_q_heads = P.num_q_heads;
   a.head_dim = P.head_dim;
@@ -384,6 +386,17 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const uint16_t*
 Status run_attention(const Plan& plan, const DeviceLayer& layer, const float* q, float scale,
                      float* out, float* lse, void* stream) {
   return attend_queries(plan, layer, nullptr, q, scale, out, lse, stream);
+}
+
+Status run_attention_clocked(const Plan& plan, const DeviceLayer& layer, const uint16_t* q,
+                             float* out, int64_t* block_clock, void* stream) {
+  const auto& P = *plan.impl();
+  if (!block_clock) return invalid_argument("cuda: null block clock");
+  if (P.wgmma || P.big_tasks > 0 || P.sm_claims)
+    return invalid_argument(
+        "cuda: a clocked attention run needs one mma.sync launch with a block per slot (no "
+        "wgmma, mixed tiles or SM claims)");
+  return attend_queries(plan, layer, q, nullptr, 0.0f, out, nullptr, stream, block_clock);
 }
 
 uint64_t plan_launch_key(const Plan& plan) {

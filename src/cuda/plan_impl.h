@@ -143,6 +143,13 @@ int device_sms();
 // PlanOptions::topk_cluster_min_scores resolved (-1: tiles::kTopkClusterMinScores).
 int topk_cluster_min_scores(const PlanOptions& options);
 
+// run_attention (bf16 queries, default scale, no LSE) with every block of its attention launch
+// writing its SM and its start and end times (%globaltimer, ns) to block_clock[3 · block …]
+// (measure_sm_rates). Plans of one mma.sync launch whose block b runs slot b only: no wgmma, no
+// mixed tiles, no SM claims.
+Status run_attention_clocked(const Plan& plan, const DeviceLayer& layer, const uint16_t* q,
+                             float* out, int64_t* block_clock, void* stream);
+
 // Attention's work decomposition for the plan's groups and lists (plan_attention.cpp): fills
 // P.warps, P.page_warps, P.wgmma, P.unions, P.tasks, P.merges and the partial-row counts.
 Status plan_attention(Plan::Impl& P);

@@ -150,15 +150,27 @@ TEST(CudaAttention, EvenSharesMatchCpu) {
   });
 }
 
+// measure_sm_rates refuses its bad arguments before it touches a device.
+TEST(CudaAttention, MeasureSmRatesRefusesBadArguments) {
+  std::vector<float> r;
+  EXPECT_EQ(cuda::measure_sm_rates(nullptr).code(), StatusCode::kInvalidArgument);
+  for (const int64_t pages : {int64_t{-1}, int64_t{63}, int64_t{4097}, int64_t{1} << 40})
+    EXPECT_EQ(cuda::measure_sm_rates(&r, pages).code(), StatusCode::kInvalidArgument) << pages;
+  for (const int repeats : {0, 1001})
+    EXPECT_EQ(cuda::measure_sm_rates(&r, 264, repeats).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(r.empty());
+}
+
 // PlanOptions::sm_rates: shares sized by each SM's rate, a block running the share of a slot of
 // the SM it landed on (claimed at its start, counters zeroed by the launch's last block). The
-// rates measure_sm_rates returns (one an SM, mean 1), and skewed ones; three runs give the same
-// bits (the claims were reset) and the outputs match the CPU engine.
+// rates measure_sm_rates returns (one an SM, mean 1: attention timed block by block), and skewed
+// ones; three runs give the same bits (the claims were reset) and the outputs match the CPU
+// engine.
 TEST(CudaAttention, EvenSharesBySmRateMatchCpu) {
   CISA_REQUIRE_GPU();
   const int sms = cuda::device_sms();
   std::vector<float> measured;
-  ASSERT_TRUE(cuda::measure_sm_rates(&measured, int64_t{1} << 20, 3).ok());
+  ASSERT_TRUE(cuda::measure_sm_rates(&measured, 64, 3).ok());
   ASSERT_EQ(measured.size(), static_cast<size_t>(sms));
   double mean = 0.0;
   for (float r : measured) {

@@ -288,8 +288,9 @@ int run(int argc, char** argv) {
              "decode: every block slot gets an equal share of the plan's pages, a share that "
              "crosses a list's end running two tasks (PlanOptions::even_shares, for A/B runs)");
   a.add_flag("--sm-rates", &o.sm_rates,
-             "decode, with --even-shares: measure each SM's streaming rate once and size every "
-             "SM's shares by it, a block taking its SM's share (PlanOptions::sm_rates)");
+             "decode, with --even-shares: measure each SM's rate of running decode attention "
+             "once (cuda::measure_sm_rates) and size every SM's shares by it, a block taking "
+             "its SM's share (PlanOptions::sm_rates)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--score-tiles", &o.score_tiles,
@@ -373,7 +374,7 @@ int run(int argc, char** argv) {
       "decode splits, warp-per-row split-KV merge; union tasks on wgmma (v10; --mma-unions: on "
       "mma.sync); prefill top-k v7, keys' top 16 bits staged in shared memory (--topk-one-block: "
       "the one-block kernel)";
-  // --sm-rates: each SM's streaming rate, measured once, sizes the even shares.
+  // --sm-rates: each SM's rate of running decode attention, measured once, sizes the shares.
   std::vector<float> sm_rates;
   if (o.sm_rates) must(cuda::measure_sm_rates(&sm_rates), "SM rates");
   const cuda::PlanOptions popt = [&] {

@@ -178,14 +178,13 @@ struct PlanOptions {
   // the path taken). Plans where it does not apply (no page-split warps, unions, fused_merge,
   // batch_invariant) ignore it.
   bool even_shares = false;
-  // With even_shares: each SM's relative rate of streaming device memory while every SM does
-  // (measure_sm_rates; one value an SM of the device, mean 1). A block then takes the share of
-  // the SM it runs on (it claims one of its SM's slots at its start), shares sized by the rates,
-  // so SMs that stream faster get more pages. Empty, or not one positive value an SM: equal
-  // shares. Measured slower on an H100 (`cisa bench layer --even-shares --sm-rates`, 4:1
-  // attention 195.4 against 188.7 us in-kernel): measure_sm_rates found the SMs' streaming rates
-  // within ±4 %, while attention's scattered page reads run 24 SMs ~20 % faster (docs/cuda.md).
-  // The caller's memory: the plan copies it.
+  // With even_shares: each SM's relative rate (measure_sm_rates; one value an SM of the device,
+  // mean 1). A block then takes the share of the SM it runs on (it claims one of its SM's slots
+  // at its start), shares sized by the rates, so SMs that run attention faster get more pages.
+  // Empty, or not one positive value an SM: equal shares. Rates from a probe that streamed
+  // memory in order measured slower on an H100 (4:1 attention 195.4 against 188.7 us in-kernel):
+  // they were flat, while attention runs 24 SMs ~20 % faster (docs/cuda.md); measure_sm_rates
+  // now times attention itself. The caller's memory: the plan copies it.
   std::span<const float> sm_rates;
   // Selection reuse across decode steps (SelectionParams::reuse_steps > 1, docs/design.md): the
   // reuse state slot of each batch entry's sequence (ReuseState), one per entry; −1: the entry
@@ -269,12 +268,15 @@ Status run_attention(const Plan& plan, const DeviceLayer& layer, const float* q,
 // mean of the page's keys, or per-channel min then max (quest). pages: device int32 [n].
 Status run_update_reps(const DeviceLayer& layer, const int32_t* pages, int64_t n, void* stream);
 
-// Each SM's rate of streaming device memory while every SM does (2 blocks an SM, each reading
-// `bytes_per_block` bytes of its own, `repeats` launches; an SM's time is the median over the
-// launches of its blocks' mean), as rates relative to their mean: (*rates)[smid], mean 1. For
-// PlanOptions::sm_rates. Synchronous; allocates 2 · SMs · bytes_per_block bytes for the call.
-Status measure_sm_rates(std::vector<float>* rates, int64_t bytes_per_block = int64_t{4} << 20,
-                        int repeats = 5);
+// Each SM's rate of running the decode attention kernel while every SM does, relative to the
+// mean: (*rates)[smid], mean 1. For PlanOptions::sm_rates. A synthetic decode batch (16 rows of
+// 4:1 GQA, one KV head, d = 128, pages scattered over a random permutation of the pool) is cut
+// into equal shares of `pages_per_block` pages, one a block slot (two an SM), and attended
+// `repeats` times after a warm-up with every block timing itself; an SM's rate is the median
+// over the launches of its blocks' mean pages per second. Synchronous; allocates the pool's K/V
+// for the call (2 · SMs · pages_per_block pages of 8 KB: 571 MB on 132 SMs at the default).
+// pages_per_block in [64, 4096], repeats in [1, 1000].
+Status measure_sm_rates(std::vector<float>* rates, int64_t pages_per_block = 264, int repeats = 5);
 
 // Fills n device bf16 values with deterministic pseudo-random values (roughly normal, standard
 // deviation `scale`), for benchmarks that need gigabytes of non-zero K/V. data: device [n].
