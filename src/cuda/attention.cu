@@ -518,15 +518,17 @@ cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int
   if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
     const bool fm = a.merge_tickets != nullptr;
-    const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr;  // (never with fm)
+    const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr;
     if (page_warps == 4)
-      return fm   ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)
-             : sh ? launch_typed<D, 4, 4, false, false, true>(a, num_tasks, stream)
-                  : launch_typed<D, 4, 4, false>(a, num_tasks, stream);
+      return fm && sh ? launch_typed<D, 4, 4, false, true, true>(a, num_tasks, stream)
+             : fm     ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)
+             : sh     ? launch_typed<D, 4, 4, false, false, true>(a, num_tasks, stream)
+                      : launch_typed<D, 4, 4, false>(a, num_tasks, stream);
     if (page_warps == 2)
-      return fm   ? launch_typed<D, 4, 2, false, true>(a, num_tasks, stream)
-             : sh ? launch_typed<D, 4, 2, false, false, true>(a, num_tasks, stream)
-                  : launch_typed<D, 4, 2, false>(a, num_tasks, stream);
+      return fm && sh ? launch_typed<D, 4, 2, false, true, true>(a, num_tasks, stream)
+             : fm     ? launch_typed<D, 4, 2, false, true>(a, num_tasks, stream)
+             : sh     ? launch_typed<D, 4, 2, false, false, true>(a, num_tasks, stream)
+                      : launch_typed<D, 4, 2, false>(a, num_tasks, stream);
   }
   return launch_typed<D, 4, 1, false>(a, num_tasks, stream);
 }

@@ -37,13 +37,14 @@ int64_t list_size(const detail::ListDesc& d) {
 // cut into `target` equal shares, one a block; a share that crosses the end of a row tile's
 // pages holds a task of each (tasks [b · S, b · S + S) of block b, S = P.tasks_per_block, an
 // unused slot has rows = 0). A row tile read by several tasks merges their partials as the split
-// plan's merges do. Returns false (nothing planned) where it does not apply: no page-split warps,
-// unions, fused merge, batch invariance, an empty list, fewer pages than kMinSplitPages, or more
-// than kMaxShareTasks tasks a block (many short lists: the split plan serves them).
+// plan's merges do (with PlanOptions::fused_merge, inside the launch by the last task of each
+// merge). Returns false (nothing planned) where it does not apply: no page-split warps, unions,
+// batch invariance, an empty list, fewer pages than kMinSplitPages, or more than kMaxShareTasks
+// tasks a block (many short lists: the split plan serves them).
 bool even_shares(Plan::Impl& P, int64_t pairs, int64_t target) {
   constexpr int64_t kMaxShareTasks = 4;
   if (!P.options.even_shares || P.page_warps == 1 || P.wgmma || !P.unions.empty() ||
-      P.options.fused_merge || P.options.batch_invariant || pairs >= target)
+      P.options.batch_invariant || pairs >= target)
     return false;
   const int hg = P.num_q_heads / P.num_kv_heads;
   const auto H = static_cast<size_t>(P.num_kv_heads);
@@ -141,7 +142,7 @@ bool even_shares(Plan::Impl& P, int64_t pairs, int64_t target) {
   P.sm_claims = by_sm;
   P.slots_per_sm = by_sm ? static_cast<int>(target / static_cast<int64_t>(sms)) : 0;
   P.big_tasks = 0;
-  P.fused_merge = false;
+  P.fused_merge = P.options.fused_merge && !P.merges.empty();
   return true;
 }
 

@@ -150,6 +150,37 @@ TEST(CudaAttention, EvenSharesMatchCpu) {
   });
 }
 
+// PlanOptions::even_shares with fused_merge: the last task of each split list merges inside the
+// launch, where a block can run two tasks. The same partial boundaries and merge code as the
+// even-shares plan's merge launch, so the same bits; three runs (the tickets wrap back to zero)
+// and the CPU engine check the fused plan on its own.
+TEST(CudaAttention, EvenSharesFusedMergeEqualsMergeLaunch) {
+  CISA_REQUIRE_GPU();
+  for_split_decode_cases(41, [](const World& w, const DeviceMirror& m, bool sparse,
+                                const SelectionParams& p, const float* iq) {
+    std::vector<float> out[2], lse[2];
+    for (const bool fused : {false, true}) {
+      cuda::Plan plan;
+      const cuda::PlanOptions opt{.fused_merge = fused, .even_shares = true};
+      ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
+      const auto* P = plan.impl();
+      ASSERT_GT(P->tasks_per_block, 1) << "a share crossing a list's end";
+      ASSERT_FALSE(P->merges.empty());
+      EXPECT_EQ(P->fused_merge, fused);
+      EXPECT_EQ(plan.kernels().find("split merge in the last split block") != std::string::npos,
+                fused);
+      ASSERT_TRUE(cuda::run_select(plan, m.layer, iq, nullptr).ok());
+      ASSERT_NO_FATAL_FAILURE(attend_on_device(w, m, plan, &out[fused], &lse[fused]));
+      if (fused) {
+        ASSERT_NO_FATAL_FAILURE(select_run_thrice_and_compare(w, m, plan, iq));
+      }
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * sizeof(float)));
+  });
+}
+
 // measure_sm_rates refuses its bad arguments before it touches a device.
 TEST(CudaAttention, MeasureSmRatesRefusesBadArguments) {
   std::vector<float> r;
@@ -164,8 +195,8 @@ TEST(CudaAttention, MeasureSmRatesRefusesBadArguments) {
 // PlanOptions::sm_rates: shares sized by each SM's rate, a block running the share of a slot of
 // the SM it landed on (claimed at its start, counters zeroed by the launch's last block). The
 // rates measure_sm_rates returns (one an SM, mean 1: attention timed block by block), and skewed
-// ones; three runs give the same bits (the claims were reset) and the outputs match the CPU
-// engine.
+// ones with the merge inside the launch; three runs give the same bits (the claims were reset) and
+// the outputs match the CPU engine.
 TEST(CudaAttention, EvenSharesBySmRateMatchCpu) {
   CISA_REQUIRE_GPU();
   const int sms = cuda::device_sms();
@@ -197,9 +228,12 @@ TEST(CudaAttention, EvenSharesBySmRateMatchCpu) {
       SCOPED_TRACE(std::string(rates == &measured ? "measured" : "skewed") +
                    (sparse ? " cisa" : " dense"));
       cuda::Plan plan;
-      const cuda::PlanOptions opt{.even_shares = true, .sm_rates = *rates};
+      // The skewed rates with the merge inside the launch (fused_merge), the measured without.
+      const bool fused = rates == &skewed;
+      const cuda::PlanOptions opt{.fused_merge = fused, .even_shares = true, .sm_rates = *rates};
       ASSERT_TRUE(plan_decode(w, m, sparse, p, opt, &plan).ok());
       ASSERT_TRUE(plan.impl()->sm_claims);
+      EXPECT_EQ(plan.impl()->fused_merge, fused);
       EXPECT_NE(plan.kernels().find("even shares by SM rate"), std::string::npos);
       ASSERT_NO_FATAL_FAILURE(
           select_run_thrice_and_compare(w, m, plan, sparse ? diq.data() : nullptr));

@@ -175,7 +175,8 @@ struct PlanOptions {
   // the split plan's, the same on every run). Off: on an H100 it measured slower (4:1 attention
   // 190.2 against 187.6 us in-kernel), because the SMs do not stream at one rate (24 of 132 ~20 %
   // faster, docs/cuda.md); see sm_rates (`cisa bench layer --even-shares`; Plan::kernels() names
-  // the path taken). Plans where it does not apply (no page-split warps, unions, fused_merge,
+  // the path taken). With fused_merge, the last task of each split list merges inside the
+  // launch. Plans where it does not apply (no page-split warps, unions,
   // batch_invariant) ignore it.
   bool even_shares = false;
   // With even_shares: each SM's relative rate (measure_sm_rates; one value an SM of the device,
