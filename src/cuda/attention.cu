@@ -451,35 +451,36 @@ __device__ __forceinline__ void release_sm_slots(const AttentionArgs& a) {
 // other, n = AttentionArgs::tasks_per_block, where a block's share of pages can end one list
 // and start the next; slot = blockIdx.x, or with sm_claims the slot the block claimed. A task's
 // return is the end of that task.
-// With a.block_clock (measure_sm_rates) the block writes its SM and its start and end times.
+// SH launches with a.block_clock (measure_sm_rates, which plans even shares): the block writes
+// its SM and its start and end times; the other instantiations have no clock code.
 template <int D, int WARPS, int PW, bool UNI, bool FM, bool SH>
 __global__ void __launch_bounds__(WARPS * 32, 1) attention_kernel(const AttentionArgs a) {
   dev::dependent_start();
-  __shared__ uint64_t t0;  // (shared: no register held across the tasks)
-  if (a.block_clock && threadIdx.x == 0) {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    t0 = t;
-  }
   if constexpr (SH) {
+    __shared__ uint64_t t0;  // (shared: no register held across the tasks)
+    if (a.block_clock && threadIdx.x == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      t0 = t;
+    }
     const int n = a.tasks_per_block > 1 ? a.tasks_per_block : 1;
     const int slot = a.sm_claims ? claim_sm_slot(a) : static_cast<int>(blockIdx.x);
     for (int j = 0; j < n; ++j) attention_task<D, WARPS, PW, UNI, FM, SH>(a, slot * n + j);
     if (a.sm_claims) release_sm_slots(a);
+    if (!a.block_clock) return;
+    __syncthreads();  // every warp of the block is done
+    if (threadIdx.x != 0) return;
+    uint64_t t1;
+    uint32_t sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    int64_t* c = a.block_clock + 3 * static_cast<int64_t>(blockIdx.x);
+    c[0] = static_cast<int64_t>(sm);
+    c[1] = static_cast<int64_t>(t0);
+    c[2] = static_cast<int64_t>(t1);
   } else {
     attention_task<D, WARPS, PW, UNI, FM, SH>(a, static_cast<int>(blockIdx.x));
   }
-  if (!a.block_clock) return;
-  __syncthreads();  // every warp of the block is done
-  if (threadIdx.x != 0) return;
-  uint64_t t1;
-  uint32_t sm;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  int64_t* c = a.block_clock + 3 * static_cast<int64_t>(blockIdx.x);
-  c[0] = static_cast<int64_t>(sm);
-  c[1] = static_cast<int64_t>(t0);
-  c[2] = static_cast<int64_t>(t1);
 }
 
 // One warp per merged row: block (x, y) takes rows y·W … y·W + W − 1 of merge task x (W warps),
@@ -518,7 +519,7 @@ cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int
   if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
     const bool fm = a.merge_tickets != nullptr;
-    const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr;
+    const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr || a.block_clock != nullptr;
     if (page_warps == 4)
       return fm && sh ? launch_typed<D, 4, 4, false, true, true>(a, num_tasks, stream)
              : fm     ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)

@@ -44,8 +44,9 @@ struct AttentionArgs {
   // and runs that slot's tasks; the last block zeroes the counters. Null: slot blockIdx.x.
   uint32_t* sm_claims;
   int num_sms, slots_per_sm;
-  // measure_sm_rates: [blocks][3] per launch, each block's SM, start and end (%globaltimer, ns);
-  // null in every other launch.
+  // measure_sm_rates: [blocks][3] per launch, each block's SM, start and end (%globaltimer, ns),
+  // written by the page-split instantiation of even shares (SH), which a launch with a clock
+  // takes; null in every other launch.
   int64_t* block_clock;
   int num_kv_heads, num_q_heads, head_dim;
   int32_t window;  // sliding window in tokens, 0: none

@@ -392,10 +392,10 @@ Status run_attention_clocked(const Plan& plan, const DeviceLayer& layer, const u
                              float* out, int64_t* block_clock, void* stream) {
   const auto& P = *plan.impl();
   if (!block_clock) return invalid_argument("cuda: null block clock");
-  if (P.wgmma || P.big_tasks > 0 || P.sm_claims)
+  if (P.wgmma || P.big_tasks > 0 || P.sm_claims || P.page_warps == 1)
     return invalid_argument(
-        "cuda: a clocked attention run needs one mma.sync launch with a block per slot (no "
-        "wgmma, mixed tiles or SM claims)");
+        "cuda: a clocked attention run needs one page-split mma.sync launch with a block per "
+        "slot (no wgmma, mixed tiles or SM claims)");
   return attend_queries(plan, layer, q, nullptr, 0.0f, out, nullptr, stream, block_clock);
 }
 

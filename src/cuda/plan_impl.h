@@ -145,8 +145,8 @@ int topk_cluster_min_scores(const PlanOptions& options);
 
 // run_attention (bf16 queries, default scale, no LSE) with every block of its attention launch
 // writing its SM and its start and end times (%globaltimer, ns) to block_clock[3 · block …]
-// (measure_sm_rates). Plans of one mma.sync launch whose block b runs slot b only: no wgmma, no
-// mixed tiles, no SM claims.
+// (measure_sm_rates). Plans of one page-split mma.sync launch whose block b runs slot b: no
+// wgmma, no mixed tiles, no SM claims.
 Status run_attention_clocked(const Plan& plan, const DeviceLayer& layer, const uint16_t* q,
                              float* out, int64_t* block_clock, void* stream);
 

@@ -99,6 +99,9 @@ Status measure_sm_rates(std::vector<float>* rates, int64_t pages_per_block, int 
   std::vector<int64_t> h_clock(blocks * 3);
   std::vector<std::vector<double>> per_sm(static_cast<size_t>(sms));
   for (int r = 0; r < repeats + 1; ++r) {  // the first launch warms up and is not counted
+    // Zeroed first: a block that wrote nothing reads as a zero duration and is skipped.
+    CISA_RETURN_IF_ERROR(
+        cuda_status(cudaMemset(clock.as<void>(), 0, clock.bytes()), "cuda: SM-rate clock"));
     CISA_RETURN_IF_ERROR(run_attention_clocked(plan, layer, q.as<uint16_t>(), out.as<float>(),
                                                clock.as<int64_t>(), nullptr));
     CISA_RETURN_IF_ERROR(download(h_clock.data(), clock.as<void>(), h_clock.size() * 8));

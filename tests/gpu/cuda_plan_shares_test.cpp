@@ -156,8 +156,35 @@ TEST(CudaPlanShares, SharesFollowSmRates) {
   }
 }
 
-// Where even shares do not apply the split plan is kept: the fused merge, batch invariance,
-// prefill-sized groups (no page-split warps) and a list without pages.
+// Even shares with the fused merge: the same shares, tasks and merges as without it, and the
+// last task of each split list merges inside the launch (Plan::Impl::fused_merge).
+TEST(CudaPlanShares, FusedMergeKeepsEvenShares) {
+  cuda::Plan plan;
+  auto& P = *plan.impl();
+  decode_plan(P, 16, 4, 1, {4105}, {.even_shares = true});
+  ASSERT_TRUE(cuda::plan_attention(P).ok());
+  EXPECT_FALSE(P.fused_merge);
+  const auto tasks = P.tasks;
+  const size_t merges = P.merges.size();
+  const int per_block = P.tasks_per_block;
+  ASSERT_GT(per_block, 1);
+  ASSERT_GT(merges, 0u);
+  decode_plan(P, 16, 4, 1, {4105}, {.fused_merge = true, .even_shares = true});
+  ASSERT_TRUE(cuda::plan_attention(P).ok());
+  EXPECT_TRUE(P.fused_merge);
+  EXPECT_EQ(P.tasks_per_block, per_block);
+  EXPECT_EQ(P.merges.size(), merges);
+  ASSERT_EQ(P.tasks.size(), tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const auto &a = P.tasks[i], &b = tasks[i];
+    EXPECT_TRUE(a.list == b.list && a.rows == b.rows && a.page0 == b.page0 && a.page1 == b.page1 &&
+                a.partial == b.partial && a.merge == b.merge)
+        << "task " << i;
+  }
+}
+
+// Where even shares do not apply the split plan is kept: batch invariance, prefill-sized groups
+// (no page-split warps) and a list without pages.
 TEST(CudaPlanShares, FallsBackToTheSplitPlan) {
   cuda::Plan plan;
   auto& P = *plan.impl();
@@ -168,8 +195,7 @@ TEST(CudaPlanShares, FallsBackToTheSplitPlan) {
     return P.tasks.size();
   };
   for (const auto& [opt, pages, hq] :
-       {std::tuple{cuda::PlanOptions{.fused_merge = true}, std::vector<int>{4105}, 4},
-        std::tuple{cuda::PlanOptions{.batch_invariant = true}, std::vector<int>{4105}, 4},
+       {std::tuple{cuda::PlanOptions{.batch_invariant = true}, std::vector<int>{4105}, 4},
         std::tuple{cuda::PlanOptions{}, std::vector<int>{4105}, 128},
         std::tuple{cuda::PlanOptions{}, std::vector<int>{4105, 0}, 4}}) {
     const size_t want = split_tasks(opt, pages, hq);
