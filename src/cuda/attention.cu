@@ -497,55 +497,55 @@ __global__ void merge_kernel(const AttentionArgs a) {
 }
 
 template <int D, int WARPS, int PW, bool UNI, bool FM = false, bool SH = false>
-cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, bool pdl, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<D>();
   cudaError_t err =
       cudaFuncSetAttribute(attention_kernel<D, WARPS, PW, UNI, FM, SH>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  launch_dependent(attention_kernel<D, WARPS, PW, UNI, FM, SH>, static_cast<unsigned>(num_tasks),
-                   WARPS * 32, smem, stream, a);
+  launch_kernel(attention_kernel<D, WARPS, PW, UNI, FM, SH>, static_cast<unsigned>(num_tasks),
+                WARPS * 32, smem, stream, pdl, a);
   return cudaGetLastError();
 }
 
 template <int D>
 cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
-                       bool unions, cudaStream_t stream) {
+                       bool unions, bool pdl, cudaStream_t stream) {
   if constexpr (D <= tiles::kUnionMaxHeadDim) {
     if (unions)
-      return warps == 8 ? launch_typed<D, 8, 1, true>(a, num_tasks, stream)
-                        : launch_typed<D, 4, 1, true>(a, num_tasks, stream);
+      return warps == 8 ? launch_typed<D, 8, 1, true>(a, num_tasks, pdl, stream)
+                        : launch_typed<D, 4, 1, true>(a, num_tasks, pdl, stream);
   }
-  if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, stream);
+  if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, pdl, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
     const bool fm = a.merge_tickets != nullptr;
     const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr || a.block_clock != nullptr;
     if (page_warps == 4)
-      return fm && sh ? launch_typed<D, 4, 4, false, true, true>(a, num_tasks, stream)
-             : fm     ? launch_typed<D, 4, 4, false, true>(a, num_tasks, stream)
-             : sh     ? launch_typed<D, 4, 4, false, false, true>(a, num_tasks, stream)
-                      : launch_typed<D, 4, 4, false>(a, num_tasks, stream);
+      return fm && sh ? launch_typed<D, 4, 4, false, true, true>(a, num_tasks, pdl, stream)
+             : fm     ? launch_typed<D, 4, 4, false, true>(a, num_tasks, pdl, stream)
+             : sh     ? launch_typed<D, 4, 4, false, false, true>(a, num_tasks, pdl, stream)
+                      : launch_typed<D, 4, 4, false>(a, num_tasks, pdl, stream);
     if (page_warps == 2)
-      return fm && sh ? launch_typed<D, 4, 2, false, true, true>(a, num_tasks, stream)
-             : fm     ? launch_typed<D, 4, 2, false, true>(a, num_tasks, stream)
-             : sh     ? launch_typed<D, 4, 2, false, false, true>(a, num_tasks, stream)
-                      : launch_typed<D, 4, 2, false>(a, num_tasks, stream);
+      return fm && sh ? launch_typed<D, 4, 2, false, true, true>(a, num_tasks, pdl, stream)
+             : fm     ? launch_typed<D, 4, 2, false, true>(a, num_tasks, pdl, stream)
+             : sh     ? launch_typed<D, 4, 2, false, false, true>(a, num_tasks, pdl, stream)
+                      : launch_typed<D, 4, 2, false>(a, num_tasks, pdl, stream);
   }
-  return launch_typed<D, 4, 1, false>(a, num_tasks, stream);
+  return launch_typed<D, 4, 1, false>(a, num_tasks, pdl, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
-                             bool unions, cudaStream_t stream) {
+                             bool unions, bool pdl, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   switch (a.head_dim) {
     case 64:
-      return launch_dim<64>(a, num_tasks, warps, page_warps, unions, stream);
+      return launch_dim<64>(a, num_tasks, warps, page_warps, unions, pdl, stream);
     case 128:
-      return launch_dim<128>(a, num_tasks, warps, page_warps, unions, stream);
+      return launch_dim<128>(a, num_tasks, warps, page_warps, unions, pdl, stream);
     case 256:
-      return launch_dim<256>(a, num_tasks, warps, page_warps, unions, stream);
+      return launch_dim<256>(a, num_tasks, warps, page_warps, unions, pdl, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -56,9 +56,11 @@ struct AttentionArgs {
 // warps: 4 or 8 (row tile 64 or 128). page_warps (1, 2 or 4; > 1 only with 4 warps, d ≤ 128 and
 // no union tasks): groups of warps that split each tile's pages, for lists of ≤ 64/page_warps rows.
 // unions: the tasks include union tasks (selects the kernel instantiation that handles them).
-// With a.merge_tickets (page_warps > 1 only) the split merge runs inside this launch.
+// With a.merge_tickets (page_warps > 1 only) the split merge runs inside this launch. pdl: a
+// programmatic dependent of the previous kernel (pdl.cuh), else an ordinary launch
+// (PlanOptions::attention_pdl).
 cudaError_t launch_attention(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
-                             bool unions, cudaStream_t stream);
+                             bool unions, bool pdl, cudaStream_t stream);
 // max_rows: the most rows of any merge task (the grid has one warp per row of the largest).
 cudaError_t launch_merge(const AttentionArgs& a, int64_t num_merges, int max_rows,
                          cudaStream_t stream);

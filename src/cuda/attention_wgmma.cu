@@ -214,14 +214,14 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Atte
 }
 
 template <int WG>
-cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, bool pdl, cudaStream_t stream) {
   constexpr size_t smem = wgmma_smem_bytes<WG>();
   cudaError_t err =
       cudaFuncSetAttribute(attention_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  launch_dependent(attention_wgmma_kernel<WG>, static_cast<unsigned>(num_tasks), WG * 128, smem,
-                   stream, a);
+  launch_kernel(attention_wgmma_kernel<WG>, static_cast<unsigned>(num_tasks), WG * 128, smem,
+                stream, pdl, a);
   return cudaGetLastError();
 }
 
@@ -235,7 +235,7 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions, int warp
 }
 
 cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps,
-                                   bool v5_tiles, int ws_copy_warps, bool unions,
+                                   bool v5_tiles, int ws_copy_warps, bool unions, bool pdl,
                                    cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
@@ -244,11 +244,11 @@ cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, in
   // v5_tiles (AttentionKernel::kWgmmaV5) keeps every tile on the v4/v5 kernel (A/B runs).
   if (warps == 8)
     return tiles::kWgmmaWarpSpecialized && !v5_tiles
-               ? launch_attention_wgmma_ws(a, num_tasks, false, ws_copy_warps, false, stream)
-               : launch_typed<2>(a, num_tasks, stream);
+               ? launch_attention_wgmma_ws(a, num_tasks, false, ws_copy_warps, false, pdl, stream)
+               : launch_typed<2>(a, num_tasks, pdl, stream);
   return tiles::kWsPairedTiles && !v5_tiles
-             ? launch_attention_wgmma_ws(a, num_tasks, true, 0, unions, stream)
-             : launch_typed<1>(a, num_tasks, stream);
+             ? launch_attention_wgmma_ws(a, num_tasks, true, 0, unions, pdl, stream)
+             : launch_typed<1>(a, num_tasks, pdl, stream);
 }
 
 }  // namespace cisa::cuda::detail

@@ -26,15 +26,16 @@ bool wgmma_attention_applies(int head_dim, int page_warps, bool unions, int warp
 // warps: 4 or 8 (row tile 64 or 128 = one or two warpgroups); same tasks as launch_attention.
 // v5_tiles: every tile on the v4/v5 kernel instead of the warp-specialised one (A/B runs,
 // AttentionKernel::kWgmmaV5); ws_copy_warps as PlanOptions::ws_copy_warps (0: the default);
-// unions: the tasks include union tasks (only where wgmma_attention_applies says so).
+// unions: the tasks include union tasks (only where wgmma_attention_applies says so). pdl: as
+// launch_attention's.
 cudaError_t launch_attention_wgmma(const AttentionArgs& a, int64_t num_tasks, int warps,
-                                   bool v5_tiles, int ws_copy_warps, bool unions,
+                                   bool v5_tiles, int ws_copy_warps, bool unions, bool pdl,
                                    cudaStream_t stream);
 
 // The warp-specialised kernel (attention_wgmma_ws.cu; the same contract): 128-row tiles, or
 // (paired) tiles of up to 64 rows, two tasks per block. copy_warps (unpaired tiles only): 1, or 0
 // for tiles::kWsCopyWarps. unions (paired only): the tasks include union tasks.
 cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
-                                      int copy_warps, bool unions, cudaStream_t stream);
+                                      int copy_warps, bool unions, bool pdl, cudaStream_t stream);
 
 }  // namespace cisa::cuda::detail

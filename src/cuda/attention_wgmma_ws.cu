@@ -348,30 +348,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int CW, bool PAIR, bool UNI = false>
-cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, cudaStream_t stream) {
+cudaError_t launch_cw(const AttentionArgs& a, int64_t num_tasks, bool pdl, cudaStream_t stream) {
   constexpr size_t smem = ws_smem_bytes<PAIR>();
   cudaError_t err =
       cudaFuncSetAttribute(attention_wgmma_ws_kernel<CW, PAIR, UNI>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const int64_t blocks = PAIR ? (num_tasks + 1) / 2 : num_tasks;
-  launch_dependent(attention_wgmma_ws_kernel<CW, PAIR, UNI>, static_cast<unsigned>(blocks),
-                   kThreads, smem, stream, a, num_tasks);
+  launch_kernel(attention_wgmma_ws_kernel<CW, PAIR, UNI>, static_cast<unsigned>(blocks), kThreads,
+                smem, stream, pdl, a, num_tasks);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_attention_wgmma_ws(const AttentionArgs& a, int64_t num_tasks, bool paired,
-                                      int copy_warps, bool unions, cudaStream_t stream) {
+                                      int copy_warps, bool unions, bool pdl, cudaStream_t stream) {
   if (num_tasks <= 0) return cudaSuccess;
   if (a.head_dim != kD || (unions && !paired)) return cudaErrorInvalidValue;
   if (paired)
-    return unions ? launch_cw<4, true, true>(a, num_tasks, stream)
-                  : launch_cw<4, true>(a, num_tasks, stream);
+    return unions ? launch_cw<4, true, true>(a, num_tasks, pdl, stream)
+                  : launch_cw<4, true>(a, num_tasks, pdl, stream);
   // copy_warps = 1 copies with one producer warp (A/B runs of kWsCopyWarps).
-  return copy_warps == 1 ? launch_cw<1, false>(a, num_tasks, stream)
-                         : launch_cw<tiles::kWsCopyWarps, false>(a, num_tasks, stream);
+  return copy_warps == 1 ? launch_cw<1, false>(a, num_tasks, pdl, stream)
+                         : launch_cw<tiles::kWsCopyWarps, false>(a, num_tasks, pdl, stream);
 }
 
 }  // namespace cisa::cuda::detail

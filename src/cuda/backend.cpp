@@ -354,22 +354,23 @@ Status attend_queries(const Plan& plan, const DeviceLayer& layer, const uint16_t
   const bool v5 = P.options.attention_kernel == AttentionKernel::kWgmmaV5;
   // A mixed plan's 128-row tasks first (PlanOptions::mixed_tiles), from the start of the array.
   // The wgmma kernel folds the scale into its exponent, which needs it positive.
+  const bool pdl = P.options.attention_pdl;
   if (P.big_tasks > 0)
     CISA_RETURN_IF_ERROR(
         cuda_status(P.wgmma_big && a.scale > 0.0f
                         ? detail::launch_attention_wgmma(a, P.big_tasks, 8, v5,
-                                                         P.options.ws_copy_warps, false, s)
-                        : detail::launch_attention(a, P.big_tasks, 8, 1, false, s),
+                                                         P.options.ws_copy_warps, false, pdl, s)
+                        : detail::launch_attention(a, P.big_tasks, 8, 1, false, pdl, s),
                     "cuda: attention (128-row tiles)"));
   a.tasks = P.d_tasks + P.big_tasks;
   const auto n_tasks = static_cast<int64_t>(P.tasks.size()) - P.big_tasks;
-  CISA_RETURN_IF_ERROR(
-      cuda_status(P.wgmma && a.scale > 0.0f
-                      ? detail::launch_attention_wgmma(
-                            a, n_tasks, P.warps, v5, P.options.ws_copy_warps, !P.unions.empty(), s)
-                      : detail::launch_attention(a, n_tasks / P.tasks_per_block, P.warps,
-                                                 P.page_warps, !P.unions.empty(), s),
-                  "cuda: attention"));
+  CISA_RETURN_IF_ERROR(cuda_status(
+      P.wgmma && a.scale > 0.0f
+          ? detail::launch_attention_wgmma(a, n_tasks, P.warps, v5, P.options.ws_copy_warps,
+                                           !P.unions.empty(), pdl, s)
+          : detail::launch_attention(a, n_tasks / P.tasks_per_block, P.warps, P.page_warps,
+                                     !P.unions.empty(), pdl, s),
+      "cuda: attention"));
   if (P.fused_merge) return Status::Ok();  // merged by each merge task's last split block
   return cuda_status(
       detail::launch_merge(a, static_cast<int64_t>(P.merges.size()), P.merge_max_rows, s),
@@ -437,6 +438,7 @@ uint64_t plan_launch_key(const Plan& plan) {
                           int64_t{P.fused_cluster},
                           int64_t{P.topk_staged},
                           int64_t{P.fused_merge},
+                          int64_t{P.options.attention_pdl},
                           rp.budget,
                           rp.window,
                           rp.sink_pages,

@@ -46,11 +46,13 @@ __device__ __forceinline__ void dependent_start() {
 
 namespace cisa::cuda::detail {
 
-// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's
-// previous kernel (see above). Returns the launch's error (also left for cudaGetLastError).
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the stream's
+// previous kernel (see above) when `pdl` is set, else an ordinary launch (which waits for the
+// previous kernel to complete before any block starts). Returns the launch's error (also left for
+// cudaGetLastError).
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t stream, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, bool pdl, Args&&... args) {
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -60,8 +62,15 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// launch_kernel as a programmatic dependent.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, Args&&... args) {
+  return launch_kernel(kernel, grid, block, smem, stream, true, std::forward<Args>(args)...);
 }
 
 }  // namespace cisa::cuda::detail

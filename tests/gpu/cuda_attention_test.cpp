@@ -130,11 +130,13 @@ TEST(CudaAttention, UnionTasksOnWgmmaMatchCpu) {
     auto iq = random_vec(rng, static_cast<size_t>(w.rows * 128));
     DevVec<float> diq;
     diq.upload(iq);
-    for (const bool on_wgmma : {true, false}) {
-      SCOPED_TRACE(on_wgmma ? "unions on wgmma" : "unions on mma.sync");
+    // (and on wgmma as an ordinary launch: PlanOptions::attention_pdl off)
+    for (const auto& [on_wgmma, pdl] : {std::pair{true, true}, {true, false}, {false, true}}) {
+      SCOPED_TRACE(std::string(on_wgmma ? "unions on wgmma" : "unions on mma.sync") +
+                   (pdl ? "" : ", ordinary launch"));
       cuda::Plan plan;
       ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
-                                    {.wgmma_unions = on_wgmma})
+                                    {.wgmma_unions = on_wgmma, .attention_pdl = pdl})
                       .ok());
       auto* P = plan.impl();
       ASSERT_FALSE(P->unions.empty());
@@ -281,38 +283,55 @@ TEST(CudaAttention, GraphReplayMatchesDirectRun) {
   auto w = make_world(1, 4, 128, {4000, 4000}, {{0, 3900, 64}, {1, 3999, 1}}, rng);
   DeviceMirror m;
   m.build(*w.cache, 0, 2);
-  cuda::Plan plan;
-  ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan).ok());
   auto iq = random_vec(rng, static_cast<size_t>(w.rows * 128));
   DevVec<float> diq;
   diq.upload(iq);
   DevVec<uint16_t> dq;
   dq.upload(w.qh);
   const size_t n = static_cast<size_t>(w.rows * w.hq * 128);
-  DevVec<float> out1(n), out2(n), lse1(n / 128), lse2(n / 128);
-  out1.poison();
-  out2.poison();
-  ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
-  ASSERT_TRUE(
-      cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out1.data(), lse1.data(), nullptr).ok());
-  CUDA_OK(cudaDeviceSynchronize());
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), stream).ok());
-  ASSERT_TRUE(
-      cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out2.data(), lse2.data(), stream).ok());
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  CUDA_OK(cudaGraphLaunch(exec, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  EXPECT_EQ(out1.download(), out2.download());
-  EXPECT_EQ(lse1.download(), lse2.download());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  uint64_t keys[2] = {};
+  std::vector<float> first_out;
+  // The attention launch as a programmatic dependent (default) and as an ordinary launch
+  // (PlanOptions::attention_pdl off): the same bits, directly and replayed; other launch keys.
+  for (const bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "dependent launch" : "ordinary launch");
+    cuda::Plan plan;
+    ASSERT_TRUE(cuda::plan_sparse(m.layer, m.block_tables(), w.batch, w.hq, p, &plan,
+                                  {.attention_pdl = pdl})
+                    .ok());
+    keys[pdl] = cuda::plan_launch_key(plan);
+    DevVec<float> out1(n), out2(n), lse1(n / 128), lse2(n / 128);
+    out1.poison();
+    out2.poison();
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), nullptr).ok());
+    ASSERT_TRUE(
+        cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out1.data(), lse1.data(), nullptr)
+            .ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    ASSERT_TRUE(cuda::run_select(plan, m.layer, diq.data(), stream).ok());
+    ASSERT_TRUE(
+        cuda::run_attention(plan, m.layer, dq.data(), 0.0f, out2.data(), lse2.data(), stream).ok());
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const auto out = out1.download();
+    EXPECT_EQ(out, out2.download());
+    EXPECT_EQ(lse1.download(), lse2.download());
+    if (pdl)
+      first_out = out;
+    else
+      EXPECT_EQ(out, first_out);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+  EXPECT_NE(keys[0], keys[1]);
 }
 
 // f32 queries (run_attention's float overload, which the model backend uses) give the results of

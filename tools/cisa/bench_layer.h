@@ -37,6 +37,7 @@ struct Options {
   int64_t blocks_per_sm = 0, ws_copy_warps = 0, score_tiles = 0;
   bool mma_unions = false, topk_one_block = false, fused_merge = false, even_shares = false;
   bool sm_rates = false;  // --sm-rates: measured once in the run, into PlanOptions::sm_rates
+  bool no_attention_pdl = false;         // --no-attention-pdl: PlanOptions::attention_pdl off
   std::string rep_precision = "native";  // native (bf16) or int8 representatives
   bool int8() const { return rep_precision == "int8"; }
   cuda::PlanOptions plan_options() const {
@@ -51,6 +52,7 @@ struct Options {
     p.topk_staged = !topk_one_block;
     p.fused_merge = fused_merge;
     p.even_shares = even_shares;
+    p.attention_pdl = !no_attention_pdl;
     return p;
   }
 };

@@ -291,6 +291,9 @@ int run(int argc, char** argv) {
              "decode, with --even-shares: measure each SM's rate of running decode attention "
              "once (cuda::measure_sm_rates) and size every SM's shares by it, a block taking "
              "its SM's share (PlanOptions::sm_rates)");
+  a.add_flag("--no-attention-pdl", &o.no_attention_pdl,
+             "launch attention as an ordinary kernel, not a programmatic dependent of the kernel "
+             "before it (PlanOptions::attention_pdl off, for A/B runs)");
   a.add_int("--blocks-per-sm", &o.blocks_per_sm,
             "split-KV target blocks per SM (default 0: tile_sizes.cuh's)", {0, 1024});
   a.add_int("--score-tiles", &o.score_tiles,
@@ -398,6 +401,7 @@ int run(int argc, char** argv) {
   doc["topk_staged"] = popt.topk_staged;
   doc["fused_merge"] = popt.fused_merge;
   doc["even_shares"] = popt.even_shares;
+  doc["attention_pdl"] = popt.attention_pdl;
   if (!sm_rates.empty()) {
     Json rates = Json::array();
     for (float r : sm_rates) rates.push_back(static_cast<double>(r));

@@ -167,6 +167,14 @@ struct PlanOptions {
   // merge launch whatever this says (`cisa bench layer --fused-merge`; Plan::kernels() names the
   // path taken).
   bool fused_merge = false;
+  // The attention launch as a programmatic dependent of the kernel before it (pdl.cuh: its
+  // blocks take the SMs that free up and wait there for that kernel's writes). Off: an ordinary
+  // launch, whose blocks start only once the kernel before has completed. On by default. The A/B
+  // it is for (`cisa bench layer --no-attention-pdl`): prefill steps whose attention runs the
+  // paired 64-row wgmma tiles (4:1 at G = 4 and 16) replay as a graph 0.07-0.6 ms slower than
+  // their stages' busy sum on the H100 and H200, where every other row replays as fast; waiting
+  // attention blocks may hold SMs the kernels before still need (docs/cuda-notes.md).
+  bool attention_pdl = true;
   // Page-split (decode) plans: instead of splitting each list into the same number of tasks
   // (16 lists on 264 block slots: 16 splits, 256 blocks), the plan's pages laid end to end are
   // cut into one equal share a block slot, and a share that ends one list and starts the next
