@@ -508,6 +508,19 @@ cudaError_t launch_typed(const AttentionArgs& a, int64_t num_tasks, bool pdl, cu
   return cudaGetLastError();
 }
 
+// Page-split launches (PW warps a tile's pages): the instantiation for the merge inside the
+// launch (fm: a.merge_tickets) and for blocks running slots (sh: even shares, SM claims, clock).
+template <int D, int PW>
+cudaError_t launch_page_split(const AttentionArgs& a, int64_t num_tasks, bool pdl,
+                              cudaStream_t stream) {
+  const bool fm = a.merge_tickets != nullptr;
+  const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr || a.block_clock != nullptr;
+  return fm && sh ? launch_typed<D, 4, PW, false, true, true>(a, num_tasks, pdl, stream)
+         : fm     ? launch_typed<D, 4, PW, false, true>(a, num_tasks, pdl, stream)
+         : sh     ? launch_typed<D, 4, PW, false, false, true>(a, num_tasks, pdl, stream)
+                  : launch_typed<D, 4, PW, false>(a, num_tasks, pdl, stream);
+}
+
 template <int D>
 cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int page_warps,
                        bool unions, bool pdl, cudaStream_t stream) {
@@ -518,18 +531,8 @@ cudaError_t launch_dim(const AttentionArgs& a, int64_t num_tasks, int warps, int
   }
   if (warps == 8) return launch_typed<D, 8, 1, false>(a, num_tasks, pdl, stream);
   if constexpr (D <= tiles::kPageSplitMaxHeadDim) {
-    const bool fm = a.merge_tickets != nullptr;
-    const bool sh = a.tasks_per_block > 1 || a.sm_claims != nullptr || a.block_clock != nullptr;
-    if (page_warps == 4)
-      return fm && sh ? launch_typed<D, 4, 4, false, true, true>(a, num_tasks, pdl, stream)
-             : fm     ? launch_typed<D, 4, 4, false, true>(a, num_tasks, pdl, stream)
-             : sh     ? launch_typed<D, 4, 4, false, false, true>(a, num_tasks, pdl, stream)
-                      : launch_typed<D, 4, 4, false>(a, num_tasks, pdl, stream);
-    if (page_warps == 2)
-      return fm && sh ? launch_typed<D, 4, 2, false, true, true>(a, num_tasks, pdl, stream)
-             : fm     ? launch_typed<D, 4, 2, false, true>(a, num_tasks, pdl, stream)
-             : sh     ? launch_typed<D, 4, 2, false, false, true>(a, num_tasks, pdl, stream)
-                      : launch_typed<D, 4, 2, false>(a, num_tasks, pdl, stream);
+    if (page_warps == 4) return launch_page_split<D, 4>(a, num_tasks, pdl, stream);
+    if (page_warps == 2) return launch_page_split<D, 2>(a, num_tasks, pdl, stream);
   }
   return launch_typed<D, 4, 1, false>(a, num_tasks, pdl, stream);
 }
